@@ -1,0 +1,12 @@
+//! smp-relay: a thread-per-core SimpleX Messaging Protocol relay.
+//!
+//! `protocol` and `crypto` are pure (no I/O); `transport` adds TLS and block framing; `server` runs the
+//! shards; `client` is the SMP client library used by the tests and the load generator.
+
+pub mod client;
+pub mod config;
+pub mod crypto;
+pub mod limits;
+pub mod protocol;
+pub mod server;
+pub mod transport;

@@ -1,0 +1,1 @@
+//! TLS and block framing shared by the server and the client library.
