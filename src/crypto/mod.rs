@@ -1,5 +1,10 @@
 //! Cryptography of SMP: key encodings, signatures and authenticators, SXbox, the block-encryption chains.
-//! Everything here is pure computation over byte slices; `../../shared/reference/smp-wire.md` §7 is the
-//! source of every layout.
+//! Everything here is pure computation over byte slices; `reference/smp-wire.md` §7 is the source of
+//! every layout.
 
+pub mod auth;
+pub mod chain;
+pub mod hash;
 pub mod keys;
+pub mod signed_key;
+pub mod sxbox;
