@@ -1,1 +1,28 @@
-//! Named limits.
+//! Named limits and their defaults (`DESIGN.md` §1). Every queue, buffer and connection count of the
+//! relay is bounded by one of these or by a setting that defaults to one of these.
+
+use std::time::Duration;
+
+/// Connections the relay holds open at once, over all shards; each shard gets an equal share.
+pub const MAX_CONNECTIONS: usize = 65536;
+
+/// TLS handshake must complete within this time after accept (reference: 60 s).
+pub const TLS_SETUP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The SMP handshake (server hello out, client hello in) must complete within this (reference: 120 s).
+pub const SMP_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Blocks of one connection being processed at once; beyond this the shard stops reading the socket.
+pub const MAX_BLOCKS_IN_FLIGHT: usize = 8;
+
+/// A connection whose output stays over its bound this long is closed.
+pub const SLOW_READER_CLOSE: Duration = Duration::from_secs(60);
+
+/// Bytes read from a socket in one call.
+pub const SOCKET_READ_BYTES: usize = 32 * 1024;
+
+/// Bytes of TLS handshake captured per connection for the tls-unique extraction.
+pub const TLS_CAPTURE_MAX_BYTES: usize = 64 * 1024;
+
+/// Memory glommio registers per executor ring with io_uring (counted against RLIMIT_MEMLOCK).
+pub const IO_MEMORY_BYTES: usize = 1 << 20;
