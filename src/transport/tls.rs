@@ -1,1 +1,662 @@
-//! (being written)
+//! TLS 1.3 for SMP on rustls, sans-I/O: configs plus per-connection state machines that take and give
+//! bytes, so the server can drive them from glommio sockets and the client from std sockets.
+//! Both sides capture the client's handshake bytes and compute tls-unique (the SMP session id) from
+//! them with `tls_unique::client_finished`, since rustls does not expose Finished messages.
+
+use std::io::{self, Read, Write};
+use std::sync::{Arc, Mutex};
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{ring as ring_provider, CryptoProvider};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::NoServerSessionStorage;
+use rustls::{
+    ClientConfig, ClientConnection, DigitallySignedStruct, DistinguishedName, KeyLog,
+    ProtocolVersion, ServerConfig, ServerConnection, SignatureScheme,
+};
+
+use crate::protocol::version::{VersionRange, LEGACY_SERVER_VERSIONS, SERVER_VERSIONS};
+use crate::transport::certs::ServerCredentials;
+use crate::transport::tls_unique::{self, TlsUniqueError};
+
+/// The SMP ALPN protocol id.
+pub const ALPN_SMP: &[u8] = b"smp/1";
+/// What the server accepts, in its order of preference (§1.3); `http/1.1` is web-port mode.
+pub const SERVER_ALPN: [&[u8]; 3] = [ALPN_SMP, b"h2", b"http/1.1"];
+/// Upper bound on the bytes captured during one handshake. A client flight is a ClientHello or two
+/// and at most a small certificate chain; a peer sending more is refused instead of buffered.
+pub const MAX_HANDSHAKE_CAPTURE_BYTES: usize = 64 * 1024;
+
+const CLIENT_HS_SECRET_LABEL: &str = "CLIENT_HANDSHAKE_TRAFFIC_SECRET";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("TLS: {0}")]
+    Rustls(#[from] rustls::Error),
+    #[error("TLS I/O: {0}")]
+    Io(#[from] io::Error),
+    #[error("TLS handshake sent more than {MAX_HANDSHAKE_CAPTURE_BYTES} bytes")]
+    CaptureOverflow,
+    #[error("TLS handshake is not complete")]
+    HandshakeIncomplete,
+    #[error("connection closed during the TLS handshake")]
+    UnexpectedEof,
+    #[error("TLS handshake did not negotiate TLS 1.3")]
+    NotTls13,
+    #[error("client handshake traffic secret was not logged exactly once")]
+    NoHandshakeSecret,
+    #[error("tls-unique: {0}")]
+    TlsUnique(#[from] TlsUniqueError),
+    #[error("bad key for TLS: {0}")]
+    Key(String),
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TlsOptions {
+    /// Send a CertificateRequest (optional for the client). Services (§2.5) need it; for now the
+    /// client chain is accepted without validation, so this is for tests only.
+    pub request_client_cert: bool,
+}
+
+/// Version range offered in the server hello: legacy 6..6 without ALPN, the full range with any (§1.3).
+pub fn alpn_versions(alpn: Option<&[u8]>) -> VersionRange {
+    match alpn {
+        None => LEGACY_SERVER_VERSIONS,
+        Some(_) => SERVER_VERSIONS,
+    }
+}
+
+/// The ring provider narrowed to what SMP uses: TLS 1.3 suites with ChaCha20 first (the only one the
+/// reference client offers), and X25519 first among key-exchange groups.
+fn provider() -> CryptoProvider {
+    use ring_provider::cipher_suite as cs;
+    let mut p = ring_provider::default_provider();
+    p.cipher_suites = vec![
+        cs::TLS13_CHACHA20_POLY1305_SHA256,
+        cs::TLS13_AES_256_GCM_SHA384,
+        cs::TLS13_AES_128_GCM_SHA256,
+    ];
+    p.kx_groups = ring_provider::ALL_KX_GROUPS.to_vec();
+    p
+}
+
+/// Server config shared by all connections; `AcceptState` clones it per connection to add a key log.
+pub fn server_config(
+    creds: &ServerCredentials,
+    opts: &TlsOptions,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let provider = Arc::new(provider());
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])?;
+    let builder = if opts.request_client_cert {
+        builder.with_client_cert_verifier(Arc::new(AcceptAnyClientChain { provider }))
+    } else {
+        builder.with_no_client_auth()
+    };
+    let chain = creds
+        .chain_der
+        .iter()
+        .map(|c| CertificateDer::from(c.clone()))
+        .collect();
+    let mut config = builder.with_single_cert(chain, ed25519_pkcs8(&creds.leaf_key)?)?;
+    config.alpn_protocols = SERVER_ALPN.iter().map(|p| p.to_vec()).collect();
+    // Resumption would skip the full handshake and change what both sides take as the session id.
+    config.send_tls13_tickets = 0;
+    config.session_storage = Arc::new(NoServerSessionStorage {});
+    config.max_early_data_size = 0;
+    config.key_log = Arc::new(rustls::NoKeyLog {});
+    Ok(Arc::new(config))
+}
+
+fn ed25519_pkcs8(key: &ed25519_dalek::SigningKey) -> Result<PrivateKeyDer<'static>, TlsError> {
+    use ed25519_dalek::pkcs8::EncodePrivateKey;
+    let doc = key
+        .to_pkcs8_der()
+        .map_err(|e| TlsError::Key(e.to_string()))?;
+    Ok(PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
+        doc.as_bytes().to_vec(),
+    )))
+}
+
+/// Accepts any client chain. Test-only for now: service certificates (§2.5) will be validated at
+/// the SMP layer (1–4 certificates, self-signed or chained to the CA) when services are added.
+/// The CertificateVerify signature is still checked, so the client proves it holds the key.
+#[derive(Debug)]
+struct AcceptAnyClientChain {
+    provider: Arc<CryptoProvider>,
+}
+
+impl ClientCertVerifier for AcceptAnyClientChain {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::PeerIncompatible::Tls12NotOffered.into())
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        // SMP peers use EdDSA only (§1.2); ring verifies Ed25519.
+        vec![SignatureScheme::ED25519]
+    }
+}
+
+/// Keeps this connection's CLIENT_HANDSHAKE_TRAFFIC_SECRET (one config clone per connection, so
+/// there is exactly one). A second value means something unexpected; it is then refused.
+#[derive(Debug, Default)]
+struct HandshakeSecretLog {
+    state: Mutex<SecretSlot>,
+}
+
+#[derive(Debug, Default)]
+enum SecretSlot {
+    #[default]
+    Empty,
+    One(Vec<u8>),
+    Conflict,
+}
+
+impl KeyLog for HandshakeSecretLog {
+    fn will_log(&self, label: &str) -> bool {
+        label == CLIENT_HS_SECRET_LABEL
+    }
+
+    fn log(&self, label: &str, _client_random: &[u8], secret: &[u8]) {
+        if label != CLIENT_HS_SECRET_LABEL {
+            return;
+        }
+        if let Ok(mut slot) = self.state.lock() {
+            *slot = match &*slot {
+                SecretSlot::Empty => SecretSlot::One(secret.to_vec()),
+                _ => SecretSlot::Conflict,
+            };
+        }
+    }
+}
+
+impl HandshakeSecretLog {
+    fn take(&self) -> Result<Vec<u8>, TlsError> {
+        let mut slot = self.state.lock().map_err(|_| TlsError::NoHandshakeSecret)?;
+        match std::mem::take(&mut *slot) {
+            SecretSlot::One(s) => Ok(s),
+            _ => Err(TlsError::NoHandshakeSecret),
+        }
+    }
+}
+
+/// Appends to a bounded capture buffer.
+fn capture(buf: &mut Vec<u8>, bytes: &[u8]) -> Result<(), TlsError> {
+    if buf.len() + bytes.len() > MAX_HANDSHAKE_CAPTURE_BYTES {
+        return Err(TlsError::CaptureOverflow);
+    }
+    buf.extend_from_slice(bytes);
+    Ok(())
+}
+
+fn session_id(
+    protocol: Option<ProtocolVersion>,
+    suite: Option<rustls::SupportedCipherSuite>,
+    key_log: &HandshakeSecretLog,
+    captured: &[u8],
+) -> Result<Vec<u8>, TlsError> {
+    if protocol != Some(ProtocolVersion::TLSv1_3) {
+        return Err(TlsError::NotTls13);
+    }
+    let suite = suite.ok_or(TlsError::NotTls13)?;
+    let secret = key_log.take()?;
+    Ok(tls_unique::client_finished(captured, suite, &secret)?)
+}
+
+/// Server side of one TLS handshake. Feed it every byte read from the socket, send what
+/// `take_output` yields, and call `finish` once `is_handshaking` is false.
+pub struct AcceptState {
+    conn: ServerConnection,
+    captured: Vec<u8>,
+    key_log: Arc<HandshakeSecretLog>,
+}
+
+impl AcceptState {
+    pub fn new(base: &Arc<ServerConfig>) -> Result<Self, TlsError> {
+        let key_log = Arc::new(HandshakeSecretLog::default());
+        let mut config = (**base).clone();
+        config.key_log = key_log.clone();
+        Ok(Self {
+            conn: ServerConnection::new(Arc::new(config))?,
+            captured: Vec::new(),
+            key_log,
+        })
+    }
+
+    /// Processes bytes received from the client. On error, `take_output` may still hold an alert
+    /// worth sending before closing.
+    pub fn feed(&mut self, mut bytes: &[u8]) -> Result<(), TlsError> {
+        if self.conn.is_handshaking() {
+            // Captured before rustls sees them, so the Finished that completes the handshake is in.
+            capture(&mut self.captured, bytes)?;
+        }
+        while !bytes.is_empty() {
+            if self.conn.read_tls(&mut bytes)? == 0 {
+                break;
+            }
+            self.conn.process_new_packets()?;
+        }
+        Ok(())
+    }
+
+    pub fn is_handshaking(&self) -> bool {
+        self.conn.is_handshaking()
+    }
+
+    pub fn wants_write(&self) -> bool {
+        self.conn.wants_write()
+    }
+
+    /// Appends the TLS bytes to send to the client.
+    pub fn take_output(&mut self, out: &mut Vec<u8>) {
+        while self.conn.wants_write() {
+            // Writing into a Vec cannot fail; stop rather than spin if it ever did.
+            if !matches!(self.conn.write_tls(out), Ok(n) if n > 0) {
+                break;
+            }
+        }
+    }
+
+    /// The client bytes captured so far (for diagnostics and tests).
+    pub fn captured(&self) -> &[u8] {
+        &self.captured
+    }
+
+    pub fn connection(&self) -> &ServerConnection {
+        &self.conn
+    }
+
+    /// Once the handshake is complete: the connection (application data the client sent along
+    /// with its Finished is already buffered in it) and the tls-unique session id.
+    pub fn finish(self) -> Result<(ServerConnection, Vec<u8>), TlsError> {
+        if self.conn.is_handshaking() {
+            return Err(TlsError::HandshakeIncomplete);
+        }
+        let id = session_id(
+            self.conn.protocol_version(),
+            self.conn.negotiated_cipher_suite(),
+            &self.key_log,
+            &self.captured,
+        )?;
+        Ok((self.conn, id))
+    }
+}
+
+/// Accepts any server chain at the TLS level: SMP checks the chain against the address
+/// fingerprint after the handshake (§1.4). The handshake signature is still verified.
+#[derive(Debug)]
+struct AcceptAnyServerChain {
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for AcceptAnyServerChain {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::PeerIncompatible::Tls12NotOffered.into())
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        // Ed448 servers (the reference fixtures) are not reachable: ring cannot verify Ed448.
+        vec![SignatureScheme::ED25519]
+    }
+}
+
+/// Client config: TLS 1.3, no SNI (SMP clients never send it, §1.1), no resumption, `alpn` offered
+/// as given (empty = no ALPN extension, a legacy client).
+pub fn client_config(alpn: Vec<Vec<u8>>) -> Result<Arc<ClientConfig>, TlsError> {
+    client_config_inner(alpn, None)
+}
+
+/// As `client_config`, presenting `chain` (DER, leaf first) with an Ed25519 key when asked.
+pub fn client_config_with_cert(
+    alpn: Vec<Vec<u8>>,
+    chain: Vec<Vec<u8>>,
+    key: &ed25519_dalek::SigningKey,
+) -> Result<Arc<ClientConfig>, TlsError> {
+    client_config_inner(alpn, Some((chain, key)))
+}
+
+fn client_config_inner(
+    alpn: Vec<Vec<u8>>,
+    identity: Option<(Vec<Vec<u8>>, &ed25519_dalek::SigningKey)>,
+) -> Result<Arc<ClientConfig>, TlsError> {
+    let provider = Arc::new(provider());
+    let builder = ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AcceptAnyServerChain { provider }));
+    let mut config = match identity {
+        None => builder.with_no_client_auth(),
+        Some((chain, key)) => builder.with_client_auth_cert(
+            chain.into_iter().map(CertificateDer::from).collect(),
+            ed25519_pkcs8(key)?,
+        )?,
+    };
+    config.alpn_protocols = alpn;
+    config.enable_sni = false;
+    config.resumption = rustls::client::Resumption::disabled();
+    config.enable_early_data = false;
+    Ok(Arc::new(config))
+}
+
+/// Client side of one TLS handshake: records what the client writes so it can compute its own
+/// Finished. Drive it with `handshake_blocking` over a std stream, or with `read_tls_from` /
+/// `write_tls_to` from any event loop.
+pub struct ClientCapture {
+    conn: ClientConnection,
+    captured: Vec<u8>,
+    key_log: Arc<HandshakeSecretLog>,
+}
+
+/// A writer that records the bytes its inner writer actually accepted.
+struct TeeWriter<'a> {
+    inner: &'a mut dyn Write,
+    captured: &'a mut Vec<u8>,
+    overflow: bool,
+}
+
+impl Write for TeeWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        if capture(self.captured, &buf[..n]).is_err() {
+            self.overflow = true;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl ClientCapture {
+    /// `server_name` is only used for certificate checks the SMP layer does itself (SNI is off);
+    /// any name or IP works.
+    pub fn new(
+        base: &Arc<ClientConfig>,
+        server_name: ServerName<'static>,
+    ) -> Result<Self, TlsError> {
+        let key_log = Arc::new(HandshakeSecretLog::default());
+        let mut config = (**base).clone();
+        config.key_log = key_log.clone();
+        Ok(Self {
+            conn: ClientConnection::new(Arc::new(config), server_name)?,
+            captured: Vec::new(),
+            key_log,
+        })
+    }
+
+    /// Writes pending TLS bytes to `w`, capturing them. Everything written until `finish` is
+    /// captured: rustls stops "handshaking" as soon as it queues the client Finished, before it
+    /// is written, so the handshaking flag cannot mark the end of the capture.
+    pub fn write_tls_to(&mut self, w: &mut dyn Write) -> Result<usize, TlsError> {
+        let mut tee = TeeWriter {
+            inner: w,
+            captured: &mut self.captured,
+            overflow: false,
+        };
+        let n = self.conn.write_tls(&mut tee)?;
+        if tee.overflow {
+            return Err(TlsError::CaptureOverflow);
+        }
+        Ok(n)
+    }
+
+    /// Reads TLS bytes from `r` and processes them; Ok(0) means end of stream.
+    pub fn read_tls_from(&mut self, r: &mut dyn Read) -> Result<usize, TlsError> {
+        let n = self.conn.read_tls(r)?;
+        self.conn.process_new_packets()?;
+        Ok(n)
+    }
+
+    pub fn is_handshaking(&self) -> bool {
+        self.conn.is_handshaking()
+    }
+
+    pub fn connection(&self) -> &ClientConnection {
+        &self.conn
+    }
+
+    pub fn captured(&self) -> &[u8] {
+        &self.captured
+    }
+
+    /// Runs the handshake to completion on a blocking stream, flushing the client Finished.
+    pub fn handshake_blocking<S: Read + Write>(&mut self, sock: &mut S) -> Result<(), TlsError> {
+        loop {
+            while self.conn.wants_write() {
+                self.write_tls_to(sock)?;
+            }
+            if !self.conn.is_handshaking() {
+                return Ok(());
+            }
+            match self.read_tls_from(sock) {
+                Ok(0) => return Err(TlsError::UnexpectedEof),
+                Ok(_) => {}
+                Err(e) => {
+                    // Best effort: tell the server why (an alert) before giving up.
+                    while self.conn.wants_write() {
+                        if self.write_tls_to(sock).is_err() {
+                            break;
+                        }
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Once the handshake is complete and its bytes written: the connection and the session id.
+    pub fn finish(self) -> Result<(ClientConnection, Vec<u8>), TlsError> {
+        if self.conn.is_handshaking() || self.conn.wants_write() {
+            return Err(TlsError::HandshakeIncomplete);
+        }
+        let id = session_id(
+            self.conn.protocol_version(),
+            self.conn.negotiated_cipher_suite(),
+            &self.key_log,
+            &self.captured,
+        )?;
+        Ok((self.conn, id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::certs;
+
+    fn creds() -> ServerCredentials {
+        let dir = std::env::temp_dir().join(format!(
+            "smp-relay-tls-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        certs::generate("localhost")
+            .unwrap()
+            .write_files(&dir)
+            .unwrap();
+        certs::load(&dir).unwrap()
+    }
+
+    /// Runs client and server state machines against each other in memory.
+    fn run(
+        server: &Arc<ServerConfig>,
+        client: &Arc<ClientConfig>,
+    ) -> Result<(ServerConnection, Vec<u8>, ClientConnection, Vec<u8>), TlsError> {
+        let mut s = AcceptState::new(server)?;
+        let mut c = ClientCapture::new(client, ServerName::try_from("localhost").unwrap())?;
+        for _ in 0..20 {
+            let mut to_server = Vec::new();
+            while c.conn.wants_write() {
+                c.write_tls_to(&mut to_server)?;
+            }
+            s.feed(&to_server)?;
+            let mut to_client = Vec::new();
+            s.take_output(&mut to_client);
+            if !to_client.is_empty() {
+                c.read_tls_from(&mut to_client.as_slice())?;
+            }
+            if !s.is_handshaking() && !c.is_handshaking() && !c.conn.wants_write() {
+                let (sc, sid) = s.finish()?;
+                let (cc, cid) = c.finish()?;
+                return Ok((sc, sid, cc, cid));
+            }
+        }
+        Err(TlsError::HandshakeIncomplete)
+    }
+
+    #[test]
+    fn in_memory_handshake_agrees_on_session_id_and_alpn() {
+        let creds = creds();
+        for request in [false, true] {
+            let server = server_config(
+                &creds,
+                &TlsOptions {
+                    request_client_cert: request,
+                },
+            )
+            .unwrap();
+            let client = client_config(vec![b"foo".to_vec(), ALPN_SMP.to_vec()]).unwrap();
+            let (sc, sid, cc, cid) = run(&server, &client).unwrap();
+            assert_eq!(sid, cid);
+            assert_eq!(sid.len(), 32);
+            assert_eq!(sc.alpn_protocol(), Some(ALPN_SMP));
+            assert_eq!(cc.alpn_protocol(), Some(ALPN_SMP));
+            assert_eq!(
+                sc.negotiated_cipher_suite().unwrap().suite(),
+                rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256
+            );
+            let chain = cc.peer_certificates().unwrap();
+            assert_eq!(chain.len(), 2);
+            assert_eq!(chain[1].as_ref(), creds.chain_der[1].as_slice());
+        }
+    }
+
+    #[test]
+    fn two_connections_get_different_session_ids() {
+        let creds = creds();
+        let server = server_config(&creds, &TlsOptions::default()).unwrap();
+        let client = client_config(vec![ALPN_SMP.to_vec()]).unwrap();
+        let (_, a, _, _) = run(&server, &client).unwrap();
+        let (_, b, _, _) = run(&server, &client).unwrap();
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn no_alpn_is_legacy_and_unknown_alpn_fails() {
+        let creds = creds();
+        let server = server_config(&creds, &TlsOptions::default()).unwrap();
+        let (sc, _, _, _) = run(&server, &client_config(vec![]).unwrap()).unwrap();
+        assert_eq!(sc.alpn_protocol(), None);
+        assert_eq!(alpn_versions(sc.alpn_protocol()), LEGACY_SERVER_VERSIONS);
+        assert_eq!(alpn_versions(Some(b"http/1.1")), SERVER_VERSIONS);
+        let err = run(&server, &client_config(vec![b"foo".to_vec()]).unwrap()).err();
+        assert!(
+            matches!(
+                err,
+                Some(TlsError::Rustls(rustls::Error::NoApplicationProtocol))
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn finish_before_handshake_end_is_refused() {
+        let creds = creds();
+        let server = server_config(&creds, &TlsOptions::default()).unwrap();
+        let s = AcceptState::new(&server).unwrap();
+        assert!(matches!(s.finish(), Err(TlsError::HandshakeIncomplete)));
+    }
+
+    #[test]
+    fn capture_is_bounded() {
+        let creds = creds();
+        let server = server_config(&creds, &TlsOptions::default()).unwrap();
+        let mut s = AcceptState::new(&server).unwrap();
+        let junk = vec![22u8; MAX_HANDSHAKE_CAPTURE_BYTES + 1];
+        assert!(matches!(s.feed(&junk), Err(TlsError::CaptureOverflow)));
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        let creds = creds();
+        let server = server_config(&creds, &TlsOptions::default()).unwrap();
+        let mut s = AcceptState::new(&server).unwrap();
+        assert!(s.feed(b"GET / HTTP/1.1\r\n\r\n").is_err());
+        let mut out = Vec::new();
+        s.take_output(&mut out);
+        assert!(!out.is_empty(), "an alert is queued");
+    }
+}
