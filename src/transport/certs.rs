@@ -147,7 +147,7 @@ pub fn generate(host: &str) -> Result<GeneratedCredentials, CertError> {
     let year = current_year();
     let not_before = rcgen::date_time_ymd(year, 1, 1);
 
-    let ca_key = KeyPair::generate_for(&rcgen::PKCS_ED25519)?;
+    let (ca_key, ca_key_pem) = new_ed25519_key()?;
     let mut ca_params = CertificateParams::default();
     ca_params.distinguished_name = distinguished_name("SMP server CA", Some("SimpleX"));
     // rcgen writes basicConstraints critical and a SubjectKeyIdentifier for CA certificates.
@@ -157,7 +157,7 @@ pub fn generate(host: &str) -> Result<GeneratedCredentials, CertError> {
     ca_params.not_after = rcgen::date_time_ymd(year + CA_VALIDITY_YEARS, 1, 1);
     let ca_cert = ca_params.self_signed(&ca_key)?;
 
-    let server_key = KeyPair::generate_for(&rcgen::PKCS_ED25519)?;
+    let (server_key, server_key_pem) = new_ed25519_key()?;
     let mut params = CertificateParams::default();
     params.distinguished_name = distinguished_name(host, None);
     params.is_ca = IsCa::ExplicitNoCa;
@@ -173,11 +173,43 @@ pub fn generate(host: &str) -> Result<GeneratedCredentials, CertError> {
     let server_cert = params.signed_by(&server_key, &ca_cert, &ca_key)?;
 
     Ok(GeneratedCredentials {
-        ca_key_pem: ca_key.serialize_pem(),
+        ca_key_pem,
         ca_cert_pem: ca_cert.pem(),
-        server_key_pem: server_key.serialize_pem(),
+        server_key_pem,
         server_cert_pem: server_cert.pem(),
     })
+}
+
+/// PKCS#8 v1 prefix for an Ed25519 private key (RFC 8410), followed by the 32-byte seed (§7.2).
+const ED25519_PKCS8_V1_PREFIX: [u8; 16] = [
+    0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20,
+];
+
+/// The key as PKCS#8 v1 DER. rcgen/ring and ed25519-dalek write v2 (with the public key), which
+/// OpenSSL 3.0 and the reference's tooling do not read; v1 is what `openssl genpkey` writes.
+pub fn ed25519_pkcs8_v1_der(key: &SigningKey) -> Vec<u8> {
+    let mut der = ED25519_PKCS8_V1_PREFIX.to_vec();
+    der.extend_from_slice(&key.to_bytes());
+    der
+}
+
+fn pem_private_key(der: &[u8]) -> String {
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut pem = String::from("-----BEGIN PRIVATE KEY-----\n");
+    // 64-character lines, as RFC 7468 requires; base64 text is ASCII so byte chunks are whole chars.
+    for line in b64.as_bytes().chunks(64) {
+        pem.push_str(&String::from_utf8_lossy(line));
+        pem.push('\n');
+    }
+    pem.push_str("-----END PRIVATE KEY-----\n");
+    pem
+}
+
+fn new_ed25519_key() -> Result<(KeyPair, String), CertError> {
+    let key = SigningKey::generate(&mut rand::rngs::OsRng);
+    let der = ed25519_pkcs8_v1_der(&key);
+    let pair = KeyPair::try_from(der.as_slice())?;
+    Ok((pair, pem_private_key(&der)))
 }
 
 fn distinguished_name(cn: &str, org: Option<&str>) -> DistinguishedName {
@@ -429,6 +461,22 @@ mod tests {
                 }
                 _ => None,
             })
+    }
+
+    #[test]
+    fn generated_files_are_readable_by_openssl() {
+        let generated = generate("h").unwrap();
+        for pem in [&generated.ca_key_pem, &generated.server_key_pem] {
+            let key = openssl::pkey::PKey::private_key_from_pem(pem.as_bytes()).unwrap();
+            assert_eq!(key.id(), openssl::pkey::Id::ED25519);
+            let der = key.private_key_to_pkcs8().unwrap();
+            assert_eq!(der.len(), 48);
+            assert_eq!(der[..16], ED25519_PKCS8_V1_PREFIX);
+        }
+        let ca = openssl::x509::X509::from_pem(generated.ca_cert_pem.as_bytes()).unwrap();
+        let leaf = openssl::x509::X509::from_pem(generated.server_cert_pem.as_bytes()).unwrap();
+        assert!(leaf.verify(&ca.public_key().unwrap()).unwrap());
+        assert!(ca.verify(&ca.public_key().unwrap()).unwrap());
     }
 
     #[test]
