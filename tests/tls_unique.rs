@@ -68,7 +68,7 @@ fn serve_one(config: Arc<ServerConfig>) -> (SocketAddr, JoinHandle<Result<Served
         let (mut sock, _) = listener.accept().map_err(|e| e.to_string())?;
         sock.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
         let mut state = AcceptState::new(&config).map_err(|e| e.to_string())?;
-        let mut buf = vec![0u8; tls::MAX_FEED_BYTES];
+        let mut buf = vec![0u8; smp_relay::limits::SOCKET_READ_BYTES];
         let mut out = Vec::new();
         loop {
             out.clear();

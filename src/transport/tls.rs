@@ -26,12 +26,7 @@ pub const ALPN_SMP: &[u8] = b"smp/1";
 pub const SERVER_ALPN: [&[u8]; 3] = [ALPN_SMP, b"h2", b"http/1.1"];
 /// Upper bound on the bytes captured during one handshake. A client flight is a ClientHello or two
 /// and at most a small certificate chain; a peer sending more is refused instead of buffered.
-pub const MAX_HANDSHAKE_CAPTURE_BYTES: usize = 64 * 1024;
-
-/// Most bytes `AcceptState::feed` takes per call. Application data that arrives with the client
-/// Finished is decrypted into rustls' received-plaintext buffer, which refuses more input once it
-/// holds over 16 KiB; feeding at most 16 KiB at a time can never trip that.
-pub const MAX_FEED_BYTES: usize = 16 * 1024;
+pub const MAX_HANDSHAKE_CAPTURE_BYTES: usize = crate::limits::TLS_CAPTURE_MAX_BYTES;
 
 const CLIENT_HS_SECRET_LABEL: &str = "CLIENT_HANDSHAKE_TRAFFIC_SECRET";
 
@@ -53,8 +48,6 @@ pub enum TlsError {
     NoHandshakeSecret,
     #[error("tls-unique: {0}")]
     TlsUnique(#[from] TlsUniqueError),
-    #[error("{0} bytes fed at once; at most {MAX_FEED_BYTES} per call")]
-    FeedTooLarge(usize),
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -263,21 +256,33 @@ impl AcceptState {
         })
     }
 
-    /// Processes bytes received from the client (at most `MAX_FEED_BYTES` per call). On error,
-    /// `take_output` may still hold an alert worth sending before closing.
+    /// Processes bytes received from the client, in chunks of any size. On error, `take_output`
+    /// may still hold an alert worth sending before closing.
+    ///
+    /// Application data arriving with the client Finished is buffered in the connection; rustls
+    /// refuses more than 16 KiB of it (an error here). SMP clients send nothing before the
+    /// server hello, so only a misbehaving peer gets there.
     pub fn feed(&mut self, mut bytes: &[u8]) -> Result<(), TlsError> {
-        if bytes.len() > MAX_FEED_BYTES {
-            return Err(TlsError::FeedTooLarge(bytes.len()));
-        }
         if self.conn.is_handshaking() {
             // Captured before rustls sees them, so the Finished that completes the handshake is in.
-            capture(&mut self.captured, bytes)?;
+            // Only up to the bound: bytes past it can only matter if the handshake is still going
+            // once they are processed, which is refused below (and a Finished beyond the bound
+            // makes the extraction fail closed).
+            let room = MAX_HANDSHAKE_CAPTURE_BYTES.saturating_sub(self.captured.len());
+            if room == 0 {
+                return Err(TlsError::CaptureOverflow);
+            }
+            self.captured
+                .extend_from_slice(&bytes[..bytes.len().min(room)]);
         }
         while !bytes.is_empty() {
             if self.conn.read_tls(&mut bytes)? == 0 {
                 break;
             }
             self.conn.process_new_packets()?;
+        }
+        if self.conn.is_handshaking() && self.captured.len() >= MAX_HANDSHAKE_CAPTURE_BYTES {
+            return Err(TlsError::CaptureOverflow);
         }
         Ok(())
     }
@@ -673,12 +678,41 @@ mod tests {
     }
 
     #[test]
-    fn oversized_feed_is_refused() {
+    fn large_feed_with_finished_and_data_is_accepted() {
+        // Finished and 15 KiB of application data in one feed (the server reads up to 32 KiB).
         let creds = creds();
         let server = server_config(&creds, &TlsOptions::default()).unwrap();
+        let client = client_config(vec![ALPN_SMP.to_vec()]).unwrap();
         let mut s = AcceptState::new(&server).unwrap();
-        let big = vec![0u8; MAX_FEED_BYTES + 1];
-        assert!(matches!(s.feed(&big), Err(TlsError::FeedTooLarge(_))));
+        let mut c =
+            ClientCapture::new(&client, ServerName::try_from("localhost").unwrap()).unwrap();
+        while c.is_handshaking() {
+            let mut to_server = Vec::new();
+            while c.conn.wants_write() {
+                c.write_tls_to(&mut to_server).unwrap();
+            }
+            s.feed(&to_server).unwrap();
+            let mut to_client = Vec::new();
+            s.take_output(&mut to_client);
+            c.read_tls_from(&mut to_client.as_slice()).unwrap();
+        }
+        let mut last = Vec::new();
+        while c.conn.wants_write() {
+            c.write_tls_to(&mut last).unwrap();
+        }
+        let (mut cc, cid) = c.finish().unwrap();
+        let data = vec![0x5a; 15 * 1024];
+        cc.writer().write_all(&data).unwrap();
+        while cc.wants_write() {
+            cc.write_tls(&mut last).unwrap();
+        }
+        assert!(last.len() > 15 * 1024);
+        s.feed(&last).unwrap();
+        let (mut sc, sid) = s.finish().unwrap();
+        assert_eq!(sid, cid);
+        let mut got = vec![0u8; data.len()];
+        sc.reader().read_exact(&mut got).unwrap();
+        assert_eq!(got, data);
     }
 
     #[test]
