@@ -1,1 +1,532 @@
 //! SMP client library: connect, handshake at a chosen version, send batches, match responses by corrId.
+//!
+//! Blocking and single-threaded on purpose: tests and the load generator drive one connection per
+//! thread and want to see every block as the server sent it. Escape hatches (`send_raw_block`,
+//! `tls_write_raw`, raw commands and authorizations) let the bad-input tests send what a correct client
+//! never would.
+
+mod conn;
+mod error;
+#[cfg(test)]
+mod tests;
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+pub use error::ClientError;
+
+use crate::crypto::{auth, keys, signed_key, sxbox};
+use crate::protocol::batch::{parse_batch, BatchWriter};
+use crate::protocol::command::Command;
+use crate::protocol::handshake::{ClientHello, ClientService, ServerHello};
+use crate::protocol::response::BrokerMsg;
+use crate::protocol::transmission::{
+    client_signed_bytes, encode_client_transmission, parse_transmission,
+};
+use crate::protocol::version::{self, Version, VersionRange};
+use crate::transport::block::{BlockCodec, BLOCK_SIZE};
+use conn::TlsConn;
+
+/// The versions this client speaks (the reference's `supportedClientSMPRelayVRange`).
+pub const CLIENT_VERSIONS: VersionRange = VersionRange { min: 6, max: 20 };
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Transmissions received but not yet asked for (events, responses to other requests).
+pub const MAX_PENDING: usize = 4096;
+pub const CORR_ID_BYTES: usize = 24;
+
+/// How to connect. `Default` is what an ordinary current client does.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// ALPN protocols to offer; `None` sends no ALPN extension (a legacy client).
+    pub alpn: Option<Vec<Vec<u8>>>,
+    /// Version to send in the client hello, even one the server did not offer; `None` picks the
+    /// highest version in common with 6..20.
+    pub version: Option<Version>,
+    /// Send an X25519 key in the client hello (v≥7), which turns on block encryption at v≥11.
+    pub send_key: bool,
+    /// Claim to be an SMP proxy (v≥14): no block encryption.
+    pub proxy_server: bool,
+    /// Service credentials to send in the hello (v≥16), sent as given.
+    pub service: Option<ClientService>,
+    /// Check the certificate chain against the key hash before answering. Off to send a wrong key
+    /// hash on purpose.
+    pub check_identity: bool,
+    /// Bound on every wait for the server.
+    pub timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            alpn: Some(vec![b"smp/1".to_vec()]),
+            version: None,
+            send_key: true,
+            proxy_server: false,
+            service: None,
+            check_identity: true,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+/// A private key that authorizes a transmission (§4.2).
+#[derive(Clone)]
+pub enum Signer {
+    Ed25519(ed25519_dalek::SigningKey),
+    Ed448([u8; 57]),
+    /// A queue X25519 private key: the authorization is an authenticator for the server session key.
+    X25519([u8; 32]),
+}
+
+impl Signer {
+    pub fn public_key(&self) -> keys::PublicAuthKey {
+        match self {
+            Signer::Ed25519(sk) => keys::PublicAuthKey::Ed25519(sk.verifying_key().to_bytes()),
+            Signer::Ed448(sk) => keys::PublicAuthKey::Ed448(auth::ed448_public(sk)),
+            Signer::X25519(sk) => keys::PublicAuthKey::X25519(
+                x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from(*sk)).to_bytes(),
+            ),
+        }
+    }
+}
+
+/// How a transmission is authorized.
+// Built once per transmission and never stored in bulk: boxing would only cost callers clarity.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Default)]
+pub enum Authorization {
+    #[default]
+    None,
+    Sign(Signer),
+    /// These exact bytes as the authorization field (any length, for bad-input tests).
+    Raw(Vec<u8>),
+}
+
+/// The command of a transmission.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone)]
+pub enum CommandBody {
+    Cmd(Command),
+    /// Bytes sent as the command verbatim.
+    Raw(Vec<u8>),
+}
+
+/// One transmission to send.
+#[derive(Clone)]
+pub struct ClientTransmission {
+    pub corr_id: Vec<u8>,
+    pub entity_id: Vec<u8>,
+    pub command: CommandBody,
+    pub auth: Authorization,
+    /// The service-signature slot (v≥16, only with a non-empty authorization), sent as given.
+    pub service_sig: Option<Vec<u8>>,
+    /// v6 only: the session id written into the transmission instead of the real one.
+    pub session_id: Option<Vec<u8>>,
+}
+
+impl ClientTransmission {
+    pub fn new(corr_id: &[u8], entity_id: &[u8], command: Command) -> Self {
+        Self::with_body(corr_id, entity_id, CommandBody::Cmd(command))
+    }
+
+    pub fn raw(corr_id: &[u8], entity_id: &[u8], command: &[u8]) -> Self {
+        Self::with_body(corr_id, entity_id, CommandBody::Raw(command.to_vec()))
+    }
+
+    fn with_body(corr_id: &[u8], entity_id: &[u8], command: CommandBody) -> Self {
+        ClientTransmission {
+            corr_id: corr_id.to_vec(),
+            entity_id: entity_id.to_vec(),
+            command,
+            auth: Authorization::None,
+            service_sig: None,
+            session_id: None,
+        }
+    }
+
+    pub fn signed(mut self, signer: Signer) -> Self {
+        self.auth = Authorization::Sign(signer);
+        self
+    }
+
+    pub fn with_auth(mut self, auth: Authorization) -> Self {
+        self.auth = auth;
+        self
+    }
+}
+
+/// One transmission received from the server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerTransmission {
+    pub corr_id: Vec<u8>,
+    pub entity_id: Vec<u8>,
+    /// The response or event as sent (tag and parameters).
+    pub command: Vec<u8>,
+    /// The parsed response or event, or the raw command bytes when they do not parse.
+    pub msg: Result<BrokerMsg, Vec<u8>>,
+}
+
+pub struct Client {
+    conn: TlsConn,
+    version: Version,
+    server_versions: VersionRange,
+    session_id: Vec<u8>,
+    /// The server's per-connection X25519 key from its hello (v≥7).
+    server_session_key: Option<[u8; 32]>,
+    service_id: Option<Vec<u8>>,
+    codec: BlockCodec,
+    pending: VecDeque<ServerTransmission>,
+    block: Box<[u8; BLOCK_SIZE]>,
+}
+
+impl Client {
+    /// TLS, then the SMP handshake (§2): read the server hello, check it, answer with our hello.
+    pub fn connect(
+        addr: SocketAddr,
+        key_hash: [u8; 32],
+        opts: ClientOptions,
+    ) -> Result<Client, ClientError> {
+        let mut conn = TlsConn::connect(addr, opts.alpn.as_deref(), opts.timeout)?;
+        let mut block = Box::new([0u8; BLOCK_SIZE]);
+        conn.read_exact(&mut block[..])?;
+        let hello_bytes =
+            crate::protocol::pad::unpad(&block[..]).map_err(|_| ClientError::HandshakeParse)?;
+        let hello = ServerHello::decode(hello_bytes).map_err(|_| ClientError::HandshakeParse)?;
+        if hello.session_id != conn.tls_unique() {
+            return Err(ClientError::BadSession);
+        }
+
+        let peer_chain = conn.peer_certificates();
+        if opts.check_identity && !chain_matches(&peer_chain, &key_hash) {
+            return Err(ClientError::Identity);
+        }
+        let mut server_session_key = None;
+        if let Some(ck) = &hello.cert_key {
+            if opts.check_identity && !chain_matches(&ck.chain, &key_hash) {
+                return Err(ClientError::Identity);
+            }
+            let leaf = peer_chain.first().ok_or(ClientError::BadAuth)?;
+            let leaf_key = leaf_public_key(leaf).ok_or(ClientError::BadAuth)?;
+            let spki = signed_key::verify_signed_key(&ck.signed_key, &leaf_key)
+                .map_err(|_| ClientError::BadAuth)?;
+            server_session_key =
+                Some(keys::x25519_from_spki(&spki).map_err(|_| ClientError::BadAuth)?);
+        }
+
+        let version = match opts.version {
+            Some(v) => v,
+            None => hello
+                .versions
+                .intersect(&CLIENT_VERSIONS)
+                .map(|r| r.max)
+                .ok_or(ClientError::Version)?,
+        };
+        let client_secret = x25519_dalek::StaticSecret::random_from_rng(rand::rngs::OsRng);
+        let client_public = x25519_dalek::PublicKey::from(&client_secret).to_bytes();
+        let client_key = (opts.send_key && version >= version::AUTH_CMDS).then_some(client_public);
+        let client_hello = ClientHello {
+            version,
+            key_hash: key_hash.to_vec(),
+            client_key,
+            proxy_server: opts.proxy_server,
+            service: opts.service.clone(),
+        };
+        let mut codec = BlockCodec::plain();
+        let mut out = Box::new([0u8; BLOCK_SIZE]);
+        codec
+            .encode(&client_hello.encode(), &mut out)
+            .map_err(ClientError::Block)?;
+        conn.write_all(&out[..])?;
+
+        let mut service_id = None;
+        if opts.service.is_some() && version >= version::SERVICE_CERTS {
+            conn.read_exact(&mut block[..])?;
+            let resp =
+                crate::protocol::pad::unpad(&block[..]).map_err(|_| ClientError::HandshakeParse)?;
+            match resp.split_first() {
+                Some((b'R', rest)) => {
+                    let mut r = crate::protocol::encoding::Reader::new(rest);
+                    let id = r.short().map_err(|_| ClientError::HandshakeParse)?;
+                    service_id = Some(id.to_vec());
+                }
+                Some((b'E', rest)) => {
+                    return Err(ClientError::ServiceRefused(
+                        String::from_utf8_lossy(rest).into_owned(),
+                    ))
+                }
+                _ => return Err(ClientError::HandshakeParse),
+            }
+        }
+
+        let encrypt = version >= version::ENCRYPTED_BLOCK
+            && client_key.is_some()
+            && !opts.proxy_server
+            && server_session_key.is_some();
+        if encrypt {
+            let server_key = server_session_key.ok_or(ClientError::NoServerKey)?;
+            let secret = sxbox::dh(client_secret.as_bytes(), &server_key);
+            codec = BlockCodec::client(&hello.session_id, &secret);
+        }
+        Ok(Client {
+            conn,
+            version,
+            server_versions: hello.versions,
+            session_id: hello.session_id,
+            server_session_key,
+            service_id,
+            codec,
+            pending: VecDeque::new(),
+            block,
+        })
+    }
+
+    pub fn session_id(&self) -> &[u8] {
+        &self.session_id
+    }
+
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    /// The range the server offered in its hello.
+    pub fn server_versions(&self) -> VersionRange {
+        self.server_versions
+    }
+
+    /// The ALPN protocol the server selected (`None` in a legacy session).
+    pub fn alpn(&self) -> Option<&[u8]> {
+        self.conn.alpn_protocol()
+    }
+
+    pub fn server_session_key(&self) -> Option<&[u8; 32]> {
+        self.server_session_key.as_ref()
+    }
+
+    pub fn service_id(&self) -> Option<&[u8]> {
+        self.service_id.as_deref()
+    }
+
+    pub fn is_encrypted(&self) -> bool {
+        self.codec.is_encrypted()
+    }
+
+    pub fn set_timeout(&mut self, timeout: Duration) -> Result<(), ClientError> {
+        self.conn.set_read_timeout(timeout)
+    }
+
+    /// The wire bytes of one transmission, authorized as it asks.
+    pub fn encode_transmission(&self, t: &ClientTransmission) -> Result<Vec<u8>, ClientError> {
+        let command = match &t.command {
+            CommandBody::Cmd(c) => {
+                let mut out = Vec::new();
+                c.encode(self.version, &mut out);
+                out
+            }
+            CommandBody::Raw(b) => b.clone(),
+        };
+        let session_id = t.session_id.as_deref().unwrap_or(&self.session_id);
+        let authorization: Vec<u8> = match &t.auth {
+            Authorization::None => Vec::new(),
+            Authorization::Raw(b) => b.clone(),
+            Authorization::Sign(signer) => {
+                let signed = client_signed_bytes(
+                    self.version,
+                    session_id,
+                    &t.corr_id,
+                    &t.entity_id,
+                    &command,
+                );
+                match signer {
+                    Signer::Ed25519(sk) => auth::sign_ed25519(sk, &signed).to_vec(),
+                    Signer::Ed448(sk) => auth::sign_ed448(sk, &signed).to_vec(),
+                    Signer::X25519(sk) => {
+                        let server = self.server_session_key.ok_or(ClientError::NoServerKey)?;
+                        auth::x25519_authenticator(sk, &server, &t.corr_id, &signed).to_vec()
+                    }
+                }
+            }
+        };
+        Ok(encode_client_transmission(
+            self.version,
+            session_id,
+            &authorization,
+            t.service_sig.as_deref(),
+            &t.corr_id,
+            &t.entity_id,
+            &command,
+        ))
+    }
+
+    /// Sends the transmissions packed greedily into as few blocks as the batch limits allow.
+    pub fn send_batch(&mut self, ts: &[ClientTransmission]) -> Result<(), ClientError> {
+        let encoded = ts
+            .iter()
+            .map(|t| self.encode_transmission(t))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.send_encoded(&encoded)
+    }
+
+    /// Sends already-encoded transmissions, packed as `send_batch` does.
+    pub fn send_encoded(&mut self, ts: &[Vec<u8>]) -> Result<(), ClientError> {
+        let mut batch = BatchWriter::new();
+        for t in ts {
+            if !batch.try_push(t) {
+                if batch.is_empty() {
+                    return Err(ClientError::LargeMsg);
+                }
+                self.send_content(&batch.content())?;
+                batch.clear();
+                if !batch.try_push(t) {
+                    return Err(ClientError::LargeMsg);
+                }
+            }
+        }
+        if !batch.is_empty() {
+            self.send_content(&batch.content())?;
+        }
+        Ok(())
+    }
+
+    /// Sends one block carrying `content` as its (unpadded) payload, encrypted if the session is.
+    pub fn send_content(&mut self, content: &[u8]) -> Result<(), ClientError> {
+        let mut out = Box::new([0u8; BLOCK_SIZE]);
+        self.codec
+            .encode(content, &mut out)
+            .map_err(ClientError::Block)?;
+        self.conn.write_all(&out[..])
+    }
+
+    /// Sends `block` as the next block verbatim. In an encrypted session the send chain still
+    /// advances, as it does on the server when it fails to decrypt, so the chains stay in step.
+    pub fn send_raw_block(&mut self, block: &[u8; BLOCK_SIZE]) -> Result<(), ClientError> {
+        if self.codec.is_encrypted() {
+            let mut scratch = Box::new([0u8; BLOCK_SIZE]);
+            self.codec
+                .encode(&[], &mut scratch)
+                .map_err(ClientError::Block)?;
+        }
+        self.conn.write_all(&block[..])
+    }
+
+    /// Writes bytes as TLS application data, outside any block framing.
+    pub fn tls_write_raw(&mut self, data: &[u8]) -> Result<(), ClientError> {
+        self.conn.write_all(data)
+    }
+
+    /// Writes bytes to the TCP socket under TLS (not a valid TLS record).
+    pub fn tcp_write_raw(&mut self, data: &[u8]) -> Result<(), ClientError> {
+        self.conn.write_raw_tcp(data)
+    }
+
+    /// Ends the client's side of the stream (TLS close_notify, TCP shutdown of writes).
+    pub fn close_write(&mut self) -> Result<(), ClientError> {
+        self.conn.close_write()
+    }
+
+    /// Reads one block and returns its transmissions in order (pending ones are not included).
+    pub fn recv_block(&mut self) -> Result<Vec<ServerTransmission>, ClientError> {
+        self.conn.read_exact(&mut self.block[..])?;
+        let content = self
+            .codec
+            .decode(&mut self.block)
+            .map_err(ClientError::Block)?;
+        let items = parse_batch(content).map_err(|_| ClientError::BadBlock)?;
+        let mut out = Vec::with_capacity(items.len());
+        for item in items {
+            let t = parse_transmission(self.version, item).map_err(|_| ClientError::BadBlock)?;
+            if let Some(sid) = t.session_id {
+                if sid != self.session_id.as_slice() {
+                    return Err(ClientError::BadSession);
+                }
+            }
+            out.push(ServerTransmission {
+                corr_id: t.corr_id.to_vec(),
+                entity_id: t.entity_id.to_vec(),
+                command: t.command.to_vec(),
+                msg: BrokerMsg::parse(self.version, t.command).map_err(|_| t.command.to_vec()),
+            });
+        }
+        Ok(out)
+    }
+
+    /// The next transmission: a pending one first, otherwise from the next block.
+    pub fn recv(&mut self) -> Result<ServerTransmission, ClientError> {
+        loop {
+            if let Some(t) = self.pending.pop_front() {
+                return Ok(t);
+            }
+            let ts = self.recv_block()?;
+            self.pend(ts)?;
+        }
+    }
+
+    fn pend(&mut self, ts: Vec<ServerTransmission>) -> Result<(), ClientError> {
+        if self.pending.len() + ts.len() > MAX_PENDING {
+            return Err(ClientError::TooManyPending(MAX_PENDING));
+        }
+        self.pending.extend(ts);
+        Ok(())
+    }
+
+    /// Waits for the transmission with this corrId; others received meanwhile stay pending.
+    pub fn recv_for(&mut self, corr_id: &[u8]) -> Result<ServerTransmission, ClientError> {
+        if let Some(i) = self.pending.iter().position(|t| t.corr_id == corr_id) {
+            return Ok(self.pending.remove(i).expect("index from position"));
+        }
+        loop {
+            let mut ts = self.recv_block()?;
+            if let Some(i) = ts.iter().position(|t| t.corr_id == corr_id) {
+                let t = ts.remove(i);
+                self.pend(ts)?;
+                return Ok(t);
+            }
+            self.pend(ts)?;
+        }
+    }
+
+    /// Removes and returns what was received but not asked for (events, mostly).
+    pub fn take_pending(&mut self) -> Vec<ServerTransmission> {
+        self.pending.drain(..).collect()
+    }
+
+    /// Sends one transmission with a fresh random corrId and returns the matching response.
+    pub fn request(
+        &mut self,
+        entity_id: &[u8],
+        command: Command,
+        auth: Authorization,
+    ) -> Result<ServerTransmission, ClientError> {
+        let corr_id = new_corr_id();
+        let t = ClientTransmission::new(&corr_id, entity_id, command).with_auth(auth);
+        self.send_batch(std::slice::from_ref(&t))?;
+        self.recv_for(&corr_id)
+    }
+
+    /// PING → the response (a correct server answers `PONG`).
+    pub fn ping(&mut self) -> Result<ServerTransmission, ClientError> {
+        self.request(&[], Command::Ping, Authorization::None)
+    }
+
+    /// Waits for the server to close the connection, returning how many application bytes came first
+    /// (stops counting past `max_bytes`).
+    pub fn wait_closed(&mut self, max_bytes: usize) -> Result<usize, ClientError> {
+        self.conn.read_until_closed(max_bytes)
+    }
+}
+
+/// 24 random bytes, as clients use.
+pub fn new_corr_id() -> [u8; CORR_ID_BYTES] {
+    rand::random()
+}
+
+/// The chain's identity certificate (the 2nd of 2–4) hashes to `key_hash` (§1.4).
+fn chain_matches(chain: &[Vec<u8>], key_hash: &[u8; 32]) -> bool {
+    (2..=4).contains(&chain.len()) && crate::crypto::hash::fingerprint(&chain[1]) == *key_hash
+}
+
+/// The leaf certificate's public key, as an SMP key (Ed25519 or Ed448).
+fn leaf_public_key(der: &[u8]) -> Option<keys::PublicAuthKey> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    keys::PublicAuthKey::from_spki(cert.public_key().raw).ok()
+}
