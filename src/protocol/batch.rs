@@ -182,3 +182,123 @@ mod tests {
         assert_eq!(batch_transmissions(&[]).unwrap().len(), 0);
     }
 }
+
+/// Block packing counts of the reference's `BatchingTests` (`reference/smp-wire.md` §8.1 item 8),
+/// built with this crate's encoders, which pins the per-version transmission sizes.
+#[cfg(test)]
+mod packing {
+    use super::*;
+    use crate::protocol::command::{Command, MsgFlags};
+    use crate::protocol::response::BrokerMsg;
+    use crate::protocol::transmission::{encode_client_transmission, encode_server_transmission};
+    use crate::protocol::version::{max_message_length, Version};
+
+    const SESS: [u8; 32] = [3; 32];
+
+    fn signed_sub(v: Version, i: u8) -> Vec<u8> {
+        encode_client_transmission(v, &SESS, &[i; 64], None, &[i; 24], &[!i; 24], b"SUB")
+    }
+
+    fn server(v: Version, corr: &[u8], msg: &BrokerMsg) -> Vec<u8> {
+        let mut t = Vec::new();
+        encode_server_transmission(v, &SESS, corr, &[9; 24], &msg.to_bytes(v), &mut t);
+        t
+    }
+
+    /// How many copies of `t` one block takes.
+    fn fill(t: &[u8]) -> usize {
+        let mut w = BatchWriter::new();
+        while w.try_push(t) {}
+        w.len()
+    }
+
+    #[test]
+    fn signed_subs_per_block() {
+        for v in 16..=20 {
+            assert_eq!(signed_sub(v, 1).len() + 2, 121);
+            assert_eq!(fill(&signed_sub(v, 1)), 135, "v{v}");
+        }
+        for v in 7..=15 {
+            // no service slot: one byte less each (120), and 136 × 120 = 16320 fits
+            assert_eq!(fill(&signed_sub(v, 1)), 136, "v{v}");
+        }
+        assert_eq!(signed_sub(6, 1).len() + 2, 153);
+        assert_eq!(fill(&signed_sub(6, 1)), 106);
+
+        let subs: Vec<Vec<u8>> = (0..300).map(|i| signed_sub(20, i as u8)).collect();
+        let blocks = batch_transmissions(&subs).unwrap();
+        let counts: Vec<usize> = blocks
+            .iter()
+            .map(|b| parse_batch(b).unwrap().len())
+            .collect();
+        assert_eq!(counts, [135, 135, 30]);
+        assert!(blocks.iter().all(|b| b.len() <= 1 + MAX_BATCH_BYTES));
+    }
+
+    #[test]
+    fn events_per_block() {
+        let end = server(20, b"", &BrokerMsg::End);
+        assert_eq!(fill(&end), 255);
+        let ends: Vec<Vec<u8>> = (0..300).map(|_| end.clone()).collect();
+        let counts: Vec<usize> = batch_transmissions(&ends)
+            .unwrap()
+            .iter()
+            .map(|b| parse_batch(b).unwrap().len())
+            .collect();
+        assert_eq!(counts, [255, 45]);
+
+        let nmsg = server(
+            20,
+            b"",
+            &BrokerMsg::Nmsg {
+                nonce: [1; 24],
+                enc_meta: vec![2; 144],
+            },
+        );
+        assert_eq!(fill(&nmsg), 80);
+    }
+
+    #[test]
+    fn four_soks_and_a_full_msg_fit() {
+        let v = 20;
+        let sok = server(v, &[5; 24], &BrokerMsg::Sok(None));
+        let msg = server(
+            v,
+            &[6; 24],
+            &BrokerMsg::Msg {
+                msg_id: vec![7; 24],
+                body: vec![8; max_message_length(v)],
+            },
+        );
+        let mut w = BatchWriter::new();
+        for _ in 0..4 {
+            assert!(w.try_push(&sok));
+        }
+        assert!(w.try_push(&msg));
+        let mut w = BatchWriter::new();
+        for _ in 0..5 {
+            assert!(w.try_push(&sok));
+        }
+        assert!(!w.try_push(&msg));
+        let five: Vec<Vec<u8>> = [vec![sok; 5], vec![msg]].concat();
+        assert_eq!(batch_transmissions(&five).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn oversized_send_is_rejected() {
+        let send = Command::Send {
+            flags: MsgFlags::new(false),
+            body: vec![1; 17000],
+        };
+        let t = encode_client_transmission(
+            20,
+            &SESS,
+            &[1; 64],
+            None,
+            &[2; 24],
+            &[3; 24],
+            &send.to_bytes(20),
+        );
+        assert_eq!(batch_transmissions(&[signed_sub(20, 1), t]), Err(LargeMsg));
+    }
+}
