@@ -12,7 +12,7 @@ use std::time::Duration;
 use openssl::asn1::Asn1Time;
 use openssl::bn::BigNum;
 use openssl::hash::MessageDigest;
-use openssl::pkey::PKey;
+use openssl::pkey::{PKey, Private};
 use openssl::ssl::{Ssl, SslContext, SslMethod, SslVerifyMode, SslVersion};
 use openssl::x509::{X509NameBuilder, X509};
 use rustls::pki_types::ServerName;
@@ -123,6 +123,7 @@ struct OpensslClient<'a> {
     groups: Option<&'a str>,
     max_version: SslVersion,
     client_cert: bool,
+    client_cert_ed448: bool,
     sni: Option<&'a str>,
 }
 
@@ -134,6 +135,7 @@ impl Default for OpensslClient<'_> {
             groups: None,
             max_version: SslVersion::TLS1_3,
             client_cert: false,
+            client_cert_ed448: false,
             sni: None,
         }
     }
@@ -195,23 +197,13 @@ impl OpensslClient<'_> {
         }
         if self.client_cert {
             // Made by OpenSSL itself, so the client side shares no code with the server.
-            let key = PKey::generate_ed25519().unwrap();
-            let mut name = X509NameBuilder::new().unwrap();
-            name.append_entry_by_text("CN", "service client").unwrap();
-            let name = name.build();
-            let mut cert = X509::builder().unwrap();
-            cert.set_version(2).unwrap();
-            cert.set_serial_number(&BigNum::from_u32(1).unwrap().to_asn1_integer().unwrap())
+            let key = if self.client_cert_ed448 {
+                PKey::generate_ed448().unwrap()
+            } else {
+                PKey::generate_ed25519().unwrap()
+            };
+            b.set_certificate(&openssl_self_signed(&key, "service client"))
                 .unwrap();
-            cert.set_subject_name(&name).unwrap();
-            cert.set_issuer_name(&name).unwrap();
-            cert.set_pubkey(&key).unwrap();
-            cert.set_not_before(&Asn1Time::days_from_now(0).unwrap())
-                .unwrap();
-            cert.set_not_after(&Asn1Time::days_from_now(1).unwrap())
-                .unwrap();
-            cert.sign(&key, MessageDigest::null()).unwrap();
-            b.set_certificate(&cert.build()).unwrap();
             b.set_private_key(&key).unwrap();
         }
         b.build()
@@ -242,6 +234,26 @@ impl OpensslClient<'_> {
             alpn: stream.ssl().selected_alpn_protocol().map(|p| p.to_vec()),
         })
     }
+}
+
+fn openssl_self_signed(key: &PKey<Private>, cn: &str) -> X509 {
+    let mut name = X509NameBuilder::new().unwrap();
+    name.append_entry_by_text("CN", cn).unwrap();
+    let name = name.build();
+    let mut cert = X509::builder().unwrap();
+    cert.set_version(2).unwrap();
+    cert.set_serial_number(&BigNum::from_u32(1).unwrap().to_asn1_integer().unwrap())
+        .unwrap();
+    cert.set_subject_name(&name).unwrap();
+    cert.set_issuer_name(&name).unwrap();
+    cert.set_pubkey(key).unwrap();
+    cert.set_not_before(&Asn1Time::days_from_now(0).unwrap())
+        .unwrap();
+    cert.set_not_after(&Asn1Time::days_from_now(1).unwrap())
+        .unwrap();
+    // EdDSA signs the message itself: no separate digest.
+    cert.sign(key, MessageDigest::null()).unwrap();
+    cert.build()
 }
 
 /// Counts the ClientHello records among the plaintext records before encryption starts.
@@ -515,4 +527,75 @@ fn capture_limit_is_enforced_on_a_real_socket() {
         err.contains("CaptureOverflow") || err.contains("buffer full"),
         "{err}"
     );
+}
+
+#[test]
+fn ed448_client_certificate_is_verified() {
+    let client = OpensslClient {
+        client_cert: true,
+        client_cert_ed448: true,
+        ..Default::default()
+    };
+    let (served, result) = handshake(config(true), &client, b"");
+    assert_eq!(served.peer_cert_count, 1);
+    assert_eq!(served.session_id, result.finished);
+}
+
+/// An OpenSSL server (Ed25519 or Ed448 certificate) for checking the client side on its own:
+/// returns OpenSSL's `SSL_get_peer_finished`, the client Finished as the server saw it.
+fn openssl_server(ed448: bool) -> (SocketAddr, JoinHandle<Result<Vec<u8>, String>>) {
+    let key = if ed448 {
+        PKey::generate_ed448().unwrap()
+    } else {
+        PKey::generate_ed25519().unwrap()
+    };
+    let mut b = SslContext::builder(SslMethod::tls_server()).unwrap();
+    b.set_min_proto_version(Some(SslVersion::TLS1_3)).unwrap();
+    b.set_certificate(&openssl_self_signed(&key, "smp server"))
+        .unwrap();
+    b.set_private_key(&key).unwrap();
+    b.set_num_tickets(0).unwrap();
+    b.set_alpn_select_callback(|_, client| {
+        openssl::ssl::select_next_proto(b"\x05smp/1", client).ok_or(openssl::ssl::AlpnError::NOACK)
+    });
+    let ctx = b.build();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let handle = std::thread::spawn(move || {
+        let (sock, _) = listener.accept().map_err(|e| e.to_string())?;
+        sock.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        let mut stream = Ssl::new(&ctx)
+            .unwrap()
+            .accept(sock)
+            .map_err(|e| format!("{e:?}"))?;
+        // Read the client's first bytes so its Finished is surely processed.
+        let mut byte = [0u8; 1];
+        stream.read_exact(&mut byte).map_err(|e| e.to_string())?;
+        let mut finished = [0u8; 64];
+        let n = stream.ssl().peer_finished(&mut finished);
+        Ok(finished[..n.min(64)].to_vec())
+    });
+    (addr, handle)
+}
+
+#[test]
+fn rustls_client_session_id_equals_openssl_server_peer_finished() {
+    for ed448 in [false, true] {
+        let (addr, server) = openssl_server(ed448);
+        let client_config = tls::client_config(vec![ALPN_SMP.to_vec()]).unwrap();
+        let mut capture =
+            ClientCapture::new(&client_config, ServerName::try_from("127.0.0.1").unwrap()).unwrap();
+        let mut sock = TcpStream::connect(addr).unwrap();
+        sock.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        capture.handshake_blocking(&mut sock).unwrap();
+        let (mut conn, client_id) = capture.finish().unwrap();
+        assert_eq!(conn.alpn_protocol(), Some(ALPN_SMP));
+        conn.writer().write_all(b"x").unwrap();
+        while conn.wants_write() {
+            conn.write_tls(&mut sock).unwrap();
+        }
+        let server_view = server.join().unwrap().unwrap();
+        assert_eq!(client_id.len(), 32, "ed448={ed448}");
+        assert_eq!(client_id, server_view, "ed448={ed448}");
+    }
 }

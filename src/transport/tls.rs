@@ -111,6 +111,55 @@ fn ed25519_pkcs8(key: &ed25519_dalek::SigningKey) -> PrivateKeyDer<'static> {
     PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(certs::ed25519_pkcs8_v1_der(key)))
 }
 
+/// SMP peers sign with EdDSA only, both ways (§1.2).
+const EDDSA_SCHEMES: [SignatureScheme; 2] = [SignatureScheme::ED25519, SignatureScheme::ED448];
+
+/// Verifies a TLS 1.3 CertificateVerify: Ed25519 through rustls/ring, Ed448 (which ring lacks,
+/// and which the reference's own test certificates use) through `crypto::auth::ed448_verify`.
+fn eddsa_tls13_verify(
+    message: &[u8],
+    cert: &CertificateDer<'_>,
+    dss: &DigitallySignedStruct,
+    provider: &CryptoProvider,
+) -> Result<HandshakeSignatureValid, rustls::Error> {
+    match dss.scheme {
+        SignatureScheme::ED25519 => rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &provider.signature_verification_algorithms,
+        ),
+        SignatureScheme::ED448 => ed448_verify_with_cert(message, cert, dss.signature()),
+        _ => Err(rustls::PeerMisbehaved::SignedHandshakeWithUnadvertisedSigScheme.into()),
+    }
+}
+
+fn ed448_verify_with_cert(
+    message: &[u8],
+    cert: &CertificateDer<'_>,
+    signature: &[u8],
+) -> Result<HandshakeSignatureValid, rustls::Error> {
+    let bad_cert = || rustls::Error::InvalidCertificate(rustls::CertificateError::BadEncoding);
+    let bad_sig = || rustls::Error::InvalidCertificate(rustls::CertificateError::BadSignature);
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).map_err(|_| bad_cert())?;
+    let spki = parsed.public_key();
+    if spki.algorithm.algorithm.to_id_string() != "1.3.101.113" {
+        return Err(bad_sig());
+    }
+    let key: &[u8; 57] = spki
+        .subject_public_key
+        .data
+        .as_ref()
+        .try_into()
+        .map_err(|_| bad_cert())?;
+    let sig: &[u8; 114] = signature.try_into().map_err(|_| bad_sig())?;
+    if crate::crypto::auth::ed448_verify(key, message, sig) {
+        Ok(HandshakeSignatureValid::assertion())
+    } else {
+        Err(bad_sig())
+    }
+}
+
 /// Accepts any client chain. Test-only for now: service certificates (§2.5) will be validated at
 /// the SMP layer (1–4 certificates, self-signed or chained to the CA) when services are added.
 /// The CertificateVerify signature is still checked, so the client proves it holds the key.
@@ -156,17 +205,11 @@ impl ClientCertVerifier for AcceptAnyClientChain {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        eddsa_tls13_verify(message, cert, dss, &self.provider)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        // SMP peers use EdDSA only (§1.2); ring verifies Ed25519.
-        vec![SignatureScheme::ED25519]
+        EDDSA_SCHEMES.to_vec()
     }
 }
 
@@ -364,17 +407,11 @@ impl ServerCertVerifier for AcceptAnyServerChain {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        eddsa_tls13_verify(message, cert, dss, &self.provider)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        // Ed448 servers (the reference fixtures) are not reachable: ring cannot verify Ed448.
-        vec![SignatureScheme::ED25519]
+        EDDSA_SCHEMES.to_vec()
     }
 }
 
@@ -657,6 +694,42 @@ mod tests {
             ),
             "{err:?}"
         );
+    }
+
+    #[test]
+    fn ed448_handshake_signature_check() {
+        use openssl::pkey::PKey;
+        use openssl::sign::Signer;
+        let key = PKey::generate_ed448().unwrap();
+        let mut name = openssl::x509::X509NameBuilder::new().unwrap();
+        name.append_entry_by_text("CN", "ed448").unwrap();
+        let name = name.build();
+        let mut b = openssl::x509::X509::builder().unwrap();
+        b.set_version(2).unwrap();
+        b.set_subject_name(&name).unwrap();
+        b.set_issuer_name(&name).unwrap();
+        b.set_pubkey(&key).unwrap();
+        b.set_not_before(&openssl::asn1::Asn1Time::days_from_now(0).unwrap())
+            .unwrap();
+        b.set_not_after(&openssl::asn1::Asn1Time::days_from_now(1).unwrap())
+            .unwrap();
+        b.sign(&key, openssl::hash::MessageDigest::null()).unwrap();
+        let cert = CertificateDer::from(b.build().to_der().unwrap());
+        let message = b"TLS 1.3, server CertificateVerify\x00transcript hash";
+        let sig = Signer::new_without_digest(&key)
+            .unwrap()
+            .sign_oneshot_to_vec(message)
+            .unwrap();
+        assert!(ed448_verify_with_cert(message, &cert, &sig).is_ok());
+        let mut tampered = sig.clone();
+        tampered[3] ^= 1;
+        assert!(ed448_verify_with_cert(message, &cert, &tampered).is_err());
+        assert!(ed448_verify_with_cert(b"other", &cert, &sig).is_err());
+        assert!(ed448_verify_with_cert(message, &cert, &sig[..113]).is_err());
+        // An Ed25519 certificate cannot carry an Ed448 signature.
+        let creds = creds();
+        let ed25519_cert = CertificateDer::from(creds.chain_der[0].clone());
+        assert!(ed448_verify_with_cert(message, &ed25519_cert, &sig).is_err());
     }
 
     #[test]
