@@ -59,7 +59,8 @@ pub async fn serve(sock: TcpStream, ctx: Rc<ShardContext>) {
 
 async fn run(mut sock: TcpStream, ctx: &ShardContext) -> Result<(), ConnError> {
     // Small handshake blocks would otherwise wait for delayed ACKs.
-    sock.set_nodelay(true)?;
+    sock.set_nodelay(true)
+        .map_err(|e| io::Error::other(e.to_string()))?;
     let tls = timed(ctx.config.tls_timeout, "TLS setup", tls_accept(&mut sock, ctx)).await?;
     let (conn, session_id) = tls;
     let versions = alpn_versions(conn.alpn_protocol());

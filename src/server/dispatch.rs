@@ -14,7 +14,7 @@ use crate::protocol::command::{check_credentials, parse_command, Command};
 use crate::protocol::error::{BrokerError, ErrorType, NameError, ProxyError, TransportError};
 use crate::protocol::response::BrokerMsg;
 use crate::protocol::transmission::{
-    authorized_bytes, encode_server_transmission, parse_transmission, RawTransmission,
+    authorized_bytes, encode_server_transmission, parse_transmission, RawTransmission, TransmissionError,
 };
 use crate::transport::block::BLOCK_SIZE;
 
@@ -60,9 +60,19 @@ fn process_transmission(session: &Session, bytes: &[u8]) -> Vec<u8> {
     let sid = &session.session_id;
     let t = match parse_transmission(v, bytes) {
         Ok(t) => t,
-        Err(e) => {
-            let corr_id = e.corr_id().unwrap_or(b"");
-            return respond(v, sid, corr_id, b"", &BrokerMsg::Err(ErrorType::Block));
+        Err(TransmissionError::Block) => {
+            return respond(v, sid, b"", b"", &BrokerMsg::Err(ErrorType::Block));
+        }
+        Err(TransmissionError::BadAuthorization {
+            corr_id,
+            session_id,
+        }) => {
+            // v6 checks the session before the authorization's shape.
+            let e = match session_id {
+                Some(s) if s != *sid => ErrorType::Session,
+                _ => ErrorType::Block,
+            };
+            return respond(v, sid, &corr_id, b"", &BrokerMsg::Err(e));
         }
     };
     if let Some(s) = t.session_id {

@@ -39,7 +39,8 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
         &tls::TlsOptions {
             request_client_cert: config.request_client_cert,
         },
-    );
+    )
+    .map_err(|e| StartError::Credentials(e.to_string()))?;
     let cpus = allowed_cpus();
     let shards = config.shards.max(1);
     let per_shard_connections = config.max_connections.div_ceil(shards);
