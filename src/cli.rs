@@ -15,7 +15,11 @@ use smp_relay::crypto::hash;
 use smp_relay::transport::certs;
 
 #[derive(Parser)]
-#[command(name = "smp-relay", version, about = "A thread-per-core SimpleX Messaging Protocol relay")]
+#[command(
+    name = "smp-relay",
+    version,
+    about = "A thread-per-core SimpleX Messaging Protocol relay"
+)]
 struct Cli {
     /// Directory holding keys, certificates, configuration and data.
     #[arg(long, global = true, default_value = config::DEFAULT_DATA_DIR)]
@@ -90,9 +94,8 @@ pub fn main() -> ExitCode {
             if !ports.is_empty() {
                 c.ports = ports;
             }
-            c.shards = cores.unwrap_or_else(|| {
-                std::thread::available_parallelism().map_or(1, |n| n.get())
-            });
+            c.shards = cores
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
             c.max_connections = max_connections.max(1);
             c.tls_timeout = Duration::from_secs(tls_timeout_secs);
             c.handshake_timeout = Duration::from_secs(handshake_timeout_secs);
@@ -136,7 +139,12 @@ fn init(dir: &Path, host: &str, port: u16, no_password: bool) -> Result<(), Stri
     write_file(dir, config::SERVER_CERT_FILE, &creds.server_cert_pem, false)?;
     let loaded = certs::load(dir).map_err(|e| e.to_string())?;
     let fingerprint = hash::b64url(&loaded.key_hash);
-    write_file(dir, config::FINGERPRINT_FILE, &format!("{fingerprint}\n"), false)?;
+    write_file(
+        dir,
+        config::FINGERPRINT_FILE,
+        &format!("{fingerprint}\n"),
+        false,
+    )?;
     let password = (!no_password).then(|| {
         let mut b = [0u8; 32];
         rand::rngs::OsRng.fill_bytes(&mut b);
@@ -145,7 +153,9 @@ fn init(dir: &Path, host: &str, port: u16, no_password: bool) -> Result<(), Stri
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
     });
     let mut ini = String::from("[TRANSPORT]\n");
-    ini.push_str(&format!("host = {host}\nport = {port}\n\n[AUTH]\nnew_queues = on\n"));
+    ini.push_str(&format!(
+        "host = {host}\nport = {port}\n\n[AUTH]\nnew_queues = on\n"
+    ));
     if let Some(p) = &password {
         ini.push_str(&format!("create_password = {p}\n"));
     }

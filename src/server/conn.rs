@@ -2,12 +2,14 @@
 //! extraction, the SMP handshake (`reference/smp-wire.md` §2), then a loop that reads a block, has
 //! `dispatch` answer its transmissions and writes the answers as few blocks as they fit in.
 
-use std::future::Future;
+use std::future::{poll_fn, Future};
 use std::io;
+use std::pin::Pin;
 use std::rc::Rc;
+use std::task::Poll;
 use std::time::Duration;
 
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use futures_lite::{AsyncRead, AsyncWriteExt};
 use glommio::net::TcpStream;
 use rand::rngs::OsRng;
 use x25519_dalek::{PublicKey as X25519Public, StaticSecret};
@@ -16,10 +18,10 @@ use super::dispatch;
 use super::shard::ShardContext;
 use super::tls_stream::TlsStream;
 use crate::crypto::{signed_key, sxbox};
+use crate::protocol::error::TransportError;
 use crate::protocol::handshake::{CertChainPubKey, ClientHello, ServerHello, ServiceResponse};
 use crate::protocol::pad;
 use crate::protocol::version::{self, Version, VersionRange};
-use crate::protocol::error::TransportError;
 use crate::transport::block::{BlockCodec, BLOCK_SIZE};
 use crate::transport::tls::{alpn_versions, AcceptState};
 
@@ -61,10 +63,15 @@ async fn run(mut sock: TcpStream, ctx: &ShardContext) -> Result<(), ConnError> {
     // Small handshake blocks would otherwise wait for delayed ACKs.
     sock.set_nodelay(true)
         .map_err(|e| io::Error::other(e.to_string()))?;
-    let tls = timed(ctx.config.tls_timeout, "TLS setup", tls_accept(&mut sock, ctx)).await?;
+    let tls = timed(
+        ctx.config.tls_timeout,
+        "TLS setup",
+        tls_accept(&mut sock, ctx),
+    )
+    .await?;
     let (conn, session_id) = tls;
     let versions = alpn_versions(conn.alpn_protocol());
-    let mut stream = TlsStream::new(sock, conn, Vec::new());
+    let mut stream = TlsStream::new(sock, conn, ctx.read_scratch.clone());
     let session = timed(
         ctx.config.handshake_timeout,
         "SMP handshake",
@@ -100,19 +107,27 @@ async fn tls_accept(
     ctx: &ShardContext,
 ) -> Result<(rustls::ServerConnection, Vec<u8>), ConnError> {
     let mut state = AcceptState::new(&ctx.tls_config).map_err(|e| ConnError::Tls(e.to_string()))?;
-    let mut buf = vec![0u8; crate::limits::SOCKET_READ_BYTES];
     let mut out = Vec::new();
     loop {
-        let n = sock.read(&mut buf).await?;
-        if n == 0 {
-            return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
-        }
-        let fed = state.feed(&buf[..n]);
+        // Read into the shard's scratch buffer and feed rustls at once, so that a connection
+        // waiting for its ClientHello holds no buffer of its own.
+        let fed = poll_fn(|cx| {
+            let mut buf = ctx.read_scratch.borrow_mut();
+            match Pin::new(&mut *sock).poll_read(cx, &mut buf[..]) {
+                Poll::Ready(Ok(0)) => {
+                    Poll::Ready(Err(ConnError::Io(io::ErrorKind::UnexpectedEof.into())))
+                }
+                Poll::Ready(Ok(n)) => Poll::Ready(Ok(state.feed(&buf[..n]))),
+                Poll::Ready(Err(e)) => Poll::Ready(Err(ConnError::Io(e))),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await?;
         // Send what rustls produced even on failure: that is the alert telling the client why.
         state.take_output(&mut out);
         if !out.is_empty() {
             sock.write_all(&out).await?;
-            out.clear();
+            out = Vec::new();
         }
         fed.map_err(|e| ConnError::Tls(e.to_string()))?;
         if !state.is_handshaking() {
@@ -140,8 +155,8 @@ async fn smp_handshake(
     };
     write_plain_block(stream, &hello.encode()).await?;
 
-    let mut block = vec![0u8; BLOCK_SIZE];
-    stream.read_exact(&mut block).await?;
+    let mut block = Vec::new();
+    stream.read_block(&mut block, BLOCK_SIZE).await?;
     let content = pad::unpad(&block).map_err(|_| ConnError::Handshake("unpadded client hello"))?;
     let client = ClientHello::decode(content).map_err(|_| ConnError::Handshake("PARSE"))?;
     // The reference closes without a word on a wrong identity or version.
@@ -158,7 +173,9 @@ async fn smp_handshake(
             crate::protocol::error::HandshakeError::BadAuth,
         ));
         write_plain_block(stream, &refusal.encode()).await?;
-        return Err(ConnError::Handshake("BAD_AUTH: service without a client certificate"));
+        return Err(ConnError::Handshake(
+            "BAD_AUTH: service without a client certificate",
+        ));
     }
     let session_secret = client
         .client_key
@@ -187,20 +204,36 @@ async fn write_plain_block(stream: &mut TlsStream, content: &[u8]) -> Result<(),
 }
 
 async fn session_loop(stream: &mut TlsStream, session: &mut Session) -> Result<(), ConnError> {
-    let mut block = Box::new([0u8; BLOCK_SIZE]);
-    let mut out_block = Box::new([0u8; BLOCK_SIZE]);
     let mut responses: Vec<Vec<u8>> = Vec::new();
     loop {
-        stream.read_exact(&mut block[..]).await?;
+        // Allocated per block, so that an idle connection holds no block buffers.
+        let mut block = Vec::new();
+        stream.read_block(&mut block, BLOCK_SIZE).await?;
+        let block: &mut [u8; BLOCK_SIZE] = (&mut block[..])
+            .try_into()
+            .map_err(|_| ConnError::Handshake("short block"))?;
         responses.clear();
-        dispatch::process_block(session, &mut block, &mut responses);
-        for content in dispatch::pack(&responses) {
-            session
-                .codec
-                .encode(&content, &mut out_block)
-                .map_err(|_| ConnError::Handshake("response block too large"))?;
-            stream.queue(&out_block[..])?;
-        }
+        dispatch::process_block(session, block, &mut responses);
+        queue_responses(stream, session, &responses)?;
         stream.flush().await?;
+        responses = Vec::new();
     }
+}
+
+/// Packs, encrypts and queues responses. Synchronous on purpose: the 16 KB block lives on the
+/// thread's stack, not in the connection's future, which is kept for the connection's lifetime.
+fn queue_responses(
+    stream: &mut TlsStream,
+    session: &mut Session,
+    responses: &[Vec<u8>],
+) -> Result<(), ConnError> {
+    let mut out_block = [0u8; BLOCK_SIZE];
+    for content in dispatch::pack(responses) {
+        session
+            .codec
+            .encode(&content, &mut out_block)
+            .map_err(|_| ConnError::Handshake("response block too large"))?;
+        stream.queue(&out_block[..])?;
+    }
+    Ok(())
 }

@@ -14,7 +14,8 @@ use crate::protocol::command::{check_credentials, parse_command, Command};
 use crate::protocol::error::{BrokerError, ErrorType, NameError, ProxyError, TransportError};
 use crate::protocol::response::BrokerMsg;
 use crate::protocol::transmission::{
-    authorized_bytes, encode_server_transmission, parse_transmission, RawTransmission, TransmissionError,
+    authorized_bytes, encode_server_transmission, parse_transmission, RawTransmission,
+    TransmissionError,
 };
 use crate::transport::block::BLOCK_SIZE;
 
@@ -30,14 +31,26 @@ pub fn process_block(session: &mut Session, block: &mut [u8; BLOCK_SIZE], out: &
     let content = match codec.decode(block) {
         Ok(c) => c,
         Err(_) => {
-            out.push(respond(v, &sid, b"", b"", &BrokerMsg::Err(ErrorType::Block)));
+            out.push(respond(
+                v,
+                &sid,
+                b"",
+                b"",
+                &BrokerMsg::Err(ErrorType::Block),
+            ));
             return;
         }
     };
     let transmissions = match parse_batch(content) {
         Ok(ts) => ts,
         Err(_) => {
-            out.push(respond(v, &sid, b"", b"", &BrokerMsg::Err(ErrorType::Block)));
+            out.push(respond(
+                v,
+                &sid,
+                b"",
+                b"",
+                &BrokerMsg::Err(ErrorType::Block),
+            ));
             return;
         }
     };
@@ -47,7 +60,13 @@ pub fn process_block(session: &mut Session, block: &mut [u8; BLOCK_SIZE], out: &
     }
 }
 
-fn respond(v: u16, session_id: &[u8], corr_id: &[u8], entity_id: &[u8], msg: &BrokerMsg) -> Vec<u8> {
+fn respond(
+    v: u16,
+    session_id: &[u8],
+    corr_id: &[u8],
+    entity_id: &[u8],
+    msg: &BrokerMsg,
+) -> Vec<u8> {
     let mut body = Vec::with_capacity(64);
     msg.encode(v, &mut body);
     let mut t = Vec::with_capacity(body.len() + 64);
@@ -112,9 +131,9 @@ fn execute<'a>(
             // The destination role arrives with the queue protocol; without a session secret the
             // reference refuses in exactly this way, and with one no queue could be reached anyway.
             if session.session_secret.is_none() {
-                err(ErrorType::Proxy(ProxyError::Broker(BrokerError::Transport(
-                    TransportError::NoAuth,
-                ))))
+                err(ErrorType::Proxy(ProxyError::Broker(
+                    BrokerError::Transport(TransportError::NoAuth),
+                )))
             } else {
                 err(ErrorType::Crypto)
             }

@@ -32,8 +32,9 @@ pub enum StartError {
 /// Runs the relay until the process is stopped.
 pub fn run(config: StartConfig) -> Result<(), StartError> {
     let _lock = lock::lock_data_dir(&config.data_dir)?;
-    let credentials =
-        Arc::new(certs::load(&config.data_dir).map_err(|e| StartError::Credentials(e.to_string()))?);
+    let credentials = Arc::new(
+        certs::load(&config.data_dir).map_err(|e| StartError::Credentials(e.to_string()))?,
+    );
     let tls_config = tls::server_config(
         &credentials,
         &tls::TlsOptions {
@@ -63,6 +64,7 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
                     tls_config,
                     connections: Cell::new(0),
                     max_connections: per_shard_connections,
+                    read_scratch: tls_stream::new_scratch(),
                 });
                 shard::run(ctx, move || {
                     let _ = ready_tx.send(shard_id);

@@ -21,6 +21,8 @@ pub struct ShardContext {
     /// Connections this shard holds now, against `max_connections`.
     pub connections: Cell<usize>,
     pub max_connections: usize,
+    /// Every socket read of this shard lands here first (see `tls_stream`).
+    pub read_scratch: super::tls_stream::ReadScratch,
 }
 
 /// Accepts on every port until the process ends. Returns an error only if a port cannot be bound.
@@ -58,7 +60,10 @@ async fn accept_loop(listener: TcpListener, ctx: Rc<ShardContext>) {
             }
         };
         if ctx.connections.get() >= ctx.max_connections {
-            tracing::warn!(shard = ctx.shard_id, "connection limit reached, closing a new connection");
+            tracing::warn!(
+                shard = ctx.shard_id,
+                "connection limit reached, closing a new connection"
+            );
             drop(sock);
             continue;
         }
