@@ -9,4 +9,5 @@ pub mod crypto;
 pub mod limits;
 pub mod protocol;
 pub mod server;
+pub mod store;
 pub mod transport;

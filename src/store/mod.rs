@@ -1,0 +1,251 @@
+//! The stores behind a shard's queues (`DESIGN.md` §4). Each shard owns one store instance for the
+//! partition groups it owns; nothing here is shared between threads.
+//!
+//! `QueueStore` keeps queue records (the owner reads them synchronously from the store's in-memory
+//! map: every store keeps all records of its groups in memory, PostgreSQL included) and makes each
+//! change durable before it returns. `MessageStore` keeps messages per queue in arrival order. The
+//! write methods are `async` because the PostgreSQL store awaits its pool; the memory store completes
+//! them at once. The owner calls them in a per-queue order (DESIGN §3), never concurrently for one queue.
+
+pub mod memory;
+
+use std::rc::Rc;
+
+use crate::crypto::keys::PublicAuthKey;
+use crate::protocol::command::QueueMode;
+use crate::protocol::error::BlockingInfo;
+
+/// Recipient, sender, notifier, link and message IDs are 24 random bytes when the server makes them;
+/// client-supplied ones (sender ID of a short link, link ID of a contact address) are kept as sent.
+pub type EntityId = Vec<u8>;
+
+/// Message IDs are 24 bytes: they are also the nonce of the MSG body encryption.
+pub type MsgId = [u8; 24];
+
+/// Fixed numbers that reach the disk (`DESIGN.md` §1): partitions, their hash and their groups.
+pub const PARTITIONS: u32 = 4096;
+pub const PARTITION_GROUPS: u32 = smp_journal::JOURNAL_GROUPS;
+
+/// `partition = first 8 bytes of SHA-256(recipientId) as big-endian u64, mod 4096`.
+pub fn partition_of(recipient_id: &[u8]) -> u32 {
+    let h = crate::crypto::hash::sha256(recipient_id);
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&h[..8]);
+    (u64::from_be_bytes(b) % PARTITIONS as u64) as u32
+}
+
+/// Partition `p` lives in group `p mod 64`.
+pub fn group_of(recipient_id: &[u8]) -> u32 {
+    partition_of(recipient_id) % PARTITION_GROUPS
+}
+
+/// Short-link data of a queue (`LSET`, `NEW` with link data).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueLink {
+    pub link_id: EntityId,
+    /// Immutable once set (only `user` may change).
+    pub fixed: Vec<u8>,
+    pub user: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotifierCreds {
+    pub notifier_id: EntityId,
+    pub notifier_key: PublicAuthKey,
+    /// X25519(client's rcvNtfDhKey, server's per-notifier key): NMSG metadata is sealed with it.
+    pub rcv_ntf_dh_secret: [u8; 32],
+    pub ntf_service_id: Option<EntityId>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueueStatus {
+    Active,
+    /// `OFF`: senders get `AUTH`, recipient commands still work.
+    Off,
+    /// Blocked by the operator: commands answer `ERR BLOCKED` (except OFF, DEL, NSUB).
+    Blocked(BlockingInfo),
+}
+
+/// One queue, keyed by its recipient ID (`reference/smp-server-behaviour.md` §2.1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueRec {
+    pub recipient_id: EntityId,
+    /// Non-empty; more than one only after `RKEY` on a contact queue.
+    pub recipient_keys: Vec<PublicAuthKey>,
+    /// X25519(client's rcvDhKey, server's per-queue key): MSG bodies are sealed with it.
+    pub rcv_dh_secret: [u8; 32],
+    pub sender_id: EntityId,
+    pub sender_key: Option<PublicAuthKey>,
+    /// `None` for legacy queues (created before v9).
+    pub queue_mode: Option<QueueMode>,
+    pub link: Option<QueueLink>,
+    pub notifier: Option<NotifierCreds>,
+    pub status: QueueStatus,
+    /// Unix seconds rounded down to a day; written at most once a day per queue.
+    pub updated_at: Option<i64>,
+    pub rcv_service_id: Option<EntityId>,
+}
+
+impl QueueRec {
+    /// Contact mode, or a legacy queue without a sender key (pre-SKEY contact addresses).
+    pub fn is_contact(&self) -> bool {
+        match self.queue_mode {
+            Some(QueueMode::Messaging) => false,
+            Some(QueueMode::Contact) => true,
+            None => self.sender_key.is_none(),
+        }
+    }
+
+    /// Not contact mode and secured with a sender key.
+    pub fn is_secured_messaging(&self) -> bool {
+        self.queue_mode != Some(QueueMode::Contact) && self.sender_key.is_some()
+    }
+}
+
+/// A stored message or the quota marker that took the place of a rejected one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    Message {
+        msg_id: MsgId,
+        /// Unix seconds of receipt.
+        ts: i64,
+        notification: bool,
+        /// The sender's body, opaque; shared so that peeking does not copy 16 KB.
+        body: Rc<[u8]>,
+    },
+    Quota {
+        msg_id: MsgId,
+        ts: i64,
+    },
+}
+
+impl Message {
+    pub fn msg_id(&self) -> &MsgId {
+        match self {
+            Message::Message { msg_id, .. } | Message::Quota { msg_id, .. } => msg_id,
+        }
+    }
+
+    pub fn ts(&self) -> i64 {
+        match self {
+            Message::Message { ts, .. } | Message::Quota { ts, .. } => *ts,
+        }
+    }
+}
+
+/// What a SEND did to the queue (`reference/smp-server-behaviour.md` §4.1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteOutcome {
+    /// Stored; `was_empty` tells whether it is now the head (a subscriber may be pushed it).
+    Written { was_empty: bool },
+    /// The quota was reached: a quota marker took this message's ID and time (`ERR QUOTA`).
+    QuotaMarker { was_empty: bool },
+    /// The queue is closed to writes until drained, marker included (`ERR QUOTA`, nothing stored).
+    Full,
+}
+
+/// A pending notification (`NMSG`) for a notifier ID, already sealed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MsgNtf {
+    pub msg_id: MsgId,
+    pub ts: i64,
+    pub nonce: [u8; 24],
+    /// `SXbox(rcvNtfDhSecret, nonce, pad(msgId ‖ ts, 128))`, 144 bytes.
+    pub enc_meta: Vec<u8>,
+}
+
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum StoreError {
+    /// A sender, link or notifier ID (or the recipient ID) is taken.
+    #[error("duplicate id")]
+    Duplicate,
+    #[error("no such queue")]
+    NotFound,
+    /// The store could not do it; the text reaches clients as `ERR STORE <text>`.
+    #[error("store: {0}")]
+    Failed(String),
+}
+
+/// Calls made into a store, counted by the store itself at its entry points (DESIGN §2: a block of
+/// SUBs costs one `peek_first_many` per owner, never one `peek_first` per SUB).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct StoreCounters {
+    pub peek_first: u64,
+    pub peek_first_many: u64,
+    pub writes: u64,
+    pub deletes: u64,
+}
+
+// Stores live on one shard and their futures never cross threads, so the `Send` bounds that
+// `async fn` in a public trait cannot express are not needed.
+#[allow(async_fn_in_trait)]
+pub trait QueueStore {
+    fn get(&self, recipient_id: &[u8]) -> Option<&QueueRec>;
+    /// Every record, for building the ID directory at start.
+    fn all(&self) -> Box<dyn Iterator<Item = &QueueRec> + '_>;
+    fn queue_count(&self) -> usize;
+
+    /// Adds a queue; `Duplicate` if its recipient ID is taken (the owner checks sender, link and
+    /// notifier IDs against the shared directory first).
+    async fn create(&mut self, rec: QueueRec) -> Result<(), StoreError>;
+    /// Replaces the record of `rec.recipient_id` (KEY, SKEY, RKEY, LSET, LDEL, NKEY, NDEL, OFF,
+    /// block, the daily `updated_at` touch, service associations): the owner computes the new record,
+    /// the store makes it durable.
+    async fn update(&mut self, rec: QueueRec) -> Result<(), StoreError>;
+    /// Deletes the queue, its messages and its notifications; returns the deleted record.
+    async fn delete(&mut self, recipient_id: &[u8]) -> Result<QueueRec, StoreError>;
+}
+
+#[allow(async_fn_in_trait)]
+pub trait MessageStore {
+    /// Appends a message, applying the quota rule of §4.1 (`quota` messages, then one marker).
+    async fn write(
+        &mut self,
+        recipient_id: &[u8],
+        msg: Message,
+        quota: usize,
+    ) -> Result<WriteOutcome, StoreError>;
+    async fn peek_first(&mut self, recipient_id: &[u8]) -> Result<Option<Message>, StoreError>;
+    /// The head of each queue, in the order given: one call for a whole SUB batch.
+    async fn peek_first_many(
+        &mut self,
+        recipient_ids: &[&[u8]],
+    ) -> Result<Vec<Option<Message>>, StoreError>;
+    /// Deletes the head if its ID is `msg_id`; returns it.
+    async fn try_del(
+        &mut self,
+        recipient_id: &[u8],
+        msg_id: &MsgId,
+    ) -> Result<Option<Message>, StoreError>;
+    /// Deletes the head if its ID is `msg_id`, then returns (what was deleted, the new head).
+    async fn try_del_peek(
+        &mut self,
+        recipient_id: &[u8],
+        msg_id: &MsgId,
+    ) -> Result<(Option<Message>, Option<Message>), StoreError>;
+    /// Deletes expired head messages (`ts < older_than`, never the quota marker); returns how many.
+    async fn delete_expired(
+        &mut self,
+        recipient_id: &[u8],
+        older_than: i64,
+    ) -> Result<usize, StoreError>;
+    /// Number of stored messages, the marker included.
+    fn size(&self, recipient_id: &[u8]) -> usize;
+    /// Messages stored over all queues of this store (a metric).
+    fn total_messages(&self) -> usize;
+    /// The periodic expiration: `delete_expired` over every queue; returns how many were deleted.
+    async fn expire_all(&mut self, older_than: i64) -> Result<usize, StoreError>;
+
+    /// Appends a notification for `notifier_id` (kept in arrival order).
+    async fn add_ntf(&mut self, notifier_id: &[u8], ntf: MsgNtf) -> Result<(), StoreError>;
+    /// Takes every pending notification of `notifier_id`, oldest first.
+    async fn take_ntfs(&mut self, notifier_id: &[u8]) -> Result<Vec<MsgNtf>, StoreError>;
+    /// Drops the notifications of `notifier_id` (NDEL, NKEY replacing a notifier, DEL).
+    async fn delete_ntfs(&mut self, notifier_id: &[u8]) -> Result<usize, StoreError>;
+    /// Notifier IDs with pending notifications.
+    fn ntf_ids(&self) -> Vec<EntityId>;
+    /// Drops notifications older than `older_than`; returns how many.
+    async fn expire_ntfs(&mut self, older_than: i64) -> Result<usize, StoreError>;
+
+    fn counters(&self) -> &StoreCounters;
+}
