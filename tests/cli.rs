@@ -1,0 +1,189 @@
+//! The operator's command line: `init` writes credentials and prints the server address, refuses to
+//! overwrite; `start` refuses a second instance on the same data directory and an Ed448 online key;
+//! every subcommand has `--help`.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{run_bin, run_cli, Relay, TempDir};
+
+const CREDENTIAL_FILES: [&str; 5] = [
+    "ca.key",
+    "ca.crt",
+    "server.key",
+    "server.crt",
+    "fingerprint",
+];
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn init_writes_credentials_and_prints_the_address() {
+    let dir = TempDir::new("cli-init");
+    let out = run_cli(
+        dir.path(),
+        &[
+            "init",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "7001",
+            "--no-password",
+        ],
+    );
+    assert!(out.status.success(), "init: {}", text(&out.stderr));
+    for f in CREDENTIAL_FILES {
+        assert!(dir.path().join(f).is_file(), "{f} written");
+    }
+    let fp = std::fs::read_to_string(dir.path().join("fingerprint")).expect("fingerprint");
+    let fp = fp.trim();
+    // The fingerprint is base64url (with padding) of SHA-256 over the CA certificate's DER (§1.4).
+    let ca = common::cert_der(dir.path(), "ca.crt");
+    assert_eq!(
+        common::decode_fingerprint(fp),
+        Some(openssl::sha::sha256(&ca))
+    );
+    assert!(fp.ends_with('='), "base64url with padding: {fp}");
+    let stdout = text(&out.stdout);
+    let address = format!("smp://{fp}@127.0.0.1:7001");
+    assert!(
+        stdout.lines().any(|l| l.trim() == address),
+        "expected a line {address:?} in:\n{stdout}"
+    );
+    // The online certificate is issued by the CA and is Ed25519.
+    let leaf = openssl::x509::X509::from_der(&common::cert_der(dir.path(), "server.crt"))
+        .expect("server.crt");
+    let ca = openssl::x509::X509::from_der(&ca).expect("ca.crt");
+    assert!(leaf
+        .verify(&ca.public_key().expect("CA key"))
+        .expect("verify"));
+    assert_eq!(
+        leaf.public_key().expect("leaf key").id(),
+        openssl::pkey::Id::ED25519
+    );
+}
+
+#[test]
+fn init_with_a_password_puts_it_in_the_address() {
+    let dir = TempDir::new("cli-pass");
+    let out = run_cli(dir.path(), &["init", "--host", "127.0.0.1"]);
+    assert!(out.status.success(), "init: {}", text(&out.stderr));
+    let fp = std::fs::read_to_string(dir.path().join("fingerprint")).expect("fingerprint");
+    let prefix = format!("smp://{}:", fp.trim());
+    let stdout = text(&out.stdout);
+    let line = stdout
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with(&prefix))
+        .unwrap_or_else(|| panic!("no address with a password in:\n{stdout}"));
+    let password = &line[prefix.len()..line.find('@').expect("@host")];
+    assert!(!password.is_empty(), "{line}");
+    assert!(line.ends_with("@127.0.0.1:5223"), "default port: {line}");
+}
+
+#[test]
+fn init_refuses_to_overwrite() {
+    let dir = TempDir::new("cli-twice");
+    common::init(dir.path());
+    let before: Vec<Vec<u8>> = CREDENTIAL_FILES
+        .iter()
+        .map(|f| std::fs::read(dir.path().join(f)).expect("read"))
+        .collect();
+    let out = run_cli(
+        dir.path(),
+        &["init", "--host", "127.0.0.1", "--no-password"],
+    );
+    assert!(!out.status.success(), "second init must fail");
+    assert!(!text(&out.stderr).trim().is_empty(), "and say why");
+    let after: Vec<Vec<u8>> = CREDENTIAL_FILES
+        .iter()
+        .map(|f| std::fs::read(dir.path().join(f)).expect("read"))
+        .collect();
+    assert!(before == after, "credentials unchanged");
+}
+
+#[test]
+fn second_start_on_the_same_data_dir_fails() {
+    let relay = Relay::start();
+    let port = common::free_port().to_string();
+    let out = run_cli(
+        relay.dir.path(),
+        &["start", "--port", &port, "--cores", "1"],
+    );
+    assert!(!out.status.success(), "second start must fail");
+    let msg = format!("{}{}", text(&out.stdout), text(&out.stderr)).to_lowercase();
+    assert!(
+        msg.contains("already running") || msg.contains("lock"),
+        "message should say the data dir is in use:\n{msg}"
+    );
+    relay.assert_serves();
+}
+
+/// Subcommand names listed under "Commands:" in the top-level help.
+fn subcommands(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|l| !l.trim_start().starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next().map(String::from))
+        .filter(|c| c != "help")
+        .collect()
+}
+
+#[test]
+fn help_works_for_every_subcommand() {
+    let out = run_bin(&["--help"]);
+    assert!(out.status.success());
+    let top = text(&out.stdout);
+    let cmds = subcommands(&top);
+    for expected in ["init", "start"] {
+        assert!(cmds.iter().any(|c| c == expected), "{expected} in:\n{top}");
+    }
+    for c in &cmds {
+        let out = run_bin(&[c, "--help"]);
+        assert!(out.status.success(), "{c} --help");
+        let help = text(&out.stdout);
+        assert!(help.contains("Usage"), "{c} --help:\n{help}");
+    }
+    let init_help = text(&run_bin(&["init", "--help"]).stdout);
+    for flag in ["--host", "--port", "--no-password"] {
+        assert!(init_help.contains(flag), "init --help mentions {flag}");
+    }
+    let start_help = text(&run_bin(&["start", "--help"]).stdout);
+    for flag in ["--port", "--cores"] {
+        assert!(start_help.contains(flag), "start --help mentions {flag}");
+    }
+}
+
+#[test]
+fn start_refuses_an_ed448_online_key() {
+    let dir = TempDir::new("cli-ed448");
+    common::init(dir.path());
+    let key = openssl::pkey::PKey::generate_ed448().expect("Ed448 key");
+    let pem = key.private_key_to_pem_pkcs8().expect("PKCS#8 PEM");
+    std::fs::write(dir.path().join("server.key"), pem).expect("write server.key");
+    let port = common::free_port().to_string();
+    let child = Command::new(common::BIN)
+        .args([
+            "--data-dir",
+            dir.path().to_str().expect("utf-8"),
+            "start",
+            "--port",
+            &port,
+            "--cores",
+            "1",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let out = common::wait_output(child, Duration::from_secs(30));
+    assert!(!out.status.success(), "start with an Ed448 key must fail");
+    let msg = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(msg.contains("Ed448"), "message should name Ed448:\n{msg}");
+}

@@ -1,0 +1,656 @@
+//! Test harness: runs the real `smp-relay` binary as a child process on a fresh data directory and a
+//! free port, and connects clients to it. The relay is killed and its directory removed on drop.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use smp_relay::client::{Client, ClientError, ClientOptions};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_smp-relay");
+pub const START_TIMEOUT: Duration = Duration::from_secs(30);
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
+/// Lines of relay stderr kept for failure messages.
+const MAX_LOG_LINES: usize = 2000;
+
+static DIR_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A fresh directory under the system temp dir, removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let n = DIR_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!(
+            "smp-relay-{tag}-{}-{n}-{nanos}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&path).expect("create temp dir");
+        TempDir(path)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs `smp-relay --data-dir DIR <args>` to completion (bounded by `COMMAND_TIMEOUT`).
+pub fn run_cli(dir: &Path, args: &[&str]) -> Output {
+    let mut all = vec!["--data-dir", dir.to_str().expect("utf-8 temp path")];
+    all.extend_from_slice(args);
+    run_bin(&all)
+}
+
+/// Runs the binary with these exact arguments, killing it after `COMMAND_TIMEOUT`.
+pub fn run_bin(args: &[&str]) -> Output {
+    let child = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn smp-relay");
+    wait_output(child, COMMAND_TIMEOUT)
+}
+
+/// Waits for a child with piped stdout/stderr; kills it after `timeout`.
+pub fn wait_output(mut child: Child, timeout: Duration) -> Output {
+    let out = child.stdout.take().map(drain);
+    let err = child.stderr.take().map(drain);
+    let deadline = Instant::now() + timeout;
+    let status: ExitStatus = loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("smp-relay did not exit within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let join = |h: Option<std::thread::JoinHandle<Vec<u8>>>| {
+        h.map(|h| h.join().unwrap_or_default()).unwrap_or_default()
+    };
+    Output {
+        status,
+        stdout: join(out),
+        stderr: join(err),
+    }
+}
+
+fn drain<R: std::io::Read + Send + 'static>(mut r: R) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = r.read_to_end(&mut buf);
+        buf
+    })
+}
+
+/// `smp-relay init --host 127.0.0.1 --no-password` in `dir`; returns the key hash from `fingerprint`.
+pub fn init(dir: &Path) -> [u8; 32] {
+    let out = run_cli(dir, &["init", "--host", "127.0.0.1", "--no-password"]);
+    assert!(
+        out.status.success(),
+        "init failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    read_fingerprint(dir)
+}
+
+pub fn read_fingerprint(dir: &Path) -> [u8; 32] {
+    let text = std::fs::read_to_string(dir.join("fingerprint")).expect("read fingerprint");
+    decode_fingerprint(text.trim()).expect("fingerprint is base64url of 32 bytes")
+}
+
+pub fn decode_fingerprint(s: &str) -> Option<[u8; 32]> {
+    base64::engine::general_purpose::URL_SAFE
+        .decode(s)
+        .ok()?
+        .try_into()
+        .ok()
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind an ephemeral port")
+        .port()
+}
+
+/// The relay's stderr lines, shared with the thread that drains them.
+type SharedLog = Arc<Mutex<Vec<String>>>;
+
+/// How to start the relay.
+#[derive(Clone, Debug)]
+pub struct RelayOptions {
+    pub cores: usize,
+    pub extra_args: Vec<String>,
+}
+
+impl Default for RelayOptions {
+    fn default() -> Self {
+        RelayOptions {
+            cores: 1,
+            extra_args: Vec::new(),
+        }
+    }
+}
+
+/// A running relay: child process, its data directory, address and identity.
+pub struct Relay {
+    child: Child,
+    pub port: u16,
+    pub addr: SocketAddr,
+    pub key_hash: [u8; 32],
+    log: SharedLog,
+    // Dropped after the child is killed (field order).
+    pub dir: TempDir,
+}
+
+impl Relay {
+    /// One shard, no extra options.
+    pub fn start() -> Relay {
+        Self::start_with(RelayOptions::default())
+    }
+
+    pub fn start_with(opts: RelayOptions) -> Relay {
+        let dir = TempDir::new("relay");
+        let key_hash = init(dir.path());
+        // The port is chosen before the relay binds it; another process may take it in between, so
+        // a failed start is retried on a new port.
+        let mut last_err = String::new();
+        for _ in 0..3 {
+            let port = free_port();
+            match spawn(dir.path(), port, &opts) {
+                Ok((child, log)) => {
+                    return Relay {
+                        child,
+                        port,
+                        addr: SocketAddr::from(([127, 0, 0, 1], port)),
+                        key_hash,
+                        log,
+                        dir,
+                    }
+                }
+                Err(e) => last_err = e,
+            }
+        }
+        panic!("relay did not start: {last_err}");
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Anonymous resident memory of the relay process (`RssAnon` in /proc/PID/status), in KB.
+    pub fn rss_anon_kb(&self) -> u64 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("RssAnon:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("RssAnon line")
+    }
+
+    pub fn connect(&self, opts: ClientOptions) -> Result<Client, ClientError> {
+        Client::connect(self.addr, self.key_hash, opts)
+    }
+
+    /// A default client (v18, encrypted blocks); panics with the relay log if it fails.
+    pub fn client(&self) -> Client {
+        self.connect(ClientOptions::default())
+            .unwrap_or_else(|e| panic!("connect: {e}\nrelay log:\n{}", self.log_text()))
+    }
+
+    /// Connects, PINGs and expects PONG: the relay still serves clients.
+    pub fn assert_serves(&self) {
+        let mut c = self.client();
+        let r = c.ping().expect("PING");
+        assert_eq!(r.msg, Ok(smp_relay::protocol::response::BrokerMsg::Pong));
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    pub fn log_lines(&self) -> Vec<String> {
+        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log_lines().join("\n")
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn(dir: &Path, port: u16, opts: &RelayOptions) -> Result<(Child, SharedLog), String> {
+    let port_s = port.to_string();
+    let cores = opts.cores.to_string();
+    let mut args = vec![
+        "--data-dir",
+        dir.to_str().expect("utf-8 temp path"),
+        "start",
+        "--port",
+        &port_s,
+        "--cores",
+        &cores,
+    ];
+    args.extend(opts.extra_args.iter().map(String::as_str));
+    let mut child = Command::new(BIN)
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("spawn: {e}"))?;
+    let stderr = child.stderr.take().ok_or("no stderr")?;
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (tx, rx) = mpsc::channel();
+    let log2 = log.clone();
+    std::thread::spawn(move || {
+        let mut seen = false;
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if !seen && line.contains("listening") {
+                seen = true;
+                let _ = tx.send(());
+            }
+            if let Ok(mut l) = log2.lock() {
+                if l.len() >= MAX_LOG_LINES {
+                    l.remove(0);
+                }
+                l.push(line);
+            }
+        }
+    });
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok(()) => return Ok((child, log)),
+            Err(mpsc::RecvTimeoutError::Disconnected) | Err(mpsc::RecvTimeoutError::Timeout)
+                if matches!(child.try_wait(), Ok(Some(_))) =>
+            {
+                let text = log.lock().map(|l| l.join("\n")).unwrap_or_default();
+                return Err(format!("relay exited before listening:\n{text}"));
+            }
+            Err(_) if Instant::now() > deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let text = log.lock().map(|l| l.join("\n")).unwrap_or_default();
+                return Err(format!("no `listening` within {START_TIMEOUT:?}:\n{text}"));
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// Reads `D/<name>` PEM and returns the DER of its first certificate.
+pub fn cert_der(dir: &Path, name: &str) -> Vec<u8> {
+    let pem = std::fs::read(dir.join(name)).expect("read cert");
+    let mut rd = std::io::Cursor::new(pem);
+    let der = rustls_pemfile::certs(&mut rd)
+        .next()
+        .expect("a certificate")
+        .expect("valid PEM");
+    der.as_ref().to_vec()
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Hand-written wire helpers: an independent view of the protocol (OpenSSL for TLS, byte layouts of
+// `reference/smp-wire.md` §2, §3 and §8.3 written out here), so that a bug shared by the relay and the
+// crate's own codecs cannot hide.
+
+pub mod wire {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+    use std::time::Duration;
+
+    use openssl::ssl::{Ssl, SslContext, SslMethod, SslStream, SslVerifyMode, SslVersion};
+
+    pub const BLOCK: usize = 16384;
+    pub const X25519_SPKI_PREFIX: [u8; 12] = [
+        0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x6e, 0x03, 0x21, 0x00,
+    ];
+    pub const ED25519_ALG_ID: [u8; 7] = [0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70];
+
+    /// TLS through OpenSSL, offering `alpn` (no extension when `None`), no SNI, no certificate
+    /// verification (the SMP layer checks the identity). `tls12` pins TLS 1.2 instead of 1.3.
+    /// The reference client offers ChaCha20-Poly1305 only (§1.2).
+    pub fn openssl_connect(
+        addr: SocketAddr,
+        alpn: Option<&[&[u8]]>,
+        tls12: bool,
+    ) -> Result<SslStream<TcpStream>, String> {
+        openssl_connect_suites(addr, alpn, tls12, "TLS_CHACHA20_POLY1305_SHA256")
+    }
+
+    /// As `openssl_connect`, offering these TLS 1.3 suites (OpenSSL names, ':'-separated).
+    pub fn openssl_connect_suites(
+        addr: SocketAddr,
+        alpn: Option<&[&[u8]]>,
+        tls12: bool,
+        suites: &str,
+    ) -> Result<SslStream<TcpStream>, String> {
+        let tcp = TcpStream::connect_timeout(&addr, Duration::from_secs(10))
+            .map_err(|e| e.to_string())?;
+        tcp.set_read_timeout(Some(Duration::from_secs(10)))
+            .map_err(|e| e.to_string())?;
+        // A bare context: no CA store to load (the SMP layer checks the identity), no SNI.
+        let mut b = SslContext::builder(SslMethod::tls_client()).map_err(|e| e.to_string())?;
+        b.set_verify(SslVerifyMode::NONE);
+        let v = if tls12 {
+            SslVersion::TLS1_2
+        } else {
+            SslVersion::TLS1_3
+        };
+        b.set_min_proto_version(Some(v))
+            .map_err(|e| e.to_string())?;
+        b.set_max_proto_version(Some(v))
+            .map_err(|e| e.to_string())?;
+        b.set_ciphersuites(suites).map_err(|e| e.to_string())?;
+        if let Some(protos) = alpn {
+            let mut wire = Vec::new();
+            for p in protos {
+                wire.push(p.len() as u8);
+                wire.extend_from_slice(p);
+            }
+            b.set_alpn_protos(&wire).map_err(|e| e.to_string())?;
+        }
+        let ssl = Ssl::new(&b.build()).map_err(|e| e.to_string())?;
+        ssl.connect(tcp).map_err(|e| e.to_string())
+    }
+
+    /// The client's own Finished verify_data (tls-unique), as OpenSSL computed it.
+    pub fn own_finished(s: &SslStream<TcpStream>) -> Vec<u8> {
+        let mut buf = [0u8; 64];
+        let n = s.ssl().finished(&mut buf);
+        buf[..n].to_vec()
+    }
+
+    /// DER of the certificates the server presented in TLS, leaf first.
+    pub fn tls_chain(s: &SslStream<TcpStream>) -> Vec<Vec<u8>> {
+        s.ssl()
+            .peer_cert_chain()
+            .map(|st| st.iter().map(|c| c.to_der().expect("cert DER")).collect())
+            .unwrap_or_default()
+    }
+
+    pub fn read_block<R: Read>(r: &mut R) -> std::io::Result<Vec<u8>> {
+        let mut b = vec![0u8; BLOCK];
+        r.read_exact(&mut b)?;
+        Ok(b)
+    }
+
+    /// `Word16 len ‖ content ‖ '#'…` to `size` bytes.
+    pub fn pad(content: &[u8], size: usize) -> Vec<u8> {
+        assert!(content.len() + 2 <= size);
+        let mut b = Vec::with_capacity(size);
+        b.extend_from_slice(&(content.len() as u16).to_be_bytes());
+        b.extend_from_slice(content);
+        b.resize(size, b'#');
+        b
+    }
+
+    pub fn unpad(block: &[u8]) -> &[u8] {
+        let n = u16::from_be_bytes([block[0], block[1]]) as usize;
+        &block[2..2 + n]
+    }
+
+    /// The server hello of §2.1, parsed byte by byte.
+    #[derive(Debug)]
+    pub struct Hello {
+        pub min: u16,
+        pub max: u16,
+        pub session_id: Vec<u8>,
+        pub chain: Vec<Vec<u8>>,
+        pub signed_key: Vec<u8>,
+        /// Bytes after the last known field (allowed, ignored by clients).
+        pub trailing: usize,
+    }
+
+    pub fn parse_hello(content: &[u8]) -> Hello {
+        let word16 = |p: usize| u16::from_be_bytes([content[p], content[p + 1]]);
+        let min = word16(0);
+        let max = word16(2);
+        let sid_len = content[4] as usize;
+        let session_id = content[5..5 + sid_len].to_vec();
+        let mut p = 5 + sid_len;
+        let mut chain = Vec::new();
+        let mut signed_key = Vec::new();
+        if max >= 7 {
+            let count = content[p] as usize;
+            p += 1;
+            for _ in 0..count {
+                let n = word16(p) as usize;
+                chain.push(content[p + 2..p + 2 + n].to_vec());
+                p += 2 + n;
+            }
+            let n = word16(p) as usize;
+            signed_key = content[p + 2..p + 2 + n].to_vec();
+            p += 2 + n;
+        }
+        Hello {
+            min,
+            max,
+            session_id,
+            chain,
+            signed_key,
+            trailing: content.len() - p,
+        }
+    }
+
+    /// Checks the 120-byte signed X25519 key (§7.2) against the leaf certificate's Ed25519 key and
+    /// returns the raw X25519 public key.
+    pub fn verify_signed_key(signed: &[u8], leaf_der: &[u8]) -> [u8; 32] {
+        assert_eq!(signed.len(), 120, "signed key length");
+        assert_eq!(&signed[..2], &[0x30, 0x76], "outer SEQUENCE");
+        let spki = &signed[2..46];
+        assert_eq!(&spki[..12], &X25519_SPKI_PREFIX, "X25519 SPKI");
+        assert_eq!(&signed[46..53], &ED25519_ALG_ID, "Ed25519 algorithm id");
+        assert_eq!(
+            &signed[53..56],
+            &[0x03, 0x41, 0x00],
+            "BIT STRING of 64 bytes"
+        );
+        let sig = &signed[56..120];
+        let leaf = openssl::x509::X509::from_der(leaf_der).expect("leaf DER");
+        let key = leaf.public_key().expect("leaf key");
+        assert_eq!(key.id(), openssl::pkey::Id::ED25519, "leaf key is Ed25519");
+        let mut v = openssl::sign::Verifier::new_without_digest(&key).expect("verifier");
+        assert!(
+            v.verify_oneshot(sig, spki).expect("verify"),
+            "signed key does not verify with the leaf key"
+        );
+        spki[12..].try_into().expect("32 bytes")
+    }
+
+    /// §2.2 client hello, byte by byte: `Word16 v, shortString keyHash, [shortString SPKI],
+    /// [Bool proxy], [Maybe service]`. Optional parts are written exactly as given.
+    pub fn client_hello(
+        v: u16,
+        key_hash: &[u8],
+        key_spki: Option<&[u8]>,
+        proxy: Option<bool>,
+        service: Option<&[u8]>,
+    ) -> Vec<u8> {
+        let mut h = v.to_be_bytes().to_vec();
+        h.push(key_hash.len() as u8);
+        h.extend_from_slice(key_hash);
+        if let Some(k) = key_spki {
+            h.push(k.len() as u8);
+            h.extend_from_slice(k);
+        }
+        if let Some(p) = proxy {
+            h.push(if p { b'T' } else { b'F' });
+        }
+        if let Some(s) = service {
+            h.extend_from_slice(s);
+        }
+        h
+    }
+
+    /// The hello an ordinary client sends at `v` (no key unless given).
+    pub fn standard_hello(v: u16, key_hash: &[u8], key_spki: Option<&[u8]>) -> Vec<u8> {
+        client_hello(
+            v,
+            key_hash,
+            if v >= 7 { key_spki } else { None },
+            (v >= 14).then_some(false),
+            (v >= 16).then_some(&b"0"[..]),
+        )
+    }
+
+    /// One transmission with empty authorization (§4.1): `00 [sessionId] corrId entityId command`.
+    pub fn transmission(
+        v: u16,
+        session_id: &[u8],
+        corr_id: &[u8],
+        entity: &[u8],
+        cmd: &[u8],
+    ) -> Vec<u8> {
+        let mut t = vec![0u8];
+        if v < 7 {
+            t.push(session_id.len() as u8);
+            t.extend_from_slice(session_id);
+        }
+        t.push(corr_id.len() as u8);
+        t.extend_from_slice(corr_id);
+        t.push(entity.len() as u8);
+        t.extend_from_slice(entity);
+        t.extend_from_slice(cmd);
+        t
+    }
+
+    /// A batch of one (§3.2): `01 ‖ Large(t)`.
+    pub fn batch1(t: &[u8]) -> Vec<u8> {
+        let mut c = vec![1u8];
+        c.extend_from_slice(&(t.len() as u16).to_be_bytes());
+        c.extend_from_slice(t);
+        c
+    }
+
+    /// §3.3 step 2: `(ck1, ck2)` from the session id and the DH secret.
+    pub fn chain_init(session_id: &[u8], secret: &[u8; 32]) -> ([u8; 32], [u8; 32]) {
+        let hk = hkdf::Hkdf::<sha2::Sha512>::new(Some(session_id), secret);
+        let mut okm = [0u8; 64];
+        hk.expand(b"SimpleXSbChainInit", &mut okm).expect("hkdf");
+        (
+            okm[..32].try_into().expect("32"),
+            okm[32..].try_into().expect("32"),
+        )
+    }
+
+    /// §3.3 step 4: advances `ck`, returns the block key and nonce.
+    pub fn chain_step(ck: &mut [u8; 32]) -> ([u8; 32], [u8; 24]) {
+        let hk = hkdf::Hkdf::<sha2::Sha512>::new(Some(&[]), ck);
+        let mut okm = [0u8; 88];
+        hk.expand(b"SimpleXSbChain", &mut okm).expect("hkdf");
+        ck.copy_from_slice(&okm[..32]);
+        (
+            okm[32..64].try_into().expect("32"),
+            okm[64..].try_into().expect("24"),
+        )
+    }
+
+    /// SXbox (§7.1): secretbox keyed with HSalsa20(key, 0^16), output `tag ‖ ciphertext`.
+    pub fn sxbox_seal(key: &[u8; 32], nonce: &[u8; 24], msg: &[u8]) -> Vec<u8> {
+        use xsalsa20poly1305::aead::{Aead, KeyInit};
+        let cipher = xsalsa20poly1305::XSalsa20Poly1305::new(&hsalsa_key(key).into());
+        // This crate already writes `tag ‖ ciphertext`, as NaCl's secretbox_easy does.
+        cipher.encrypt(&(*nonce).into(), msg).expect("seal")
+    }
+
+    pub fn sxbox_open(key: &[u8; 32], nonce: &[u8; 24], boxed: &[u8]) -> Option<Vec<u8>> {
+        use xsalsa20poly1305::aead::{Aead, KeyInit};
+        let cipher = xsalsa20poly1305::XSalsa20Poly1305::new(&hsalsa_key(key).into());
+        cipher.decrypt(&(*nonce).into(), boxed).ok()
+    }
+
+    /// Block encryption (§3.3) for a client, from the helpers above.
+    pub struct Chains {
+        send: [u8; 32],
+        recv: [u8; 32],
+    }
+
+    impl Chains {
+        /// The client's chains: send with ck2, receive with ck1.
+        pub fn client(session_id: &[u8], secret: &[u8; 32]) -> Chains {
+            let (ck1, ck2) = chain_init(session_id, secret);
+            Chains {
+                send: ck2,
+                recv: ck1,
+            }
+        }
+
+        pub fn seal(&mut self, content: &[u8]) -> Vec<u8> {
+            let (key, nonce) = chain_step(&mut self.send);
+            sxbox_seal(&key, &nonce, &pad(content, BLOCK - 16))
+        }
+
+        pub fn open(&mut self, block: &[u8]) -> Option<Vec<u8>> {
+            let (key, nonce) = chain_step(&mut self.recv);
+            let padded = sxbox_open(&key, &nonce, block)?;
+            Some(unpad(&padded).to_vec())
+        }
+    }
+
+    /// SXbox keys a secretbox with HSalsa20(key, 0^16) (§7.1).
+    fn hsalsa_key(key: &[u8; 32]) -> [u8; 32] {
+        let out = salsa20::hsalsa::<salsa20::cipher::consts::U10>(key.into(), &[0u8; 16].into());
+        out.into()
+    }
+
+    /// Writes a whole block and flushes.
+    pub fn write_block<W: Write>(w: &mut W, block: &[u8]) -> std::io::Result<()> {
+        w.write_all(block)?;
+        w.flush()
+    }
+
+    /// Reads until EOF or error; returns how many bytes came before it (None on timeout).
+    pub fn bytes_until_close<R: Read>(r: &mut R) -> Option<usize> {
+        let mut n = 0;
+        let mut buf = [0u8; 4096];
+        loop {
+            match r.read(&mut buf) {
+                Ok(0) => return Some(n),
+                Ok(k) => n += k,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return None
+                }
+                Err(_) => return Some(n),
+            }
+        }
+    }
+}
