@@ -7,6 +7,13 @@
 //! `queue_count × (quota + 1)`. Pending notifications are bounded per notifier by
 //! [`MAX_NTFS_PER_NOTIFIER`] (the oldest is dropped beyond it) and by their expiry.
 
+mod persist;
+
+pub use persist::{
+    group_file, group_files_present, set_status_offline, OfflineId, PersistError, FORMAT_VERSION,
+    NTF_TTL_SECS,
+};
+
 use std::collections::{HashMap, VecDeque};
 
 use super::{
@@ -83,7 +90,6 @@ impl MemoryStore {
 
     /// Restores a queue with its messages (used by `persist::load`); `can_write` follows from the
     /// last message.
-    #[allow(dead_code)]
     fn insert_loaded(&mut self, rec: QueueRec, msgs: VecDeque<Message>) {
         let can_write = !matches!(msgs.back(), Some(Message::Quota { .. }));
         self.total_messages += msgs.len();
@@ -304,5 +310,376 @@ impl MessageStore for MemoryStore {
 
     fn counters(&self) -> &StoreCounters {
         &self.counters
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::crypto::keys::PublicAuthKey;
+    use crate::store::{NotifierCreds, QueueStatus};
+    use futures_lite::future::block_on;
+
+    const QUOTA: usize = 3;
+
+    pub(crate) fn rec(rid: &[u8]) -> QueueRec {
+        QueueRec {
+            recipient_id: rid.to_vec(),
+            recipient_keys: vec![PublicAuthKey::Ed25519([1; 32])],
+            rcv_dh_secret: [2; 32],
+            sender_id: [rid, b"-snd"].concat(),
+            sender_key: None,
+            queue_mode: None,
+            link: None,
+            notifier: None,
+            status: QueueStatus::Active,
+            updated_at: None,
+            rcv_service_id: None,
+        }
+    }
+
+    fn with_notifier(mut r: QueueRec, nid: &[u8]) -> QueueRec {
+        r.notifier = Some(NotifierCreds {
+            notifier_id: nid.to_vec(),
+            notifier_key: PublicAuthKey::X25519([3; 32]),
+            rcv_ntf_dh_secret: [4; 32],
+            ntf_service_id: None,
+        });
+        r
+    }
+
+    pub(crate) fn msg(n: u8, ts: i64) -> Message {
+        Message::Message {
+            msg_id: [n; 24],
+            ts,
+            notification: n % 2 == 0,
+            body: format!("message {n}").into_bytes().into(),
+        }
+    }
+
+    pub(crate) fn ntf(n: u8, ts: i64) -> MsgNtf {
+        MsgNtf {
+            msg_id: [n; 24],
+            ts,
+            nonce: [n.wrapping_add(1); 24],
+            enc_meta: vec![n; 144],
+        }
+    }
+
+    fn body(m: &Option<Message>) -> Option<String> {
+        match m {
+            Some(Message::Message { body, .. }) => Some(String::from_utf8_lossy(body).into_owned()),
+            Some(Message::Quota { .. }) => Some("QUOTA".into()),
+            None => None,
+        }
+    }
+
+    fn store_with(rids: &[&[u8]]) -> MemoryStore {
+        let mut s = MemoryStore::new();
+        for rid in rids {
+            block_on(s.create(rec(rid))).unwrap();
+        }
+        s
+    }
+
+    fn write(s: &mut MemoryStore, rid: &[u8], n: u8) -> WriteOutcome {
+        block_on(s.write(rid, msg(n, 1000 + n as i64), QUOTA)).unwrap()
+    }
+
+    fn peek(s: &mut MemoryStore, rid: &[u8]) -> Option<String> {
+        body(&block_on(s.peek_first(rid)).unwrap())
+    }
+
+    fn del(s: &mut MemoryStore, rid: &[u8], n: u8) -> Option<String> {
+        body(&block_on(s.try_del(rid, &[n; 24])).unwrap())
+    }
+
+    fn del_peek(s: &mut MemoryStore, rid: &[u8], n: u8) -> (Option<String>, Option<String>) {
+        let (a, b) = block_on(s.try_del_peek(rid, &[n; 24])).unwrap();
+        (body(&a), body(&b))
+    }
+
+    fn m(n: u8) -> Option<String> {
+        Some(format!("message {n}"))
+    }
+
+    const WRITTEN: WriteOutcome = WriteOutcome::Written { was_empty: false };
+    const FIRST: WriteOutcome = WriteOutcome::Written { was_empty: true };
+
+    // §9.4 "should get queue and store/read messages", quota 3.
+    #[test]
+    fn get_queue_and_store_read_messages() {
+        let q: &[u8] = b"queue-1";
+        let mut s = store_with(&[q]);
+        assert_eq!(write(&mut s, q, 1), FIRST);
+        assert_eq!(write(&mut s, q, 2), WRITTEN);
+        assert_eq!(write(&mut s, q, 3), WRITTEN);
+        assert_eq!(peek(&mut s, q), m(1));
+        assert_eq!(peek(&mut s, q), m(1), "peek is idempotent");
+        assert_eq!(del(&mut s, q, 2), None, "not the head: nothing deleted");
+        assert_eq!(del(&mut s, q, 1), m(1));
+        assert_eq!(del(&mut s, q, 1), None);
+        assert_eq!(peek(&mut s, q), m(2));
+        assert_eq!(del_peek(&mut s, q, 1), (None, m(2)));
+        assert_eq!(del_peek(&mut s, q, 2), (m(2), m(3)));
+        assert_eq!(del_peek(&mut s, q, 2), (None, m(3)));
+        assert_eq!(peek(&mut s, q), m(3));
+        assert_eq!(del_peek(&mut s, q, 3), (m(3), None));
+        assert_eq!(del(&mut s, q, 2), None);
+        assert_eq!(del(&mut s, q, 3), None);
+        assert_eq!(peek(&mut s, q), None);
+        assert_eq!(s.size(q), 0);
+
+        assert_eq!(write(&mut s, q, 4), FIRST);
+        assert_eq!(peek(&mut s, q), m(4));
+        assert_eq!(write(&mut s, q, 5), WRITTEN);
+        assert_eq!(del_peek(&mut s, q, 3), (None, m(4)));
+        assert_eq!(del_peek(&mut s, q, 4), (m(4), m(5)));
+        assert_eq!(write(&mut s, q, 6), WRITTEN);
+        assert_eq!(write(&mut s, q, 7), WRITTEN);
+        // 3 stored: the 4th write leaves a marker with its ID and time.
+        assert_eq!(
+            write(&mut s, q, 8),
+            WriteOutcome::QuotaMarker { was_empty: false }
+        );
+        assert_eq!(s.size(q), 4, "the marker counts in size");
+        assert_eq!(write(&mut s, q, 9), WriteOutcome::Full);
+        assert_eq!(s.size(q), 4, "nothing stored when full");
+        assert_eq!(peek(&mut s, q), m(5));
+        assert_eq!(del_peek(&mut s, q, 4), (None, m(5)));
+        assert_eq!(del_peek(&mut s, q, 5), (m(5), m(6)));
+        assert_eq!(
+            write(&mut s, q, 10),
+            WriteOutcome::Full,
+            "closed until drained"
+        );
+        assert_eq!(del_peek(&mut s, q, 6), (m(6), m(7)));
+        let (d, marker) = block_on(s.try_del_peek(q, &[7; 24])).unwrap();
+        assert_eq!(body(&d), m(7));
+        assert_eq!(
+            marker,
+            Some(Message::Quota {
+                msg_id: [8; 24],
+                ts: 1008
+            })
+        );
+        assert_eq!(write(&mut s, q, 11), WriteOutcome::Full, "the marker too");
+        assert_eq!(del_peek(&mut s, q, 8), (Some("QUOTA".into()), None));
+        assert_eq!(del_peek(&mut s, q, 8), (None, None));
+        // Drained: writes resume.
+        assert_eq!(write(&mut s, q, 12), FIRST);
+        assert_eq!(s.size(q), 1);
+        assert_eq!(s.total_messages(), 1);
+
+        let deleted = block_on(s.delete(q)).unwrap();
+        assert_eq!(deleted.recipient_id, q);
+        assert_eq!(s.size(q), 0);
+        assert_eq!(s.total_messages(), 0);
+        assert!(s.get(q).is_none());
+        assert_eq!(block_on(s.delete(q)), Err(StoreError::NotFound));
+    }
+
+    // §9.4 "should write/ack messages": expiring with time 0 removes nothing in between.
+    #[test]
+    fn write_ack_messages() {
+        let q: &[u8] = b"queue-1";
+        let mut s = store_with(&[q]);
+        for n in 1..=5u8 {
+            assert_eq!(write(&mut s, q, n), FIRST);
+            assert_eq!(block_on(s.delete_expired(q, 0)).unwrap(), 0);
+            assert_eq!(del(&mut s, q, n), m(n));
+            assert_eq!(block_on(s.delete_expired(q, 0)).unwrap(), 0);
+            assert_eq!(peek(&mut s, q), None);
+        }
+        assert_eq!(write(&mut s, q, 6), FIRST);
+        assert_eq!(write(&mut s, q, 7), WRITTEN);
+        assert_eq!(del(&mut s, q, 6), m(6));
+        assert_eq!(write(&mut s, q, 8), WRITTEN);
+        assert_eq!(del_peek(&mut s, q, 7), (m(7), m(8)));
+        assert_eq!(del_peek(&mut s, q, 8), (m(8), None));
+        assert_eq!(s.total_messages(), 0);
+    }
+
+    #[test]
+    fn write_to_unknown_queue_is_not_found() {
+        let mut s = MemoryStore::new();
+        assert_eq!(
+            block_on(s.write(b"nope", msg(1, 1), QUOTA)),
+            Err(StoreError::NotFound)
+        );
+        assert_eq!(s.total_messages(), 0);
+    }
+
+    #[test]
+    fn quota_zero_stores_only_the_marker() {
+        let q: &[u8] = b"q";
+        let mut s = store_with(&[q]);
+        assert_eq!(
+            block_on(s.write(q, msg(1, 1), 0)).unwrap(),
+            WriteOutcome::QuotaMarker { was_empty: true }
+        );
+        assert_eq!(
+            block_on(s.write(q, msg(2, 2), 0)).unwrap(),
+            WriteOutcome::Full
+        );
+    }
+
+    #[test]
+    fn expiry_stops_at_the_marker() {
+        let q: &[u8] = b"q";
+        let other: &[u8] = b"other";
+        let mut s = store_with(&[q, other]);
+        for n in 1..=4 {
+            write(&mut s, q, n); // 1001..1003, then the marker at 1004
+        }
+        write(&mut s, other, 1);
+        write(&mut s, other, 9); // ts 1009
+        assert_eq!(block_on(s.delete_expired(q, 1002)).unwrap(), 1);
+        assert_eq!(peek(&mut s, q), m(2));
+        // Everything is older than 5000, but the marker stays and keeps the queue closed.
+        assert_eq!(block_on(s.delete_expired(q, 5000)).unwrap(), 2);
+        assert_eq!(peek(&mut s, q), Some("QUOTA".into()));
+        assert_eq!(s.size(q), 1);
+        assert_eq!(write(&mut s, q, 20), WriteOutcome::Full);
+        assert_eq!(block_on(s.delete_expired(b"unknown", 5000)).unwrap(), 0);
+
+        // expire_all: over every queue, same rule.
+        assert_eq!(block_on(s.expire_all(1005)).unwrap(), 1);
+        assert_eq!(peek(&mut s, other), m(9));
+        assert_eq!(block_on(s.expire_all(i64::MAX)).unwrap(), 1);
+        assert_eq!(s.size(q), 1);
+        assert_eq!(s.total_messages(), 1);
+    }
+
+    #[test]
+    fn peek_first_many_returns_heads_in_order_in_one_call() {
+        let (a, b, c): (&[u8], &[u8], &[u8]) = (b"a", b"b", b"empty");
+        let mut s = store_with(&[a, b, c]);
+        write(&mut s, a, 1);
+        write(&mut s, a, 2);
+        write(&mut s, b, 3);
+        let heads = block_on(s.peek_first_many(&[b, b"unknown", c, a])).unwrap();
+        let heads: Vec<_> = heads.iter().map(|h| body(&h.clone())).collect();
+        assert_eq!(heads, vec![m(3), None, None, m(1)]);
+        assert_eq!(
+            s.counters(),
+            &StoreCounters {
+                peek_first: 0,
+                peek_first_many: 1,
+                writes: 3,
+                deletes: 0,
+            }
+        );
+        assert!(block_on(s.peek_first_many(&[])).unwrap().is_empty());
+        assert_eq!(s.counters().peek_first_many, 2);
+    }
+
+    #[test]
+    fn counters_count_each_entry_point_call() {
+        let q: &[u8] = b"q";
+        let mut s = store_with(&[q]);
+        assert_eq!(s.counters(), &StoreCounters::default());
+        for n in 1..=5 {
+            write(&mut s, q, n); // 3 written, a marker, then Full: 5 calls
+        }
+        peek(&mut s, q);
+        peek(&mut s, b"unknown");
+        del(&mut s, q, 9); // no match still counts: it is a call
+        del(&mut s, q, 1);
+        del_peek(&mut s, q, 2);
+        block_on(s.delete_expired(q, 0)).unwrap();
+        assert_eq!(
+            s.counters(),
+            &StoreCounters {
+                peek_first: 2,
+                peek_first_many: 0,
+                writes: 5,
+                deletes: 3,
+            }
+        );
+    }
+
+    #[test]
+    fn notifications_order_take_expire_delete() {
+        let mut s = MemoryStore::new();
+        let (n1, n2): (&[u8], &[u8]) = (b"nid-1", b"nid-2");
+        for (i, ts) in [(1, 100), (2, 200), (3, 300)] {
+            block_on(s.add_ntf(n1, ntf(i, ts))).unwrap();
+        }
+        block_on(s.add_ntf(n2, ntf(9, 50))).unwrap();
+        let mut ids = s.ntf_ids();
+        ids.sort();
+        assert_eq!(ids, vec![n1.to_vec(), n2.to_vec()]);
+
+        // Expiry drops only the old ones; a list left empty disappears.
+        assert_eq!(block_on(s.expire_ntfs(150)).unwrap(), 2);
+        assert_eq!(s.ntf_ids(), vec![n1.to_vec()]);
+
+        block_on(s.add_ntf(n1, ntf(4, 400))).unwrap();
+        let taken = block_on(s.take_ntfs(n1)).unwrap();
+        let order: Vec<u8> = taken.iter().map(|n| n.msg_id[0]).collect();
+        assert_eq!(order, vec![2, 3, 4], "oldest first");
+        assert_eq!(taken[0], ntf(2, 200));
+        assert!(block_on(s.take_ntfs(n1)).unwrap().is_empty(), "taken");
+        assert!(s.ntf_ids().is_empty());
+
+        block_on(s.add_ntf(n2, ntf(5, 500))).unwrap();
+        block_on(s.add_ntf(n2, ntf(6, 600))).unwrap();
+        assert_eq!(block_on(s.delete_ntfs(n2)).unwrap(), 2);
+        assert_eq!(block_on(s.delete_ntfs(n2)).unwrap(), 0);
+        assert!(s.ntf_ids().is_empty());
+    }
+
+    #[test]
+    fn notifications_per_notifier_are_bounded() {
+        let mut s = MemoryStore::new();
+        for i in 0..MAX_NTFS_PER_NOTIFIER + 2 {
+            block_on(s.add_ntf(b"n", ntf((i % 256) as u8, i as i64))).unwrap();
+        }
+        let taken = block_on(s.take_ntfs(b"n")).unwrap();
+        assert_eq!(taken.len(), MAX_NTFS_PER_NOTIFIER);
+        assert_eq!(taken[0].ts, 2, "the oldest were dropped");
+    }
+
+    #[test]
+    fn delete_removes_messages_and_notifications() {
+        let (q, keep): (&[u8], &[u8]) = (b"q", b"keep");
+        let mut s = MemoryStore::new();
+        block_on(s.create(with_notifier(rec(q), b"nid-q"))).unwrap();
+        block_on(s.create(with_notifier(rec(keep), b"nid-keep"))).unwrap();
+        write(&mut s, q, 1);
+        write(&mut s, q, 2);
+        write(&mut s, keep, 3);
+        block_on(s.add_ntf(b"nid-q", ntf(1, 1))).unwrap();
+        block_on(s.add_ntf(b"nid-keep", ntf(3, 3))).unwrap();
+        assert_eq!(s.total_messages(), 3);
+
+        let r = block_on(s.delete(q)).unwrap();
+        assert_eq!(r.notifier.unwrap().notifier_id, b"nid-q");
+        assert_eq!(s.size(q), 0);
+        assert_eq!(peek(&mut s, q), None);
+        assert_eq!(s.total_messages(), 1);
+        assert_eq!(s.ntf_ids(), vec![b"nid-keep".to_vec()]);
+        assert_eq!(s.queue_count(), 1);
+        // A queue created again with the same ID starts empty.
+        block_on(s.create(rec(q))).unwrap();
+        assert_eq!(write(&mut s, q, 5), FIRST);
+    }
+
+    #[test]
+    fn create_update_get() {
+        let q: &[u8] = b"q";
+        let mut s = store_with(&[q]);
+        assert_eq!(block_on(s.create(rec(q))), Err(StoreError::Duplicate));
+        let mut r = rec(q);
+        r.status = QueueStatus::Off;
+        block_on(s.update(r.clone())).unwrap();
+        assert_eq!(s.get(q), Some(&r));
+        assert_eq!(
+            block_on(s.update(rec(b"unknown"))),
+            Err(StoreError::NotFound)
+        );
+        assert_eq!(s.all().count(), 1);
+        assert_eq!(s.queue_count(), 1);
     }
 }
