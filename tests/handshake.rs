@@ -304,6 +304,27 @@ fn session_id_under_aes_256_gcm_sha384_is_48_bytes() {
     hand_ping_plain(&mut s, MAX_VERSION, &hello.session_id);
 }
 
+/// A key share for a group the relay lacks (X448, which the reference client lists first) makes it
+/// send a HelloRetryRequest for X25519; the session id is still the client's Finished.
+#[test]
+fn session_id_after_a_hello_retry_request() {
+    let relay = Relay::start();
+    let mut s = wire::openssl_connect_with(
+        relay.addr,
+        Some(&[b"smp/1"]),
+        false,
+        "TLS_CHACHA20_POLY1305_SHA256",
+        Some("X448:X25519"),
+    )
+    .expect("TLS");
+    let block = wire::read_block(&mut s).expect("server hello");
+    let hello = wire::parse_hello(wire::unpad(&block));
+    assert_eq!(hello.session_id, wire::own_finished(&s));
+    let ch = wire::standard_hello(MAX_VERSION, &relay.key_hash, None);
+    wire::write_block(&mut s, &wire::pad(&ch, wire::BLOCK)).expect("client hello");
+    hand_ping_plain(&mut s, MAX_VERSION, &hello.session_id);
+}
+
 #[test]
 fn unknown_alpn_fails_the_tls_handshake() {
     let relay = Relay::start();

@@ -358,6 +358,18 @@ pub mod wire {
         tls12: bool,
         suites: &str,
     ) -> Result<SslStream<TcpStream>, String> {
+        openssl_connect_with(addr, alpn, tls12, suites, None)
+    }
+
+    /// As `openssl_connect_suites`, with an explicit key-exchange group list (OpenSSL sends a key
+    /// share for the first one only).
+    pub fn openssl_connect_with(
+        addr: SocketAddr,
+        alpn: Option<&[&[u8]]>,
+        tls12: bool,
+        suites: &str,
+        groups: Option<&str>,
+    ) -> Result<SslStream<TcpStream>, String> {
         let tcp = TcpStream::connect_timeout(&addr, Duration::from_secs(10))
             .map_err(|e| e.to_string())?;
         tcp.set_read_timeout(Some(Duration::from_secs(10)))
@@ -375,6 +387,9 @@ pub mod wire {
         b.set_max_proto_version(Some(v))
             .map_err(|e| e.to_string())?;
         b.set_ciphersuites(suites).map_err(|e| e.to_string())?;
+        if let Some(g) = groups {
+            b.set_groups_list(g).map_err(|e| e.to_string())?;
+        }
         if let Some(protos) = alpn {
             let mut wire = Vec::new();
             for p in protos {
