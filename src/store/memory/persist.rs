@@ -625,3 +625,403 @@ fn decode_ntf(r: &mut Reader<'_>) -> DResult<MsgNtf> {
         enc_meta: read_bytes(r)?.to_vec(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::error::BlockingReason;
+    use crate::store::memory::tests::{msg, ntf, rec};
+    use crate::store::{MessageStore, QueueStore, WriteOutcome};
+    use futures_lite::future::block_on;
+
+    /// A directory under the system temp dir, removed when dropped.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(name: &str) -> Self {
+            let p = std::env::temp_dir()
+                .join(format!("smp-relay-memstore-{}-{name}", std::process::id()));
+            let _ = fs::remove_dir_all(&p);
+            fs::create_dir_all(&p).unwrap();
+            TempDir(p)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// A recipient ID that lands in `group`, distinct per `tag`.
+    fn rid_in(group: u32, tag: &str) -> Vec<u8> {
+        (0u32..)
+            .map(|i| format!("{tag}-{i:08}-rid-padding-").into_bytes())
+            .find(|r| group_of(r) == group)
+            .unwrap()
+    }
+
+    fn full_rec(rid: &[u8]) -> QueueRec {
+        QueueRec {
+            recipient_id: rid.to_vec(),
+            recipient_keys: vec![
+                PublicAuthKey::Ed25519([7; 32]),
+                PublicAuthKey::Ed448([8; 57]),
+            ],
+            rcv_dh_secret: [9; 32],
+            sender_id: [rid, b"-snd"].concat(),
+            sender_key: Some(PublicAuthKey::X25519([10; 32])),
+            queue_mode: Some(QueueMode::Contact),
+            link: Some(QueueLink {
+                link_id: [rid, b"-lnk"].concat(),
+                fixed: vec![11; 300],
+                user: vec![12; 70000],
+            }),
+            notifier: Some(NotifierCreds {
+                notifier_id: [rid, b"-ntf"].concat(),
+                notifier_key: PublicAuthKey::Ed25519([13; 32]),
+                rcv_ntf_dh_secret: [14; 32],
+                ntf_service_id: Some(b"ntf-service".to_vec()),
+            }),
+            status: QueueStatus::Blocked(BlockingInfo {
+                reason: BlockingReason::Content,
+                notice: Some(r#"{"ttl":3600}"#.into()),
+            }),
+            updated_at: Some(1_700_006_400),
+            rcv_service_id: Some(b"rcv-service".to_vec()),
+        }
+    }
+
+    const QUOTA: usize = 3;
+
+    /// Group 5: a queue with every field set, full (3 messages and a marker) with notifications,
+    /// and a queue with none. Group 9: one Off queue with one message.
+    fn sample() -> (MemoryStore, Vec<u8>, Vec<u8>, Vec<u8>) {
+        let (full, bare, off) = (rid_in(5, "full"), rid_in(5, "bare"), rid_in(9, "off"));
+        let mut s = MemoryStore::new();
+        block_on(s.create(full_rec(&full))).unwrap();
+        block_on(s.create(rec(&bare))).unwrap();
+        let mut r = rec(&off);
+        r.status = QueueStatus::Off;
+        r.queue_mode = Some(QueueMode::Messaging);
+        block_on(s.create(r)).unwrap();
+        for n in 1..=4 {
+            block_on(s.write(&full, msg(n, 1000 + n as i64), QUOTA)).unwrap();
+        }
+        block_on(s.write(&off, msg(20, 500), QUOTA)).unwrap();
+        let nid = [&full[..], b"-ntf"].concat();
+        block_on(s.add_ntf(&nid, ntf(1, 1001))).unwrap();
+        block_on(s.add_ntf(&nid, ntf(2, 1002))).unwrap();
+        // Nobody's notifier: not saved.
+        block_on(s.add_ntf(b"orphan", ntf(3, 1003))).unwrap();
+        (s, full, bare, off)
+    }
+
+    fn drain(s: &mut MemoryStore, rid: &[u8]) -> Vec<Message> {
+        let mut out = Vec::new();
+        while let Some(m) = block_on(s.peek_first(rid)).unwrap() {
+            block_on(s.try_del(rid, m.msg_id())).unwrap();
+            out.push(m);
+        }
+        out
+    }
+
+    #[test]
+    fn save_and_load_round_trip_over_groups() {
+        let dir = TempDir::new("roundtrip");
+        let (s, full, bare, off) = sample();
+        // Group 12 had a file from an earlier save; it is empty now, so the file goes.
+        fs::write(group_file(&dir.0, 12), b"stale").unwrap();
+        s.save(&dir.0, &[5, 9, 12]).unwrap();
+        assert!(group_file(&dir.0, 5).is_file());
+        assert!(group_file(&dir.0, 9).is_file());
+        assert!(!group_file(&dir.0, 12).exists());
+        assert!(group_files_present(&dir.0));
+
+        let mut l = MemoryStore::load(&dir.0, &[5, 9, 12], None, 2000).unwrap();
+        assert_eq!(l.queue_count(), 3);
+        for rid in [&full, &bare, &off] {
+            assert_eq!(l.get(rid), s.get(rid), "record of {rid:?}");
+        }
+        assert_eq!(l.get(&full), Some(&full_rec(&full)));
+        assert_eq!(l.total_messages(), 5);
+        assert_eq!(l.size(&full), 4);
+
+        // The full queue is still closed to writes: its last message is the marker.
+        assert_eq!(
+            block_on(l.write(&full, msg(30, 3000), QUOTA)).unwrap(),
+            WriteOutcome::Full
+        );
+        let nid = [&full[..], b"-ntf"].concat();
+        assert_eq!(l.ntf_ids(), vec![nid.clone()]);
+        assert_eq!(
+            block_on(l.take_ntfs(&nid)).unwrap(),
+            vec![ntf(1, 1001), ntf(2, 1002)]
+        );
+        assert_eq!(
+            drain(&mut l, &full),
+            vec![
+                msg(1, 1001),
+                msg(2, 1002),
+                msg(3, 1003),
+                Message::Quota {
+                    msg_id: [4; 24],
+                    ts: 1004
+                }
+            ]
+        );
+        assert_eq!(drain(&mut l, &off), vec![msg(20, 500)]);
+        // Drained: open again.
+        assert_eq!(
+            block_on(l.write(&full, msg(31, 3001), QUOTA)).unwrap(),
+            WriteOutcome::Written { was_empty: true }
+        );
+
+        // Loaded files were moved aside so that a later crash does not restore them again.
+        assert!(!group_files_present(&dir.0));
+        assert!(dir.0.join("group-05.bin.bak").is_file());
+        assert!(dir.0.join("group-09.bin.bak").is_file());
+        let again = MemoryStore::load(&dir.0, &[5, 9], None, 2000).unwrap();
+        assert_eq!(again.queue_count(), 0);
+    }
+
+    #[test]
+    fn an_open_queue_stays_open_after_load() {
+        let dir = TempDir::new("open");
+        let q = rid_in(3, "q");
+        let mut s = MemoryStore::new();
+        block_on(s.create(rec(&q))).unwrap();
+        block_on(s.write(&q, msg(1, 10), QUOTA)).unwrap();
+        s.save(&dir.0, &[3]).unwrap();
+        let mut l = MemoryStore::load(&dir.0, &[3], None, 20).unwrap();
+        assert_eq!(
+            block_on(l.write(&q, msg(2, 11), QUOTA)).unwrap(),
+            WriteOutcome::Written { was_empty: false }
+        );
+    }
+
+    #[test]
+    fn load_with_ttl_drops_old_messages_and_notifications() {
+        let dir = TempDir::new("ttl");
+        let (s, full, _, off) = sample();
+        s.save(&dir.0, &[5, 9]).unwrap();
+        // now − ttl = 1002: messages 1 (1001) and the Off queue's (500) are dropped.
+        let mut l =
+            MemoryStore::load_with_ntf_ttl(&dir.0, &[5, 9], Some(1000), Some(1000), 2002).unwrap();
+        assert_eq!(l.size(&off), 0);
+        assert_eq!(l.size(&full), 3);
+        assert_eq!(l.total_messages(), 3);
+        let nid = [&full[..], b"-ntf"].concat();
+        assert_eq!(block_on(l.take_ntfs(&nid)).unwrap(), vec![ntf(2, 1002)]);
+        assert_eq!(block_on(l.peek_first(&full)).unwrap(), Some(msg(2, 1002)));
+
+        // Everything expired but the marker: the queue stays closed to writes.
+        let (s, full, _, _) = sample();
+        s.save(&dir.0, &[5, 9]).unwrap();
+        let mut l = MemoryStore::load(&dir.0, &[5, 9], Some(1), 1_000_000).unwrap();
+        assert_eq!(l.size(&full), 1);
+        assert_eq!(
+            block_on(l.write(&full, msg(40, 1_000_000), QUOTA)).unwrap(),
+            WriteOutcome::Full
+        );
+        // Default notification lifetime is 24 h.
+        assert!(l.ntf_ids().is_empty());
+    }
+
+    #[test]
+    fn loading_some_groups_loads_only_their_queues() {
+        let dir = TempDir::new("some");
+        let (s, full, bare, off) = sample();
+        s.save(&dir.0, &[5, 9]).unwrap();
+        let l = MemoryStore::load(&dir.0, &[9], None, 0).unwrap();
+        assert_eq!(l.queue_count(), 1);
+        assert!(l.get(&off).is_some());
+        assert!(l.get(&full).is_none() && l.get(&bare).is_none());
+        // The other shard's file is untouched.
+        assert!(group_file(&dir.0, 5).is_file());
+        assert!(!group_file(&dir.0, 9).exists());
+
+        // Saving only some groups writes only their queues.
+        let dir2 = TempDir::new("some-save");
+        s.save(&dir2.0, &[9]).unwrap();
+        assert!(!group_file(&dir2.0, 5).exists());
+        assert_eq!(
+            MemoryStore::load(&dir2.0, &[5, 9], None, 0)
+                .unwrap()
+                .queue_count(),
+            1
+        );
+    }
+
+    #[test]
+    fn groups_outside_the_range_are_refused() {
+        let dir = TempDir::new("range");
+        let s = MemoryStore::new();
+        assert!(matches!(
+            s.save(&dir.0, &[64]),
+            Err(PersistError::NoSuchGroup(64))
+        ));
+        assert!(matches!(
+            MemoryStore::load(&dir.0, &[1, 99], None, 0),
+            Err(PersistError::NoSuchGroup(99))
+        ));
+    }
+
+    fn assert_corrupt(r: Result<MemoryStore, PersistError>, path: &Path, why: &str) {
+        let e = r.expect_err("must fail");
+        assert!(matches!(e, PersistError::Corrupt { .. }), "{e:?}");
+        let text = e.to_string();
+        let p = path.display().to_string();
+        assert!(text.contains(&p), "{text}");
+        assert!(
+            text.contains(&format!("restore {p}.bak or remove it")),
+            "{text}"
+        );
+        assert!(text.contains(why), "{text}");
+        // Nothing was renamed: the operator still has the file.
+        assert!(path.is_file());
+    }
+
+    #[test]
+    fn a_corrupted_byte_is_an_error_naming_the_file() {
+        let dir = TempDir::new("corrupt");
+        let (s, ..) = sample();
+        s.save(&dir.0, &[5, 9]).unwrap();
+        let path = group_file(&dir.0, 5);
+        let mut bytes = fs::read(&path).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x40;
+        fs::write(&path, &bytes).unwrap();
+        assert_corrupt(
+            MemoryStore::load(&dir.0, &[5, 9], None, 0),
+            &path,
+            "checksum",
+        );
+        // Group 9 loaded fine but was not moved aside either: the load as a whole failed.
+        assert!(group_file(&dir.0, 9).is_file());
+    }
+
+    #[test]
+    fn a_truncated_file_is_an_error_naming_the_file() {
+        let dir = TempDir::new("truncated");
+        let (s, ..) = sample();
+        s.save(&dir.0, &[9]).unwrap();
+        let path = group_file(&dir.0, 9);
+        let bytes = fs::read(&path).unwrap();
+        fs::write(&path, &bytes[..bytes.len() - 10]).unwrap();
+        assert_corrupt(MemoryStore::load(&dir.0, &[9], None, 0), &path, "truncated");
+        fs::write(&path, &bytes[..5]).unwrap();
+        assert_corrupt(MemoryStore::load(&dir.0, &[9], None, 0), &path, "truncated");
+        // Every shorter prefix fails without panicking.
+        for n in 0..bytes.len() {
+            assert!(decode_file(&bytes[..n], 9).is_err(), "prefix {n}");
+        }
+    }
+
+    #[test]
+    fn a_file_under_another_group_name_is_refused() {
+        let dir = TempDir::new("wrong-group");
+        let (s, ..) = sample();
+        s.save(&dir.0, &[9]).unwrap();
+        let path = group_file(&dir.0, 10);
+        fs::rename(group_file(&dir.0, 9), &path).unwrap();
+        assert_corrupt(
+            MemoryStore::load(&dir.0, &[10], None, 0),
+            &path,
+            "holds group 9",
+        );
+    }
+
+    /// Mutations behind a valid checksum reach the parser: it must reject or accept, never panic.
+    #[test]
+    fn mutated_payloads_never_panic() {
+        let (s, ..) = sample();
+        let dir = TempDir::new("mutate");
+        s.save(&dir.0, &[9]).unwrap();
+        let bytes = fs::read(group_file(&dir.0, 9)).unwrap();
+        let mut rejected = 0;
+        for i in HEADER_LEN..bytes.len() - CHECKSUM_LEN {
+            for flip in [0x01u8, 0x80, 0xff] {
+                let mut b = bytes.clone();
+                b[i] ^= flip;
+                let end = b.len() - CHECKSUM_LEN;
+                let sum = sha256(&b[..end]);
+                b[end..].copy_from_slice(&sum);
+                if decode_file(&b, 9).is_err() {
+                    rejected += 1;
+                }
+            }
+        }
+        assert!(rejected > 0);
+    }
+
+    #[test]
+    fn set_status_offline_by_sender_and_link() {
+        let dir = TempDir::new("offline");
+        let (s, full, bare, off) = sample();
+        s.save(&dir.0, &[5, 9]).unwrap();
+        let blocked = QueueStatus::Blocked(BlockingInfo {
+            reason: BlockingReason::Spam,
+            notice: None,
+        });
+
+        let by_sender = OfflineId::Sender([&off[..], b"-snd"].concat());
+        assert_eq!(
+            set_status_offline(&dir.0, by_sender, blocked.clone()).unwrap(),
+            off
+        );
+        let by_link = OfflineId::Link([&full[..], b"-lnk"].concat());
+        assert_eq!(
+            set_status_offline(&dir.0, by_link, QueueStatus::Active).unwrap(),
+            full
+        );
+
+        let e = set_status_offline(
+            &dir.0,
+            OfflineId::Link(b"no-such-link".to_vec()),
+            QueueStatus::Active,
+        )
+        .unwrap_err();
+        assert!(matches!(e, PersistError::QueueNotFound { .. }), "{e:?}");
+        assert!(e.to_string().contains(&b64url(b"no-such-link")), "{e}");
+        // A sender ID is not a link ID.
+        assert!(set_status_offline(
+            &dir.0,
+            OfflineId::Link([&off[..], b"-snd"].concat()),
+            QueueStatus::Active
+        )
+        .is_err());
+
+        let mut l = MemoryStore::load(&dir.0, &[5, 9], None, 0).unwrap();
+        assert_eq!(l.get(&off).unwrap().status, blocked);
+        assert_eq!(l.get(&full).unwrap().status, QueueStatus::Active);
+        assert_eq!(l.get(&bare), s.get(&bare));
+        // The rewrite kept messages and notifications.
+        assert_eq!(l.size(&full), 4);
+        assert_eq!(l.size(&off), 1);
+        let nid = [&full[..], b"-ntf"].concat();
+        assert_eq!(block_on(l.take_ntfs(&nid)).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn an_empty_blocking_notice_is_saved_as_none() {
+        let dir = TempDir::new("notice");
+        let q = rid_in(1, "q");
+        let mut s = MemoryStore::new();
+        let mut r = rec(&q);
+        r.status = QueueStatus::Blocked(BlockingInfo {
+            reason: BlockingReason::Spam,
+            notice: Some(String::new()),
+        });
+        block_on(s.create(r)).unwrap();
+        s.save(&dir.0, &[1]).unwrap();
+        let l = MemoryStore::load(&dir.0, &[1], None, 0).unwrap();
+        assert_eq!(
+            l.get(&q).unwrap().status,
+            QueueStatus::Blocked(BlockingInfo {
+                reason: BlockingReason::Spam,
+                notice: None
+            })
+        );
+    }
+}
