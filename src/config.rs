@@ -29,6 +29,7 @@ pub struct StartConfig {
     pub handshake_timeout: Duration,
     /// Test-only for now: ask clients for a TLS certificate (the services issue makes it real).
     pub request_client_cert: bool,
+    pub settings: Settings,
 }
 
 impl StartConfig {
@@ -41,6 +42,38 @@ impl StartConfig {
             tls_timeout: limits::TLS_SETUP_TIMEOUT,
             handshake_timeout: limits::SMP_HANDSHAKE_TIMEOUT,
             request_client_cert: false,
+            settings: Settings::default(),
+        }
+    }
+}
+
+/// Queue-protocol settings with the reference's defaults (`reference/smp-server-behaviour.md` §4, §7).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Messages a queue holds before the quota marker (`msgQueueQuota`).
+    pub quota: usize,
+    pub message_ttl: Duration,
+    /// How often expired messages are deleted from every queue.
+    pub expire_interval: Duration,
+    /// Delete a queue's expired messages before each SEND to it.
+    pub expire_on_send: bool,
+    pub notification_ttl: Duration,
+    /// NEW is refused with AUTH when off.
+    pub new_queues: bool,
+    /// Basic auth NEW must carry when set (`create_password`).
+    pub create_password: Option<Vec<u8>>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            quota: 128,
+            message_ttl: Duration::from_secs(21 * 86400),
+            expire_interval: Duration::from_secs(2 * 3600),
+            expire_on_send: true,
+            notification_ttl: Duration::from_secs(24 * 3600),
+            new_queues: true,
+            create_password: None,
         }
     }
 }

@@ -1,9 +1,13 @@
 //! The relay: one shard per configured core, each a pinned glommio executor that accepts and serves
 //! its own connections (`DESIGN.md` §1).
 
+pub mod commands;
 pub mod conn;
+pub mod directory;
 pub mod dispatch;
 pub mod lock;
+pub mod owner;
+pub mod router;
 pub mod shard;
 pub mod tls_stream;
 

@@ -1,0 +1,329 @@
+//! Messages in and out: SEND, SUB, GET, ACK and the pushes they cause
+//! (`reference/smp-server-behaviour.md` §3.2–3.5, §4.1, `DESIGN.md` §3).
+//!
+//! Every delivery path checks and sets the subscription's `delivered`: a SUB resets it and returns the
+//! head; a SEND pushes only when the queue was empty and nothing is outstanding; an ACK hands out the
+//! next message in its response. So a subscription has at most one unacknowledged message, and no
+//! message is sent twice within a subscription.
+
+use std::rc::Rc;
+
+use super::{err, now_secs, random_id, store_error};
+use crate::crypto::sxbox;
+use crate::protocol::command::Command;
+use crate::protocol::error::CommandError;
+use crate::protocol::encoding::put_int64;
+use crate::protocol::error::ErrorType;
+use crate::protocol::response::BrokerMsg;
+use crate::protocol::version::max_message_length;
+use crate::server::owner::{encode, Owner, Subscriber, Turn};
+use crate::server::router::{Request, Session};
+use crate::store::{Message, MessageStore, MsgId, QueueStatus, QueueStore, WriteOutcome};
+
+/// MSG bodies are always padded to this before sealing: `MaxRcvMessageLen + 2`
+/// (`reference/smp-wire.md` §6.2).
+const RCV_MSG_PADDED_LEN: usize = 16106;
+
+/// The MSG transmission for `m` on queue `rid`, sealed for its recipient.
+pub fn msg_transmission(
+    session: &Session,
+    corr_id: &[u8],
+    rid: &[u8],
+    rcv_dh_secret: &[u8; 32],
+    m: &Message,
+) -> Vec<u8> {
+    encode(session, corr_id, rid, &msg_response(rcv_dh_secret, m))
+}
+
+/// `MSG msgId body` with the body sealed as `reference/smp-wire.md` §6.2: the plaintext is
+/// `ts flags SP body` (or `QUOTA SP ts` for the marker), padded to 16106 bytes.
+pub fn msg_response(rcv_dh_secret: &[u8; 32], m: &Message) -> BrokerMsg {
+    let mut plain = Vec::with_capacity(32);
+    match m {
+        Message::Message {
+            ts,
+            notification,
+            body,
+            ..
+        } => {
+            put_int64(&mut plain, *ts);
+            plain.push(if *notification { b'T' } else { b'F' });
+            plain.push(b' ');
+            plain.extend_from_slice(body);
+        }
+        Message::Quota { ts, .. } => {
+            plain.extend_from_slice(b"QUOTA ");
+            put_int64(&mut plain, *ts);
+        }
+    }
+    // A stored body is at most the largest SEND any version accepts, which always fits.
+    let body = sxbox::seal_padded(rcv_dh_secret, m.msg_id(), &plain, RCV_MSG_PADDED_LEN)
+        .unwrap_or_default();
+    BrokerMsg::Msg {
+        msg_id: m.msg_id().to_vec(),
+        body,
+    }
+}
+
+impl<S: QueueStore + MessageStore> Owner<S> {
+    /// SUB: registers this connection as the queue's subscriber (ending another connection's
+    /// subscription) and returns the head, in the same owner turn.
+    pub(super) async fn sub(
+        &mut self,
+        session: &Session,
+        rid: &[u8],
+        head: Option<Option<Message>>,
+        turn: &mut Turn,
+    ) -> BrokerMsg {
+        let conn = session.conn;
+        if self.gets.contains_key(&(rid.to_vec(), conn)) {
+            return err(ErrorType::Cmd(CommandError::Prohibited));
+        }
+        self.stats.subs += 1;
+        match self.subs.get_mut(rid) {
+            Some(s) if s.session.conn == conn => s.delivered = None,
+            _ => {
+                let prev = self.subs.insert(
+                    rid.to_vec(),
+                    Subscriber {
+                        session: session.clone(),
+                        delivered: None,
+                    },
+                );
+                self.entries(conn).subs.insert(rid.to_vec());
+                if let Some(prev) = prev {
+                    if let Some(e) = self.by_conn.get_mut(&prev.session.conn) {
+                        e.subs.remove(rid);
+                    }
+                    let end = encode(&prev.session, b"", rid, &BrokerMsg::End);
+                    self.send_event(prev.session.conn, vec![vec![end]]);
+                }
+            }
+        }
+        // The batch read is stale if an earlier request of this turn changed the queue.
+        let head = match head {
+            Some(h) if !turn.touched.contains(rid) => h,
+            _ => match self.store.peek_first(rid).await {
+                Ok(h) => h,
+                Err(e) => return err(store_error(e)),
+            },
+        };
+        if let Some(m) = head {
+            let Some(secret) = self.store.get(rid).map(|q| q.rcv_dh_secret) else {
+                return err(ErrorType::Auth);
+            };
+            if let Some(s) = self.subs.get_mut(rid) {
+                s.delivered = Some(*m.msg_id());
+            }
+            turn.sub_msgs
+                .push(msg_transmission(session, b"", rid, &secret, &m));
+        }
+        BrokerMsg::Sok(None)
+    }
+
+    /// GET: pull delivery; marks the queue as GET-mode on this connection.
+    pub(super) async fn get(&mut self, session: &Session, rid: &[u8]) -> BrokerMsg {
+        let conn = session.conn;
+        if self.subs.get(rid).map(|s| s.session.conn) == Some(conn) {
+            return err(ErrorType::Cmd(CommandError::Prohibited));
+        }
+        let head = match self.store.peek_first(rid).await {
+            Ok(h) => h,
+            Err(e) => return err(store_error(e)),
+        };
+        self.entries(conn).gets.insert(rid.to_vec());
+        let delivered = head.as_ref().map(|m| *m.msg_id());
+        self.gets.insert((rid.to_vec(), conn), delivered);
+        match head {
+            Some(m) => {
+                let secret = self.store.get(rid).map(|q| q.rcv_dh_secret).unwrap_or_default();
+                msg_response(&secret, &m)
+            }
+            None => BrokerMsg::Ok,
+        }
+    }
+
+    /// ACK: acknowledges the delivered message (an empty ID acknowledges whatever was delivered);
+    /// in SUB mode the next message is the response.
+    pub(super) async fn ack(
+        &mut self,
+        session: &Session,
+        rid: &[u8],
+        msg_id: &[u8],
+        turn: &mut Turn,
+    ) -> BrokerMsg {
+        let conn = session.conn;
+        let matches = |d: &Option<MsgId>| match d {
+            Some(d) => msg_id.is_empty() || msg_id == &d[..],
+            None => false,
+        };
+        if let Some(s) = self.subs.get_mut(rid).filter(|s| s.session.conn == conn) {
+            if !matches(&s.delivered) {
+                return err(ErrorType::NoMsg);
+            }
+            let Some(delivered) = s.delivered.take() else {
+                return err(ErrorType::NoMsg);
+            };
+            let (deleted, next) = match self.store.try_del_peek(rid, &delivered).await {
+                Ok(r) => r,
+                Err(e) => return err(store_error(e)),
+            };
+            turn.touched.insert(rid.to_vec());
+            if let Some(Message::Message { .. }) = deleted {
+                self.stats.msg_recv += 1;
+            }
+            return match next {
+                Some(m) => {
+                    if let Some(s) = self.subs.get_mut(rid) {
+                        s.delivered = Some(*m.msg_id());
+                    }
+                    let secret = self.store.get(rid).map(|q| q.rcv_dh_secret).unwrap_or_default();
+                    msg_response(&secret, &m)
+                }
+                None => BrokerMsg::Ok,
+            };
+        }
+        let key = (rid.to_vec(), conn);
+        if let Some(d) = self.gets.get(&key) {
+            if !matches(d) {
+                return err(ErrorType::NoMsg);
+            }
+            let Some(delivered) = *d else {
+                return err(ErrorType::NoMsg);
+            };
+            self.gets.insert(key, None);
+            // GET mode deletes only a matching head; OK either way.
+            match self.store.try_del(rid, &delivered).await {
+                Ok(Some(Message::Message { .. })) => self.stats.msg_recv += 1,
+                Ok(_) => {}
+                Err(e) => return err(store_error(e)),
+            }
+            turn.touched.insert(rid.to_vec());
+            return BrokerMsg::Ok;
+        }
+        err(ErrorType::NoMsg)
+    }
+
+    /// SEND (`reference/smp-wire.md` §5.3 note 10).
+    pub(super) async fn send(&mut self, session: &Session, req: &Request, turn: &mut Turn) -> BrokerMsg {
+        let Command::Send { flags, body } = &req.command else {
+            return err(ErrorType::Internal);
+        };
+        let q = match self.lookup(session, req) {
+            Ok(q) => q,
+            Err(e) => return err(e),
+        };
+        if req.service_sig {
+            return err(ErrorType::Service);
+        }
+        let authorized = match &q.sender_key {
+            Some(k) => self.verify_with(session, req, k),
+            // Before the queue is secured SEND must be unsigned.
+            None => req.authorization.is_empty(),
+        };
+        if !authorized {
+            return err(ErrorType::Auth);
+        }
+        if body.len() > max_message_length(session.version) {
+            self.stats.msg_sent_large += 1;
+            return err(ErrorType::LargeMsg);
+        }
+        match &q.status {
+            QueueStatus::Off => {
+                self.stats.msg_sent_auth += 1;
+                return err(ErrorType::Auth);
+            }
+            QueueStatus::Blocked(info) => return err(ErrorType::Blocked(info.clone())),
+            QueueStatus::Active => {}
+        }
+        let mut q = match self.touch(q).await {
+            Ok(q) => q,
+            Err(e) => return err(e),
+        };
+        let rid = q.recipient_id.clone();
+        let now = now_secs();
+        if self.settings.expire_on_send {
+            let old = now - self.settings.message_ttl.as_secs() as i64;
+            match self.store.delete_expired(&rid, old).await {
+                Ok(n) => self.stats.msg_expired += n as u64,
+                Err(e) => return err(store_error(e)),
+            }
+        }
+        // One-time invitation data disappears with the first message once the queue is secured.
+        if q.link.is_some() && q.is_secured_messaging() {
+            if let Some(l) = q.link.take() {
+                self.directory
+                    .remove(crate::server::directory::IdSpace::Link, &l.link_id, &rid);
+            }
+            if let Err(e) = self.update(q.clone()).await {
+                return err(e);
+            }
+        }
+        let mut id = [0u8; 24];
+        id.copy_from_slice(&random_id());
+        let msg = Message::Message {
+            msg_id: id,
+            ts: now,
+            notification: flags.notification,
+            body: Rc::from(&body[..]),
+        };
+        let outcome = match self.store.write(&rid, msg.clone(), self.settings.quota).await {
+            Ok(o) => o,
+            Err(e) => return err(store_error(e)),
+        };
+        turn.touched.insert(rid.clone());
+        match outcome {
+            WriteOutcome::Written { was_empty } => {
+                self.stats.msg_sent += 1;
+                if was_empty {
+                    self.push(session, &rid, &q.rcv_dh_secret, &msg, turn);
+                }
+                if flags.notification {
+                    if let Some(n) = &q.notifier {
+                        self.notify(n.clone(), &msg).await;
+                    }
+                }
+                BrokerMsg::Ok
+            }
+            WriteOutcome::QuotaMarker { was_empty } => {
+                self.stats.msg_sent_quota += 1;
+                if was_empty {
+                    let marker = Message::Quota { msg_id: id, ts: now };
+                    self.push(session, &rid, &q.rcv_dh_secret, &marker, turn);
+                }
+                err(ErrorType::Quota)
+            }
+            WriteOutcome::Full => {
+                self.stats.msg_sent_quota += 1;
+                err(ErrorType::Quota)
+            }
+        }
+    }
+
+    /// Delivers `m`, the new head, to the queue's subscriber if nothing is outstanding there. A push
+    /// to the sending connection itself precedes its response (O2); others get an event.
+    fn push(
+        &mut self,
+        session: &Session,
+        rid: &[u8],
+        secret: &[u8; 32],
+        m: &Message,
+        turn: &mut Turn,
+    ) {
+        let Some(s) = self.subs.get_mut(rid) else {
+            return;
+        };
+        if s.delivered.is_some() {
+            return;
+        }
+        s.delivered = Some(*m.msg_id());
+        let t = msg_transmission(&s.session, b"", rid, secret, m);
+        if s.session.conn == session.conn {
+            turn.pushes.push(vec![t]);
+        } else {
+            let conn = s.session.conn;
+            self.send_event(conn, vec![vec![t]]);
+        }
+    }
+}
+

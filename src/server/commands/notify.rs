@@ -1,0 +1,170 @@
+//! Push notifications: NKEY, NDEL, NSUB and the NMSGs a SEND with the notification flag causes
+//! (`reference/smp-server-behaviour.md` §3.8, `reference/smp-wire.md` §6.5).
+
+use rand::RngCore;
+use x25519_dalek::{PublicKey as X25519Public, StaticSecret};
+
+use super::{err, random_id};
+use crate::crypto::keys::PublicAuthKey;
+use crate::crypto::sxbox;
+use crate::protocol::encoding::{put_int64, put_short_unchecked};
+use crate::protocol::error::ErrorType;
+use crate::protocol::response::BrokerMsg;
+use crate::server::directory::IdSpace;
+use crate::server::owner::{encode, Owner, Turn};
+use crate::server::router::{Request, Session};
+use crate::store::{Message, MessageStore, MsgNtf, NotifierCreds, QueueRec, QueueStore};
+
+/// Attempts at a free notifier ID (the reference's 3).
+const NOTIFIER_ID_ATTEMPTS: usize = 3;
+/// NMSG metadata is padded to this before sealing.
+const NMSG_META_PADDED_LEN: usize = 128;
+
+impl<S: QueueStore + MessageStore> Owner<S> {
+    /// NKEY: a new notifier replaces any previous one, whose subscriber gets DELD.
+    pub(super) async fn nkey(
+        &mut self,
+        session: &Session,
+        mut q: QueueRec,
+        key: PublicAuthKey,
+        dh: [u8; 32],
+    ) -> BrokerMsg {
+        let rid = q.recipient_id.clone();
+        let Some(notifier_id) = (0..NOTIFIER_ID_ATTEMPTS)
+            .map(|_| random_id())
+            .find(|id| self.directory.insert(IdSpace::Notifier, id, &rid))
+        else {
+            return err(ErrorType::Internal);
+        };
+        let k = StaticSecret::random_from_rng(rand::rngs::OsRng);
+        let public = X25519Public::from(&k).to_bytes();
+        let old = q.notifier.replace(NotifierCreds {
+            notifier_id: notifier_id.clone(),
+            notifier_key: key,
+            rcv_ntf_dh_secret: sxbox::dh(&k.to_bytes(), &dh),
+            ntf_service_id: None,
+        });
+        if let Err(e) = self.update(q).await {
+            self.directory.remove(IdSpace::Notifier, &notifier_id, &rid);
+            return err(e);
+        }
+        if let Some(old) = old {
+            self.directory.remove(IdSpace::Notifier, &old.notifier_id, &rid);
+            self.notifier_gone(session, &old.notifier_id).await;
+        }
+        BrokerMsg::Nid {
+            notifier_id,
+            srv_ntf_dh_key: public,
+        }
+    }
+
+    /// NDEL: the notifier and its pending notifications go; its subscriber gets DELD.
+    pub(super) async fn ndel(&mut self, session: &Session, mut q: QueueRec) -> BrokerMsg {
+        let Some(old) = q.notifier.take() else {
+            return BrokerMsg::Ok;
+        };
+        let rid = q.recipient_id.clone();
+        if let Err(e) = self.update(q).await {
+            return err(e);
+        }
+        self.directory.remove(IdSpace::Notifier, &old.notifier_id, &rid);
+        self.notifier_gone(session, &old.notifier_id).await;
+        BrokerMsg::Ok
+    }
+
+    /// A notifier was removed (NDEL, NKEY, DEL): drop its notifications and tell its subscriber,
+    /// unless that is the connection that removed it.
+    pub(super) async fn notifier_gone(&mut self, session: &Session, notifier_id: &[u8]) {
+        let _ = self.store.delete_ntfs(notifier_id).await;
+        if let Some(s) = self.ntf_subs.remove(notifier_id) {
+            if let Some(e) = self.by_conn.get_mut(&s.conn) {
+                e.ntf_subs.remove(notifier_id);
+            }
+            if s.conn != session.conn {
+                let deld = encode(&s, b"", notifier_id, &BrokerMsg::Deld);
+                self.send_event(s.conn, vec![vec![deld]]);
+            }
+        }
+    }
+
+    /// NSUB: this connection receives the queue's notifications; a previous notifier subscriber
+    /// gets END. Not subject to blocking, and does not touch `updated_at`.
+    pub(super) async fn nsub(&mut self, session: &Session, req: &Request, turn: &mut Turn) -> BrokerMsg {
+        let q = match self.lookup(session, req) {
+            Ok(q) => q,
+            Err(e) => return err(e),
+        };
+        if req.service_sig {
+            return err(ErrorType::Service);
+        }
+        let Some(n) = q.notifier.as_ref() else {
+            self.dummy_verify(session, req);
+            return err(ErrorType::Auth);
+        };
+        if !self.verify_with(session, req, &n.notifier_key) {
+            return err(ErrorType::Auth);
+        }
+        let nid = n.notifier_id.clone();
+        let prev = self.ntf_subs.insert(nid.clone(), session.clone());
+        self.entries(session.conn).ntf_subs.insert(nid.clone());
+        if let Some(prev) = prev.filter(|p| p.conn != session.conn) {
+            if let Some(e) = self.by_conn.get_mut(&prev.conn) {
+                e.ntf_subs.remove(&nid);
+            }
+            let end = encode(&prev, b"", &nid, &BrokerMsg::End);
+            self.send_event(prev.conn, vec![vec![end]]);
+        }
+        // Notifications that waited for a subscriber follow the response.
+        if let Ok(pending) = self.store.take_ntfs(&nid).await {
+            if !pending.is_empty() {
+                self.stats.msg_ntfs += pending.len() as u64;
+                turn.trailing
+                    .push(pending.iter().map(|p| nmsg(session, &nid, p)).collect());
+            }
+        }
+        BrokerMsg::Sok(None)
+    }
+
+    /// Stores an NMSG for `m` and delivers it at once when the notifier has a subscriber.
+    pub(super) async fn notify(&mut self, n: NotifierCreds, m: &Message) {
+        let mut nonce = [0u8; 24];
+        rand::rngs::OsRng.fill_bytes(&mut nonce);
+        let mut meta = Vec::with_capacity(40);
+        put_short_unchecked(&mut meta, m.msg_id());
+        put_int64(&mut meta, m.ts());
+        let Ok(enc_meta) =
+            sxbox::seal_padded(&n.rcv_ntf_dh_secret, &nonce, &meta, NMSG_META_PADDED_LEN)
+        else {
+            return;
+        };
+        let ntf = MsgNtf {
+            msg_id: *m.msg_id(),
+            ts: m.ts(),
+            nonce,
+            enc_meta,
+        };
+        match self.ntf_subs.get(&n.notifier_id) {
+            Some(s) => {
+                let t = nmsg(s, &n.notifier_id, &ntf);
+                let conn = s.conn;
+                self.stats.msg_ntfs += 1;
+                self.send_event(conn, vec![vec![t]]);
+            }
+            None => {
+                let _ = self.store.add_ntf(&n.notifier_id, ntf).await;
+            }
+        }
+    }
+}
+
+fn nmsg(session: &Session, nid: &[u8], n: &MsgNtf) -> Vec<u8> {
+    encode(
+        session,
+        b"",
+        nid,
+        &BrokerMsg::Nmsg {
+            nonce: n.nonce,
+            enc_meta: n.enc_meta.clone(),
+        },
+    )
+}

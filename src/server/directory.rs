@@ -1,0 +1,82 @@
+//! The ID directory (`DESIGN.md` §1): sender, link and notifier IDs → recipient ID, shared by all
+//! shards. Reads are lock-free (papaya); only a queue's owner writes its IDs, insert-if-absent, so two
+//! queues can never share an ID however the shards interleave.
+
+use std::sync::Arc;
+
+use papaya::HashMap;
+
+use crate::store::EntityId;
+
+#[derive(Default)]
+pub struct Directory {
+    senders: HashMap<EntityId, EntityId>,
+    links: HashMap<EntityId, EntityId>,
+    notifiers: HashMap<EntityId, EntityId>,
+}
+
+/// Which ID space an entity ID is looked up in (the party of the command).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdSpace {
+    Sender,
+    Link,
+    Notifier,
+}
+
+impl Directory {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Directory::default())
+    }
+
+    fn map(&self, space: IdSpace) -> &HashMap<EntityId, EntityId> {
+        match space {
+            IdSpace::Sender => &self.senders,
+            IdSpace::Link => &self.links,
+            IdSpace::Notifier => &self.notifiers,
+        }
+    }
+
+    pub fn lookup(&self, space: IdSpace, id: &[u8]) -> Option<EntityId> {
+        self.map(space).pin().get(id).cloned()
+    }
+
+    /// Inserts `id → recipient_id` unless `id` is taken; true if inserted.
+    pub fn insert(&self, space: IdSpace, id: &[u8], recipient_id: &[u8]) -> bool {
+        let m = self.map(space).pin();
+        match m.try_insert(id.to_vec(), recipient_id.to_vec()) {
+            Ok(_) => true,
+            Err(_) => false,
+        }
+    }
+
+    /// Removes `id` if it still maps to `recipient_id` (an owner only ever removes its own IDs).
+    pub fn remove(&self, space: IdSpace, id: &[u8], recipient_id: &[u8]) {
+        let m = self.map(space).pin();
+        if m.get(id).map(|r| r.as_slice() == recipient_id) == Some(true) {
+            m.remove(id);
+        }
+    }
+
+    pub fn len(&self, space: IdSpace) -> usize {
+        self.map(space).len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn insert_is_insert_if_absent_and_remove_checks_the_owner() {
+        let d = Directory::new();
+        assert!(d.insert(IdSpace::Sender, b"s1", b"r1"));
+        assert!(!d.insert(IdSpace::Sender, b"s1", b"r2"));
+        assert_eq!(d.lookup(IdSpace::Sender, b"s1"), Some(b"r1".to_vec()));
+        // Spaces are separate.
+        assert!(d.insert(IdSpace::Link, b"s1", b"r2"));
+        d.remove(IdSpace::Sender, b"s1", b"r2");
+        assert_eq!(d.lookup(IdSpace::Sender, b"s1"), Some(b"r1".to_vec()));
+        d.remove(IdSpace::Sender, b"s1", b"r1");
+        assert_eq!(d.lookup(IdSpace::Sender, b"s1"), None);
+    }
+}

@@ -1,0 +1,254 @@
+//! The owner of a shard's queues: it verifies and executes every command addressed to them, keeps
+//! who is subscribed to what, and delivers (`DESIGN.md` §1–3).
+//!
+//! One owner per shard runs in the shard's single inbox task, so the work of one block is executed
+//! from start to end before any other: a SUB's registration and its first-message read happen in the
+//! same turn, and no SEND can fall between them (the reference's race, `seeds/002`, test T1). Within a
+//! turn requests run in block order. Command semantics live in `commands/`.
+
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use super::directory::Directory;
+use super::router::{ConnRef, Group, Mesh, Request, Session, ShardMsg};
+use crate::config::Settings;
+use crate::crypto::auth::{self, Authorization};
+use crate::crypto::keys::PublicAuthKey;
+use crate::protocol::error::ErrorType;
+use crate::protocol::response::BrokerMsg;
+use crate::protocol::transmission::encode_server_transmission;
+use crate::store::{EntityId, MessageStore, MsgId, QueueStore};
+
+/// The SUB-mode subscriber of a queue: at most one connection, with at most one message delivered
+/// and not acknowledged.
+pub struct Subscriber {
+    pub session: Session,
+    pub delivered: Option<MsgId>,
+}
+
+/// What one connection holds on this owner, so that its close drops all of it.
+#[derive(Default)]
+pub struct ConnEntries {
+    pub subs: HashSet<EntityId>,
+    pub gets: HashSet<EntityId>,
+    pub ntf_subs: HashSet<EntityId>,
+}
+
+/// Counters of an owner, exported as metrics.
+#[derive(Debug, Default, Clone)]
+pub struct OwnerStats {
+    pub queues_created: u64,
+    pub queues_secured: u64,
+    pub queues_deleted: u64,
+    pub msg_sent: u64,
+    pub msg_sent_auth: u64,
+    pub msg_sent_quota: u64,
+    pub msg_sent_large: u64,
+    pub msg_recv: u64,
+    pub msg_expired: u64,
+    pub msg_ntfs: u64,
+    pub sub_batches: u64,
+    pub subs: u64,
+}
+
+/// Whether a test build moves SUB registration after the first-message read (`t1-race-variant`),
+/// to prove that the race test can fail.
+pub const T1_RACE_VARIANT: bool = cfg!(feature = "t1-race-variant");
+
+pub struct Owner<S> {
+    pub shard: usize,
+    pub store: S,
+    pub directory: Arc<Directory>,
+    pub mesh: Mesh,
+    pub settings: Rc<Settings>,
+    pub subs: HashMap<EntityId, Subscriber>,
+    /// GET-mode state per (queue, connection): the message a GET returned and not yet acknowledged.
+    pub gets: HashMap<(EntityId, ConnRef), Option<MsgId>>,
+    /// Notifier ID → the connection subscribed to its notifications.
+    pub ntf_subs: HashMap<EntityId, Session>,
+    pub by_conn: HashMap<ConnRef, ConnEntries>,
+    pub stats: OwnerStats,
+}
+
+/// What one owner turn produces for the connection that sent the block, besides events to others.
+#[derive(Default)]
+pub struct Turn {
+    /// Responses, in request order.
+    pub responses: Vec<Vec<u8>>,
+    /// MSGs that follow a SUB's SOK (same block when the part is small, else one block each).
+    pub sub_msgs: Vec<Vec<u8>>,
+    /// MSGs pushed to this same connection by its own SENDs: each a block of its own, before the
+    /// responses (cause before effect, O2).
+    pub pushes: Vec<Group>,
+    /// Events for this connection that follow the responses (notifications waiting for an NSUB).
+    pub trailing: Vec<Group>,
+    /// Queues changed in this turn: a SUB later in the turn must read their head again.
+    pub touched: HashSet<EntityId>,
+}
+
+/// What a verification concluded.
+pub enum Verified<'a> {
+    Ok(&'a crate::store::QueueRec),
+    Err(ErrorType),
+}
+
+impl<S: QueueStore + MessageStore> Owner<S> {
+    pub fn new(
+        shard: usize,
+        store: S,
+        directory: Arc<Directory>,
+        mesh: Mesh,
+        settings: Rc<Settings>,
+    ) -> Self {
+        Owner {
+            shard,
+            store,
+            directory,
+            mesh,
+            settings,
+            subs: HashMap::new(),
+            gets: HashMap::new(),
+            ntf_subs: HashMap::new(),
+            by_conn: HashMap::new(),
+            stats: OwnerStats::default(),
+        }
+    }
+
+    /// Executes one block's requests for this owner and sends the connection its part.
+    pub async fn process(&mut self, session: Session, block_seq: u64, requests: Vec<Request>) {
+        let mut turn = Turn::default();
+        let prefetched = self.prefetch_subs(&requests).await;
+        let mut prefetched = prefetched;
+        for (i, req) in requests.into_iter().enumerate() {
+            let head = prefetched.remove(&i);
+            let corr_id = req.corr_id.clone();
+            let (entity, msg) = self.execute(&session, req, head, &mut turn).await;
+            turn.responses.push(encode(&session, &corr_id, &entity, &msg));
+        }
+        let groups = pack_turn(turn);
+        self.mesh.send(
+            session.conn.shard,
+            ShardMsg::Reply {
+                conn: session.conn,
+                block_seq,
+                groups,
+            },
+        );
+    }
+
+    /// One `peek_first_many` call for every SUB of the block whose queue exists (DESIGN §2), so that
+    /// a block of 135 SUBs costs this owner one store call.
+    async fn prefetch_subs(
+        &mut self,
+        requests: &[Request],
+    ) -> HashMap<usize, Option<crate::store::Message>> {
+        let subs: Vec<(usize, &[u8])> = requests
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| matches!(r.command, crate::protocol::command::Command::Sub))
+            .filter_map(|(i, r)| {
+                r.recipient_id
+                    .as_deref()
+                    .filter(|rid| self.store.get(rid).is_some())
+                    .map(|rid| (i, rid))
+            })
+            .collect();
+        if subs.is_empty() {
+            return HashMap::new();
+        }
+        self.stats.sub_batches += 1;
+        let ids: Vec<&[u8]> = subs.iter().map(|(_, rid)| *rid).collect();
+        match self.store.peek_first_many(&ids).await {
+            Ok(heads) => subs.iter().map(|(i, _)| *i).zip(heads).collect(),
+            // Each SUB then reads its own head and reports its own error.
+            Err(_) => HashMap::new(),
+        }
+    }
+
+    /// Checks `req`'s authorization with `key` (`reference/smp-wire.md` §4.2).
+    pub fn verify_with(&self, session: &Session, req: &Request, key: &PublicAuthKey) -> bool {
+        let a = Authorization::from_bytes(&req.authorization).unwrap_or(Authorization::None);
+        let sk = session.server_key.to_bytes();
+        auth::verify(key, &a, &req.authorized, Some(&sk), &req.corr_id)
+    }
+
+    /// A verification against the dummy key of the signature's algorithm, so that AUTH for a missing
+    /// queue or key takes as long as AUTH for a wrong signature.
+    pub fn dummy_verify(&self, session: &Session, req: &Request) {
+        let a = Authorization::from_bytes(&req.authorization).unwrap_or(Authorization::None);
+        let sk = session.server_key.to_bytes();
+        let _ = auth::dummy_verify(&a, &req.authorized, Some(&sk), &req.corr_id);
+    }
+
+    /// Sends `groups` to a connection that is not the one being answered.
+    pub fn send_event(&self, conn: ConnRef, groups: Vec<Group>) {
+        self.mesh.send(conn.shard, ShardMsg::Event { conn, groups });
+    }
+
+    pub fn entries(&mut self, conn: ConnRef) -> &mut ConnEntries {
+        self.by_conn.entry(conn).or_default()
+    }
+
+    /// A connection closed: drop its subscriptions here. Nobody is told (the reference sends no END).
+    pub fn connection_closed(&mut self, conn: ConnRef) {
+        let Some(e) = self.by_conn.remove(&conn) else {
+            return;
+        };
+        for rid in e.subs {
+            if self.subs.get(&rid).map(|s| s.session.conn) == Some(conn) {
+                self.subs.remove(&rid);
+            }
+        }
+        for rid in e.gets {
+            self.gets.remove(&(rid, conn));
+        }
+        for nid in e.ntf_subs {
+            if self.ntf_subs.get(&nid).map(|s| s.conn) == Some(conn) {
+                self.ntf_subs.remove(&nid);
+            }
+        }
+    }
+}
+
+/// Encodes one server transmission for `session`.
+pub fn encode(session: &Session, corr_id: &[u8], entity_id: &[u8], msg: &BrokerMsg) -> Vec<u8> {
+    let mut body = Vec::with_capacity(64);
+    msg.encode(session.version, &mut body);
+    let mut t = Vec::with_capacity(body.len() + corr_id.len() + entity_id.len() + 40);
+    encode_server_transmission(
+        session.version,
+        &session.session_id,
+        corr_id,
+        entity_id,
+        &body,
+        &mut t,
+    );
+    t
+}
+
+/// The block layout of a turn (`DESIGN.md` O2, O4): pushes first, each alone; then the responses,
+/// with the SUBs' first messages in the same group when the part has at most 4 responses, else one
+/// block per message after them.
+fn pack_turn(turn: Turn) -> Vec<Group> {
+    let Turn {
+        responses,
+        sub_msgs,
+        pushes,
+        trailing,
+        ..
+    } = turn;
+    let mut groups = pushes;
+    if responses.len() <= 4 {
+        let mut g = responses;
+        g.extend(sub_msgs);
+        if !g.is_empty() {
+            groups.push(g);
+        }
+    } else {
+        groups.push(responses);
+        groups.extend(sub_msgs.into_iter().map(|m| vec![m]));
+    }
+    groups.extend(trailing);
+    groups
+}

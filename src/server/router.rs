@@ -1,0 +1,136 @@
+//! Shard routing in one place: which shard owns a queue, and the messages shards send each other.
+//!
+//! A queue belongs to the shard that owns its partition group (`DESIGN.md` §1: partition from the
+//! recipient ID, 64 groups, group `g` on shard `g mod shards`). Every shard has one inbox; work for an
+//! owner and output for a connection both travel through it, so what one owner sends one connection
+//! arrives in the order it was sent (O1). Sends never wait: the inbox is unbounded, and what flows
+//! into it is bounded by the blocks in flight per connection and one delivery per subscription.
+
+use std::sync::Arc;
+
+use x25519_dalek::StaticSecret;
+
+use crate::protocol::command::Command;
+use crate::protocol::version::Version;
+use crate::store::{group_of, EntityId, PARTITION_GROUPS};
+
+/// A connection, named by the shard that holds it and a number unique on that shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConnRef {
+    pub shard: usize,
+    pub id: u64,
+}
+
+/// What an owner needs of a connection's session to verify its commands and encode for it.
+pub struct SessionInfo {
+    pub conn: ConnRef,
+    pub version: Version,
+    pub session_id: Vec<u8>,
+    /// The connection's X25519 key: X25519 authenticators are checked with it.
+    pub server_key: StaticSecret,
+}
+
+pub type Session = Arc<SessionInfo>;
+
+/// One transmission on its way to its queue's owner, parsed and shape-checked by the connection.
+pub struct Request {
+    pub corr_id: Vec<u8>,
+    pub entity_id: Vec<u8>,
+    /// The recipient ID the entity resolved to; `None` when no queue has that ID (the owner then
+    /// dummy-verifies and answers AUTH, so both AUTH paths cost the same).
+    pub recipient_id: Option<EntityId>,
+    pub command: Command,
+    pub authorization: Vec<u8>,
+    pub service_sig: bool,
+    /// The bytes the authorization covers, session ID included.
+    pub authorized: Vec<u8>,
+}
+
+/// A group of encoded transmissions packed into as few blocks as they fit; groups never share a
+/// block (a pushed MSG is a group of its own, `DESIGN.md` O4).
+pub type Group = Vec<Vec<u8>>;
+
+pub enum ShardMsg {
+    /// Requests of one block for queues this shard owns, in block order.
+    Work {
+        session: Session,
+        block_seq: u64,
+        requests: Vec<Request>,
+    },
+    /// The part of a block's answer one owner produced.
+    Reply {
+        conn: ConnRef,
+        block_seq: u64,
+        groups: Vec<Group>,
+    },
+    /// Something for a connection that no request of it caused now (END, DELD, a pushed MSG, NMSG).
+    Event { conn: ConnRef, groups: Vec<Group> },
+    /// The connection is gone: drop its subscriptions.
+    Closed { conn: ConnRef },
+    /// Periodic work of an owner (expiration).
+    Tick,
+    /// Stop: save what must be saved, then end the shard.
+    Stop,
+}
+
+/// Senders to every shard's inbox, by shard number.
+#[derive(Clone)]
+pub struct Mesh {
+    inboxes: Arc<Vec<flume::Sender<ShardMsg>>>,
+}
+
+impl Mesh {
+    /// One inbox per shard; returns the mesh and the receivers, by shard number.
+    pub fn new(shards: usize) -> (Mesh, Vec<flume::Receiver<ShardMsg>>) {
+        let (tx, rx): (Vec<_>, Vec<_>) = (0..shards).map(|_| flume::unbounded()).unzip();
+        (
+            Mesh {
+                inboxes: Arc::new(tx),
+            },
+            rx,
+        )
+    }
+
+    pub fn shards(&self) -> usize {
+        self.inboxes.len()
+    }
+
+    /// Never waits; a shard that has stopped drops what it is sent.
+    pub fn send(&self, shard: usize, msg: ShardMsg) {
+        let _ = self.inboxes[shard].send(msg);
+    }
+
+    /// The shard owning the queue with this recipient ID (or, for an unknown ID, where its dummy
+    /// verification runs).
+    pub fn owner_of(&self, recipient_id: &[u8]) -> usize {
+        owner_shard(recipient_id, self.shards())
+    }
+}
+
+pub fn owner_shard(recipient_id: &[u8], shards: usize) -> usize {
+    (group_of(recipient_id) as usize) % shards
+}
+
+/// The partition groups shard `shard` of `shards` owns.
+pub fn groups_of_shard(shard: usize, shards: usize) -> Vec<u32> {
+    (0..PARTITION_GROUPS)
+        .filter(|g| (*g as usize) % shards == shard)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_are_spread_and_owned_once() {
+        for shards in 1..=5 {
+            let mut all: Vec<u32> = (0..shards).flat_map(|s| groups_of_shard(s, shards)).collect();
+            all.sort_unstable();
+            assert_eq!(all, (0..PARTITION_GROUPS).collect::<Vec<_>>());
+        }
+        let id = [7u8; 24];
+        let owner = owner_shard(&id, 3);
+        assert!(groups_of_shard(owner, 3).contains(&group_of(&id)));
+    }
+}
