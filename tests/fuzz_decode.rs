@@ -54,7 +54,12 @@ fn seed_commands() -> Vec<Vec<u8>> {
         b"PING".to_vec(),
         b"LSET \x03abc\x00\x02xy\x00\x01z".to_vec(),
         b"RKEY \x01".iter().copied().chain(short(&ed)).collect(),
-        b"PFWD \x00\x12".iter().copied().chain(short(&dh)).chain(*b"etc").collect(),
+        b"PFWD \x00\x12"
+            .iter()
+            .copied()
+            .chain(short(&dh))
+            .chain(*b"etc")
+            .collect(),
         b"RSLV privacy.simplex".to_vec(),
     ]
 }
@@ -130,7 +135,11 @@ fn mutated_commands_and_transmissions_never_panic() {
     assert!(parsed_ok > 0, "no mutated command parsed at all");
     // Unmutated seeds parse at the current version.
     for c in &cmds {
-        assert!(parse_command(18, c).is_ok(), "seed does not parse: {:?}", String::from_utf8_lossy(c));
+        assert!(
+            parse_command(18, c).is_ok(),
+            "seed does not parse: {:?}",
+            String::from_utf8_lossy(c)
+        );
     }
 }
 

@@ -258,7 +258,9 @@ mod tests {
         put_short(&mut o, b"hello").unwrap();
         assert_eq!(o, b"\x05hello");
         o.clear();
-        put_maybe(&mut o, Some(&b"hello"[..]), |o, s| put_short_unchecked(o, s));
+        put_maybe(&mut o, Some(&b"hello"[..]), |o, s| {
+            put_short_unchecked(o, s)
+        });
         assert_eq!(o, b"1\x05hello");
         o.clear();
         put_maybe::<()>(&mut o, None, |_, _| {});

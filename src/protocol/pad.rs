@@ -37,7 +37,7 @@ pub fn pad(msg: &[u8], len: usize) -> Result<Vec<u8>, PadError> {
 /// Pads into `out`, whose length is the padded length.
 pub fn pad_into(msg: &[u8], out: &mut [u8]) -> Result<(), PadError> {
     let n = msg.len();
-    if n > MAX_PAD_MESSAGE || n.checked_add(2).map_or(true, |m| m > out.len()) {
+    if n > MAX_PAD_MESSAGE || n.checked_add(2).is_none_or(|m| m > out.len()) {
         return Err(PadError::TooLarge);
     }
     let (len_bytes, rest) = out.split_at_mut(2);

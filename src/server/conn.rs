@@ -1,27 +1,36 @@
 //! One client connection, from the first TLS byte to the last block: TLS with the tls-unique
-//! extraction, the SMP handshake (`reference/smp-wire.md` §2), then a loop that reads a block, has
-//! `dispatch` answer its transmissions and writes the answers as few blocks as they fit in.
+//! extraction, the SMP handshake (`reference/smp-wire.md` §2), then two tasks: a reader that decodes
+//! blocks and routes their transmissions to the owners of their queues, and a writer that sends
+//! what owners answer, packed into as few blocks as fit. At most `MAX_BLOCKS_IN_FLIGHT` blocks are
+//! being answered at once; beyond that the reader stops reading the socket (`DESIGN.md` §1).
 
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::future::{poll_fn, Future};
 use std::io;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
 use futures_lite::{AsyncRead, AsyncWriteExt};
+use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 use glommio::net::TcpStream;
+use glommio::sync::Semaphore;
 use rand::rngs::OsRng;
 use x25519_dalek::{PublicKey as X25519Public, StaticSecret};
 
-use super::dispatch;
+use super::dispatch::{self, RouteCtx};
+use super::router::{ConnRef, Group, SessionInfo, ShardMsg};
 use super::shard::ShardContext;
-use super::tls_stream::TlsStream;
+use super::tls_stream::{self, SharedTls, TlsStream};
 use crate::crypto::{signed_key, sxbox};
-use crate::protocol::error::TransportError;
+use crate::limits::MAX_BLOCKS_IN_FLIGHT;
+use crate::protocol::error::{HandshakeError, TransportError};
 use crate::protocol::handshake::{CertChainPubKey, ClientHello, ServerHello, ServiceResponse};
 use crate::protocol::pad;
-use crate::protocol::version::{self, Version, VersionRange};
+use crate::protocol::version::{self, VersionRange};
 use crate::transport::block::{BlockCodec, BLOCK_SIZE};
 use crate::transport::tls::{alpn_versions, AcceptState};
 
@@ -39,16 +48,31 @@ pub enum ConnError {
 }
 
 /// What the SMP handshake settled for the rest of the session.
-pub struct Session {
-    pub version: Version,
-    pub session_id: Vec<u8>,
-    /// The server's per-connection X25519 key: X25519 authenticators are checked with it.
-    pub server_key: StaticSecret,
+pub struct Handshake {
+    pub info: Arc<SessionInfo>,
     /// X25519(server key, client hello key), kept whenever the client sent a key: block encryption
     /// and forwarded commands (RFWD) both need it.
     pub session_secret: Option<[u8; 32]>,
     pub proxy_server: bool,
     pub codec: BlockCodec,
+}
+
+/// What the shard keeps of a connection: where its output goes.
+pub struct ConnHandle {
+    pub out: Rc<LocalSender<Output>>,
+}
+
+/// Something for the writer: groups of transmissions, and the block whose part they answer.
+pub struct Output {
+    pub groups: Vec<Group>,
+    pub block_seq: Option<u64>,
+}
+
+/// Blocks being answered: their count is the semaphore's taken permits; the parts still missing of
+/// each block are counted here.
+struct InFlight {
+    permits: Semaphore,
+    parts: RefCell<HashMap<u64, usize>>,
 }
 
 pub async fn serve(sock: TcpStream, ctx: Rc<ShardContext>) {
@@ -59,35 +83,200 @@ pub async fn serve(sock: TcpStream, ctx: Rc<ShardContext>) {
     }
 }
 
-async fn run(mut sock: TcpStream, ctx: &ShardContext) -> Result<(), ConnError> {
+async fn run(mut sock: TcpStream, ctx: &Rc<ShardContext>) -> Result<(), ConnError> {
     // Small handshake blocks would otherwise wait for delayed ACKs.
     sock.set_nodelay(true)
         .map_err(|e| io::Error::other(e.to_string()))?;
-    let tls = timed(
+    let (conn, session_id) = timed(
         ctx.config.tls_timeout,
         "TLS setup",
         tls_accept(&mut sock, ctx),
     )
     .await?;
-    let (conn, session_id) = tls;
     let versions = alpn_versions(conn.alpn_protocol());
-    let mut stream = TlsStream::new(sock, conn, ctx.read_scratch.clone());
-    let session = timed(
+    let tls: SharedTls = Rc::new(RefCell::new(TlsStream::new(
+        sock,
+        conn,
+        ctx.read_scratch.clone(),
+    )));
+    let conn_ref = ConnRef {
+        shard: ctx.shard_id,
+        id: ctx.next_conn_id(),
+    };
+    let handshake = timed(
         ctx.config.handshake_timeout,
         "SMP handshake",
-        smp_handshake(&mut stream, ctx, versions, session_id),
+        smp_handshake(&tls, ctx, versions, session_id, conn_ref),
     )
     .await;
-    let mut session = match session {
-        Ok(s) => s,
+    let handshake = match handshake {
+        Ok(h) => h,
         Err(e) => {
-            stream.close().await;
+            tls_stream::close(&tls).await;
             return Err(e);
         }
     };
-    let result = session_loop(&mut stream, &mut session).await;
-    stream.close().await;
+    let result = session(ctx, &tls, handshake).await;
+    tls_stream::close(&tls).await;
     result
+}
+
+/// The established session: reader and writer until either ends.
+async fn session(ctx: &Rc<ShardContext>, tls: &SharedTls, hs: Handshake) -> Result<(), ConnError> {
+    let Handshake {
+        info,
+        session_secret,
+        codec,
+        ..
+    } = hs;
+    let conn = info.conn;
+    let codec = RefCell::new(codec);
+    let (out_tx, out_rx) = local_channel::new_unbounded::<Output>();
+    let out_tx = Rc::new(out_tx);
+    ctx.connections_table.borrow_mut().insert(
+        conn.id,
+        ConnHandle {
+            out: out_tx.clone(),
+        },
+    );
+    let in_flight = InFlight {
+        permits: Semaphore::new(MAX_BLOCKS_IN_FLIGHT as u64),
+        parts: RefCell::new(HashMap::new()),
+    };
+    let touched = Cell::new(0u64);
+    let reader = async {
+        let r = read_loop(
+            ctx,
+            tls,
+            &info,
+            session_secret.is_some(),
+            &codec,
+            &in_flight,
+            &out_tx,
+            &touched,
+        )
+        .await;
+        // Let the answers to what was read go out before closing (a client may half-close).
+        let drained = in_flight.permits.acquire(MAX_BLOCKS_IN_FLIGHT as u64);
+        let _ = futures_lite::future::or(async { drained.await.map_err(|_| ()) }, async {
+            glommio::timer::Timer::new(Duration::from_secs(5)).await;
+            Err(())
+        })
+        .await;
+        r
+    };
+    let writer = write_loop(tls, &codec, &in_flight, out_rx);
+    let result = futures_lite::future::or(reader, writer).await;
+    ctx.connections_table.borrow_mut().remove(&conn.id);
+    // Owners drop this connection's subscriptions; only shards it sent work to hold any.
+    for shard in 0..ctx.mesh.shards() {
+        if touched.get() & (1u64 << (shard % 64)) != 0 {
+            ctx.mesh.send(shard, ShardMsg::Closed { conn });
+        }
+    }
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn read_loop(
+    ctx: &Rc<ShardContext>,
+    tls: &SharedTls,
+    info: &Arc<SessionInfo>,
+    has_session_secret: bool,
+    codec: &RefCell<BlockCodec>,
+    in_flight: &InFlight,
+    out: &LocalSender<Output>,
+    touched: &Cell<u64>,
+) -> Result<(), ConnError> {
+    let route_ctx = RouteCtx {
+        session: info,
+        directory: &ctx.directory,
+        mesh: &ctx.mesh,
+        has_session_secret,
+    };
+    let mut seq: u64 = 0;
+    loop {
+        in_flight
+            .permits
+            .acquire(1)
+            .await
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        // Allocated per block, so that an idle connection holds no block buffer.
+        let mut block = Vec::new();
+        tls_stream::read_block(tls, &mut block, BLOCK_SIZE).await?;
+        let block: &mut [u8; BLOCK_SIZE] = (&mut block[..])
+            .try_into()
+            .map_err(|_| ConnError::Handshake("short block"))?;
+        let routed = {
+            let mut codec = codec.borrow_mut();
+            let content = codec.decode(block).map_err(|_| ());
+            dispatch::route_block(&route_ctx, content)
+        };
+        seq += 1;
+        let parts = routed.by_owner.len() + usize::from(!routed.local.is_empty());
+        in_flight.parts.borrow_mut().insert(seq, parts);
+        if !routed.local.is_empty() {
+            let _ = out.try_send(Output {
+                groups: vec![routed.local],
+                block_seq: Some(seq),
+            });
+        }
+        for (shard, requests) in routed.by_owner {
+            touched.set(touched.get() | (1u64 << (shard % 64)));
+            ctx.mesh.send(
+                shard,
+                ShardMsg::Work {
+                    session: info.clone(),
+                    block_seq: seq,
+                    requests,
+                },
+            );
+        }
+    }
+}
+
+async fn write_loop(
+    tls: &SharedTls,
+    codec: &RefCell<BlockCodec>,
+    in_flight: &InFlight,
+    out: LocalReceiver<Output>,
+) -> Result<(), ConnError> {
+    while let Some(item) = out.recv().await {
+        queue_groups(tls, codec, &item.groups)?;
+        tls_stream::flush(tls).await?;
+        if let Some(seq) = item.block_seq {
+            let mut parts = in_flight.parts.borrow_mut();
+            if let Some(n) = parts.get_mut(&seq) {
+                *n -= 1;
+                if *n == 0 {
+                    parts.remove(&seq);
+                    in_flight.permits.signal(1);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Packs, encrypts and queues groups of transmissions. Synchronous on purpose: the 16 KB block
+/// lives on the thread's stack, not in the connection's future.
+fn queue_groups(
+    tls: &SharedTls,
+    codec: &RefCell<BlockCodec>,
+    groups: &[Group],
+) -> Result<(), ConnError> {
+    let mut out_block = [0u8; BLOCK_SIZE];
+    let mut codec = codec.borrow_mut();
+    let mut tls = tls.borrow_mut();
+    for g in groups {
+        for content in dispatch::pack(g) {
+            codec
+                .encode(&content, &mut out_block)
+                .map_err(|_| ConnError::Handshake("response block too large"))?;
+            tls.queue(&out_block[..])?;
+        }
+    }
+    Ok(())
 }
 
 async fn timed<T>(
@@ -137,11 +326,12 @@ async fn tls_accept(
 }
 
 async fn smp_handshake(
-    stream: &mut TlsStream,
+    tls: &SharedTls,
     ctx: &ShardContext,
     versions: VersionRange,
     session_id: Vec<u8>,
-) -> Result<Session, ConnError> {
+    conn: ConnRef,
+) -> Result<Handshake, ConnError> {
     let server_key = StaticSecret::random_from_rng(OsRng);
     let server_pub = X25519Public::from(&server_key);
     let cert_key = (versions.max >= version::AUTH_CMDS).then(|| CertChainPubKey {
@@ -153,10 +343,10 @@ async fn smp_handshake(
         session_id: session_id.clone(),
         cert_key,
     };
-    write_plain_block(stream, &hello.encode()).await?;
+    write_plain_block(tls, &hello.encode()).await?;
 
     let mut block = Vec::new();
-    stream.read_block(&mut block, BLOCK_SIZE).await?;
+    tls_stream::read_block(tls, &mut block, BLOCK_SIZE).await?;
     let content = pad::unpad(&block).map_err(|_| ConnError::Handshake("unpadded client hello"))?;
     let client = ClientHello::decode(content).map_err(|_| ConnError::Handshake("PARSE"))?;
     // The reference closes without a word on a wrong identity or version.
@@ -169,10 +359,8 @@ async fn smp_handshake(
     if client.service.is_some() {
         // A service must present the chain it signs with as its TLS client certificate; this relay
         // does not ask for one yet, so the chains cannot match (the reference's BAD_AUTH).
-        let refusal = ServiceResponse::Err(TransportError::Handshake(
-            crate::protocol::error::HandshakeError::BadAuth,
-        ));
-        write_plain_block(stream, &refusal.encode()).await?;
+        let refusal = ServiceResponse::Err(TransportError::Handshake(HandshakeError::BadAuth));
+        write_plain_block(tls, &refusal.encode()).await?;
         return Err(ConnError::Handshake(
             "BAD_AUTH: service without a client certificate",
         ));
@@ -185,55 +373,23 @@ async fn smp_handshake(
         Some(secret) if encrypt => BlockCodec::server(&session_id, &secret),
         _ => BlockCodec::plain(),
     };
-    Ok(Session {
-        version: client.version,
-        session_id,
-        server_key,
+    Ok(Handshake {
+        info: Arc::new(SessionInfo {
+            conn,
+            version: client.version,
+            session_id,
+            server_key,
+        }),
         session_secret,
         proxy_server: client.proxy_server,
         codec,
     })
 }
 
-async fn write_plain_block(stream: &mut TlsStream, content: &[u8]) -> Result<(), ConnError> {
+async fn write_plain_block(tls: &SharedTls, content: &[u8]) -> Result<(), ConnError> {
     let mut block = vec![0u8; BLOCK_SIZE];
     pad::pad_into(content, &mut block).map_err(|_| ConnError::Handshake("hello too large"))?;
-    stream.queue(&block)?;
-    stream.flush().await?;
-    Ok(())
-}
-
-async fn session_loop(stream: &mut TlsStream, session: &mut Session) -> Result<(), ConnError> {
-    let mut responses: Vec<Vec<u8>> = Vec::new();
-    loop {
-        // Allocated per block, so that an idle connection holds no block buffers.
-        let mut block = Vec::new();
-        stream.read_block(&mut block, BLOCK_SIZE).await?;
-        let block: &mut [u8; BLOCK_SIZE] = (&mut block[..])
-            .try_into()
-            .map_err(|_| ConnError::Handshake("short block"))?;
-        responses.clear();
-        dispatch::process_block(session, block, &mut responses);
-        queue_responses(stream, session, &responses)?;
-        stream.flush().await?;
-        responses = Vec::new();
-    }
-}
-
-/// Packs, encrypts and queues responses. Synchronous on purpose: the 16 KB block lives on the
-/// thread's stack, not in the connection's future, which is kept for the connection's lifetime.
-fn queue_responses(
-    stream: &mut TlsStream,
-    session: &mut Session,
-    responses: &[Vec<u8>],
-) -> Result<(), ConnError> {
-    let mut out_block = [0u8; BLOCK_SIZE];
-    for content in dispatch::pack(responses) {
-        session
-            .codec
-            .encode(&content, &mut out_block)
-            .map_err(|_| ConnError::Handshake("response block too large"))?;
-        stream.queue(&out_block[..])?;
-    }
+    tls.borrow_mut().queue(&block)?;
+    tls_stream::flush(tls).await?;
     Ok(())
 }

@@ -43,10 +43,7 @@ impl Directory {
     /// Inserts `id → recipient_id` unless `id` is taken; true if inserted.
     pub fn insert(&self, space: IdSpace, id: &[u8], recipient_id: &[u8]) -> bool {
         let m = self.map(space).pin();
-        match m.try_insert(id.to_vec(), recipient_id.to_vec()) {
-            Ok(_) => true,
-            Err(_) => false,
-        }
+        m.try_insert(id.to_vec(), recipient_id.to_vec()).is_ok()
     }
 
     /// Removes `id` if it still maps to `recipient_id` (an owner only ever removes its own IDs).

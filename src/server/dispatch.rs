@@ -1,86 +1,73 @@
-//! Answers the transmissions of one block, in the reference's order of checks
-//! (`reference/smp-wire.md` §4.4): block → batch → transmission, session id (v6), authorization shape,
-//! command parse, credential shape, then the command itself.
-//!
-//! No queue exists until the queue-protocol issue lands, so every well-formed queue command is
-//! answered `ERR AUTH` after a dummy verification with the signature's algorithm, exactly what the
-//! reference answers for an unknown queue; the roles this relay does not play yet answer as the
-//! reference does with those roles off.
+//! The connection's half of a block: decode it and check each transmission in the reference's order
+//! (`reference/smp-wire.md` §4.4: block → batch → transmission, session ID (v6), authorization shape,
+//! command parse, credential shape), answer what needs no queue, and route the rest to the owners of
+//! their queues (`router`). Everything here is synchronous and local to the connection's shard.
 
-use super::conn::Session;
-use crate::crypto::auth::{self, Authorization};
+use std::collections::BTreeMap;
+
+use super::directory::{Directory, IdSpace};
+use super::router::{Mesh, Request, Session};
 use crate::protocol::batch::{parse_batch, BatchWriter};
 use crate::protocol::command::{check_credentials, parse_command, Command};
 use crate::protocol::error::{BrokerError, ErrorType, NameError, ProxyError, TransportError};
 use crate::protocol::response::BrokerMsg;
 use crate::protocol::transmission::{
-    authorized_bytes, encode_server_transmission, parse_transmission, RawTransmission,
-    TransmissionError,
+    authorized_bytes, parse_transmission, RawTransmission, TransmissionError,
 };
-use crate::transport::block::BLOCK_SIZE;
+use crate::server::commands::random_id;
+use crate::server::owner::encode;
 
-/// Appends to `out` the encoded response transmissions for one received block, in request order.
-pub fn process_block(session: &mut Session, block: &mut [u8; BLOCK_SIZE], out: &mut Vec<Vec<u8>>) {
-    let Session {
-        codec,
-        version,
-        session_id,
-        ..
-    } = session;
-    let (v, sid) = (*version, session_id.clone());
-    let content = match codec.decode(block) {
-        Ok(c) => c,
-        Err(_) => {
-            out.push(respond(
-                v,
-                &sid,
-                b"",
-                b"",
-                &BrokerMsg::Err(ErrorType::Block),
-            ));
-            return;
-        }
+/// A routed block: what the connection answers itself, and the requests for each owner shard.
+#[derive(Default)]
+pub struct Routed {
+    pub local: Vec<Vec<u8>>,
+    pub by_owner: BTreeMap<usize, Vec<Request>>,
+}
+
+pub struct RouteCtx<'a> {
+    pub session: &'a Session,
+    pub directory: &'a Directory,
+    pub mesh: &'a Mesh,
+    /// Whether the client sent a hello key (forwarded commands need the session secret).
+    pub has_session_secret: bool,
+}
+
+/// Routes the transmissions of one decoded block (`content`), or answers `ERR BLOCK` for a block
+/// that is not a batch.
+pub fn route_block(ctx: &RouteCtx<'_>, content: Result<&[u8], ()>) -> Routed {
+    let mut routed = Routed::default();
+    let Ok(content) = content else {
+        routed
+            .local
+            .push(error(ctx.session, b"", b"", ErrorType::Block));
+        return routed;
     };
-    let transmissions = match parse_batch(content) {
-        Ok(ts) => ts,
-        Err(_) => {
-            out.push(respond(
-                v,
-                &sid,
-                b"",
-                b"",
-                &BrokerMsg::Err(ErrorType::Block),
-            ));
-            return;
-        }
+    let Ok(transmissions) = parse_batch(content) else {
+        routed
+            .local
+            .push(error(ctx.session, b"", b"", ErrorType::Block));
+        return routed;
     };
     for t in transmissions {
-        let resp = process_transmission(session, t);
-        out.push(resp);
+        route_transmission(ctx, t, &mut routed);
     }
+    routed
 }
 
-fn respond(
-    v: u16,
-    session_id: &[u8],
-    corr_id: &[u8],
-    entity_id: &[u8],
-    msg: &BrokerMsg,
-) -> Vec<u8> {
-    let mut body = Vec::with_capacity(64);
-    msg.encode(v, &mut body);
-    let mut t = Vec::with_capacity(body.len() + 64);
-    encode_server_transmission(v, session_id, corr_id, entity_id, &body, &mut t);
-    t
+fn error(session: &Session, corr_id: &[u8], entity_id: &[u8], e: ErrorType) -> Vec<u8> {
+    encode(session, corr_id, entity_id, &BrokerMsg::Err(e))
 }
 
-fn process_transmission(session: &Session, bytes: &[u8]) -> Vec<u8> {
-    let v = session.version;
-    let sid = &session.session_id;
+fn route_transmission(ctx: &RouteCtx<'_>, bytes: &[u8], routed: &mut Routed) {
+    let session = ctx.session;
+    let (v, sid) = (session.version, &session.session_id);
     let t = match parse_transmission(v, bytes) {
         Ok(t) => t,
         Err(TransmissionError::Block) => {
-            return respond(v, sid, b"", b"", &BrokerMsg::Err(ErrorType::Block));
+            routed
+                .local
+                .push(error(session, b"", b"", ErrorType::Block));
+            return;
         }
         Err(TransmissionError::BadAuthorization {
             corr_id,
@@ -91,79 +78,110 @@ fn process_transmission(session: &Session, bytes: &[u8]) -> Vec<u8> {
                 Some(s) if s != *sid => ErrorType::Session,
                 _ => ErrorType::Block,
             };
-            return respond(v, sid, &corr_id, b"", &BrokerMsg::Err(e));
+            routed.local.push(error(session, &corr_id, b"", e));
+            return;
         }
     };
     if let Some(s) = t.session_id {
         if s != &sid[..] {
-            return respond(v, sid, t.corr_id, b"", &BrokerMsg::Err(ErrorType::Session));
+            routed
+                .local
+                .push(error(session, t.corr_id, b"", ErrorType::Session));
+            return;
         }
     }
-    let reply = |msg: BrokerMsg| respond(v, sid, t.corr_id, t.entity_id, &msg);
     let cmd = match parse_command(v, t.command) {
         Ok(c) => c,
-        Err(e) => return reply(BrokerMsg::Err(ErrorType::Cmd(e))),
+        Err(e) => {
+            routed
+                .local
+                .push(error(session, t.corr_id, t.entity_id, ErrorType::Cmd(e)));
+            return;
+        }
     };
     if let Err(e) = check_credentials(&cmd, !t.authorization.is_empty(), t.entity_id.is_empty()) {
-        return reply(BrokerMsg::Err(ErrorType::Cmd(e)));
+        routed
+            .local
+            .push(error(session, t.corr_id, t.entity_id, ErrorType::Cmd(e)));
+        return;
     }
-    let (entity, msg) = execute(session, &t, cmd);
-    respond(v, sid, t.corr_id, entity.unwrap_or(t.entity_id), &msg)
+    let local = |msg: BrokerMsg, entity: &[u8]| encode(session, t.corr_id, entity, &msg);
+    let err = |e: ErrorType| local(BrokerMsg::Err(e), t.entity_id);
+    let recipient_id = match &cmd {
+        Command::Ping => {
+            routed.local.push(local(BrokerMsg::Pong, b""));
+            return;
+        }
+        // Services need a TLS client certificate, which this relay does not ask for yet.
+        Command::Subs(_) | Command::NSubs(_) => {
+            routed.local.push(err(ErrorType::Service));
+            return;
+        }
+        Command::Prxy { .. } => {
+            routed
+                .local
+                .push(err(ErrorType::Proxy(ProxyError::BasicAuth)));
+            return;
+        }
+        Command::PFwd { .. } => {
+            routed
+                .local
+                .push(err(ErrorType::Proxy(ProxyError::NoSession)));
+            return;
+        }
+        Command::Rslv(_) => {
+            routed
+                .local
+                .push(err(ErrorType::Name(NameError::NoResolver)));
+            return;
+        }
+        Command::RFwd(_) => {
+            // Forwarded commands arrive with the private-routing destination role; without a
+            // session secret the reference refuses exactly so.
+            let e = if ctx.has_session_secret {
+                ErrorType::Crypto
+            } else {
+                ErrorType::Proxy(ProxyError::Broker(BrokerError::Transport(
+                    TransportError::NoAuth,
+                )))
+            };
+            routed.local.push(err(e));
+            return;
+        }
+        // The queue's recipient ID is chosen here so that NEW goes to the shard that will own it.
+        Command::New(_) => Some(random_id()),
+        Command::Send { .. } | Command::SKey(_) => {
+            ctx.directory.lookup(IdSpace::Sender, t.entity_id)
+        }
+        Command::LKey(_) | Command::LGet => ctx.directory.lookup(IdSpace::Link, t.entity_id),
+        Command::NSub => ctx.directory.lookup(IdSpace::Notifier, t.entity_id),
+        _ => Some(t.entity_id.to_vec()),
+    };
+    // An unknown ID is dummy-verified on the shard its own hash names: one hop either way.
+    let owner = ctx
+        .mesh
+        .owner_of(recipient_id.as_deref().unwrap_or(t.entity_id));
+    routed
+        .by_owner
+        .entry(owner)
+        .or_default()
+        .push(request(session, &t, cmd, recipient_id));
 }
 
-/// Runs one well-formed command. Returns the entity to answer with when it differs from the
-/// request's (PONG carries an empty one) and the response.
-fn execute<'a>(
+fn request(
     session: &Session,
-    t: &RawTransmission<'a>,
-    cmd: Command,
-) -> (Option<&'static [u8]>, BrokerMsg) {
-    let auth = Authorization::from_bytes(t.authorization).unwrap_or(Authorization::None);
-    let err = |e: ErrorType| (None, BrokerMsg::Err(e));
-    match cmd {
-        Command::Ping => (Some(b""), BrokerMsg::Pong),
-        // Services need a TLS client certificate, which this relay does not ask for yet.
-        Command::Subs(_) | Command::NSubs(_) => err(ErrorType::Service),
-        Command::Prxy { .. } => err(ErrorType::Proxy(ProxyError::BasicAuth)),
-        Command::PFwd { .. } => err(ErrorType::Proxy(ProxyError::NoSession)),
-        Command::Rslv(_) => err(ErrorType::Name(NameError::NoResolver)),
-        Command::RFwd(_) => {
-            // The destination role arrives with the queue protocol; without a session secret the
-            // reference refuses in exactly this way, and with one no queue could be reached anyway.
-            if session.session_secret.is_none() {
-                err(ErrorType::Proxy(ProxyError::Broker(
-                    BrokerError::Transport(TransportError::NoAuth),
-                )))
-            } else {
-                err(ErrorType::Crypto)
-            }
-        }
-        Command::New(ref new) => {
-            // A service signature outside a service session is refused before any verification.
-            if t.service_sig.is_some() {
-                return err(ErrorType::Service);
-            }
-            let authorized = authorized_bytes(session.version, &session.session_id, t.signed);
-            let server_key = session.server_key.to_bytes();
-            // Proof of possession of the recipient key, as the reference checks it; creation itself
-            // is not available until queues exist, which is the answer of a relay with new queues off.
-            let _ = auth::verify(
-                &new.rcv_auth_key,
-                &auth,
-                &authorized,
-                Some(&server_key),
-                t.corr_id,
-            );
-            err(ErrorType::Auth)
-        }
-        _ => {
-            // Queue commands: the queue cannot exist, so verify against the dummy key of the
-            // signature's algorithm (equal time with the wrong-key path) and refuse.
-            let authorized = authorized_bytes(session.version, &session.session_id, t.signed);
-            let server_key = session.server_key.to_bytes();
-            let _ = auth::dummy_verify(&auth, &authorized, Some(&server_key), t.corr_id);
-            err(ErrorType::Auth)
-        }
+    t: &RawTransmission<'_>,
+    command: Command,
+    recipient_id: Option<Vec<u8>>,
+) -> Request {
+    Request {
+        corr_id: t.corr_id.to_vec(),
+        entity_id: t.entity_id.to_vec(),
+        recipient_id,
+        command,
+        authorization: t.authorization.to_vec(),
+        service_sig: t.service_sig.is_some(),
+        authorized: authorized_bytes(session.version, &session.session_id, t.signed),
     }
 }
 

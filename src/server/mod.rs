@@ -1,5 +1,9 @@
 //! The relay: one shard per configured core, each a pinned glommio executor that accepts and serves
-//! its own connections (`DESIGN.md` §1).
+//! its own connections and owns the queues of its partition groups (`DESIGN.md` §1).
+//!
+//! Start-up: lock the data directory, load each shard's store and fill the shared ID directory, and
+//! only then accept connections, so no shard answers for a queue that is still loading. A clean stop
+//! (SIGINT or SIGTERM) tells every shard to stop, and each saves its store.
 
 pub mod commands;
 pub mod conn;
@@ -11,15 +15,22 @@ pub mod router;
 pub mod shard;
 pub mod tls_stream;
 
-use std::cell::Cell;
+use std::path::PathBuf;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
 
 use glommio::{LocalExecutorBuilder, Placement};
 
 use crate::config::StartConfig;
 use crate::limits::IO_MEMORY_BYTES;
+use crate::store::memory::MemoryStore;
+use crate::store::QueueStore;
 use crate::transport::{certs, tls};
+use directory::{Directory, IdSpace};
+use router::{groups_of_shard, Mesh, ShardMsg};
+
+/// Where the memory store saves its partition groups at a clean stop.
+pub const MEMORY_STORE_DIR: &str = "memory-store";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -33,7 +44,11 @@ pub enum StartError {
     ShardFailed(usize, String),
 }
 
-/// Runs the relay until the process is stopped.
+pub fn memory_store_dir(config: &StartConfig) -> PathBuf {
+    config.data_dir.join(MEMORY_STORE_DIR)
+}
+
+/// Runs the relay until SIGINT or SIGTERM.
 pub fn run(config: StartConfig) -> Result<(), StartError> {
     let _lock = lock::lock_data_dir(&config.data_dir)?;
     let credentials = Arc::new(
@@ -46,62 +61,136 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
         },
     )
     .map_err(|e| StartError::Credentials(e.to_string()))?;
+    let store_dir = memory_store_dir(&config);
+    std::fs::create_dir_all(&store_dir).map_err(|e| {
+        StartError::Credentials(format!("cannot create {}: {e}", store_dir.display()))
+    })?;
+    // Signals are taken before any shard runs, so a stop during start-up is not lost.
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .map_err(|e| StartError::Credentials(format!("cannot handle signals: {e}")))?;
+
     let cpus = allowed_cpus();
-    let shards = config.shards.max(1);
+    let shards = config.shards.clamp(1, 64);
     let per_shard_connections = config.max_connections.div_ceil(shards);
-    let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<usize>(shards);
+    let (mesh, inboxes) = Mesh::new(shards);
+    let directory = Directory::new();
+    let loaded = Arc::new(Barrier::new(shards));
+    let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<Result<usize, String>>(shards);
     let mut handles = Vec::with_capacity(shards);
-    for shard_id in 0..shards {
+    for (shard_id, inbox) in inboxes.into_iter().enumerate() {
         let cpu = cpus[shard_id % cpus.len()];
         let config = config.clone();
         let credentials = credentials.clone();
         let tls_config = tls_config.clone();
         let ready_tx = ready_tx.clone();
+        let mesh = mesh.clone();
+        let directory = directory.clone();
+        let loaded = loaded.clone();
+        let store_dir = store_dir.clone();
         let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("shard-{shard_id}"))
             .io_memory(IO_MEMORY_BYTES)
             .spawn(move || async move {
-                let ctx = Rc::new(shard::ShardContext {
+                let groups = groups_of_shard(shard_id, shards);
+                let ttl = config.settings.message_ttl.as_secs() as i64;
+                let store = MemoryStore::load(&store_dir, &groups, Some(ttl), commands::now_secs());
+                let store = match store {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.to_string()));
+                        loaded.wait();
+                        return Err(e.to_string());
+                    }
+                };
+                fill_directory(&directory, &store);
+                // Every shard's IDs are in the directory before any shard accepts.
+                loaded.wait();
+                let settings = Rc::new(config.settings.clone());
+                let ctx = Rc::new(shard::ShardContext::new(
                     shard_id,
                     config,
                     credentials,
                     tls_config,
-                    connections: Cell::new(0),
-                    max_connections: per_shard_connections,
-                    read_scratch: tls_stream::new_scratch(),
-                });
-                shard::run(ctx, move || {
-                    let _ = ready_tx.send(shard_id);
+                    per_shard_connections,
+                    directory.clone(),
+                    mesh.clone(),
+                ));
+                let owner = owner::Owner::new(shard_id, store, directory, mesh, settings);
+                let ready_tx2 = ready_tx.clone();
+                let store = shard::run(ctx, owner, inbox, move || {
+                    let _ = ready_tx2.send(Ok(shard_id));
                 })
                 .await
+                .map_err(|e| {
+                    let _ = ready_tx.send(Err(e.to_string()));
+                    e.to_string()
+                })?;
+                store
+                    .save(&store_dir, &groups)
+                    .map_err(|e| format!("saving the store: {e}"))
             })
             .map_err(|e| StartError::Shard(shard_id, e.to_string()))?;
         handles.push(handle);
     }
     drop(ready_tx);
     let mut ready = 0;
+    let mut failure = None;
     while ready < shards {
-        if ready_rx.recv().is_err() {
-            break;
+        match ready_rx.recv() {
+            Ok(Ok(_)) => ready += 1,
+            Ok(Err(e)) => {
+                failure = Some(e);
+                break;
+            }
+            Err(_) => break,
         }
-        ready += 1;
     }
-    if ready == shards {
+    if failure.is_none() && ready == shards {
         tracing::info!(
             ports = ?config.ports,
             shards,
+            queues = directory.len(IdSpace::Sender),
             "listening on {}",
             config.ports.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(",")
         );
+        if let Some(sig) = signals.forever().next() {
+            tracing::info!(signal = sig, "stopping: saving queues and messages");
+        }
     }
+    for shard in 0..shards {
+        mesh.send(shard, ShardMsg::Stop);
+    }
+    let mut result = Ok(());
     for (shard_id, h) in handles.into_iter().enumerate() {
         match h.join() {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(StartError::ShardFailed(shard_id, e.to_string())),
-            Err(e) => return Err(StartError::ShardFailed(shard_id, e.to_string())),
+            Ok(Err(e)) => result = Err(StartError::ShardFailed(shard_id, e)),
+            Err(e) => result = Err(StartError::ShardFailed(shard_id, e.to_string())),
         }
     }
-    Ok(())
+    if let Some(e) = failure {
+        return Err(StartError::Shard(0, e));
+    }
+    if result.is_ok() {
+        tracing::info!("stopped");
+    }
+    result
+}
+
+fn fill_directory(directory: &Directory, store: &MemoryStore) {
+    for q in store.all() {
+        let rid = &q.recipient_id;
+        directory.insert(IdSpace::Sender, &q.sender_id, rid);
+        if let Some(l) = &q.link {
+            directory.insert(IdSpace::Link, &l.link_id, rid);
+        }
+        if let Some(n) = &q.notifier {
+            directory.insert(IdSpace::Notifier, &n.notifier_id, rid);
+        }
+    }
 }
 
 /// The CPUs this process may run on, so that `--cores N` pins to cores it actually has.

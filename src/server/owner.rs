@@ -124,7 +124,8 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             let head = prefetched.remove(&i);
             let corr_id = req.corr_id.clone();
             let (entity, msg) = self.execute(&session, req, head, &mut turn).await;
-            turn.responses.push(encode(&session, &corr_id, &entity, &msg));
+            turn.responses
+                .push(encode(&session, &corr_id, &entity, &msg));
         }
         let groups = pack_turn(turn);
         self.mesh.send(
@@ -188,6 +189,19 @@ impl<S: QueueStore + MessageStore> Owner<S> {
 
     pub fn entries(&mut self, conn: ConnRef) -> &mut ConnEntries {
         self.by_conn.entry(conn).or_default()
+    }
+
+    /// The periodic expiration of messages and notifications (`reference/smp-server-behaviour.md`
+    /// §4.2). A subscriber whose delivered message expired keeps waiting for its ACK, as in the
+    /// reference; the ACK then returns the new head.
+    pub async fn expire(&mut self) {
+        let now = super::commands::now_secs();
+        let old = now - self.settings.message_ttl.as_secs() as i64;
+        if let Ok(n) = self.store.expire_all(old).await {
+            self.stats.msg_expired += n as u64;
+        }
+        let old_ntf = now - self.settings.notification_ttl.as_secs() as i64;
+        let _ = self.store.expire_ntfs(old_ntf).await;
     }
 
     /// A connection closed: drop its subscriptions here. Nobody is told (the reference sends no END).

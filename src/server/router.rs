@@ -125,7 +125,9 @@ mod tests {
     #[test]
     fn groups_are_spread_and_owned_once() {
         for shards in 1..=5 {
-            let mut all: Vec<u32> = (0..shards).flat_map(|s| groups_of_shard(s, shards)).collect();
+            let mut all: Vec<u32> = (0..shards)
+                .flat_map(|s| groups_of_shard(s, shards))
+                .collect();
             all.sort_unstable();
             assert_eq!(all, (0..PARTITION_GROUPS).collect::<Vec<_>>());
         }

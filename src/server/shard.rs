@@ -1,15 +1,22 @@
 //! One shard: a glommio executor pinned to a core, its listeners on the SMP ports (SO_REUSEPORT, so
-//! every shard accepts on every port and the kernel spreads connections), and the connections it
-//! accepted, which it serves until they close.
+//! every shard accepts on every port and the kernel spreads connections), the connections it
+//! accepted, and the owner of its queues. One inbox task runs the owner and hands answers to the
+//! shard's connections, so the shard's work is done in the order it arrived.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Duration;
 
 use glommio::net::TcpListener;
 
-use super::conn;
+use super::conn::{self, ConnHandle, Output};
+use super::directory::Directory;
+use super::owner::Owner;
+use super::router::{ConnRef, Group, Mesh, ShardMsg};
 use crate::config::StartConfig;
+use crate::store::memory::MemoryStore;
 use crate::transport::certs::ServerCredentials;
 
 /// What every connection of a shard reads; built once per shard.
@@ -23,10 +30,62 @@ pub struct ShardContext {
     pub max_connections: usize,
     /// Every socket read of this shard lands here first (see `tls_stream`).
     pub read_scratch: super::tls_stream::ReadScratch,
+    pub directory: Arc<Directory>,
+    pub mesh: Mesh,
+    /// Established connections of this shard, by number: where owners' answers go.
+    pub connections_table: RefCell<HashMap<u64, ConnHandle>>,
+    next_conn: Cell<u64>,
 }
 
-/// Accepts on every port until the process ends. Returns an error only if a port cannot be bound.
-pub async fn run(ctx: Rc<ShardContext>, ready: impl FnOnce()) -> std::io::Result<()> {
+impl ShardContext {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        shard_id: usize,
+        config: StartConfig,
+        credentials: Arc<ServerCredentials>,
+        tls_config: Arc<rustls::ServerConfig>,
+        max_connections: usize,
+        directory: Arc<Directory>,
+        mesh: Mesh,
+    ) -> Self {
+        ShardContext {
+            shard_id,
+            config,
+            credentials,
+            tls_config,
+            connections: Cell::new(0),
+            max_connections,
+            read_scratch: super::tls_stream::new_scratch(),
+            directory,
+            mesh,
+            connections_table: RefCell::new(HashMap::new()),
+            next_conn: Cell::new(0),
+        }
+    }
+
+    pub fn next_conn_id(&self) -> u64 {
+        let id = self.next_conn.get();
+        self.next_conn.set(id + 1);
+        id
+    }
+
+    /// Hands groups to a connection of this shard; a connection that has gone drops them (its
+    /// owners are told by `Closed` and forget it).
+    fn deliver(&self, conn: ConnRef, groups: Vec<Group>, block_seq: Option<u64>) {
+        if let Some(h) = self.connections_table.borrow().get(&conn.id) {
+            let _ = h.out.try_send(Output { groups, block_seq });
+        }
+    }
+}
+
+/// Binds every port, then runs the shard until it is told to stop; returns the owner's store so
+/// that the caller can save it.
+pub async fn run(
+    ctx: Rc<ShardContext>,
+    owner: Owner<MemoryStore>,
+    inbox: flume::Receiver<ShardMsg>,
+    ready: impl FnOnce(),
+) -> std::io::Result<MemoryStore> {
     let mut listeners = Vec::new();
     for port in &ctx.config.ports {
         let l = TcpListener::bind(("0.0.0.0", *port)).map_err(|e| {
@@ -37,15 +96,55 @@ pub async fn run(ctx: Rc<ShardContext>, ready: impl FnOnce()) -> std::io::Result
         })?;
         listeners.push(l);
     }
-    ready();
-    let tasks: Vec<_> = listeners
-        .into_iter()
-        .map(|l| glommio::spawn_local(accept_loop(l, ctx.clone())))
-        .collect();
-    for t in tasks {
-        t.await;
+    for l in listeners {
+        glommio::spawn_local(accept_loop(l, ctx.clone())).detach();
     }
-    Ok(())
+    let ticker = {
+        let mesh = ctx.mesh.clone();
+        let shard = ctx.shard_id;
+        let every = ctx
+            .config
+            .settings
+            .expire_interval
+            .max(Duration::from_millis(100));
+        glommio::spawn_local(async move {
+            loop {
+                glommio::timer::Timer::new(every).await;
+                mesh.send(shard, ShardMsg::Tick);
+            }
+        })
+    };
+    ready();
+    let store = inbox_loop(&ctx, owner, inbox).await;
+    drop(ticker);
+    Ok(store)
+}
+
+/// The shard's single consumer: owner work, answers and events for this shard's connections.
+async fn inbox_loop(
+    ctx: &ShardContext,
+    mut owner: Owner<MemoryStore>,
+    inbox: flume::Receiver<ShardMsg>,
+) -> MemoryStore {
+    while let Ok(msg) = inbox.recv_async().await {
+        match msg {
+            ShardMsg::Work {
+                session,
+                block_seq,
+                requests,
+            } => owner.process(session, block_seq, requests).await,
+            ShardMsg::Reply {
+                conn,
+                block_seq,
+                groups,
+            } => ctx.deliver(conn, groups, Some(block_seq)),
+            ShardMsg::Event { conn, groups } => ctx.deliver(conn, groups, None),
+            ShardMsg::Closed { conn } => owner.connection_closed(conn),
+            ShardMsg::Tick => owner.expire().await,
+            ShardMsg::Stop => break,
+        }
+    }
+    owner.store
 }
 
 async fn accept_loop(listener: TcpListener, ctx: Rc<ShardContext>) {
@@ -55,7 +154,7 @@ async fn accept_loop(listener: TcpListener, ctx: Rc<ShardContext>) {
             Err(e) => {
                 // Out of descriptors and similar: wait a little rather than spin on the error.
                 tracing::warn!(shard = ctx.shard_id, error = %e, "accept failed");
-                glommio::timer::Timer::new(std::time::Duration::from_millis(50)).await;
+                glommio::timer::Timer::new(Duration::from_millis(50)).await;
                 continue;
             }
         };

@@ -2,6 +2,9 @@
 //! only when rustls has no plaintext to give, and writes what rustls produced when the connection
 //! flushes. Reading and writing whole 16384-byte blocks is all SMP needs.
 //!
+//! A connection's reader and writer are two tasks sharing one `TlsStream` through `RefCell`; every
+//! method borrows it for one synchronous poll only, never across an await.
+//!
 //! Idle connections must cost little (`DESIGN.md` §1: tens of thousands per shard), so a connection
 //! owns no read buffer while it waits: glommio's reads are readiness-based, and the bytes land in one
 //! scratch buffer per shard that is handed to rustls at once. Only what rustls cannot take yet is
@@ -12,9 +15,9 @@ use std::future::poll_fn;
 use std::io::{self, Read, Write};
 use std::pin::Pin;
 use std::rc::Rc;
-use std::task::Poll;
+use std::task::{Context, Poll};
 
-use futures_lite::{AsyncRead, AsyncWriteExt};
+use futures_lite::{AsyncRead, AsyncWrite};
 use glommio::net::TcpStream;
 use rustls::ServerConnection;
 
@@ -31,9 +34,12 @@ pub struct TlsStream {
     scratch: ReadScratch,
     /// Ciphertext read from the socket that rustls could not take yet (usually empty).
     pending: Vec<u8>,
-    /// Ciphertext rustls produced, waiting for `flush`.
+    /// Ciphertext rustls produced, and how much of it the socket took.
     out: Vec<u8>,
+    out_pos: usize,
 }
+
+pub type SharedTls = Rc<RefCell<TlsStream>>;
 
 impl TlsStream {
     pub fn new(sock: TcpStream, tls: ServerConnection, scratch: ReadScratch) -> Self {
@@ -43,6 +49,7 @@ impl TlsStream {
             scratch,
             pending: Vec::new(),
             out: Vec::new(),
+            out_pos: 0,
         }
     }
 
@@ -50,62 +57,49 @@ impl TlsStream {
         &self.tls
     }
 
-    /// Reads one block of `buf.len()` plaintext bytes into `buf`, which is cleared first and only
-    /// grown once the first byte of the block is there. A close before the block is complete is
-    /// `UnexpectedEof`.
-    pub async fn read_block(&mut self, buf: &mut Vec<u8>, len: usize) -> io::Result<()> {
-        buf.clear();
-        while self
-            .tls
-            .process_new_packets()
-            .map_err(invalid)?
-            .plaintext_bytes_to_read()
-            == 0
-        {
-            self.receive().await?;
-        }
-        buf.resize(len, 0);
-        let mut filled = 0;
-        while filled < len {
-            match self.tls.reader().read(&mut buf[filled..]) {
-                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.receive().await?,
-                Err(e) => return Err(e),
+    /// Moves plaintext into `buf` until it holds `len` bytes. `buf` grows only once plaintext is
+    /// there, so a connection waiting for its next block holds no block buffer.
+    fn poll_read_block(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut Vec<u8>,
+        len: usize,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            let available = self
+                .tls
+                .process_new_packets()
+                .map_err(|e| self.fail(e))?
+                .plaintext_bytes_to_read();
+            if available > 0 {
+                let filled = buf.len();
+                buf.resize(len, 0);
+                match self.tls.reader().read(&mut buf[filled..]) {
+                    Ok(n) => buf.truncate(filled + n),
+                    Err(e) => {
+                        buf.truncate(filled);
+                        return Poll::Ready(Err(e));
+                    }
+                }
+                if buf.len() == len {
+                    return Poll::Ready(Ok(()));
+                }
+                continue;
             }
+            if self.tls.wants_read() || !self.pending.is_empty() {
+                match self.poll_receive(cx) {
+                    Poll::Ready(Ok(())) => continue,
+                    other => return other,
+                }
+            }
+            // rustls has seen close_notify: the peer closed cleanly mid-block or between blocks.
+            return Poll::Ready(Err(io::ErrorKind::UnexpectedEof.into()));
         }
-        Ok(())
     }
 
     /// Gives rustls more ciphertext: what is pending, or else what the socket has.
-    async fn receive(&mut self) -> io::Result<()> {
-        if self.pending.is_empty() {
-            let TlsStream {
-                sock,
-                tls,
-                scratch,
-                pending,
-                ..
-            } = self;
-            poll_fn(|cx| {
-                let mut buf = scratch.borrow_mut();
-                match Pin::new(&mut *sock).poll_read(cx, &mut buf[..]) {
-                    Poll::Ready(Ok(0)) => Poll::Ready(Err(io::ErrorKind::UnexpectedEof.into())),
-                    Poll::Ready(Ok(n)) => {
-                        let mut rest = &buf[..n];
-                        // rustls takes what fits its buffer; keep the remainder for later.
-                        if let Err(e) = tls.read_tls(&mut rest) {
-                            return Poll::Ready(Err(e));
-                        }
-                        pending.extend_from_slice(rest);
-                        Poll::Ready(Ok(()))
-                    }
-                    Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-                    Poll::Pending => Poll::Pending,
-                }
-            })
-            .await?;
-        } else {
+    fn poll_receive(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if !self.pending.is_empty() {
             let mut rest = &self.pending[..];
             self.tls.read_tls(&mut rest)?;
             let used = self.pending.len() - rest.len();
@@ -113,18 +107,32 @@ impl TlsStream {
             if self.pending.is_empty() {
                 self.pending = Vec::new();
             }
-        }
-        if let Err(e) = self.tls.process_new_packets() {
-            // Tell the peer why before closing, as a TLS stack should (the alert is best-effort).
-            let _ = self.drain_tls();
-            let _ = self.flush().await;
-            return Err(invalid(e));
+        } else {
+            let mut buf = self.scratch.borrow_mut();
+            match Pin::new(&mut self.sock).poll_read(cx, &mut buf[..]) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::UnexpectedEof.into())),
+                Poll::Ready(Ok(n)) => {
+                    let mut rest = &buf[..n];
+                    // rustls takes what fits its buffer; keep the remainder for later.
+                    self.tls.read_tls(&mut rest)?;
+                    self.pending.extend_from_slice(rest);
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
         }
         // rustls may have produced records of its own (alerts, key updates).
-        self.drain_tls()
+        self.drain_tls()?;
+        Poll::Ready(Ok(()))
     }
 
-    /// Encrypts `data` into the output buffer; `flush` sends it.
+    /// A TLS error: queue the alert that tells the peer why (sent by the next flush).
+    fn fail(&mut self, e: rustls::Error) -> io::Error {
+        let _ = self.drain_tls();
+        io::Error::new(io::ErrorKind::InvalidData, e)
+    }
+
+    /// Encrypts `data` into the output buffer; a flush sends it.
     pub fn queue(&mut self, data: &[u8]) -> io::Result<()> {
         self.tls.writer().write_all(data)?;
         self.drain_tls()
@@ -137,23 +145,47 @@ impl TlsStream {
         Ok(())
     }
 
-    pub async fn flush(&mut self) -> io::Result<()> {
-        if !self.out.is_empty() {
-            let out = std::mem::take(&mut self.out);
-            self.sock.write_all(&out).await?;
-        }
-        Ok(())
+    pub fn has_output(&self) -> bool {
+        self.out_pos < self.out.len()
     }
 
-    /// Sends close_notify and shuts the socket; errors are of no interest at that point.
-    pub async fn close(mut self) {
-        self.tls.send_close_notify();
-        let _ = self.drain_tls();
-        let _ = self.flush().await;
-        let _ = self.sock.close().await;
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.out_pos < self.out.len() {
+            match Pin::new(&mut self.sock).poll_write(cx, &self.out[self.out_pos..]) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(n)) => self.out_pos += n,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        self.out = Vec::new();
+        self.out_pos = 0;
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.sock).poll_close(cx)
     }
 }
 
-fn invalid(e: rustls::Error) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, e)
+/// Reads one block of `len` plaintext bytes into `buf` (cleared first).
+pub async fn read_block(s: &SharedTls, buf: &mut Vec<u8>, len: usize) -> io::Result<()> {
+    buf.clear();
+    poll_fn(|cx| s.borrow_mut().poll_read_block(cx, buf, len)).await
+}
+
+/// Sends everything queued.
+pub async fn flush(s: &SharedTls) -> io::Result<()> {
+    poll_fn(|cx| s.borrow_mut().poll_flush(cx)).await
+}
+
+/// Sends close_notify and what is queued, then closes the socket; errors no longer matter.
+pub async fn close(s: &SharedTls) {
+    {
+        let mut t = s.borrow_mut();
+        t.tls.send_close_notify();
+        let _ = t.drain_tls();
+    }
+    let _ = flush(s).await;
+    let _ = poll_fn(|cx| s.borrow_mut().poll_close(cx)).await;
 }

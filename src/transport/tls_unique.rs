@@ -507,7 +507,7 @@ mod tests {
         for (seq, (content, inner_type, padding)) in records.iter().enumerate() {
             let mut inner = content.to_vec();
             inner.push(*inner_type);
-            inner.extend(std::iter::repeat(0).take(*padding));
+            inner.extend(std::iter::repeat_n(0, *padding));
             let len = (inner.len() + params.aead.tag_len()) as u16;
             let header = [23, 3, 3, (len >> 8) as u8, len as u8];
             let mut nonce = iv;

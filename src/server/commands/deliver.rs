@@ -11,8 +11,8 @@ use std::rc::Rc;
 use super::{err, now_secs, random_id, store_error};
 use crate::crypto::sxbox;
 use crate::protocol::command::Command;
-use crate::protocol::error::CommandError;
 use crate::protocol::encoding::put_int64;
+use crate::protocol::error::CommandError;
 use crate::protocol::error::ErrorType;
 use crate::protocol::response::BrokerMsg;
 use crate::protocol::version::max_message_length;
@@ -136,7 +136,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         self.gets.insert((rid.to_vec(), conn), delivered);
         match head {
             Some(m) => {
-                let secret = self.store.get(rid).map(|q| q.rcv_dh_secret).unwrap_or_default();
+                let secret = self
+                    .store
+                    .get(rid)
+                    .map(|q| q.rcv_dh_secret)
+                    .unwrap_or_default();
                 msg_response(&secret, &m)
             }
             None => BrokerMsg::Ok,
@@ -177,7 +181,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                     if let Some(s) = self.subs.get_mut(rid) {
                         s.delivered = Some(*m.msg_id());
                     }
-                    let secret = self.store.get(rid).map(|q| q.rcv_dh_secret).unwrap_or_default();
+                    let secret = self
+                        .store
+                        .get(rid)
+                        .map(|q| q.rcv_dh_secret)
+                        .unwrap_or_default();
                     msg_response(&secret, &m)
                 }
                 None => BrokerMsg::Ok,
@@ -205,7 +213,12 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     }
 
     /// SEND (`reference/smp-wire.md` §5.3 note 10).
-    pub(super) async fn send(&mut self, session: &Session, req: &Request, turn: &mut Turn) -> BrokerMsg {
+    pub(super) async fn send(
+        &mut self,
+        session: &Session,
+        req: &Request,
+        turn: &mut Turn,
+    ) -> BrokerMsg {
         let Command::Send { flags, body } = &req.command else {
             return err(ErrorType::Internal);
         };
@@ -267,7 +280,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             notification: flags.notification,
             body: Rc::from(&body[..]),
         };
-        let outcome = match self.store.write(&rid, msg.clone(), self.settings.quota).await {
+        let outcome = match self
+            .store
+            .write(&rid, msg.clone(), self.settings.quota)
+            .await
+        {
             Ok(o) => o,
             Err(e) => return err(store_error(e)),
         };
@@ -288,7 +305,10 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             WriteOutcome::QuotaMarker { was_empty } => {
                 self.stats.msg_sent_quota += 1;
                 if was_empty {
-                    let marker = Message::Quota { msg_id: id, ts: now };
+                    let marker = Message::Quota {
+                        msg_id: id,
+                        ts: now,
+                    };
                     self.push(session, &rid, &q.rcv_dh_secret, &marker, turn);
                 }
                 err(ErrorType::Quota)
@@ -326,4 +346,3 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         }
     }
 }
-

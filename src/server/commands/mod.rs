@@ -94,7 +94,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         if req.service_sig {
             return err(ErrorType::Service);
         }
-        if !q.recipient_keys.iter().any(|k| self.verify_with(session, req, k)) {
+        if !q
+            .recipient_keys
+            .iter()
+            .any(|k| self.verify_with(session, req, k))
+        {
             return err(ErrorType::Auth);
         }
         let rid = q.recipient_id.clone();
@@ -115,8 +119,13 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             Command::Ack(msg_id) => self.ack(session, &rid, msg_id, turn).await,
             Command::Key(k) => self.key(q, k.clone()).await,
             Command::RKey(keys) => self.rkey(q, keys.clone()).await,
-            Command::LSet { link_id, fixed, user } => {
-                self.lset(q, link_id.clone(), fixed.clone(), user.clone()).await
+            Command::LSet {
+                link_id,
+                fixed,
+                user,
+            } => {
+                self.lset(q, link_id.clone(), fixed.clone(), user.clone())
+                    .await
             }
             Command::LDel => self.ldel(q).await,
             Command::NKey { key, dh } => self.nkey(session, q, key.clone(), *dh).await,

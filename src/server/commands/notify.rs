@@ -49,7 +49,8 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             return err(e);
         }
         if let Some(old) = old {
-            self.directory.remove(IdSpace::Notifier, &old.notifier_id, &rid);
+            self.directory
+                .remove(IdSpace::Notifier, &old.notifier_id, &rid);
             self.notifier_gone(session, &old.notifier_id).await;
         }
         BrokerMsg::Nid {
@@ -67,7 +68,8 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         if let Err(e) = self.update(q).await {
             return err(e);
         }
-        self.directory.remove(IdSpace::Notifier, &old.notifier_id, &rid);
+        self.directory
+            .remove(IdSpace::Notifier, &old.notifier_id, &rid);
         self.notifier_gone(session, &old.notifier_id).await;
         BrokerMsg::Ok
     }
@@ -89,7 +91,12 @@ impl<S: QueueStore + MessageStore> Owner<S> {
 
     /// NSUB: this connection receives the queue's notifications; a previous notifier subscriber
     /// gets END. Not subject to blocking, and does not touch `updated_at`.
-    pub(super) async fn nsub(&mut self, session: &Session, req: &Request, turn: &mut Turn) -> BrokerMsg {
+    pub(super) async fn nsub(
+        &mut self,
+        session: &Session,
+        req: &Request,
+        turn: &mut Turn,
+    ) -> BrokerMsg {
         let q = match self.lookup(session, req) {
             Ok(q) => q,
             Err(e) => return err(e),

@@ -199,7 +199,8 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             self.directory.remove(IdSpace::Link, &l.link_id, rid);
         }
         if let Some(n) = &q.notifier {
-            self.directory.remove(IdSpace::Notifier, &n.notifier_id, rid);
+            self.directory
+                .remove(IdSpace::Notifier, &n.notifier_id, rid);
         }
     }
 
@@ -247,7 +248,12 @@ impl<S: QueueStore + MessageStore> Owner<S> {
 
     /// DEL: the queue, its messages and notifier go; other subscribers get DELD (END below v10),
     /// the deleting connection nothing.
-    pub(super) async fn del(&mut self, session: &Session, q: QueueRec, turn: &mut Turn) -> BrokerMsg {
+    pub(super) async fn del(
+        &mut self,
+        session: &Session,
+        q: QueueRec,
+        turn: &mut Turn,
+    ) -> BrokerMsg {
         let rid = q.recipient_id.clone();
         if let Err(e) = self.store.delete(&rid).await {
             return err(store_error(e));
