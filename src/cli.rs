@@ -64,6 +64,28 @@ enum Command {
         /// Ask clients for a TLS certificate (test switch until services exist).
         #[arg(long, hide = true)]
         test_request_client_cert: bool,
+        /// Store: `memory` (saved at a clean stop, restored at start; a crash loses what was not
+        /// saved). The journal and PostgreSQL stores come later.
+        #[arg(long, default_value = "memory", value_parser = ["memory"])]
+        store: String,
+        /// Messages a queue holds before senders get ERR QUOTA.
+        #[arg(long, default_value_t = 128)]
+        quota: usize,
+        /// Seconds a message is kept (default 21 days).
+        #[arg(long, default_value_t = 21 * 86400)]
+        message_ttl_secs: u64,
+        /// Seconds between expiration runs over all queues (default 2 hours).
+        #[arg(long, default_value_t = 2 * 3600)]
+        expire_interval_secs: u64,
+        /// Delete a queue's expired messages before each SEND to it.
+        #[arg(long, default_value = "on", value_parser = on_off)]
+        expire_on_send: bool,
+        /// Seconds a notification is kept (default 24 hours).
+        #[arg(long, default_value_t = 24 * 3600)]
+        notification_ttl_secs: u64,
+        /// Allow NEW (queue creation).
+        #[arg(long, default_value = "on", value_parser = on_off)]
+        new_queues: bool,
     },
 }
 
@@ -89,6 +111,13 @@ pub fn main() -> ExitCode {
             tls_timeout_secs,
             handshake_timeout_secs,
             test_request_client_cert,
+            store: _,
+            quota,
+            message_ttl_secs,
+            expire_interval_secs,
+            expire_on_send,
+            notification_ttl_secs,
+            new_queues,
         } => {
             let mut c = StartConfig::new(&cli.data_dir);
             if !ports.is_empty() {
@@ -100,6 +129,12 @@ pub fn main() -> ExitCode {
             c.tls_timeout = Duration::from_secs(tls_timeout_secs);
             c.handshake_timeout = Duration::from_secs(handshake_timeout_secs);
             c.request_client_cert = test_request_client_cert;
+            c.settings.quota = quota;
+            c.settings.message_ttl = Duration::from_secs(message_ttl_secs);
+            c.settings.expire_interval = Duration::from_secs(expire_interval_secs.max(1));
+            c.settings.expire_on_send = expire_on_send;
+            c.settings.notification_ttl = Duration::from_secs(notification_ttl_secs);
+            c.settings.new_queues = new_queues;
             start(c)
         }
     };
@@ -110,6 +145,31 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `on`/`off`, as the reference's configuration booleans.
+fn on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("expected on or off, got {s:?}")),
+    }
+}
+
+/// The create password `init` wrote into `[AUTH] create_password` of the configuration file.
+fn read_create_password(dir: &Path) -> Result<Option<Vec<u8>>, String> {
+    let path = dir.join(config::INI_FILE);
+    let Ok(text) = fs::read_to_string(&path) else {
+        return Ok(None);
+    };
+    for line in text.lines() {
+        if let Some((k, v)) = line.split_once('=') {
+            if k.trim() == "create_password" {
+                return Ok(Some(v.trim().as_bytes().to_vec()));
+            }
+        }
+    }
+    Ok(None)
 }
 
 fn init(dir: &Path, host: &str, port: u16, no_password: bool) -> Result<(), String> {
@@ -180,7 +240,7 @@ fn write_file(dir: &Path, name: &str, contents: &str, private: bool) -> Result<(
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
-fn start(c: StartConfig) -> Result<(), String> {
+fn start(mut c: StartConfig) -> Result<(), String> {
     if !c.data_dir.join(config::SERVER_KEY_FILE).exists() {
         // The README's first command: a fresh checkout runs `start` and gets a working relay.
         let dir = c.data_dir.clone();
@@ -190,5 +250,6 @@ fn start(c: StartConfig) -> Result<(), String> {
         );
         init(&dir, "127.0.0.1", c.ports[0], true)?;
     }
+    c.settings.create_password = read_create_password(&c.data_dir)?;
     smp_relay::server::run(c).map_err(|e| e.to_string())
 }
