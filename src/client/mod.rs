@@ -7,6 +7,7 @@
 
 mod conn;
 mod error;
+pub mod queue;
 #[cfg(test)]
 mod tests;
 
