@@ -163,6 +163,7 @@ pub struct Relay {
     pub addr: SocketAddr,
     pub key_hash: [u8; 32],
     log: SharedLog,
+    opts: RelayOptions,
     // Dropped after the child is killed (field order).
     pub dir: TempDir,
 }
@@ -189,6 +190,7 @@ impl Relay {
                         addr: SocketAddr::from(([127, 0, 0, 1], port)),
                         key_hash,
                         log,
+                        opts,
                         dir,
                     }
                 }
@@ -196,6 +198,48 @@ impl Relay {
             }
         }
         panic!("relay did not start: {last_err}");
+    }
+
+    /// A clean stop: SIGTERM, then waits (bounded by `COMMAND_TIMEOUT`) for the relay to save its
+    /// store and exit. Returns the exit status.
+    pub fn stop(&mut self) -> ExitStatus {
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: kill(2) on the pid of our own child, which has not been reaped yet.
+            unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + COMMAND_TIMEOUT;
+        loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                return s;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "relay did not stop within {COMMAND_TIMEOUT:?}:\n{}",
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Starts the relay again on the same data directory and port, with `extra_args` instead of the
+    /// ones it was started with (the previous run must have stopped).
+    pub fn restart_with(&mut self, extra_args: &[&str]) {
+        self.opts.extra_args = extra_args.iter().map(|a| a.to_string()).collect();
+        match spawn(self.dir.path(), self.port, &self.opts) {
+            Ok((child, log)) => {
+                self.child = child;
+                self.log = log;
+            }
+            Err(e) => panic!("relay did not restart: {e}"),
+        }
+    }
+
+    /// Starts the relay again on the same data directory, port and options.
+    pub fn restart(&mut self) {
+        let args = self.opts.extra_args.clone();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.restart_with(&args);
     }
 
     pub fn pid(&self) -> u32 {
