@@ -6,15 +6,16 @@
 
 use std::time::Duration;
 
+pub use smp_relay::client::queue::describe;
 use smp_relay::client::queue::{
-    self, describe, parse_ids, receive, receive_nmsg, KeyAlg, NmsgMeta, NotifierKeys, RcvMsg,
-    Received, RecipientKeys,
+    self, parse_ids, receive, receive_nmsg, KeyAlg, NmsgMeta, NotifierKeys, RcvMsg, Received,
+    RecipientKeys,
 };
 use smp_relay::client::{
     new_corr_id, Authorization, Client, ClientError, ClientTransmission, ServerTransmission, Signer,
 };
 use smp_relay::protocol::command::{Command, MsgFlags, NewQueue};
-use smp_relay::protocol::error::{CommandError, ErrorType};
+pub use smp_relay::protocol::error::{CommandError, ErrorType};
 use smp_relay::protocol::response::{BrokerMsg, QueueIds};
 
 /// How long "nothing else is delivered" waits (the reference waits 1 s).
