@@ -26,3 +26,13 @@ pub const TLS_CAPTURE_MAX_BYTES: usize = 64 * 1024;
 
 /// Memory glommio registers per executor ring with io_uring (counted against RLIMIT_MEMLOCK).
 pub const IO_MEMORY_BYTES: usize = 1 << 20;
+
+/// Bytes a connection may have queued for its socket before MSG deliveries to it are dropped to
+/// a small marker and handed again when it has drained (one slow reader never grows the relay).
+pub const OUTPUT_HIGH_WATER_BYTES: usize = 1 << 20;
+
+/// Below this the connection asks the owners for the deliveries it dropped.
+pub const OUTPUT_LOW_WATER_BYTES: usize = 256 * 1024;
+
+/// Dropped deliveries asked for again at once, per connection.
+pub const REDELIVER_BATCH: usize = 64;

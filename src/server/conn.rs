@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_lite::{AsyncRead, AsyncWriteExt};
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
@@ -22,11 +22,14 @@ use rand::rngs::OsRng;
 use x25519_dalek::{PublicKey as X25519Public, StaticSecret};
 
 use super::dispatch::{self, RouteCtx};
-use super::router::{ConnRef, Group, SessionInfo, ShardMsg};
+use super::router::{ConnRef, Delivery, Group, SessionInfo, ShardMsg};
 use super::shard::ShardContext;
 use super::tls_stream::{self, SharedTls, TlsStream};
 use crate::crypto::{signed_key, sxbox};
-use crate::limits::MAX_BLOCKS_IN_FLIGHT;
+use crate::limits::{
+    MAX_BLOCKS_IN_FLIGHT, OUTPUT_HIGH_WATER_BYTES, OUTPUT_LOW_WATER_BYTES, REDELIVER_BATCH,
+    SLOW_READER_CLOSE,
+};
 use crate::protocol::error::{HandshakeError, TransportError};
 use crate::protocol::handshake::{CertChainPubKey, ClientHello, ServerHello, ServiceResponse};
 use crate::protocol::pad;
@@ -45,6 +48,8 @@ pub enum ConnError {
     Timeout(&'static str),
     #[error("SMP handshake: {0}")]
     Handshake(&'static str),
+    #[error("the client did not read its output for too long")]
+    SlowReader,
 }
 
 /// What the SMP handshake settled for the rest of the session.
@@ -57,9 +62,40 @@ pub struct Handshake {
     pub codec: BlockCodec,
 }
 
-/// What the shard keeps of a connection: where its output goes.
+/// What the shard keeps of a connection: where its output goes, and how much is waiting.
 pub struct ConnHandle {
     pub out: Rc<LocalSender<Output>>,
+    pub state: Rc<OutputState>,
+}
+
+/// The connection's output bound (`DESIGN.md` §1 back-pressure): bytes queued for the socket, the
+/// MSG deliveries dropped while over the bound, and since when it has been over.
+#[derive(Default)]
+pub struct OutputState {
+    pub queued_bytes: Cell<usize>,
+    pub dropped: RefCell<Vec<Delivery>>,
+    pub over_since: Cell<Option<Instant>>,
+}
+
+impl OutputState {
+    /// Takes `groups` into the output, dropping MSG deliveries to markers while over the bound.
+    pub fn admit(&self, groups: Vec<Group>) -> Vec<Group> {
+        let mut kept = Vec::with_capacity(groups.len());
+        for g in groups {
+            let over = self.queued_bytes.get() > OUTPUT_HIGH_WATER_BYTES;
+            match g.delivery {
+                Some(d) if over => self.dropped.borrow_mut().push(d),
+                _ => {
+                    self.queued_bytes.set(self.queued_bytes.get() + g.bytes());
+                    kept.push(g);
+                }
+            }
+        }
+        if self.queued_bytes.get() > OUTPUT_HIGH_WATER_BYTES && self.over_since.get().is_none() {
+            self.over_since.set(Some(Instant::now()));
+        }
+        kept
+    }
 }
 
 /// Something for the writer: groups of transmissions, and the block whose part they answer.
@@ -133,10 +169,12 @@ async fn session(ctx: &Rc<ShardContext>, tls: &SharedTls, hs: Handshake) -> Resu
     let codec = RefCell::new(codec);
     let (out_tx, out_rx) = local_channel::new_unbounded::<Output>();
     let out_tx = Rc::new(out_tx);
+    let state = Rc::new(OutputState::default());
     ctx.connections_table.borrow_mut().insert(
         conn.id,
         ConnHandle {
             out: out_tx.clone(),
+            state: state.clone(),
         },
     );
     let in_flight = InFlight {
@@ -149,10 +187,11 @@ async fn session(ctx: &Rc<ShardContext>, tls: &SharedTls, hs: Handshake) -> Resu
             ctx,
             tls,
             &info,
-            session_secret.is_some(),
+            session_secret,
             &codec,
             &in_flight,
             &out_tx,
+            &state,
             &touched,
         )
         .await;
@@ -165,8 +204,12 @@ async fn session(ctx: &Rc<ShardContext>, tls: &SharedTls, hs: Handshake) -> Resu
         .await;
         r
     };
-    let writer = write_loop(tls, &codec, &in_flight, out_rx);
-    let result = futures_lite::future::or(reader, writer).await;
+    let writer = write_loop(ctx, conn, tls, &codec, &in_flight, &state, out_rx);
+    let result = futures_lite::future::or(
+        reader,
+        futures_lite::future::or(writer, slow_reader_watchdog(&state)),
+    )
+    .await;
     ctx.connections_table.borrow_mut().remove(&conn.id);
     // Owners drop this connection's subscriptions; only shards it sent work to hold any.
     for shard in 0..ctx.mesh.shards() {
@@ -182,17 +225,18 @@ async fn read_loop(
     ctx: &Rc<ShardContext>,
     tls: &SharedTls,
     info: &Arc<SessionInfo>,
-    has_session_secret: bool,
+    session_secret: Option<[u8; 32]>,
     codec: &RefCell<BlockCodec>,
     in_flight: &InFlight,
     out: &LocalSender<Output>,
+    state: &OutputState,
     touched: &Cell<u64>,
 ) -> Result<(), ConnError> {
     let route_ctx = RouteCtx {
         session: info,
         directory: &ctx.directory,
         mesh: &ctx.mesh,
-        has_session_secret,
+        session_secret,
     };
     let mut seq: u64 = 0;
     loop {
@@ -217,7 +261,7 @@ async fn read_loop(
         in_flight.parts.borrow_mut().insert(seq, parts);
         if !routed.local.is_empty() {
             let _ = out.try_send(Output {
-                groups: vec![routed.local],
+                groups: state.admit(vec![Group::plain(routed.local)]),
                 block_seq: Some(seq),
             });
         }
@@ -236,14 +280,22 @@ async fn read_loop(
 }
 
 async fn write_loop(
+    ctx: &ShardContext,
+    conn: ConnRef,
     tls: &SharedTls,
     codec: &RefCell<BlockCodec>,
     in_flight: &InFlight,
+    state: &OutputState,
     out: LocalReceiver<Output>,
 ) -> Result<(), ConnError> {
     while let Some(item) = out.recv().await {
+        let bytes: usize = item.groups.iter().map(Group::bytes).sum();
         queue_groups(tls, codec, &item.groups)?;
+        drop(item.groups);
         tls_stream::flush(tls).await?;
+        state
+            .queued_bytes
+            .set(state.queued_bytes.get().saturating_sub(bytes));
         if let Some(seq) = item.block_seq {
             let mut parts = in_flight.parts.borrow_mut();
             if let Some(n) = parts.get_mut(&seq) {
@@ -254,8 +306,41 @@ async fn write_loop(
                 }
             }
         }
+        if state.queued_bytes.get() <= OUTPUT_LOW_WATER_BYTES {
+            state.over_since.set(None);
+            ask_again(ctx, conn, state);
+        }
     }
     Ok(())
+}
+
+/// Asks the owners for deliveries dropped while the output was over its bound, a batch at a time.
+fn ask_again(ctx: &ShardContext, conn: ConnRef, state: &OutputState) {
+    let mut dropped = state.dropped.borrow_mut();
+    if dropped.is_empty() {
+        return;
+    }
+    let n = dropped.len().min(REDELIVER_BATCH);
+    let mut by_owner: HashMap<usize, Vec<Delivery>> = HashMap::new();
+    for d in dropped.drain(..n) {
+        by_owner.entry(d.owner).or_default().push(d);
+    }
+    for (owner, deliveries) in by_owner {
+        ctx.mesh
+            .send(owner, ShardMsg::Redeliver { conn, deliveries });
+    }
+}
+
+/// Ends a connection whose output has stayed over its bound for `SLOW_READER_CLOSE`.
+async fn slow_reader_watchdog(state: &OutputState) -> Result<(), ConnError> {
+    loop {
+        glommio::timer::Timer::new(Duration::from_secs(1)).await;
+        if let Some(since) = state.over_since.get() {
+            if since.elapsed() >= SLOW_READER_CLOSE {
+                return Err(ConnError::SlowReader);
+            }
+        }
+    }
 }
 
 /// Packs, encrypts and queues groups of transmissions. Synchronous on purpose: the 16 KB block
@@ -269,7 +354,7 @@ fn queue_groups(
     let mut codec = codec.borrow_mut();
     let mut tls = tls.borrow_mut();
     for g in groups {
-        for content in dispatch::pack(g) {
+        for content in dispatch::pack(&g.transmissions) {
             codec
                 .encode(&content, &mut out_block)
                 .map_err(|_| ConnError::Handshake("response block too large"))?;

@@ -11,7 +11,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use super::directory::Directory;
-use super::router::{ConnRef, Group, Mesh, Request, Session, ShardMsg};
+use super::router::{ConnRef, Delivery, Group, Mesh, Request, Session, ShardMsg};
 use crate::config::Settings;
 use crate::crypto::auth::{self, Authorization};
 use crate::crypto::keys::PublicAuthKey;
@@ -25,6 +25,8 @@ use crate::store::{EntityId, MessageStore, MsgId, QueueStore};
 pub struct Subscriber {
     pub session: Session,
     pub delivered: Option<MsgId>,
+    /// Which subscription this is: every SUB starts a new one (see `Delivery`).
+    pub epoch: u64,
 }
 
 /// What one connection holds on this owner, so that its close drops all of it.
@@ -69,6 +71,8 @@ pub struct Owner<S> {
     pub ntf_subs: HashMap<EntityId, Session>,
     pub by_conn: HashMap<ConnRef, ConnEntries>,
     pub stats: OwnerStats,
+    /// Source of subscription epochs.
+    next_epoch: u64,
 }
 
 /// What one owner turn produces for the connection that sent the block, besides events to others.
@@ -77,7 +81,7 @@ pub struct Turn {
     /// Responses, in request order.
     pub responses: Vec<Vec<u8>>,
     /// MSGs that follow a SUB's SOK (same block when the part is small, else one block each).
-    pub sub_msgs: Vec<Vec<u8>>,
+    pub sub_msgs: Vec<(Vec<u8>, Delivery)>,
     /// MSGs pushed to this same connection by its own SENDs: each a block of its own, before the
     /// responses (cause before effect, O2).
     pub pushes: Vec<Group>,
@@ -112,6 +116,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             ntf_subs: HashMap::new(),
             by_conn: HashMap::new(),
             stats: OwnerStats::default(),
+            next_epoch: 0,
         }
     }
 
@@ -120,12 +125,18 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         let mut turn = Turn::default();
         let prefetched = self.prefetch_subs(&requests).await;
         let mut prefetched = prefetched;
-        for (i, req) in requests.into_iter().enumerate() {
+        for (i, mut req) in requests.into_iter().enumerate() {
             let head = prefetched.remove(&i);
             let corr_id = req.corr_id.clone();
-            let (entity, msg) = self.execute(&session, req, head, &mut turn).await;
-            turn.responses
-                .push(encode(&session, &corr_id, &entity, &msg));
+            // A forwarded request (RFWD) runs in the forwarded session and its answer is sealed
+            // into RRES for the proxy (`forward.rs`).
+            let fwd = req.forward.take();
+            let exec_session = fwd.as_ref().map_or(&session, |f| &f.inner);
+            let (entity, msg) = self.execute(exec_session, req, head, &mut turn).await;
+            turn.responses.push(match fwd {
+                Some(f) => super::forward::respond(&session, &f, &corr_id, &entity, &msg),
+                None => encode(&session, &corr_id, &entity, &msg),
+            });
         }
         let groups = pack_turn(turn);
         self.mesh.send(
@@ -182,9 +193,65 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         let _ = auth::dummy_verify(&a, &req.authorized, Some(&sk), &req.corr_id);
     }
 
-    /// Sends `groups` to a connection that is not the one being answered.
-    pub fn send_event(&self, conn: ConnRef, groups: Vec<Group>) {
+    /// Sends groups of transmissions to a connection that is not the one being answered.
+    pub fn send_event(&self, conn: ConnRef, groups: Vec<Vec<Vec<u8>>>) {
+        let groups = groups.into_iter().map(Group::plain).collect();
         self.mesh.send(conn.shard, ShardMsg::Event { conn, groups });
+    }
+
+    /// Sends one MSG delivery to a connection that is not the one being answered.
+    pub fn send_delivery(&self, conn: ConnRef, t: Vec<u8>, delivery: Delivery) {
+        let groups = vec![Group {
+            transmissions: vec![t],
+            delivery: Some(delivery),
+        }];
+        self.mesh.send(conn.shard, ShardMsg::Event { conn, groups });
+    }
+
+    pub fn new_epoch(&mut self) -> u64 {
+        self.next_epoch += 1;
+        self.next_epoch
+    }
+
+    /// Names a delivery of `msg_id` to the current subscription of `rid`.
+    pub fn delivery(&self, rid: &[u8], msg_id: &MsgId) -> Delivery {
+        Delivery {
+            owner: self.shard,
+            recipient_id: rid.to_vec(),
+            msg_id: *msg_id,
+            epoch: self.subs.get(rid).map_or(0, |s| s.epoch),
+        }
+    }
+
+    /// A connection's output was over its bound and these deliveries never reached its socket:
+    /// hand each queue's head again, if it is still that subscription's outstanding delivery.
+    pub async fn redeliver(&mut self, conn: ConnRef, deliveries: Vec<Delivery>) {
+        for d in deliveries {
+            let rid = d.recipient_id.clone();
+            let current = match self.subs.get(&rid) {
+                Some(s) => {
+                    s.session.conn == conn && s.epoch == d.epoch && s.delivered == Some(d.msg_id)
+                }
+                None => false,
+            };
+            if !current {
+                continue;
+            }
+            let head = self.store.peek_first(&rid).await.ok().flatten();
+            let Some(secret) = self.store.get(&rid).map(|q| q.rcv_dh_secret) else {
+                continue;
+            };
+            let Some(s) = self.subs.get_mut(&rid) else {
+                continue;
+            };
+            s.delivered = head.as_ref().map(|m| *m.msg_id());
+            if let Some(m) = head {
+                let session = s.session.clone();
+                let t = super::commands::msg_transmission(&session, b"", &rid, &secret, &m);
+                let delivery = self.delivery(&rid, m.msg_id());
+                self.send_delivery(conn, t, delivery);
+            }
+        }
     }
 
     pub fn entries(&mut self, conn: ConnRef) -> &mut ConnEntries {
@@ -255,13 +322,16 @@ fn pack_turn(turn: Turn) -> Vec<Group> {
     let mut groups = pushes;
     if responses.len() <= 4 {
         let mut g = responses;
-        g.extend(sub_msgs);
+        g.extend(sub_msgs.into_iter().map(|(m, _)| m));
         if !g.is_empty() {
-            groups.push(g);
+            groups.push(Group::plain(g));
         }
     } else {
-        groups.push(responses);
-        groups.extend(sub_msgs.into_iter().map(|m| vec![m]));
+        groups.push(Group::plain(responses));
+        groups.extend(sub_msgs.into_iter().map(|(m, d)| Group {
+            transmissions: vec![m],
+            delivery: Some(d),
+        }));
     }
     groups.extend(trailing);
     groups

@@ -10,9 +10,10 @@ use std::sync::Arc;
 
 use x25519_dalek::StaticSecret;
 
+use super::forward::Forwarded;
 use crate::protocol::command::Command;
 use crate::protocol::version::Version;
-use crate::store::{group_of, EntityId, PARTITION_GROUPS};
+use crate::store::{group_of, EntityId, MsgId, PARTITION_GROUPS};
 
 /// A connection, named by the shard that holds it and a number unique on that shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -44,11 +45,42 @@ pub struct Request {
     pub service_sig: bool,
     /// The bytes the authorization covers, session ID included.
     pub authorized: Vec<u8>,
+    /// Set when this request arrived inside an `RFWD` (private routing): it runs in the forwarded
+    /// session and its answer is sealed into `RRES` (`forward.rs`).
+    pub forward: Option<Box<Forwarded>>,
 }
 
 /// A group of encoded transmissions packed into as few blocks as they fit; groups never share a
 /// block (a pushed MSG is a group of its own, `DESIGN.md` O4).
-pub type Group = Vec<Vec<u8>>;
+pub struct Group {
+    pub transmissions: Vec<Vec<u8>>,
+    /// Set when the group is one MSG delivery: a connection whose output is over its bound drops
+    /// the 16 KB transmission and keeps only this, asking the owner again when it has drained.
+    pub delivery: Option<Delivery>,
+}
+
+impl Group {
+    pub fn plain(transmissions: Vec<Vec<u8>>) -> Self {
+        Group {
+            transmissions,
+            delivery: None,
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.transmissions.iter().map(|t| t.len()).sum()
+    }
+}
+
+/// A message handed to a subscription, named well enough for its owner to hand it again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    pub owner: usize,
+    pub recipient_id: EntityId,
+    pub msg_id: MsgId,
+    /// The subscription it was for: a re-SUB starts a new one, and a stale request is ignored.
+    pub epoch: u64,
+}
 
 pub enum ShardMsg {
     /// Requests of one block for queues this shard owns, in block order.
@@ -67,6 +99,12 @@ pub enum ShardMsg {
     Event { conn: ConnRef, groups: Vec<Group> },
     /// The connection is gone: drop its subscriptions.
     Closed { conn: ConnRef },
+    /// A connection dropped these deliveries unsent (its output was over its bound) and has room
+    /// again: hand each queue's head to it if the subscription is still the same.
+    Redeliver {
+        conn: ConnRef,
+        deliveries: Vec<Delivery>,
+    },
     /// Periodic work of an owner (expiration).
     Tick,
     /// Stop: save what must be saved, then end the shard.

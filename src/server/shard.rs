@@ -73,6 +73,7 @@ impl ShardContext {
     /// owners are told by `Closed` and forget it).
     fn deliver(&self, conn: ConnRef, groups: Vec<Group>, block_seq: Option<u64>) {
         if let Some(h) = self.connections_table.borrow().get(&conn.id) {
+            let groups = h.state.admit(groups);
             let _ = h.out.try_send(Output { groups, block_seq });
         }
     }
@@ -140,6 +141,7 @@ async fn inbox_loop(
             } => ctx.deliver(conn, groups, Some(block_seq)),
             ShardMsg::Event { conn, groups } => ctx.deliver(conn, groups, None),
             ShardMsg::Closed { conn } => owner.connection_closed(conn),
+            ShardMsg::Redeliver { conn, deliveries } => owner.redeliver(conn, deliveries).await,
             ShardMsg::Tick => owner.expire().await,
             ShardMsg::Stop => break,
         }

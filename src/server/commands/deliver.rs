@@ -17,7 +17,7 @@ use crate::protocol::error::ErrorType;
 use crate::protocol::response::BrokerMsg;
 use crate::protocol::version::max_message_length;
 use crate::server::owner::{encode, Owner, Subscriber, Turn};
-use crate::server::router::{Request, Session};
+use crate::server::router::{Group, Request, Session};
 use crate::store::{Message, MessageStore, MsgId, QueueStatus, QueueStore, WriteOutcome};
 
 /// MSG bodies are always padded to this before sealing: `MaxRcvMessageLen + 2`
@@ -80,14 +80,19 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             return err(ErrorType::Cmd(CommandError::Prohibited));
         }
         self.stats.subs += 1;
+        let epoch = self.new_epoch();
         match self.subs.get_mut(rid) {
-            Some(s) if s.session.conn == conn => s.delivered = None,
+            Some(s) if s.session.conn == conn => {
+                s.delivered = None;
+                s.epoch = epoch;
+            }
             _ => {
                 let prev = self.subs.insert(
                     rid.to_vec(),
                     Subscriber {
                         session: session.clone(),
                         delivered: None,
+                        epoch,
                     },
                 );
                 self.entries(conn).subs.insert(rid.to_vec());
@@ -115,8 +120,9 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             if let Some(s) = self.subs.get_mut(rid) {
                 s.delivered = Some(*m.msg_id());
             }
+            let delivery = self.delivery(rid, m.msg_id());
             turn.sub_msgs
-                .push(msg_transmission(session, b"", rid, &secret, &m));
+                .push((msg_transmission(session, b"", rid, &secret, &m), delivery));
         }
         BrokerMsg::Sok(None)
     }
@@ -338,11 +344,15 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         }
         s.delivered = Some(*m.msg_id());
         let t = msg_transmission(&s.session, b"", rid, secret, m);
-        if s.session.conn == session.conn {
-            turn.pushes.push(vec![t]);
+        let conn = s.session.conn;
+        let delivery = self.delivery(rid, m.msg_id());
+        if conn == session.conn {
+            turn.pushes.push(Group {
+                transmissions: vec![t],
+                delivery: Some(delivery),
+            });
         } else {
-            let conn = s.session.conn;
-            self.send_event(conn, vec![vec![t]]);
+            self.send_delivery(conn, t, delivery);
         }
     }
 }

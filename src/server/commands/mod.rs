@@ -7,6 +7,7 @@
 //! the queue's status (BLOCKED) and the daily `updated_at` touch.
 
 mod deliver;
+pub use deliver::msg_transmission;
 mod link;
 mod notify;
 mod queue;

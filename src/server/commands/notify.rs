@@ -12,7 +12,7 @@ use crate::protocol::error::ErrorType;
 use crate::protocol::response::BrokerMsg;
 use crate::server::directory::IdSpace;
 use crate::server::owner::{encode, Owner, Turn};
-use crate::server::router::{Request, Session};
+use crate::server::router::{Group, Request, Session};
 use crate::store::{Message, MessageStore, MsgNtf, NotifierCreds, QueueRec, QueueStore};
 
 /// Attempts at a free notifier ID (the reference's 3).
@@ -125,8 +125,9 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         if let Ok(pending) = self.store.take_ntfs(&nid).await {
             if !pending.is_empty() {
                 self.stats.msg_ntfs += pending.len() as u64;
-                turn.trailing
-                    .push(pending.iter().map(|p| nmsg(session, &nid, p)).collect());
+                turn.trailing.push(Group::plain(
+                    pending.iter().map(|p| nmsg(session, &nid, p)).collect(),
+                ));
             }
         }
         BrokerMsg::Sok(None)

@@ -125,11 +125,13 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             self.stats.queues_created += 1;
             if new.sub_mode == SubMode::Subscribe {
                 // A new queue has no message and no other subscriber.
+                let epoch = self.new_epoch();
                 self.subs.insert(
                     rid.clone(),
                     Subscriber {
                         session: session.clone(),
                         delivered: None,
+                        epoch,
                     },
                 );
                 self.entries(session.conn).subs.insert(rid.clone());
