@@ -78,13 +78,13 @@ enum Command {
         #[arg(long, default_value_t = 2 * 3600)]
         expire_interval_secs: u64,
         /// Delete a queue's expired messages before each SEND to it.
-        #[arg(long, default_value = "on", value_parser = on_off)]
+        #[arg(long, default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
         expire_on_send: bool,
         /// Seconds a notification is kept (default 24 hours).
         #[arg(long, default_value_t = 24 * 3600)]
         notification_ttl_secs: u64,
         /// Allow NEW (queue creation).
-        #[arg(long, default_value = "on", value_parser = on_off)]
+        #[arg(long, default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
         new_queues: bool,
     },
 }
