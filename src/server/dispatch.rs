@@ -6,10 +6,11 @@
 use std::collections::BTreeMap;
 
 use super::directory::{Directory, IdSpace};
+use super::forward::{self, Decoded};
 use super::router::{Mesh, Request, Session};
 use crate::protocol::batch::{parse_batch, BatchWriter};
 use crate::protocol::command::{check_credentials, parse_command, Command};
-use crate::protocol::error::{BrokerError, ErrorType, NameError, ProxyError, TransportError};
+use crate::protocol::error::{ErrorType, NameError, ProxyError};
 use crate::protocol::response::BrokerMsg;
 use crate::protocol::transmission::{
     authorized_bytes, parse_transmission, RawTransmission, TransmissionError,
@@ -28,8 +29,9 @@ pub struct RouteCtx<'a> {
     pub session: &'a Session,
     pub directory: &'a Directory,
     pub mesh: &'a Mesh,
-    /// Whether the client sent a hello key (forwarded commands need the session secret).
-    pub has_session_secret: bool,
+    /// X25519(server session key, client hello key), when the client sent a hello key: `RFWD`
+    /// bodies are sealed with it.
+    pub session_secret: Option<[u8; 32]>,
 }
 
 /// Routes the transmissions of one decoded block (`content`), or answers `ERR BLOCK` for a block
@@ -135,17 +137,10 @@ fn route_transmission(ctx: &RouteCtx<'_>, bytes: &[u8], routed: &mut Routed) {
                 .push(err(ErrorType::Name(NameError::NoResolver)));
             return;
         }
-        Command::RFwd(_) => {
-            // Forwarded commands arrive with the private-routing destination role; without a
-            // session secret the reference refuses exactly so.
-            let e = if ctx.has_session_secret {
-                ErrorType::Crypto
-            } else {
-                ErrorType::Proxy(ProxyError::Broker(BrokerError::Transport(
-                    TransportError::NoAuth,
-                )))
-            };
-            routed.local.push(err(e));
+        // Private routing, destination role (`forward.rs`): plain errors and answers that need
+        // no queue are sealed here; the rest goes to the queue's owner, which seals its answer.
+        Command::RFwd(body) => {
+            route_forwarded(ctx, t.corr_id, body, routed);
             return;
         }
         // The queue's recipient ID is chosen here so that NEW goes to the shard that will own it.
@@ -168,6 +163,47 @@ fn route_transmission(ctx: &RouteCtx<'_>, bytes: &[u8], routed: &mut Routed) {
         .push(request(session, &t, cmd, recipient_id));
 }
 
+/// Routes the transmission inside an `RFWD` (SEND and SKEY by sender ID, LKEY and LGET by link ID,
+/// as the plain path does), or answers the proxy at once.
+fn route_forwarded(ctx: &RouteCtx<'_>, corr_id: &[u8], body: &[u8], routed: &mut Routed) {
+    let session = ctx.session;
+    match forward::decode_rfwd(session, ctx.session_secret.as_ref(), corr_id, body) {
+        Decoded::Plain(e) => routed.local.push(error(session, corr_id, b"", e)),
+        Decoded::Answer {
+            fwd,
+            corr_id,
+            entity_id,
+            msg,
+        } => routed
+            .local
+            .push(forward::respond(session, &fwd, &corr_id, &entity_id, &msg)),
+        Decoded::Route { fwd, request: r } => {
+            let recipient_id = match r.command {
+                Command::Send { .. } | Command::SKey(_) => {
+                    ctx.directory.lookup(IdSpace::Sender, &r.entity_id)
+                }
+                Command::LKey(_) | Command::LGet => {
+                    ctx.directory.lookup(IdSpace::Link, &r.entity_id)
+                }
+                _ => None,
+            };
+            let owner = ctx
+                .mesh
+                .owner_of(recipient_id.as_deref().unwrap_or(&r.entity_id));
+            routed.by_owner.entry(owner).or_default().push(Request {
+                corr_id: r.corr_id,
+                entity_id: r.entity_id,
+                recipient_id,
+                command: r.command,
+                authorization: r.authorization,
+                service_sig: r.service_sig,
+                authorized: r.authorized,
+                forward: Some(fwd),
+            });
+        }
+    }
+}
+
 fn request(
     session: &Session,
     t: &RawTransmission<'_>,
@@ -182,6 +218,7 @@ fn request(
         authorization: t.authorization.to_vec(),
         service_sig: t.service_sig.is_some(),
         authorized: authorized_bytes(session.version, &session.session_id, t.signed),
+        forward: None,
     }
 }
 

@@ -9,6 +9,7 @@ pub mod commands;
 pub mod conn;
 pub mod directory;
 pub mod dispatch;
+pub mod forward;
 pub mod lock;
 pub mod owner;
 pub mod router;
