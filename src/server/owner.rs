@@ -58,6 +58,9 @@ pub struct OwnerStats {
 /// to prove that the race test can fail.
 pub const T1_RACE_VARIANT: bool = cfg!(feature = "t1-race-variant");
 
+/// How late the `t1-race-variant` registers a SUB (the reference's subscriber thread lags likewise).
+pub const T1_VARIANT_DELAY: std::time::Duration = std::time::Duration::from_millis(1000);
+
 pub struct Owner<S> {
     pub shard: usize,
     pub store: S,

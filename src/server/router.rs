@@ -105,6 +105,13 @@ pub enum ShardMsg {
         conn: ConnRef,
         deliveries: Vec<Delivery>,
     },
+    /// Registers a subscriber after its SUB was answered: only the test build `t1-race-variant`
+    /// sends this, to show that the race test catches the reference's late registration.
+    RegisterSub {
+        session: Session,
+        recipient_id: EntityId,
+        epoch: u64,
+    },
     /// Periodic work of an owner (expiration).
     Tick,
     /// Stop: save what must be saved, then end the shard.

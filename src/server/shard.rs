@@ -142,6 +142,11 @@ async fn inbox_loop(
             ShardMsg::Event { conn, groups } => ctx.deliver(conn, groups, None),
             ShardMsg::Closed { conn } => owner.connection_closed(conn),
             ShardMsg::Redeliver { conn, deliveries } => owner.redeliver(conn, deliveries).await,
+            ShardMsg::RegisterSub {
+                session,
+                recipient_id,
+                epoch,
+            } => owner.register_sub(&session, &recipient_id, epoch),
             ShardMsg::Tick => owner.expire().await,
             ShardMsg::Stop => break,
         }

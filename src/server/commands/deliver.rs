@@ -16,8 +16,8 @@ use crate::protocol::error::CommandError;
 use crate::protocol::error::ErrorType;
 use crate::protocol::response::BrokerMsg;
 use crate::protocol::version::max_message_length;
-use crate::server::owner::{encode, Owner, Subscriber, Turn};
-use crate::server::router::{Group, Request, Session};
+use crate::server::owner::{encode, Owner, Subscriber, Turn, T1_RACE_VARIANT, T1_VARIANT_DELAY};
+use crate::server::router::{Group, Request, Session, ShardMsg};
 use crate::store::{Message, MessageStore, MsgId, QueueStatus, QueueStore, WriteOutcome};
 
 /// MSG bodies are always padded to this before sealing: `MaxRcvMessageLen + 2`
@@ -81,6 +81,39 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         }
         self.stats.subs += 1;
         let epoch = self.new_epoch();
+        if T1_RACE_VARIANT {
+            // Test-only: register later, as the reference's subscriber thread does, so that a SEND
+            // between this read and the registration is neither returned nor pushed.
+            self.register_later(session.clone(), rid.to_vec(), epoch);
+        } else {
+            self.register_sub(session, rid, epoch);
+        }
+        // The batch read is stale if an earlier request of this turn changed the queue.
+        let head = match head {
+            Some(h) if !turn.touched.contains(rid) => h,
+            _ => match self.store.peek_first(rid).await {
+                Ok(h) => h,
+                Err(e) => return err(store_error(e)),
+            },
+        };
+        if let Some(m) = head {
+            let Some(secret) = self.store.get(rid).map(|q| q.rcv_dh_secret) else {
+                return err(ErrorType::Auth);
+            };
+            if let Some(s) = self.subs.get_mut(rid) {
+                s.delivered = Some(*m.msg_id());
+            }
+            let delivery = self.delivery(rid, m.msg_id());
+            turn.sub_msgs
+                .push((msg_transmission(session, b"", rid, &secret, &m), delivery));
+        }
+        BrokerMsg::Sok(None)
+    }
+
+    /// Makes `session` the subscriber of `rid` (a new subscription, `epoch`); a previous subscriber
+    /// on another connection gets END.
+    pub fn register_sub(&mut self, session: &Session, rid: &[u8], epoch: u64) {
+        let conn = session.conn;
         match self.subs.get_mut(rid) {
             Some(s) if s.session.conn == conn => {
                 s.delivered = None;
@@ -105,26 +138,24 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 }
             }
         }
-        // The batch read is stale if an earlier request of this turn changed the queue.
-        let head = match head {
-            Some(h) if !turn.touched.contains(rid) => h,
-            _ => match self.store.peek_first(rid).await {
-                Ok(h) => h,
-                Err(e) => return err(store_error(e)),
-            },
-        };
-        if let Some(m) = head {
-            let Some(secret) = self.store.get(rid).map(|q| q.rcv_dh_secret) else {
-                return err(ErrorType::Auth);
-            };
-            if let Some(s) = self.subs.get_mut(rid) {
-                s.delivered = Some(*m.msg_id());
-            }
-            let delivery = self.delivery(rid, m.msg_id());
-            turn.sub_msgs
-                .push((msg_transmission(session, b"", rid, &secret, &m), delivery));
-        }
-        BrokerMsg::Sok(None)
+    }
+
+    /// The `t1-race-variant` registration: a self-addressed message after `T1_VARIANT_DELAY`.
+    fn register_later(&self, session: Session, rid: Vec<u8>, epoch: u64) {
+        let mesh = self.mesh.clone();
+        let shard = self.shard;
+        glommio::spawn_local(async move {
+            glommio::timer::Timer::new(T1_VARIANT_DELAY).await;
+            mesh.send(
+                shard,
+                ShardMsg::RegisterSub {
+                    session,
+                    recipient_id: rid,
+                    epoch,
+                },
+            );
+        })
+        .detach();
     }
 
     /// GET: pull delivery; marks the queue as GET-mode on this connection.
