@@ -30,6 +30,12 @@ pub struct StartConfig {
     /// Test-only for now: ask clients for a TLS certificate (the services issue makes it real).
     pub request_client_cert: bool,
     pub settings: Settings,
+    /// How often the metrics file is rewritten; `None`: no metrics file (`prometheus_interval`).
+    pub metrics_interval: Option<Duration>,
+    /// A connection whose output stays over its bound this long is closed.
+    pub slow_reader_close: Duration,
+    /// Test hook: the owner on shard `.0` waits `.1` before each block of work (ordering tests).
+    pub test_owner_delay: Option<(usize, Duration)>,
 }
 
 impl StartConfig {
@@ -43,6 +49,9 @@ impl StartConfig {
             handshake_timeout: limits::SMP_HANDSHAKE_TIMEOUT,
             request_client_cert: false,
             settings: Settings::default(),
+            metrics_interval: None,
+            slow_reader_close: limits::SLOW_READER_CLOSE,
+            test_owner_delay: None,
         }
     }
 }

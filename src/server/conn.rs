@@ -28,7 +28,6 @@ use super::tls_stream::{self, SharedTls, TlsStream};
 use crate::crypto::{signed_key, sxbox};
 use crate::limits::{
     MAX_BLOCKS_IN_FLIGHT, OUTPUT_HIGH_WATER_BYTES, OUTPUT_LOW_WATER_BYTES, REDELIVER_BATCH,
-    SLOW_READER_CLOSE,
 };
 use crate::protocol::error::{HandshakeError, TransportError};
 use crate::protocol::handshake::{CertChainPubKey, ClientHello, ServerHello, ServiceResponse};
@@ -207,7 +206,10 @@ async fn session(ctx: &Rc<ShardContext>, tls: &SharedTls, hs: Handshake) -> Resu
     let writer = write_loop(ctx, conn, tls, &codec, &in_flight, &state, out_rx);
     let result = futures_lite::future::or(
         reader,
-        futures_lite::future::or(writer, slow_reader_watchdog(&state)),
+        futures_lite::future::or(
+            writer,
+            slow_reader_watchdog(&state, ctx.config.slow_reader_close),
+        ),
     )
     .await;
     ctx.connections_table.borrow_mut().remove(&conn.id);
@@ -331,12 +333,12 @@ fn ask_again(ctx: &ShardContext, conn: ConnRef, state: &OutputState) {
     }
 }
 
-/// Ends a connection whose output has stayed over its bound for `SLOW_READER_CLOSE`.
-async fn slow_reader_watchdog(state: &OutputState) -> Result<(), ConnError> {
+/// Ends a connection whose output has stayed over its bound for `limit` (`SLOW_READER_CLOSE`).
+async fn slow_reader_watchdog(state: &OutputState, limit: Duration) -> Result<(), ConnError> {
     loop {
         glommio::timer::Timer::new(Duration::from_secs(1)).await;
         if let Some(since) = state.over_since.get() {
-            if since.elapsed() >= SLOW_READER_CLOSE {
+            if since.elapsed() >= limit {
                 return Err(ConnError::SlowReader);
             }
         }

@@ -133,7 +133,14 @@ async fn inbox_loop(
                 session,
                 block_seq,
                 requests,
-            } => owner.process(session, block_seq, requests).await,
+            } => {
+                if let Some((shard, delay)) = ctx.config.test_owner_delay {
+                    if shard == ctx.shard_id {
+                        glommio::timer::Timer::new(delay).await;
+                    }
+                }
+                owner.process(session, block_seq, requests).await
+            }
             ShardMsg::Reply {
                 conn,
                 block_seq,
