@@ -1,5 +1,6 @@
-//! The `smp-relay` command line: `init` creates a data directory (keys, certificates, the server address),
-//! `start` runs the relay on it.
+//! The `smp-relay` command line: `init` creates a data directory (keys, certificates, the
+//! configuration file, the server address), `start` runs the relay on it, `block`/`unblock` change a
+//! queue's status in the store of a stopped relay.
 
 use std::fs;
 use std::io::Write;
@@ -7,11 +8,16 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use rand::RngCore;
 
 use smp_relay::config::{self, StartConfig};
 use smp_relay::crypto::hash;
+use smp_relay::ini::{self, StartOptions};
+use smp_relay::protocol::error::{BlockingInfo, BlockingReason};
+use smp_relay::server::{self, lock, lock::LockError};
+use smp_relay::store::memory::{self, MemoryStore, OfflineId};
+use smp_relay::store::{QueueRec, QueueStatus, QueueStore, PARTITION_GROUPS};
 use smp_relay::transport::certs;
 
 #[derive(Parser)]
@@ -31,8 +37,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Create the data directory: the offline CA and online server certificate (Ed25519), the
-    /// fingerprint and, unless --no-password, a random password for creating queues. Prints the
-    /// server address. Refuses to overwrite an existing directory's keys.
+    /// fingerprint, the configuration file smp-server.ini and, unless --no-password, a random
+    /// password for creating queues. Prints the server address. Refuses to overwrite an existing
+    /// directory's keys.
     Init {
         /// Host name or IP address clients use to reach this relay (printed in the address).
         #[arg(long, default_value = "127.0.0.1")]
@@ -44,49 +51,124 @@ enum Command {
         #[arg(long)]
         no_password: bool,
     },
-    /// Run the relay: one pinned shard per core, listening on every --port.
-    Start {
-        /// Port to listen on; repeat for several (default 5223).
-        #[arg(long = "port")]
-        ports: Vec<u16>,
-        /// Number of shards, each pinned to its own core (default: every online core).
+    /// Run the relay: one pinned shard per core, listening on every port. Settings come from these
+    /// options, then from <data-dir>/smp-server.ini, then from the defaults.
+    Start(StartArgs),
+    /// Block a queue of a stopped relay: its clients get ERR BLOCKED (older clients AUTH) for
+    /// every command but OFF and DEL. Edits the store the relay saved at its last clean stop.
+    Block {
+        /// The queue's sender ID or link ID, base64url (padding optional).
+        id: String,
+        /// Why the queue is blocked, as clients are told.
+        #[arg(long, value_enum)]
+        reason: Reason,
+        /// A JSON object for clients (v18+), e.g. '{"ttl":3600}'.
         #[arg(long)]
-        cores: Option<usize>,
-        /// Connections held at once, over all shards.
-        #[arg(long, default_value_t = smp_relay::limits::MAX_CONNECTIONS)]
-        max_connections: usize,
-        /// Seconds a client has to complete TLS.
-        #[arg(long, default_value_t = smp_relay::limits::TLS_SETUP_TIMEOUT.as_secs())]
-        tls_timeout_secs: u64,
-        /// Seconds a client has to complete the SMP handshake after TLS.
-        #[arg(long, default_value_t = smp_relay::limits::SMP_HANDSHAKE_TIMEOUT.as_secs())]
-        handshake_timeout_secs: u64,
-        /// Ask clients for a TLS certificate (test switch until services exist).
-        #[arg(long, hide = true)]
-        test_request_client_cert: bool,
-        /// Store: `memory` (saved at a clean stop, restored at start; a crash loses what was not
-        /// saved). The journal and PostgreSQL stores come later.
-        #[arg(long, default_value = "memory", value_parser = ["memory"])]
-        store: String,
-        /// Messages a queue holds before senders get ERR QUOTA.
-        #[arg(long, default_value_t = 128)]
-        quota: usize,
-        /// Seconds a message is kept (default 21 days).
-        #[arg(long, default_value_t = 21 * 86400)]
-        message_ttl_secs: u64,
-        /// Seconds between expiration runs over all queues (default 2 hours).
-        #[arg(long, default_value_t = 2 * 3600)]
-        expire_interval_secs: u64,
-        /// Delete a queue's expired messages before each SEND to it.
-        #[arg(long, default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
-        expire_on_send: bool,
-        /// Seconds a notification is kept (default 24 hours).
-        #[arg(long, default_value_t = 24 * 3600)]
-        notification_ttl_secs: u64,
-        /// Allow NEW (queue creation).
-        #[arg(long, default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
-        new_queues: bool,
+        notice: Option<String>,
     },
+    /// Unblock a queue of a stopped relay that `block` blocked.
+    Unblock {
+        /// The queue's sender ID or link ID, base64url (padding optional).
+        id: String,
+    },
+}
+
+#[derive(Args)]
+struct StartArgs {
+    /// Port to listen on; repeat for several (ini `[TRANSPORT] port`; default 5223).
+    #[arg(long = "port")]
+    ports: Vec<u16>,
+    /// Number of shards, each pinned to its own core (ini `[RELAY] cores`; default: every online
+    /// core).
+    #[arg(long, value_parser = ini::cores)]
+    cores: Option<usize>,
+    /// Connections held at once, over all shards (ini `[RELAY] max_connections`; default 65536).
+    #[arg(long, value_parser = ini::max_connections)]
+    max_connections: Option<usize>,
+    /// Seconds a client has to complete TLS (ini `[RELAY] tls_timeout_secs`; default 60).
+    #[arg(long, value_parser = ini::seconds)]
+    tls_timeout_secs: Option<Duration>,
+    /// Seconds a client has to complete the SMP handshake after TLS (ini `[RELAY]
+    /// handshake_timeout_secs`; default 120).
+    #[arg(long, value_parser = ini::seconds)]
+    handshake_timeout_secs: Option<Duration>,
+    /// Ask clients for a TLS certificate (test switch until services exist).
+    #[arg(long, hide = true)]
+    test_request_client_cert: bool,
+    /// Test hook: the owner on shard SHARD waits MS milliseconds before each block of work.
+    #[arg(long, hide = true, value_name = "SHARD:MS", value_parser = owner_delay)]
+    test_owner_delay: Option<(usize, Duration)>,
+    /// Seconds a connection may leave its output over the bound (1 MiB) before it is closed
+    /// (default 60).
+    #[arg(long, value_parser = ini::seconds)]
+    slow_reader_close_secs: Option<Duration>,
+    /// Store: `memory` (saved at a clean stop, restored at start; a crash loses what was not
+    /// saved). The journal and PostgreSQL stores come later (ini `[STORE_LOG] store_messages`).
+    #[arg(long, value_parser = ["memory"])]
+    store: Option<String>,
+    /// Messages a queue holds before senders get ERR QUOTA (ini `[RELAY] quota`; default 128).
+    #[arg(long, value_parser = ini::quota)]
+    quota: Option<usize>,
+    /// Seconds a message is kept (ini `[STORE_LOG] expire_messages_days`; default 21 days).
+    #[arg(long, value_parser = ini::seconds)]
+    message_ttl_secs: Option<Duration>,
+    /// Seconds between expiration runs over all queues (ini `[RELAY] expire_interval_secs`;
+    /// default 2 hours).
+    #[arg(long, value_parser = ini::seconds)]
+    expire_interval_secs: Option<Duration>,
+    /// Delete a queue's expired messages before each SEND to it: on or off (ini `[STORE_LOG]
+    /// expire_messages_on_send`; default on).
+    #[arg(long, value_parser = ini::on_off, action = clap::ArgAction::Set)]
+    expire_on_send: Option<bool>,
+    /// Seconds a notification is kept (ini `[STORE_LOG] expire_ntfs_hours`; default 24 hours).
+    #[arg(long, value_parser = ini::seconds)]
+    notification_ttl_secs: Option<Duration>,
+    /// Allow NEW (queue creation): on or off (ini `[AUTH] new_queues`; default on).
+    #[arg(long, value_parser = ini::on_off, action = clap::ArgAction::Set)]
+    new_queues: Option<bool>,
+    /// Rewrite <data-dir>/smp-server-metrics.txt (Prometheus text) every SECS seconds (ini
+    /// `[STORE_LOG] prometheus_interval`; default: no metrics file).
+    #[arg(long, value_name = "SECS", value_parser = ini::seconds)]
+    metrics_interval: Option<Duration>,
+}
+
+impl StartArgs {
+    /// The options given on the command line; absent ones leave the file's or the default.
+    fn options(&self) -> StartOptions {
+        StartOptions {
+            ports: (!self.ports.is_empty()).then(|| self.ports.clone()),
+            shards: self.cores,
+            max_connections: self.max_connections,
+            tls_timeout: self.tls_timeout_secs,
+            handshake_timeout: self.handshake_timeout_secs,
+            quota: self.quota,
+            message_ttl: self.message_ttl_secs,
+            expire_interval: self.expire_interval_secs,
+            expire_on_send: self.expire_on_send,
+            notification_ttl: self.notification_ttl_secs,
+            new_queues: self.new_queues,
+            create_password: None,
+            metrics_interval: self.metrics_interval,
+        }
+    }
+}
+
+/// `SHARD:MS` of `--test-owner-delay`.
+fn owner_delay(s: &str) -> Result<(usize, Duration), String> {
+    let (shard, ms) = s
+        .split_once(':')
+        .ok_or_else(|| format!("expected SHARD:MS, got {s:?}"))?;
+    let shard = shard.parse().map_err(|_| format!("bad shard in {s:?}"))?;
+    let ms: u64 = ms
+        .parse()
+        .map_err(|_| format!("bad milliseconds in {s:?}"))?;
+    Ok((shard, Duration::from_millis(ms)))
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Reason {
+    Spam,
+    Content,
 }
 
 pub fn main() -> ExitCode {
@@ -104,39 +186,25 @@ pub fn main() -> ExitCode {
             port,
             no_password,
         } => init(&cli.data_dir, &host, port, no_password),
-        Command::Start {
-            ports,
-            cores,
-            max_connections,
-            tls_timeout_secs,
-            handshake_timeout_secs,
-            test_request_client_cert,
-            store: _,
-            quota,
-            message_ttl_secs,
-            expire_interval_secs,
-            expire_on_send,
-            notification_ttl_secs,
-            new_queues,
-        } => {
-            let mut c = StartConfig::new(&cli.data_dir);
-            if !ports.is_empty() {
-                c.ports = ports;
-            }
-            c.shards = cores
-                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-            c.max_connections = max_connections.max(1);
-            c.tls_timeout = Duration::from_secs(tls_timeout_secs);
-            c.handshake_timeout = Duration::from_secs(handshake_timeout_secs);
-            c.request_client_cert = test_request_client_cert;
-            c.settings.quota = quota;
-            c.settings.message_ttl = Duration::from_secs(message_ttl_secs);
-            c.settings.expire_interval = Duration::from_secs(expire_interval_secs.max(1));
-            c.settings.expire_on_send = expire_on_send;
-            c.settings.notification_ttl = Duration::from_secs(notification_ttl_secs);
-            c.settings.new_queues = new_queues;
-            start(c)
+        Command::Start(args) => start(&cli.data_dir, &args),
+        Command::Block { id, reason, notice } => {
+            let reason = match reason {
+                Reason::Spam => BlockingReason::Spam,
+                Reason::Content => BlockingReason::Content,
+            };
+            notice
+                .as_deref()
+                .map(compact_json_object)
+                .transpose()
+                .and_then(|notice| {
+                    offline_edit(
+                        &cli.data_dir,
+                        &id,
+                        Edit::Block(BlockingInfo { reason, notice }),
+                    )
+                })
         }
+        Command::Unblock { id } => offline_edit(&cli.data_dir, &id, Edit::Unblock),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -145,31 +213,6 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// `on`/`off`, as the reference's configuration booleans.
-fn on_off(s: &str) -> Result<bool, String> {
-    match s {
-        "on" => Ok(true),
-        "off" => Ok(false),
-        _ => Err(format!("expected on or off, got {s:?}")),
-    }
-}
-
-/// The create password `init` wrote into `[AUTH] create_password` of the configuration file.
-fn read_create_password(dir: &Path) -> Result<Option<Vec<u8>>, String> {
-    let path = dir.join(config::INI_FILE);
-    let Ok(text) = fs::read_to_string(&path) else {
-        return Ok(None);
-    };
-    for line in text.lines() {
-        if let Some((k, v)) = line.split_once('=') {
-            if k.trim() == "create_password" {
-                return Ok(Some(v.trim().as_bytes().to_vec()));
-            }
-        }
-    }
-    Ok(None)
 }
 
 fn init(dir: &Path, host: &str, port: u16, no_password: bool) -> Result<(), String> {
@@ -212,13 +255,7 @@ fn init(dir: &Path, host: &str, port: u16, no_password: bool) -> Result<(), Stri
         use base64::Engine;
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
     });
-    let mut ini = String::from("[TRANSPORT]\n");
-    ini.push_str(&format!(
-        "host = {host}\nport = {port}\n\n[AUTH]\nnew_queues = on\n"
-    ));
-    if let Some(p) = &password {
-        ini.push_str(&format!("create_password = {p}\n"));
-    }
+    let ini = ini_template(host, port, password.as_deref());
     write_file(dir, config::INI_FILE, &ini, true)?;
     let auth = password.map(|p| format!(":{p}")).unwrap_or_default();
     println!("smp://{fingerprint}{auth}@{host}:{port}");
@@ -240,16 +277,492 @@ fn write_file(dir: &Path, name: &str, contents: &str, private: bool) -> Result<(
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
-fn start(mut c: StartConfig) -> Result<(), String> {
-    if !c.data_dir.join(config::SERVER_KEY_FILE).exists() {
+/// The configuration file `init` writes: the reference's sections and keys this relay applies, with
+/// their defaults, commented where the reference's template comments them (`ini.rs` lists them all).
+fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
+    let d = config::Settings::default();
+    let password_line = match password {
+        Some(p) => format!("create_password = {p}"),
+        None => "# create_password = <printable ASCII without spaces, '@', ':' or '/'>".to_string(),
+    };
+    format!(
+        "[STORE_LOG]\n\
+         # Queues, messages and notifications are kept in memory, saved at a clean stop (SIGINT or\n\
+         # SIGTERM) and restored at start. The journal and database stores are not supported yet.\n\
+         store_messages = memory\n\
+         \n\
+         # How long messages and notifications are kept.\n\
+         expire_messages_days = {days}\n\
+         expire_messages_on_send = {on_send}\n\
+         expire_ntfs_hours = {hours}\n\
+         \n\
+         # Seconds between rewrites of smp-server-metrics.txt (Prometheus text); no file when unset.\n\
+         # prometheus_interval = 60\n\
+         \n\
+         [AUTH]\n\
+         # off refuses every NEW, e.g. while moving users off this relay.\n\
+         new_queues = {new_queues}\n\
+         \n\
+         # The password NEW must carry. It is part of the server address given to the users who may\n\
+         # create queues here (smp://fingerprint:password@host), not to their contacts.\n\
+         {password_line}\n\
+         \n\
+         [TRANSPORT]\n\
+         # host is only printed in the server address; list several ports separated by commas.\n\
+         host = {host}\n\
+         port = {port}\n\
+         \n\
+         [RELAY]\n\
+         # What the reference fixes in code. Messages a queue holds before ERR QUOTA:\n\
+         # quota = {quota}\n\
+         # Shards, one pinned core each (default: every online core):\n\
+         # cores = 1\n\
+         # max_connections = {max_connections}\n\
+         # expire_interval_secs = {expire_interval}\n\
+         # tls_timeout_secs = {tls}\n\
+         # handshake_timeout_secs = {handshake}\n",
+        days = d.message_ttl.as_secs() / 86400,
+        on_send = if d.expire_on_send { "on" } else { "off" },
+        hours = d.notification_ttl.as_secs() / 3600,
+        new_queues = if d.new_queues { "on" } else { "off" },
+        quota = d.quota,
+        max_connections = smp_relay::limits::MAX_CONNECTIONS,
+        expire_interval = d.expire_interval.as_secs(),
+        tls = smp_relay::limits::TLS_SETUP_TIMEOUT.as_secs(),
+        handshake = smp_relay::limits::SMP_HANDSHAKE_TIMEOUT.as_secs(),
+    )
+}
+
+fn start(data_dir: &Path, args: &StartArgs) -> Result<(), String> {
+    let cli = args.options();
+    if !data_dir.join(config::SERVER_KEY_FILE).exists() {
         // The README's first command: a fresh checkout runs `start` and gets a working relay.
-        let dir = c.data_dir.clone();
         eprintln!(
             "smp-relay: {} has no keys yet; initialising it (host 127.0.0.1, no password)",
-            dir.display()
+            data_dir.display()
         );
-        init(&dir, "127.0.0.1", c.ports[0], true)?;
+        let port = cli
+            .ports
+            .as_ref()
+            .and_then(|p| p.first().copied())
+            .unwrap_or(config::DEFAULT_PORT);
+        init(data_dir, "127.0.0.1", port, true)?;
     }
-    c.settings.create_password = read_create_password(&c.data_dir)?;
+    let file = ini::load(&data_dir.join(config::INI_FILE))
+        .map_err(|e| e.to_string())?
+        .unwrap_or_default();
+    let mut c = StartConfig::new(data_dir);
+    c.shards = std::thread::available_parallelism().map_or(1, |n| n.get());
+    c.request_client_cert = args.test_request_client_cert;
+    c.test_owner_delay = args.test_owner_delay;
+    if let Some(d) = args.slow_reader_close_secs {
+        c.slow_reader_close = d;
+    }
+    cli.or(file.options).apply_to(&mut c);
     smp_relay::server::run(c).map_err(|e| e.to_string())
+}
+
+/// What `block`/`unblock` do to a saved queue.
+enum Edit {
+    Block(BlockingInfo),
+    Unblock,
+}
+
+/// `block`/`unblock`: find the queue by sender ID, else by link ID, in the store a stopped relay
+/// saved, and change its status there (the reference's control-port commands, which need a
+/// running server; this relay edits the saved store instead, so the relay must be stopped).
+fn offline_edit(data_dir: &Path, id_text: &str, edit: Edit) -> Result<(), String> {
+    let id = hash::b64url_decode(id_text.trim())
+        .filter(|id| !id.is_empty())
+        .ok_or_else(|| format!("{id_text:?} is not a base64url queue ID (a sender or link ID)"))?;
+    if !data_dir.join(config::SERVER_KEY_FILE).exists() {
+        return Err(format!(
+            "{} is not an initialised data directory; pass the relay's --data-dir",
+            data_dir.display()
+        ));
+    }
+    let _lock = lock::lock_data_dir(data_dir).map_err(|e| match e {
+        LockError::Held(dir) => format!(
+            "the relay is running on {}; stop it first (block and unblock edit the store it saves at a clean stop)",
+            dir.display()
+        ),
+        e => e.to_string(),
+    })?;
+    let store_dir = data_dir.join(server::MEMORY_STORE_DIR);
+    if !memory::group_files_present(&store_dir) {
+        return Err(format!(
+            "no queues are saved in {} (the relay saves its queues when it stops cleanly, on SIGTERM or SIGINT)",
+            store_dir.display()
+        ));
+    }
+    let rec = saved_queue(&store_dir, &id)?.ok_or_else(|| {
+        format!(
+            "no queue has the sender ID or link ID {} in {}; check the ID (base64url)",
+            hash::b64url(&id),
+            store_dir.display()
+        )
+    })?;
+    let rid = hash::b64url(&rec.recipient_id);
+    let status = match (&edit, &rec.status) {
+        (Edit::Block(info), QueueStatus::Blocked(old)) if old == info => {
+            println!("the queue with recipient ID {rid} is already blocked ({}); nothing changed", describe(info));
+            return Ok(());
+        }
+        (Edit::Block(info), _) => QueueStatus::Blocked(info.clone()),
+        (Edit::Unblock, QueueStatus::Blocked(_)) => QueueStatus::Active,
+        (Edit::Unblock, QueueStatus::Active) => {
+            println!("the queue with recipient ID {rid} is not blocked; nothing changed");
+            return Ok(());
+        }
+        (Edit::Unblock, QueueStatus::Off) => {
+            return Err(format!(
+                "the queue with recipient ID {rid} is not blocked but off (its recipient suspended it); nothing changed"
+            ))
+        }
+    };
+    memory::set_status_offline(&store_dir, OfflineId::Sender(rec.sender_id), status)
+        .map_err(|e| e.to_string())?;
+    match (edit, rec.status) {
+        (Edit::Block(info), _) => {
+            println!(
+                "blocked the queue with recipient ID {rid} ({})",
+                describe(&info)
+            )
+        }
+        (Edit::Unblock, QueueStatus::Blocked(old)) => println!(
+            "unblocked the queue with recipient ID {rid} (it was blocked: {})",
+            describe(&old)
+        ),
+        (Edit::Unblock, _) => {}
+    }
+    Ok(())
+}
+
+fn describe(info: &BlockingInfo) -> String {
+    let mut out = Vec::new();
+    info.encode(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The saved record of the queue with this sender or link ID. The store files are read through
+/// hard links in a scratch directory, because loading renames what it loaded to `.bak`.
+// TODO: a read-only lookup in `store::memory::persist` would avoid the scratch directory.
+fn saved_queue(store_dir: &Path, id: &[u8]) -> Result<Option<QueueRec>, String> {
+    let scratch = store_dir.join(format!(".inspect-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&scratch);
+    fs::create_dir(&scratch).map_err(|e| format!("cannot create {}: {e}", scratch.display()))?;
+    let loaded = (|| {
+        for g in 0..PARTITION_GROUPS {
+            let src = memory::group_file(store_dir, g);
+            if src.exists() {
+                let dst = memory::group_file(&scratch, g);
+                fs::hard_link(&src, &dst)
+                    .or_else(|_| fs::copy(&src, &dst).map(|_| ()))
+                    .map_err(|e| format!("cannot read {}: {e}", src.display()))?;
+            }
+        }
+        let groups: Vec<u32> = (0..PARTITION_GROUPS).collect();
+        MemoryStore::load_with_ntf_ttl(&scratch, &groups, None, None, 0).map_err(|e| {
+            // Name the operator's files, not the scratch links.
+            e.to_string().replace(
+                &scratch.display().to_string(),
+                &store_dir.display().to_string(),
+            )
+        })
+    })();
+    let _ = fs::remove_dir_all(&scratch);
+    let store = loaded?;
+    let found = store
+        .all()
+        .find(|r| r.sender_id == id || r.link.as_ref().is_some_and(|l| l.link_id == id))
+        .cloned();
+    Ok(found)
+}
+
+/// Longest block notice accepted, compacted: it travels inside an `ERR BLOCKED` response.
+const MAX_NOTICE_BYTES: usize = 1024;
+/// Nesting accepted in a notice.
+const MAX_JSON_DEPTH: usize = 16;
+
+/// Checks that `text` is one JSON object and returns it without the whitespace between tokens
+/// (the reference re-encodes the notice it parsed, which gives the same compact form).
+fn compact_json_object(text: &str) -> Result<String, String> {
+    let mut p = Json {
+        s: text.as_bytes(),
+        i: 0,
+        out: Vec::with_capacity(text.len()),
+    };
+    p.ws();
+    if p.peek() != Some(b'{') {
+        return Err(format!(
+            "--notice must be a JSON object, e.g. '{{\"ttl\":3600}}'; got {text:?}"
+        ));
+    }
+    p.value(0)
+        .and_then(|()| {
+            p.ws();
+            match p.peek() {
+                None => Ok(()),
+                Some(_) => Err(p.error("end of input")),
+            }
+        })
+        .map_err(|e| format!("--notice is not valid JSON: {e}"))?;
+    let out = String::from_utf8(p.out).map_err(|_| "--notice is not valid UTF-8".to_string())?;
+    if out.len() > MAX_NOTICE_BYTES {
+        return Err(format!(
+            "--notice is {} bytes; at most {MAX_NOTICE_BYTES} are accepted",
+            out.len()
+        ));
+    }
+    Ok(out)
+}
+
+/// A JSON checker (RFC 8259) that copies the tokens it accepts.
+struct Json<'a> {
+    s: &'a [u8],
+    i: usize,
+    out: Vec<u8>,
+}
+
+impl Json<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.s.get(self.i).copied()
+    }
+
+    fn error(&self, expected: &str) -> String {
+        match self.peek() {
+            Some(b) => format!(
+                "expected {expected} at byte {}, got {:?}",
+                self.i, b as char
+            ),
+            None => format!("expected {expected} at the end"),
+        }
+    }
+
+    fn ws(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.i += 1;
+        }
+    }
+
+    fn take(&mut self) {
+        self.out.push(self.s[self.i]);
+        self.i += 1;
+    }
+
+    fn expect(&mut self, b: u8) -> Result<(), String> {
+        if self.peek() == Some(b) {
+            self.take();
+            Ok(())
+        } else {
+            Err(self.error(&format!("{:?}", b as char)))
+        }
+    }
+
+    fn value(&mut self, depth: usize) -> Result<(), String> {
+        if depth > MAX_JSON_DEPTH {
+            return Err(format!("nested deeper than {MAX_JSON_DEPTH}"));
+        }
+        self.ws();
+        match self.peek() {
+            Some(b'{') => {
+                self.take();
+                self.ws();
+                if self.peek() == Some(b'}') {
+                    self.take();
+                    return Ok(());
+                }
+                loop {
+                    self.ws();
+                    self.string()?;
+                    self.ws();
+                    self.expect(b':')?;
+                    self.value(depth + 1)?;
+                    self.ws();
+                    match self.peek() {
+                        Some(b',') => self.take(),
+                        Some(b'}') => {
+                            self.take();
+                            return Ok(());
+                        }
+                        _ => return Err(self.error("',' or '}'")),
+                    }
+                }
+            }
+            Some(b'[') => {
+                self.take();
+                self.ws();
+                if self.peek() == Some(b']') {
+                    self.take();
+                    return Ok(());
+                }
+                loop {
+                    self.value(depth + 1)?;
+                    self.ws();
+                    match self.peek() {
+                        Some(b',') => self.take(),
+                        Some(b']') => {
+                            self.take();
+                            return Ok(());
+                        }
+                        _ => return Err(self.error("',' or ']'")),
+                    }
+                }
+            }
+            Some(b'"') => self.string(),
+            Some(b'-' | b'0'..=b'9') => self.number(),
+            Some(b't') => self.literal(b"true"),
+            Some(b'f') => self.literal(b"false"),
+            Some(b'n') => self.literal(b"null"),
+            _ => Err(self.error("a JSON value")),
+        }
+    }
+
+    fn literal(&mut self, word: &[u8]) -> Result<(), String> {
+        if self.s[self.i..].starts_with(word) {
+            self.out.extend_from_slice(word);
+            self.i += word.len();
+            Ok(())
+        } else {
+            Err(self.error(&String::from_utf8_lossy(word)))
+        }
+    }
+
+    fn digits(&mut self) -> Result<(), String> {
+        if !matches!(self.peek(), Some(b'0'..=b'9')) {
+            return Err(self.error("a digit"));
+        }
+        while matches!(self.peek(), Some(b'0'..=b'9')) {
+            self.take();
+        }
+        Ok(())
+    }
+
+    fn number(&mut self) -> Result<(), String> {
+        if self.peek() == Some(b'-') {
+            self.take();
+        }
+        if self.peek() == Some(b'0') {
+            self.take();
+        } else {
+            self.digits()?;
+        }
+        if self.peek() == Some(b'.') {
+            self.take();
+            self.digits()?;
+        }
+        if matches!(self.peek(), Some(b'e' | b'E')) {
+            self.take();
+            if matches!(self.peek(), Some(b'+' | b'-')) {
+                self.take();
+            }
+            self.digits()?;
+        }
+        Ok(())
+    }
+
+    fn string(&mut self) -> Result<(), String> {
+        self.expect(b'"')?;
+        loop {
+            match self.peek() {
+                None => return Err(self.error("'\"'")),
+                Some(b'"') => {
+                    self.take();
+                    return Ok(());
+                }
+                Some(b'\\') => {
+                    self.take();
+                    match self.peek() {
+                        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => self.take(),
+                        Some(b'u') => {
+                            self.take();
+                            for _ in 0..4 {
+                                if !self.peek().is_some_and(|b| b.is_ascii_hexdigit()) {
+                                    return Err(self.error("a hex digit"));
+                                }
+                                self.take();
+                            }
+                        }
+                        _ => return Err(self.error("an escape")),
+                    }
+                }
+                Some(b) if b < 0x20 => return Err(self.error("no control character in a string")),
+                Some(_) => self.take(),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notices_are_json_objects_made_compact() {
+        assert_eq!(
+            compact_json_object("{\"ttl\":3600}"),
+            Ok("{\"ttl\":3600}".to_string())
+        );
+        assert_eq!(
+            compact_json_object(
+                " { \"ttl\" : 3600 , \"a\": [1, -2.5e3, true, null, \"x y\\n\\u00e9\"] } "
+            ),
+            Ok("{\"ttl\":3600,\"a\":[1,-2.5e3,true,null,\"x y\\n\\u00e9\"]}".to_string())
+        );
+        assert_eq!(compact_json_object("{}"), Ok("{}".to_string()));
+        assert_eq!(
+            compact_json_object("{\"é\":\"ü\"}"),
+            Ok("{\"é\":\"ü\"}".to_string())
+        );
+        for bad in [
+            "",
+            "3600",
+            "[1]",
+            "{ttl:3600}",
+            "{\"ttl\":3600",
+            "{\"ttl\":3600}}",
+            "{\"ttl\":01}",
+            "{\"ttl\":1.}",
+            "{\"ttl\":tru}",
+            "{\"a\":\"\\x\"}",
+            "{\"a\":\"\t\"}",
+            "{\"a\":1,}",
+            "{\"a\" 1}",
+        ] {
+            assert!(compact_json_object(bad).is_err(), "{bad:?} accepted");
+        }
+        let deep = format!("{{\"a\":{}1{}}}", "[".repeat(40), "]".repeat(40));
+        assert!(compact_json_object(&deep).is_err());
+        let long = format!("{{\"a\":\"{}\"}}", "x".repeat(MAX_NOTICE_BYTES));
+        assert!(compact_json_object(&long).is_err());
+    }
+
+    #[test]
+    fn the_template_parses_and_sets_what_init_chose() {
+        let text = ini_template("smp.example.com", 7001, Some("pw"));
+        let c = ini::parse(Path::new("smp-server.ini"), &text).expect("template parses");
+        assert_eq!(c.host.as_deref(), Some("smp.example.com"));
+        assert_eq!(c.options.ports, Some(vec![7001]));
+        assert_eq!(c.options.create_password, Some(b"pw".to_vec()));
+        let d = config::Settings::default();
+        assert_eq!(c.options.message_ttl, Some(d.message_ttl));
+        assert_eq!(c.options.notification_ttl, Some(d.notification_ttl));
+        assert_eq!(c.options.expire_on_send, Some(d.expire_on_send));
+        assert_eq!(c.options.new_queues, Some(d.new_queues));
+        assert_eq!(c.options.quota, None);
+        assert_eq!(c.options.metrics_interval, None);
+        // Uncommenting the commented defaults gives a valid file too.
+        let uncommented: String = text
+            .lines()
+            .map(|l| match l.strip_prefix("# ") {
+                Some(rest) if rest.contains(" = ") && !rest.contains('<') => format!("{rest}\n"),
+                _ => format!("{l}\n"),
+            })
+            .collect();
+        let c = ini::parse(Path::new("smp-server.ini"), &uncommented).expect("uncommented parses");
+        assert_eq!(c.options.quota, Some(d.quota));
+        let no_password = ini_template("h", 1, None);
+        let c = ini::parse(Path::new("smp-server.ini"), &no_password).expect("parses");
+        assert_eq!(c.options.create_password, None);
+    }
 }
