@@ -7,6 +7,7 @@
 
 mod conn;
 mod error;
+pub mod proxy;
 pub mod queue;
 #[cfg(test)]
 mod tests;
@@ -175,6 +176,8 @@ pub struct Client {
     session_id: Vec<u8>,
     /// The server's per-connection X25519 key from its hello (v≥7).
     server_session_key: Option<[u8; 32]>,
+    /// X25519(our hello key, the server session key), when both exist: a proxy seals `RFWD` with it.
+    session_secret: Option<[u8; 32]>,
     service_id: Option<Vec<u8>>,
     codec: BlockCodec,
     pending: VecDeque<ServerTransmission>,
@@ -269,12 +272,16 @@ impl Client {
             let secret = sxbox::dh(client_secret.as_bytes(), &server_key);
             codec = BlockCodec::client(&hello.session_id, &secret);
         }
+        let session_secret = client_key
+            .and(server_session_key)
+            .map(|k| sxbox::dh(client_secret.as_bytes(), &k));
         Ok(Client {
             conn,
             version,
             server_versions: hello.versions,
             session_id: hello.session_id,
             server_session_key,
+            session_secret,
             service_id,
             codec,
             pending: VecDeque::new(),
@@ -302,6 +309,11 @@ impl Client {
 
     pub fn server_session_key(&self) -> Option<&[u8; 32]> {
         self.server_session_key.as_ref()
+    }
+
+    /// The session secret shared with the server (§5.5 `sessSecret`), if we sent a hello key.
+    pub fn session_secret(&self) -> Option<&[u8; 32]> {
+        self.session_secret.as_ref()
     }
 
     pub fn service_id(&self) -> Option<&[u8]> {

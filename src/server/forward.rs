@@ -314,3 +314,441 @@ pub fn respond(
     };
     encode(outer, &fwd.outer_corr_id, b"", &answer)
 }
+
+#[cfg(test)]
+mod tests {
+    use x25519_dalek::StaticSecret;
+
+    use super::*;
+    use crate::client::proxy::{
+        batch_of, open_rres, seal_rfwd, Destination, ForwardedCommand, InnerResponse,
+    };
+    use crate::client::{Authorization, CommandBody, Signer};
+    use crate::crypto::auth;
+    use crate::protocol::command::MsgFlags;
+    use crate::protocol::transmission::client_signed_bytes;
+    use crate::server::router::ConnRef;
+
+    /// A destination session and the proxy's view of it, sharing one session secret.
+    fn sessions(version: Version) -> (Session, [u8; 32], Destination) {
+        let server_key = StaticSecret::from([7u8; 32]);
+        let proxy_key = [9u8; 32];
+        let server_pub = sxbox::x25519_public(&server_key.to_bytes());
+        let sess_secret = sxbox::dh(&server_key.to_bytes(), &sxbox::x25519_public(&proxy_key));
+        let session = Arc::new(SessionInfo {
+            conn: ConnRef { shard: 0, id: 1 },
+            version,
+            session_id: vec![0x5a; 32],
+            server_key,
+        });
+        let dest = Destination {
+            session_id: vec![0x5a; 32],
+            server_key: server_pub,
+            sess_secret: sxbox::dh(&proxy_key, &server_pub),
+        };
+        assert_eq!(sess_secret, dest.sess_secret);
+        (session, sess_secret, dest)
+    }
+
+    fn send(body: &[u8]) -> Command {
+        Command::Send {
+            flags: MsgFlags::new(false),
+            body: body.to_vec(),
+        }
+    }
+
+    fn ed25519() -> Signer {
+        Signer::Ed25519(ed25519_dalek::SigningKey::from_bytes(&[3u8; 32]))
+    }
+
+    /// Builds an RFWD body carrying `batch` as a proxy does; returns n2 and the body.
+    fn rfwd(dest: &Destination, fc: &ForwardedCommand, batch: &[u8]) -> ([u8; 24], Vec<u8>) {
+        let n2 = [0x42u8; 24];
+        let fwd = fc.fwd(&fc.seal(batch).unwrap());
+        (n2, seal_rfwd(&dest.sess_secret, &n2, &fwd))
+    }
+
+    fn one(
+        dest: &Destination,
+        fc: &ForwardedCommand,
+        entity: &[u8],
+        cmd: Command,
+        a: Authorization,
+    ) -> Vec<u8> {
+        batch_of(&[fc.transmission(dest, entity, &CommandBody::Cmd(cmd), &a)]).unwrap()
+    }
+
+    /// Opens what `respond` produced as the proxy and then the client would.
+    fn open(
+        session: &Session,
+        dest: &Destination,
+        fc: &ForwardedCommand,
+        n2: &[u8; 24],
+        t: &[u8],
+    ) -> InnerResponse {
+        let raw = parse_transmission(session.version, t).unwrap();
+        assert_eq!(raw.corr_id, n2, "RRES carries the RFWD's corrId");
+        assert_eq!(raw.entity_id, b"", "RRES has an empty entity");
+        let Ok(BrokerMsg::Rres(efr)) = BrokerMsg::parse(session.version, raw.command) else {
+            panic!("not RRES: {:?}", String::from_utf8_lossy(raw.command));
+        };
+        let (corr, r2) = open_rres(&dest.sess_secret, n2, &efr).unwrap();
+        assert_eq!(corr, fc.nonce, "FwdResponse echoes the client's corrId");
+        assert_eq!(r2.len(), 16 + PADDED_PROXIED_LEN);
+        fc.open_response(&r2).unwrap()
+    }
+
+    fn answer_of(d: Decoded) -> (Box<Forwarded>, Vec<u8>, Vec<u8>, BrokerMsg) {
+        match d {
+            Decoded::Answer {
+                fwd,
+                corr_id,
+                entity_id,
+                msg,
+            } => (fwd, corr_id, entity_id, msg),
+            Decoded::Plain(e) => panic!("plain {e:?}"),
+            Decoded::Route { .. } => panic!("routed"),
+        }
+    }
+
+    fn plain_of(d: Decoded) -> ErrorType {
+        match d {
+            Decoded::Plain(e) => e,
+            _ => panic!("not a plain error"),
+        }
+    }
+
+    #[test]
+    fn reverse_nonce_reverses_the_bytes() {
+        let n: [u8; 24] = std::array::from_fn(|i| i as u8);
+        let r = reverse_nonce(&n);
+        assert_eq!(r[0], 23);
+        assert_eq!(r[23], 0);
+        assert_eq!(reverse_nonce(&r), n);
+    }
+
+    #[test]
+    fn fwd_transmission_layout() {
+        let key = [1u8; 32];
+        let t = FwdTransmission {
+            corr_id: &[2u8; 24],
+            version: 17,
+            key,
+            et: b"ET",
+        };
+        let mut out = Vec::new();
+        t.encode(&mut out);
+        let mut expect = vec![24];
+        expect.extend_from_slice(&[2u8; 24]);
+        expect.extend_from_slice(&[0, 17, 44]);
+        expect.extend_from_slice(&x25519_to_spki(&key));
+        expect.extend_from_slice(b"ET");
+        assert_eq!(out, expect);
+        assert_eq!(FwdTransmission::parse(&out), Ok(t));
+        let mut fr = Vec::new();
+        FwdResponse {
+            corr_id: b"abc",
+            r2: b"R2",
+        }
+        .encode(&mut fr);
+        assert_eq!(fr, b"\x03abcR2");
+    }
+
+    #[test]
+    fn round_trip_send_at_each_version() {
+        for v in [6u16, 7, 8, 11, 16, 18, 20] {
+            let (session, secret, dest) = sessions(18);
+            let fc = ForwardedCommand::new(v, &dest);
+            let signer = ed25519();
+            let b = one(
+                &dest,
+                &fc,
+                b"sender-id",
+                send(b"hello"),
+                Authorization::Sign(signer.clone()),
+            );
+            let (n2, body) = rfwd(&dest, &fc, &b);
+            let Decoded::Route { fwd, request } = decode_rfwd(&session, Some(&secret), &n2, &body)
+            else {
+                panic!("v{v}: not routed");
+            };
+            assert_eq!(fwd.inner.version, v);
+            assert_eq!(fwd.inner.session_id, session.session_id);
+            assert_eq!(fwd.nonce, fc.nonce);
+            assert_eq!(request.corr_id, fc.nonce);
+            assert_eq!(request.entity_id, b"sender-id");
+            assert_eq!(request.command, send(b"hello"));
+            assert!(!request.service_sig);
+            // What the client signed, with the proxy↔relay session ID implied.
+            let signed = client_signed_bytes(
+                v,
+                &dest.session_id,
+                &fc.nonce,
+                b"sender-id",
+                &send(b"hello").to_bytes(v),
+            );
+            assert_eq!(request.authorized, signed, "v{v}");
+            let a = auth::Authorization::from_bytes(&request.authorization).unwrap();
+            assert!(auth::verify(
+                &signer.public_key(),
+                &a,
+                &request.authorized,
+                None,
+                &request.corr_id
+            ));
+
+            let t = respond(
+                &session,
+                &fwd,
+                &request.corr_id,
+                &request.entity_id,
+                &BrokerMsg::Ok,
+            );
+            let r = open(&session, &dest, &fc, &n2, &t);
+            assert_eq!(
+                r,
+                InnerResponse {
+                    corr_id: fc.nonce.to_vec(),
+                    entity_id: b"sender-id".to_vec(),
+                    msg: BrokerMsg::Ok
+                },
+                "v{v}"
+            );
+        }
+    }
+
+    #[test]
+    fn x25519_authenticator_is_made_for_the_destination_key() {
+        let (session, secret, dest) = sessions(18);
+        let fc = ForwardedCommand::new(17, &dest);
+        let signer = Signer::X25519([5u8; 32]);
+        let b = one(
+            &dest,
+            &fc,
+            b"s",
+            send(b"x"),
+            Authorization::Sign(signer.clone()),
+        );
+        let (n2, body) = rfwd(&dest, &fc, &b);
+        let Decoded::Route { request, .. } = decode_rfwd(&session, Some(&secret), &n2, &body)
+        else {
+            panic!("not routed");
+        };
+        let a = auth::Authorization::from_bytes(&request.authorization).unwrap();
+        let sk = session.server_key.to_bytes();
+        assert!(auth::verify(
+            &signer.public_key(),
+            &a,
+            &request.authorized,
+            Some(&sk),
+            &request.corr_id
+        ));
+    }
+
+    #[test]
+    fn plain_errors() {
+        let (session, secret, dest) = sessions(18);
+        let fc = ForwardedCommand::new(17, &dest);
+        let b = one(&dest, &fc, b"s", send(b"x"), Authorization::None);
+        let (n2, body) = rfwd(&dest, &fc, &b);
+        assert_eq!(
+            plain_of(decode_rfwd(&session, None, &n2, &body)),
+            no_session_secret()
+        );
+        // The body sealed for another corrId, and garbage.
+        assert_eq!(
+            plain_of(decode_rfwd(&session, Some(&secret), &[1u8; 24], &body)),
+            ErrorType::Crypto
+        );
+        assert_eq!(
+            plain_of(decode_rfwd(&session, Some(&secret), &n2, &[0u8; 100])),
+            ErrorType::Crypto
+        );
+        // Opens, but is no FwdTransmission.
+        let junk = seal_rfwd(&secret, &n2, b"\x18short");
+        assert_eq!(
+            plain_of(decode_rfwd(&session, Some(&secret), &n2, &junk)),
+            ErrorType::Cmd(CommandError::Syntax)
+        );
+        // et sealed for another key.
+        let other = ForwardedCommand::new(17, &dest);
+        let fwd = fc.fwd(&other.seal(&b).unwrap());
+        let wrong_et = seal_rfwd(&secret, &n2, &fwd);
+        assert_eq!(
+            plain_of(decode_rfwd(&session, Some(&secret), &n2, &wrong_et)),
+            ErrorType::Crypto
+        );
+        // Two transmissions.
+        let t = fc.transmission(
+            &dest,
+            b"s",
+            &CommandBody::Cmd(send(b"x")),
+            &Authorization::None,
+        );
+        let two = batch_of(&[t.clone(), t]).unwrap();
+        let (n2, body) = rfwd(&dest, &fc, &two);
+        assert_eq!(
+            plain_of(decode_rfwd(&session, Some(&secret), &n2, &body)),
+            ErrorType::Block
+        );
+    }
+
+    #[test]
+    fn errors_inside_rres() {
+        let (session, secret, dest) = sessions(18);
+        let fc = ForwardedCommand::new(17, &dest);
+        let signer = ed25519();
+        // (inner batch, expected corrId, expected entity, expected error)
+        type Case = (Vec<u8>, Vec<u8>, Vec<u8>, ErrorType);
+        let cases: Vec<Case> = vec![
+            // No batch at all: one failed transmission with an empty corrId.
+            (vec![0], vec![], vec![], ErrorType::Block),
+            (b"\x01\x00\x05ab".to_vec(), vec![], vec![], ErrorType::Block),
+            (
+                one(
+                    &dest,
+                    &fc,
+                    b"r",
+                    Command::Sub,
+                    Authorization::Sign(signer.clone()),
+                ),
+                fc.nonce.to_vec(),
+                b"r".to_vec(),
+                ErrorType::Cmd(CommandError::Prohibited),
+            ),
+            // Credentials are checked before the filter.
+            (
+                one(&dest, &fc, b"r", Command::Sub, Authorization::None),
+                fc.nonce.to_vec(),
+                b"r".to_vec(),
+                ErrorType::Cmd(CommandError::NoAuth),
+            ),
+            (
+                one(&dest, &fc, b"", Command::Ping, Authorization::None),
+                fc.nonce.to_vec(),
+                vec![],
+                ErrorType::Cmd(CommandError::Prohibited),
+            ),
+            (
+                one(
+                    &dest,
+                    &fc,
+                    b"",
+                    Command::Rslv("simplex.im".into()),
+                    Authorization::None,
+                ),
+                fc.nonce.to_vec(),
+                vec![],
+                ErrorType::Name(NameError::NoResolver),
+            ),
+            (
+                batch_of(&[fc.transmission(
+                    &dest,
+                    b"s",
+                    &CommandBody::Raw(b"SEND".to_vec()),
+                    &Authorization::None,
+                )])
+                .unwrap(),
+                fc.nonce.to_vec(),
+                b"s".to_vec(),
+                ErrorType::Cmd(CommandError::Syntax),
+            ),
+            (
+                one(
+                    &dest,
+                    &fc,
+                    b"s",
+                    send(b"x"),
+                    Authorization::Raw(vec![1; 10]),
+                ),
+                fc.nonce.to_vec(),
+                vec![],
+                ErrorType::Block,
+            ),
+        ];
+        for (b, corr, entity, e) in cases {
+            let (n2, body) = rfwd(&dest, &fc, &b);
+            let (fwd, c, en, msg) = answer_of(decode_rfwd(&session, Some(&secret), &n2, &body));
+            assert_eq!(
+                (&c, &en, &msg),
+                (&corr, &entity, &BrokerMsg::Err(e.clone()))
+            );
+            let r = open(
+                &session,
+                &dest,
+                &fc,
+                &n2,
+                &respond(&session, &fwd, &c, &en, &msg),
+            );
+            assert_eq!(r.msg, BrokerMsg::Err(e));
+            assert_eq!((r.corr_id, r.entity_id), (corr, entity));
+        }
+    }
+
+    #[test]
+    fn largest_send_fits_the_padded_length() {
+        let (session, secret, dest) = sessions(18);
+        let fc = ForwardedCommand::new(20, &dest);
+        let signer = Signer::Ed448([8u8; 57]);
+        let body = vec![b'm'; crate::protocol::version::max_message_length(20)];
+        assert_eq!(body.len(), 16048);
+        let b = one(
+            &dest,
+            &fc,
+            &[1u8; 24],
+            send(&body),
+            Authorization::Sign(signer.clone()),
+        );
+        assert_eq!(
+            b.len(),
+            PADDED_PROXIED_LEN - 2,
+            "exactly what pad(·, 16226) allows"
+        );
+        let (n2, rfwd_body) = rfwd(&dest, &fc, &b);
+        let Decoded::Route { request, .. } = decode_rfwd(&session, Some(&secret), &n2, &rfwd_body)
+        else {
+            panic!("not routed");
+        };
+        assert_eq!(request.command, send(&body));
+        let a = auth::Authorization::from_bytes(&request.authorization).unwrap();
+        assert!(auth::verify(
+            &signer.public_key(),
+            &a,
+            &request.authorized,
+            None,
+            &request.corr_id
+        ));
+        // One byte more does not fit.
+        let b = one(
+            &dest,
+            &fc,
+            &[1u8; 24],
+            send(&[body, vec![b'm']].concat()),
+            Authorization::Sign(signer),
+        );
+        assert!(fc.seal(&b).is_err());
+    }
+
+    #[test]
+    fn an_answer_too_large_to_pad_is_a_plain_block_error() {
+        let (session, secret, dest) = sessions(18);
+        let fc = ForwardedCommand::new(17, &dest);
+        let b = one(&dest, &fc, b"l", Command::LGet, Authorization::None);
+        let (n2, body) = rfwd(&dest, &fc, &b);
+        let Decoded::Route { fwd, .. } = decode_rfwd(&session, Some(&secret), &n2, &body) else {
+            panic!("not routed");
+        };
+        let lnk = BrokerMsg::Lnk {
+            sender_id: vec![1; 24],
+            fixed: vec![2; 8000],
+            user: vec![3; 8300],
+        };
+        let t = respond(&session, &fwd, &fc.nonce, b"l", &lnk);
+        let raw = parse_transmission(18, &t).unwrap();
+        assert_eq!(raw.corr_id, n2);
+        assert_eq!(
+            BrokerMsg::parse(18, raw.command),
+            Ok(BrokerMsg::Err(ErrorType::Block))
+        );
+    }
+}
