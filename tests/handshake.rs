@@ -237,9 +237,8 @@ fn hand_assembled_hello_with_h2_and_http11_alpn() {
 }
 
 /// The reference takes the first protocol of the CLIENT's list that it supports
-/// (`Transport/Server.hs`, `onALPNClientSuggest`); rustls picks by the server's order.
+/// (`Transport/Server.hs`, `onALPNClientSuggest`); the relay reads the ClientHello first to do the same.
 #[test]
-#[ignore = "relay bug: ALPN is chosen in the server's order (smp/1 first), not the client's"]
 fn alpn_preference_is_the_clients_order() {
     let relay = Relay::start();
     let (s, _) = hand_tls(&relay, Some(&[b"http/1.1", b"smp/1"]));

@@ -10,6 +10,7 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::crypto::{ring as ring_provider, CryptoProvider};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::Acceptor;
 use rustls::server::NoServerSessionStorage;
 use rustls::{
     ClientConfig, ClientConnection, DigitallySignedStruct, DistinguishedName, KeyLog,
@@ -281,21 +282,33 @@ fn session_id(
 
 /// Server side of one TLS handshake. Feed it every byte read from the socket, send what
 /// `take_output` yields, and call `finish` once `is_handshaking` is false.
+///
+/// The ClientHello is read first (rustls' `Acceptor`) so that ALPN follows the client's order, as
+/// the reference does: the first protocol of the client's list that the server supports wins
+/// (rustls alone would pick by the server's order).
 pub struct AcceptState {
-    conn: ServerConnection,
+    base: Arc<ServerConfig>,
+    stage: Stage,
     captured: Vec<u8>,
     key_log: Arc<HandshakeSecretLog>,
+    /// An alert rustls produced while refusing the ClientHello, to send before closing.
+    alert: Vec<u8>,
+}
+
+enum Stage {
+    Hello(Box<Acceptor>),
+    Handshake(Box<ServerConnection>),
+    Failed,
 }
 
 impl AcceptState {
     pub fn new(base: &Arc<ServerConfig>) -> Result<Self, TlsError> {
-        let key_log = Arc::new(HandshakeSecretLog::default());
-        let mut config = (**base).clone();
-        config.key_log = key_log.clone();
         Ok(Self {
-            conn: ServerConnection::new(Arc::new(config))?,
+            base: base.clone(),
+            stage: Stage::Hello(Box::default()),
             captured: Vec::new(),
-            key_log,
+            key_log: Arc::new(HandshakeSecretLog::default()),
+            alert: Vec::new(),
         })
     }
 
@@ -306,7 +319,7 @@ impl AcceptState {
     /// refuses more than 16 KiB of it (an error here). SMP clients send nothing before the
     /// server hello, so only a misbehaving peer gets there.
     pub fn feed(&mut self, mut bytes: &[u8]) -> Result<(), TlsError> {
-        if self.conn.is_handshaking() {
+        if self.is_handshaking() {
             // Captured before rustls sees them, so the Finished that completes the handshake is in.
             // Only up to the bound: bytes past it can only matter if the handshake is still going
             // once they are processed, which is refused below (and a Finished beyond the bound
@@ -319,31 +332,90 @@ impl AcceptState {
                 .extend_from_slice(&bytes[..bytes.len().min(room)]);
         }
         while !bytes.is_empty() {
-            if self.conn.read_tls(&mut bytes)? == 0 {
-                break;
+            match &mut self.stage {
+                Stage::Hello(acceptor) => {
+                    if acceptor.read_tls(&mut bytes)? == 0 {
+                        break;
+                    }
+                    self.accept_hello()?;
+                }
+                Stage::Handshake(conn) => {
+                    if conn.read_tls(&mut bytes)? == 0 {
+                        break;
+                    }
+                    conn.process_new_packets()?;
+                }
+                Stage::Failed => return Err(TlsError::HandshakeIncomplete),
             }
-            self.conn.process_new_packets()?;
         }
-        if self.conn.is_handshaking() && self.captured.len() >= MAX_HANDSHAKE_CAPTURE_BYTES {
+        if self.is_handshaking() && self.captured.len() >= MAX_HANDSHAKE_CAPTURE_BYTES {
             return Err(TlsError::CaptureOverflow);
         }
         Ok(())
     }
 
+    /// Once the whole ClientHello is in: picks ALPN by the client's order and starts the
+    /// connection with a per-connection config that logs this handshake's secret.
+    fn accept_hello(&mut self) -> Result<(), TlsError> {
+        let Stage::Hello(acceptor) = &mut self.stage else {
+            return Ok(());
+        };
+        let accepted = match acceptor.accept() {
+            Ok(None) => return Ok(()),
+            Ok(Some(a)) => a,
+            Err((e, mut alert)) => {
+                let _ = alert.write_all(&mut self.alert);
+                self.stage = Stage::Failed;
+                return Err(e.into());
+            }
+        };
+        let mut config = (*self.base).clone();
+        config.key_log = self.key_log.clone();
+        let offered: Option<Vec<Vec<u8>>> = accepted
+            .client_hello()
+            .alpn()
+            .map(|list| list.map(|p| p.to_vec()).collect());
+        if let Some(offered) = offered {
+            // With no protocol in common the server's list stays, and rustls refuses the handshake
+            // with no_application_protocol, as the reference does.
+            if let Some(first) = offered.iter().find(|p| config.alpn_protocols.contains(p)) {
+                config.alpn_protocols = vec![first.clone()];
+            }
+        }
+        match accepted.into_connection(Arc::new(config)) {
+            Ok(mut conn) => {
+                conn.process_new_packets()?;
+                self.stage = Stage::Handshake(Box::new(conn));
+                Ok(())
+            }
+            Err((e, mut alert)) => {
+                let _ = alert.write_all(&mut self.alert);
+                self.stage = Stage::Failed;
+                Err(e.into())
+            }
+        }
+    }
+
     pub fn is_handshaking(&self) -> bool {
-        self.conn.is_handshaking()
+        match &self.stage {
+            Stage::Handshake(conn) => conn.is_handshaking(),
+            _ => true,
+        }
     }
 
     pub fn wants_write(&self) -> bool {
-        self.conn.wants_write()
+        !self.alert.is_empty() || matches!(&self.stage, Stage::Handshake(c) if c.wants_write())
     }
 
     /// Appends the TLS bytes to send to the client.
     pub fn take_output(&mut self, out: &mut Vec<u8>) {
-        while self.conn.wants_write() {
-            // Writing into a Vec cannot fail; stop rather than spin if it ever did.
-            if !matches!(self.conn.write_tls(out), Ok(n) if n > 0) {
-                break;
+        out.append(&mut self.alert);
+        if let Stage::Handshake(conn) = &mut self.stage {
+            while conn.wants_write() {
+                // Writing into a Vec cannot fail; stop rather than spin if it ever did.
+                if !matches!(conn.write_tls(out), Ok(n) if n > 0) {
+                    break;
+                }
             }
         }
     }
@@ -353,23 +425,30 @@ impl AcceptState {
         &self.captured
     }
 
-    pub fn connection(&self) -> &ServerConnection {
-        &self.conn
+    /// The connection, once the ClientHello has been accepted.
+    pub fn connection(&self) -> Option<&ServerConnection> {
+        match &self.stage {
+            Stage::Handshake(conn) => Some(conn),
+            _ => None,
+        }
     }
 
     /// Once the handshake is complete: the connection (application data the client sent along
     /// with its Finished is already buffered in it) and the tls-unique session id.
     pub fn finish(self) -> Result<(ServerConnection, Vec<u8>), TlsError> {
-        if self.conn.is_handshaking() {
+        let Stage::Handshake(conn) = self.stage else {
+            return Err(TlsError::HandshakeIncomplete);
+        };
+        if conn.is_handshaking() {
             return Err(TlsError::HandshakeIncomplete);
         }
         let id = session_id(
-            self.conn.protocol_version(),
-            self.conn.negotiated_cipher_suite(),
+            conn.protocol_version(),
+            conn.negotiated_cipher_suite(),
             &self.key_log,
             &self.captured,
         )?;
-        Ok((self.conn, id))
+        Ok((*conn, id))
     }
 }
 
