@@ -6,7 +6,9 @@
 pub mod client;
 pub mod config;
 pub mod crypto;
+pub mod ini;
 pub mod limits;
+pub mod metrics;
 pub mod protocol;
 pub mod server;
 pub mod store;

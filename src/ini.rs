@@ -1,0 +1,879 @@
+//! The configuration file `<data-dir>/smp-server.ini`, in the reference's syntax (`[SECTION]` headers,
+//! `key = value` lines, `#` or `;` comments, `on`/`off` booleans; `reference/smp-server-behaviour.md`
+//! §7.2), plus a `[RELAY]` section for what the reference fixes in code.
+//!
+//! Strict on purpose: a key is either applied or refused with the file, line and what to do. A
+//! reference key this relay does not implement is never silently ignored, because an operator who
+//! copies a reference configuration must learn that, say, the control port is not there.
+//!
+//! Keys applied:
+//!
+//! | section | key | meaning |
+//! |---|---|---|
+//! | `[STORE_LOG]` | `store_messages`, `store_queues` | `memory` only (`journal`/`database` not supported yet) |
+//! | | `expire_messages_days` | message TTL in days (default 21) |
+//! | | `expire_messages_on_send` | `on`/`off` (default `on`) |
+//! | | `expire_ntfs_hours` | notification TTL in hours (default 24) |
+//! | | `prometheus_interval` | seconds between rewrites of the metrics file; absent = no file |
+//! | | `enable`, `restore_messages`, `expire_messages_on_start` | accepted as `on` (what this relay always does) |
+//! | | `log_stats` | accepted as `off` |
+//! | `[AUTH]` | `new_queues` | `on`/`off` (default `on`) |
+//! | | `create_password` | password NEW must carry |
+//! | `[TRANSPORT]` | `host` | informational (printed in the address by `init`) |
+//! | | `port` | comma-separated ports to listen on (default 5223) |
+//! | | `log_tls_errors`, `websockets` | accepted as `off` |
+//! | `[RELAY]` | `quota` | messages a queue holds before ERR QUOTA (reference: fixed 128) |
+//! | | `cores` | shards, one pinned core each (default: every online core) |
+//! | | `max_connections` | connections held at once over all shards |
+//! | | `expire_interval_secs` | seconds between expiration runs (reference: fixed 2 h) |
+//! | | `tls_timeout_secs`, `handshake_timeout_secs` | TLS and SMP handshake deadlines |
+//!
+//! The message TTL has one key only, `expire_messages_days` (as the reference); `start
+//! --message-ttl-secs` overrides it when a finer unit is needed (tests).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::config::StartConfig;
+
+/// The largest per-queue quota accepted: a full queue of maximum-size messages is then 64 MB.
+pub const MAX_QUOTA: usize = 4096;
+/// The most shards accepted.
+pub const MAX_CORES: usize = 1024;
+/// Longest TTL or interval accepted in any unit (10 years), so that conversions cannot overflow.
+pub const MAX_DURATION_SECS: u64 = 10 * 365 * 86400;
+
+/// What a layer of configuration (the file or the command line) sets; `None` is "not set here".
+/// Precedence is command line over file over default: `cli.or(file).apply_to(&mut config)`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StartOptions {
+    pub ports: Option<Vec<u16>>,
+    pub shards: Option<usize>,
+    pub max_connections: Option<usize>,
+    pub tls_timeout: Option<Duration>,
+    pub handshake_timeout: Option<Duration>,
+    pub quota: Option<usize>,
+    pub message_ttl: Option<Duration>,
+    pub expire_interval: Option<Duration>,
+    pub expire_on_send: Option<bool>,
+    pub notification_ttl: Option<Duration>,
+    pub new_queues: Option<bool>,
+    pub create_password: Option<Vec<u8>>,
+    pub metrics_interval: Option<Duration>,
+}
+
+impl StartOptions {
+    /// Each option of `self` where set, else that of `lower`.
+    pub fn or(self, lower: StartOptions) -> StartOptions {
+        StartOptions {
+            ports: self.ports.or(lower.ports),
+            shards: self.shards.or(lower.shards),
+            max_connections: self.max_connections.or(lower.max_connections),
+            tls_timeout: self.tls_timeout.or(lower.tls_timeout),
+            handshake_timeout: self.handshake_timeout.or(lower.handshake_timeout),
+            quota: self.quota.or(lower.quota),
+            message_ttl: self.message_ttl.or(lower.message_ttl),
+            expire_interval: self.expire_interval.or(lower.expire_interval),
+            expire_on_send: self.expire_on_send.or(lower.expire_on_send),
+            notification_ttl: self.notification_ttl.or(lower.notification_ttl),
+            new_queues: self.new_queues.or(lower.new_queues),
+            create_password: self.create_password.or(lower.create_password),
+            metrics_interval: self.metrics_interval.or(lower.metrics_interval),
+        }
+    }
+
+    /// Writes the options that are set into `c`; the rest keep `c`'s values (the defaults).
+    pub fn apply_to(self, c: &mut StartConfig) {
+        let s = &mut c.settings;
+        if let Some(v) = self.ports {
+            c.ports = v;
+        }
+        if let Some(v) = self.shards {
+            c.shards = v;
+        }
+        if let Some(v) = self.max_connections {
+            c.max_connections = v;
+        }
+        if let Some(v) = self.tls_timeout {
+            c.tls_timeout = v;
+        }
+        if let Some(v) = self.handshake_timeout {
+            c.handshake_timeout = v;
+        }
+        if let Some(v) = self.quota {
+            s.quota = v;
+        }
+        if let Some(v) = self.message_ttl {
+            s.message_ttl = v;
+        }
+        if let Some(v) = self.expire_interval {
+            s.expire_interval = v;
+        }
+        if let Some(v) = self.expire_on_send {
+            s.expire_on_send = v;
+        }
+        if let Some(v) = self.notification_ttl {
+            s.notification_ttl = v;
+        }
+        if let Some(v) = self.new_queues {
+            s.new_queues = v;
+        }
+        if let Some(v) = self.create_password {
+            s.create_password = Some(v);
+        }
+        if let Some(v) = self.metrics_interval {
+            c.metrics_interval = Some(v);
+        }
+    }
+}
+
+/// A parsed configuration file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IniConfig {
+    /// `[TRANSPORT] host`: only printed.
+    pub host: Option<String>,
+    pub options: StartOptions,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IniError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}, line {line}: {problem}", path.display())]
+    At {
+        path: PathBuf,
+        line: usize,
+        // Boxed: the error travels up through every `?` and should stay small.
+        problem: Box<Problem>,
+    },
+}
+
+/// What is wrong with one line, and what to do about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Problem {
+    Syntax(String),
+    KeyOutsideSection(String),
+    UnknownSection(String),
+    UnknownKey {
+        section: String,
+        key: String,
+    },
+    Duplicate {
+        section: String,
+        key: String,
+        first_line: usize,
+    },
+    /// A reference key this relay does not implement (`only`: the one value it accepts).
+    Unsupported {
+        section: String,
+        key: String,
+        why: &'static str,
+        only: Option<&'static str>,
+    },
+    BadValue {
+        section: String,
+        key: String,
+        value: String,
+        expected: String,
+    },
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Problem::Syntax(line) => write!(
+                f,
+                "cannot parse {line:?}: expected `[SECTION]`, `key = value` or a `#` comment"
+            ),
+            Problem::KeyOutsideSection(key) => write!(
+                f,
+                "key `{key}` comes before any [SECTION] header; move it under its section"
+            ),
+            Problem::UnknownSection(s) => write!(
+                f,
+                "unknown section [{s}]; remove it or fix its name (sections: {})",
+                SECTIONS.join(", ")
+            ),
+            Problem::UnknownKey { section, key } => {
+                let known: Vec<&str> = KEYS
+                    .iter()
+                    .filter(|k| k.section == section)
+                    .map(|k| k.key)
+                    .collect();
+                write!(
+                    f,
+                    "unknown key `{key}` in [{section}]; remove it or fix its name (keys of [{section}]: {})",
+                    known.join(", ")
+                )
+            }
+            Problem::Duplicate {
+                section,
+                key,
+                first_line,
+            } => write!(
+                f,
+                "`{key}` in [{section}] is set twice (first on line {first_line}); keep one"
+            ),
+            Problem::Unsupported {
+                section,
+                key,
+                why,
+                only: None,
+            } => write!(
+                f,
+                "`{key}` in [{section}] is not supported: {why}; remove it"
+            ),
+            Problem::Unsupported {
+                section,
+                key,
+                why,
+                only: Some(v),
+            } => write!(
+                f,
+                "`{key}` in [{section}] is not supported other than `{v}`: {why}; remove it or set it to {v}"
+            ),
+            Problem::BadValue {
+                section,
+                key,
+                value,
+                expected,
+            } => write!(
+                f,
+                "`{key}` in [{section}] = {value:?}: {expected}"
+            ),
+        }
+    }
+}
+
+const SECTIONS: &[&str] = &[
+    "INFORMATION",
+    "STORE_LOG",
+    "AUTH",
+    "TRANSPORT",
+    "PROXY",
+    "NAMES",
+    "INACTIVE_CLIENTS",
+    "WEB",
+    "RELAY",
+];
+
+/// How a known key is treated.
+#[derive(Clone, Copy)]
+enum Rule {
+    /// Parsed into the settings by `apply`.
+    Applied,
+    /// This relay always behaves as the key set to this value; that value is accepted, others are
+    /// refused with the reason.
+    Only(&'static str, &'static str),
+    /// Refused with the reason.
+    Unsupported(&'static str),
+}
+
+struct KeySpec {
+    section: &'static str,
+    key: &'static str,
+    rule: Rule,
+}
+
+const fn k(section: &'static str, key: &'static str, rule: Rule) -> KeySpec {
+    KeySpec { section, key, rule }
+}
+
+const DB: Rule = Rule::Unsupported("this relay has no PostgreSQL store yet");
+const NO_CONTROL_PORT: Rule = Rule::Unsupported(
+    "this relay has no control port (block and unblock queues with `smp-relay block`/`unblock` while it is stopped)",
+);
+const NO_PROXY: Rule =
+    Rule::Unsupported("this relay does not forward messages to other relays (SMP proxy) yet");
+const NO_NAMES: Rule = Rule::Unsupported("this relay has no name resolver role");
+const NO_INACTIVE: Rule = Rule::Unsupported("this relay does not disconnect inactive clients yet");
+const NO_INFO: Rule = Rule::Unsupported(
+    "server information is shown on the reference's web page, which this relay does not generate",
+);
+const NO_WEB: Rule = Rule::Unsupported("this relay has no embedded web server");
+
+/// Every key of the reference's configuration, and the `[RELAY]` keys of this relay.
+const KEYS: &[KeySpec] = &[
+    k(
+        "STORE_LOG",
+        "enable",
+        Rule::Only(
+            "on",
+            "this relay always saves its store at a clean stop and restores it at start",
+        ),
+    ),
+    k("STORE_LOG", "store_queues", Rule::Applied),
+    k("STORE_LOG", "store_messages", Rule::Applied),
+    k("STORE_LOG", "db_connection", DB),
+    k("STORE_LOG", "db_schema", DB),
+    k("STORE_LOG", "db_pool_size", DB),
+    k("STORE_LOG", "db_store_log", DB),
+    k("STORE_LOG", "db_deleted_ttl", DB),
+    k(
+        "STORE_LOG",
+        "restore_messages",
+        Rule::Only(
+            "on",
+            "this relay always saves messages at a clean stop and restores them at start",
+        ),
+    ),
+    k("STORE_LOG", "expire_messages_days", Rule::Applied),
+    k(
+        "STORE_LOG",
+        "expire_messages_on_start",
+        Rule::Only(
+            "on",
+            "this relay always drops expired messages when it loads its store",
+        ),
+    ),
+    k("STORE_LOG", "expire_messages_on_send", Rule::Applied),
+    k("STORE_LOG", "expire_ntfs_hours", Rule::Applied),
+    k(
+        "STORE_LOG",
+        "log_stats",
+        Rule::Only(
+            "off",
+            "this relay writes no daily statistics file yet (use prometheus_interval)",
+        ),
+    ),
+    k("STORE_LOG", "prometheus_interval", Rule::Applied),
+    k("AUTH", "new_queues", Rule::Applied),
+    k("AUTH", "create_password", Rule::Applied),
+    k("AUTH", "control_port_admin_password", NO_CONTROL_PORT),
+    k("AUTH", "control_port_user_password", NO_CONTROL_PORT),
+    k("AUTH", "daily_block_queue_quota", NO_CONTROL_PORT),
+    k("TRANSPORT", "host", Rule::Applied),
+    k("TRANSPORT", "port", Rule::Applied),
+    k(
+        "TRANSPORT",
+        "log_tls_errors",
+        Rule::Only("off", "this relay has no separate TLS error log"),
+    ),
+    k(
+        "TRANSPORT",
+        "websockets",
+        Rule::Only("off", "this relay has no WebSocket transport"),
+    ),
+    k("TRANSPORT", "control_port", NO_CONTROL_PORT),
+    k("PROXY", "socks_proxy", NO_PROXY),
+    k("PROXY", "socks_mode", NO_PROXY),
+    k("PROXY", "host_mode", NO_PROXY),
+    k("PROXY", "required_host_mode", NO_PROXY),
+    k("PROXY", "own_server_domains", NO_PROXY),
+    k("PROXY", "client_concurrency", NO_PROXY),
+    k(
+        "NAMES",
+        "enable",
+        Rule::Only("off", "this relay has no name resolver role"),
+    ),
+    k("NAMES", "resolver_endpoint", NO_NAMES),
+    k("NAMES", "resolver_auth", NO_NAMES),
+    k("NAMES", "resolver_timeout_ms", NO_NAMES),
+    k("NAMES", "resolver_max_response_bytes", NO_NAMES),
+    k("NAMES", "resolver_concurrency", NO_NAMES),
+    k(
+        "INACTIVE_CLIENTS",
+        "disconnect",
+        Rule::Only("off", "this relay does not disconnect inactive clients yet"),
+    ),
+    k("INACTIVE_CLIENTS", "ttl", NO_INACTIVE),
+    k("INACTIVE_CLIENTS", "check_interval", NO_INACTIVE),
+    k("INFORMATION", "source_code", NO_INFO),
+    k("INFORMATION", "usage_conditions", NO_INFO),
+    k("INFORMATION", "condition_amendments", NO_INFO),
+    k("INFORMATION", "server_country", NO_INFO),
+    k("INFORMATION", "operator", NO_INFO),
+    k("INFORMATION", "operator_country", NO_INFO),
+    k("INFORMATION", "website", NO_INFO),
+    k("INFORMATION", "admin_simplex", NO_INFO),
+    k("INFORMATION", "admin_email", NO_INFO),
+    k("INFORMATION", "admin_pgp", NO_INFO),
+    k("INFORMATION", "admin_pgp_fingerprint", NO_INFO),
+    k("INFORMATION", "complaints_simplex", NO_INFO),
+    k("INFORMATION", "complaints_email", NO_INFO),
+    k("INFORMATION", "complaints_pgp", NO_INFO),
+    k("INFORMATION", "complaints_pgp_fingerprint", NO_INFO),
+    k("INFORMATION", "hosting", NO_INFO),
+    k("INFORMATION", "hosting_country", NO_INFO),
+    k("INFORMATION", "hosting_type", NO_INFO),
+    k("WEB", "static_path", NO_WEB),
+    k("WEB", "http", NO_WEB),
+    k("WEB", "https", NO_WEB),
+    k("WEB", "cert", NO_WEB),
+    k("WEB", "key", NO_WEB),
+    k("RELAY", "quota", Rule::Applied),
+    k("RELAY", "cores", Rule::Applied),
+    k("RELAY", "max_connections", Rule::Applied),
+    k("RELAY", "expire_interval_secs", Rule::Applied),
+    k("RELAY", "tls_timeout_secs", Rule::Applied),
+    k("RELAY", "handshake_timeout_secs", Rule::Applied),
+];
+
+/// Reads `path`; `Ok(None)` when the file does not exist (a data directory from before it did).
+pub fn load(path: &Path) -> Result<Option<IniConfig>, IniError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => parse(path, &text).map(Some),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(IniError::Read {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// Parses the text of the file at `path` (the path is only used in errors).
+pub fn parse(path: &Path, text: &str) -> Result<IniConfig, IniError> {
+    let at = |line: usize, problem: Problem| IniError::At {
+        path: path.to_path_buf(),
+        line,
+        problem: Box::new(problem),
+    };
+    let mut config = IniConfig::default();
+    let mut section: Option<&str> = None;
+    // (section, key, line) of every key seen, to refuse duplicates.
+    let mut seen: Vec<(&str, &str, usize)> = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let n = i + 1;
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            let name = name.trim();
+            if !SECTIONS.contains(&name) {
+                return Err(at(n, Problem::UnknownSection(name.to_string())));
+            }
+            section = Some(name);
+            continue;
+        }
+        // The reference's parser splits at the first `=` or `:`.
+        let Some(sep) = line.find(['=', ':']) else {
+            return Err(at(n, Problem::Syntax(line.to_string())));
+        };
+        let key = line[..sep].trim();
+        let value = line[sep + 1..].trim();
+        if key.is_empty() {
+            return Err(at(n, Problem::Syntax(line.to_string())));
+        }
+        let Some(section) = section else {
+            return Err(at(n, Problem::KeyOutsideSection(key.to_string())));
+        };
+        if let Some(&(_, _, first_line)) = seen.iter().find(|s| s.0 == section && s.1 == key) {
+            return Err(at(
+                n,
+                Problem::Duplicate {
+                    section: section.to_string(),
+                    key: key.to_string(),
+                    first_line,
+                },
+            ));
+        }
+        seen.push((section, key, n));
+        let Some(spec) = KEYS.iter().find(|s| s.section == section && s.key == key) else {
+            return Err(at(
+                n,
+                Problem::UnknownKey {
+                    section: section.to_string(),
+                    key: key.to_string(),
+                },
+            ));
+        };
+        let unsupported = |why, only| Problem::Unsupported {
+            section: section.to_string(),
+            key: key.to_string(),
+            why,
+            only,
+        };
+        match spec.rule {
+            Rule::Only(v, _) if value == v => {}
+            Rule::Only(v, why) => return Err(at(n, unsupported(why, Some(v)))),
+            Rule::Unsupported(why) => return Err(at(n, unsupported(why, None))),
+            Rule::Applied => apply(&mut config, section, key, value).map_err(|expected| {
+                at(
+                    n,
+                    Problem::BadValue {
+                        section: section.to_string(),
+                        key: key.to_string(),
+                        value: value.to_string(),
+                        expected,
+                    },
+                )
+            })?,
+        }
+    }
+    Ok(config)
+}
+
+/// Parses one applied key into `config`; the error says what the value should be.
+fn apply(config: &mut IniConfig, section: &str, key: &str, value: &str) -> Result<(), String> {
+    let o = &mut config.options;
+    match (section, key) {
+        ("STORE_LOG", "store_queues") => store_kind(value, &["memory", "database"]),
+        ("STORE_LOG", "store_messages") => store_kind(value, &["memory", "journal", "database"]),
+        ("STORE_LOG", "expire_messages_days") => {
+            o.message_ttl = Some(duration(value, 86400)?);
+            Ok(())
+        }
+        ("STORE_LOG", "expire_messages_on_send") => {
+            o.expire_on_send = Some(on_off(value)?);
+            Ok(())
+        }
+        ("STORE_LOG", "expire_ntfs_hours") => {
+            o.notification_ttl = Some(duration(value, 3600)?);
+            Ok(())
+        }
+        ("STORE_LOG", "prometheus_interval") => {
+            o.metrics_interval = Some(duration(value, 1)?);
+            Ok(())
+        }
+        ("AUTH", "new_queues") => {
+            o.new_queues = Some(on_off(value)?);
+            Ok(())
+        }
+        ("AUTH", "create_password") => {
+            o.create_password = Some(create_password(value)?);
+            Ok(())
+        }
+        ("TRANSPORT", "host") => {
+            config.host = Some(value.to_string());
+            Ok(())
+        }
+        ("TRANSPORT", "port") => {
+            o.ports = Some(ports(value)?);
+            Ok(())
+        }
+        ("RELAY", "quota") => {
+            o.quota = Some(quota(value)?);
+            Ok(())
+        }
+        ("RELAY", "cores") => {
+            o.shards = Some(cores(value)?);
+            Ok(())
+        }
+        ("RELAY", "max_connections") => {
+            o.max_connections = Some(max_connections(value)?);
+            Ok(())
+        }
+        ("RELAY", "expire_interval_secs") => {
+            o.expire_interval = Some(duration(value, 1)?);
+            Ok(())
+        }
+        ("RELAY", "tls_timeout_secs") => {
+            o.tls_timeout = Some(duration(value, 1)?);
+            Ok(())
+        }
+        ("RELAY", "handshake_timeout_secs") => {
+            o.handshake_timeout = Some(duration(value, 1)?);
+            Ok(())
+        }
+        // KEYS marks a key Applied only when it has an arm above (the unit test checks every one).
+        _ => Err("this key has no parser (a bug: please report it)".to_string()),
+    }
+}
+
+/// `memory`, the only store for now; the other stores of `known` are "not supported yet".
+fn store_kind(value: &str, known: &[&str]) -> Result<(), String> {
+    match value {
+        "memory" => Ok(()),
+        v if known.contains(&v) => Err(format!(
+            "the {v} store is not supported yet; set it to memory"
+        )),
+        _ => Err(format!("expected one of {}", known.join(", "))),
+    }
+}
+
+/// `on` or `off`, as every boolean of the reference's configuration; anything else is an error.
+pub fn on_off(value: &str) -> Result<bool, String> {
+    match value {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err("expected on or off".to_string()),
+    }
+}
+
+fn number(value: &str, min: u64, max: u64) -> Result<u64, String> {
+    value
+        .parse::<u64>()
+        .ok()
+        .filter(|n| (min..=max).contains(n))
+        .ok_or_else(|| format!("expected a whole number from {min} to {max}"))
+}
+
+/// A positive count of `unit_secs` (days: 86400, hours: 3600, seconds: 1), at most 10 years.
+pub fn duration(value: &str, unit_secs: u64) -> Result<Duration, String> {
+    let n = number(value, 1, MAX_DURATION_SECS / unit_secs)?;
+    Ok(Duration::from_secs(n * unit_secs))
+}
+
+/// Seconds, as the command line's `--…-secs` options take them.
+pub fn seconds(value: &str) -> Result<Duration, String> {
+    duration(value, 1)
+}
+
+pub fn quota(value: &str) -> Result<usize, String> {
+    number(value, 1, MAX_QUOTA as u64).map(|n| n as usize)
+}
+
+pub fn cores(value: &str) -> Result<usize, String> {
+    number(value, 1, MAX_CORES as u64).map(|n| n as usize)
+}
+
+pub fn max_connections(value: &str) -> Result<usize, String> {
+    number(value, 1, crate::limits::MAX_CONNECTIONS as u64 * 16).map(|n| n as usize)
+}
+
+/// A comma-separated list of distinct non-zero ports (the reference's `5223,443`).
+pub fn ports(value: &str) -> Result<Vec<u16>, String> {
+    let mut out = Vec::new();
+    for p in value.split(',') {
+        let port = p
+            .trim()
+            .parse::<u16>()
+            .ok()
+            .filter(|&p| p != 0)
+            .ok_or_else(|| "expected ports from 1 to 65535, separated by commas".to_string())?;
+        if out.contains(&port) {
+            return Err(format!("port {port} is listed twice"));
+        }
+        out.push(port);
+    }
+    Ok(out)
+}
+
+/// The reference's rule for the password in a server address: printable ASCII without whitespace,
+/// `@`, `:` or `/`.
+pub fn create_password(value: &str) -> Result<Vec<u8>, String> {
+    if value.is_empty() {
+        return Err(
+            "empty; remove the line to let anyone create queues, or set a password".to_string(),
+        );
+    }
+    if value
+        .bytes()
+        .any(|b| !(0x21..=0x7e).contains(&b) || matches!(b, b'@' | b':' | b'/'))
+    {
+        return Err(
+            "expected printable ASCII characters without spaces, '@', ':' or '/'".to_string(),
+        );
+    }
+    Ok(value.as_bytes().to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_ok(text: &str) -> IniConfig {
+        parse(Path::new("/d/smp-server.ini"), text).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn parse_err(text: &str) -> String {
+        match parse(Path::new("/d/smp-server.ini"), text) {
+            Ok(c) => panic!("expected an error, parsed {c:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn every_applied_key_has_a_parser() {
+        for spec in KEYS.iter().filter(|s| matches!(s.rule, Rule::Applied)) {
+            let value = match spec.key {
+                "store_queues" | "store_messages" => "memory",
+                "expire_messages_on_send" | "new_queues" => "on",
+                "create_password" => "secret",
+                "host" => "example.com",
+                "port" => "5223",
+                _ => "7",
+            };
+            let mut c = IniConfig::default();
+            assert_eq!(
+                apply(&mut c, spec.section, spec.key, value),
+                Ok(()),
+                "[{}] {}",
+                spec.section,
+                spec.key
+            );
+        }
+    }
+
+    #[test]
+    fn every_key_is_in_a_known_section_once() {
+        for (i, spec) in KEYS.iter().enumerate() {
+            assert!(SECTIONS.contains(&spec.section), "{}", spec.section);
+            assert!(
+                !KEYS[..i]
+                    .iter()
+                    .any(|s| s.section == spec.section && s.key == spec.key),
+                "[{}] {} listed twice",
+                spec.section,
+                spec.key
+            );
+        }
+    }
+
+    #[test]
+    fn reference_keys_map_to_settings() {
+        let c = parse_ok(
+            "# comment\n\
+             [STORE_LOG]\n\
+             enable = on\n\
+             store_queues = memory\n\
+             store_messages = memory\n\
+             restore_messages = on\n\
+             expire_messages_days = 7\n\
+             expire_messages_on_start = on\n\
+             expire_messages_on_send = off\n\
+             expire_ntfs_hours = 12\n\
+             log_stats = off\n\
+             prometheus_interval = 60\n\
+             \n\
+             [AUTH]\n\
+             new_queues = off\n\
+             ; another comment style\n\
+             create_password = s3cret\n\
+             \n\
+             [TRANSPORT]\n\
+             host = smp.example.com\n\
+             port = 5223, 443\n\
+             log_tls_errors = off\n\
+             websockets = off\n\
+             \n\
+             [RELAY]\n\
+             quota = 2\n\
+             cores = 3\n\
+             max_connections = 100\n\
+             expire_interval_secs = 30\n\
+             tls_timeout_secs = 5\n\
+             handshake_timeout_secs = 6\n\
+             [PROXY]\n\
+             [WEB]\n",
+        );
+        assert_eq!(c.host.as_deref(), Some("smp.example.com"));
+        assert_eq!(
+            c.options,
+            StartOptions {
+                ports: Some(vec![5223, 443]),
+                shards: Some(3),
+                max_connections: Some(100),
+                tls_timeout: Some(Duration::from_secs(5)),
+                handshake_timeout: Some(Duration::from_secs(6)),
+                quota: Some(2),
+                message_ttl: Some(Duration::from_secs(7 * 86400)),
+                expire_interval: Some(Duration::from_secs(30)),
+                expire_on_send: Some(false),
+                notification_ttl: Some(Duration::from_secs(12 * 3600)),
+                new_queues: Some(false),
+                create_password: Some(b"s3cret".to_vec()),
+                metrics_interval: Some(Duration::from_secs(60)),
+            }
+        );
+    }
+
+    #[test]
+    fn an_empty_file_sets_nothing() {
+        assert_eq!(parse_ok(""), IniConfig::default());
+        assert_eq!(parse_ok("\n# only comments\n  \n"), IniConfig::default());
+    }
+
+    #[test]
+    fn the_command_line_wins_over_the_file_which_wins_over_defaults() {
+        let file = StartOptions {
+            quota: Some(2),
+            new_queues: Some(false),
+            ports: Some(vec![1000]),
+            ..StartOptions::default()
+        };
+        let cli = StartOptions {
+            quota: Some(5),
+            ..StartOptions::default()
+        };
+        let mut c = StartConfig::new(Path::new("/d"));
+        cli.or(file).apply_to(&mut c);
+        assert_eq!(c.settings.quota, 5);
+        assert!(!c.settings.new_queues);
+        assert_eq!(c.ports, vec![1000]);
+        // Untouched: the default.
+        assert_eq!(
+            c.settings.message_ttl,
+            crate::config::Settings::default().message_ttl
+        );
+        assert_eq!(c.metrics_interval, None);
+    }
+
+    #[test]
+    fn errors_name_the_file_line_key_and_fix() {
+        let e = parse_err("[RELAY]\nquota = 2\nqouta = 3\n");
+        assert!(e.contains("/d/smp-server.ini, line 3"), "{e}");
+        assert!(e.contains("unknown key `qouta`"), "{e}");
+        assert!(e.contains("quota"), "{e}");
+
+        let e = parse_err("[AUTH]\nnew_queues = yes\n");
+        assert!(e.contains("line 2"), "{e}");
+        assert!(e.contains("`new_queues`"), "{e}");
+        assert!(e.contains("expected on or off"), "{e}");
+
+        let e = parse_err("[TRANSPORT]\nwebsockets = 443\n");
+        assert!(e.contains("remove it or set it to off"), "{e}");
+
+        let e = parse_err("[TRANSPORT]\ncontrol_port = 5224\n");
+        assert!(e.contains("no control port"), "{e}");
+        assert!(e.contains("remove it"), "{e}");
+
+        let e = parse_err("[WEB]\nstatic_path = /var/www\n");
+        assert!(e.contains("`static_path` in [WEB] is not supported"), "{e}");
+
+        let e = parse_err("[STORE_LOG]\nstore_messages = journal\n");
+        assert!(e.contains("journal store is not supported yet"), "{e}");
+        let e = parse_err("[STORE_LOG]\nstore_queues = database\n");
+        assert!(e.contains("database store is not supported yet"), "{e}");
+
+        let e = parse_err("[SERVER]\n");
+        assert!(e.contains("unknown section [SERVER]"), "{e}");
+
+        let e = parse_err("port = 5223\n");
+        assert!(e.contains("before any [SECTION]"), "{e}");
+
+        let e = parse_err("[RELAY]\nquota = 2\nquota = 3\n");
+        assert!(e.contains("set twice (first on line 2)"), "{e}");
+
+        let e = parse_err("[RELAY]\njust words\n");
+        assert!(e.contains("cannot parse"), "{e}");
+    }
+
+    #[test]
+    fn values_are_checked() {
+        for (text, expected) in [
+            ("[RELAY]\nquota = 0\n", "from 1 to 4096"),
+            ("[RELAY]\nquota = -1\n", "whole number"),
+            ("[RELAY]\ncores = many\n", "whole number"),
+            ("[TRANSPORT]\nport = 5223,0\n", "ports from 1 to 65535"),
+            ("[TRANSPORT]\nport = 5223,5223\n", "listed twice"),
+            ("[TRANSPORT]\nport =\n", "ports from 1"),
+            ("[AUTH]\ncreate_password =\n", "remove the line"),
+            ("[AUTH]\ncreate_password = a@b\n", "without spaces"),
+            ("[STORE_LOG]\nexpire_messages_days = 0\n", "from 1"),
+            (
+                "[STORE_LOG]\nexpire_messages_days = 99999999999\n",
+                "from 1 to 3650",
+            ),
+            ("[STORE_LOG]\nexpire_messages_on_send = true\n", "on or off"),
+            ("[STORE_LOG]\nenable = off\n", "set it to on"),
+            ("[STORE_LOG]\nprometheus_interval = 0\n", "from 1"),
+        ] {
+            let e = parse_err(text);
+            assert!(e.contains(expected), "{text:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn keys_may_use_a_colon_and_values_keep_theirs() {
+        let c = parse_ok("[AUTH]\ncreate_password: pass\n[TRANSPORT]\nhost = a:b\n");
+        assert_eq!(c.options.create_password, Some(b"pass".to_vec()));
+        assert_eq!(c.host.as_deref(), Some("a:b"));
+    }
+}

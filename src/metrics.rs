@@ -1,0 +1,535 @@
+//! The metrics file `<data-dir>/smp-server-metrics.txt`: Prometheus text, rewritten every
+//! `prometheus_interval` seconds (`reference/smp-server-behaviour.md` §8.2), for a node exporter's
+//! textfile collector or any scraper that reads files.
+//!
+//! Where the reference has a metric, its exact name is used (spelling included, e.g.
+//! `subscribtion`), so dashboards built for the reference keep working; this relay's own metrics are
+//! named `smprelay_…`. Every sample carries a millisecond timestamp, as the reference's do.
+//!
+//! The server collects one [`MetricsSnapshot`] per shard, sums them with [`MetricsSnapshot::add`],
+//! and writes [`render`]'s text with [`write_atomically`] to [`metrics_path`].
+
+use std::fmt::Write as _;
+use std::fs;
+use std::io::{self, Write as _};
+use std::path::{Path, PathBuf};
+
+use crate::server::owner::OwnerStats;
+use crate::store::StoreCounters;
+
+pub const METRICS_FILE: &str = "smp-server-metrics.txt";
+
+pub fn metrics_path(data_dir: &Path) -> PathBuf {
+    data_dir.join(METRICS_FILE)
+}
+
+/// Plain numbers, per shard or summed over shards. Counters only grow while the relay runs;
+/// gauges are current values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MetricsSnapshot {
+    pub queues_created: u64,
+    pub queues_secured: u64,
+    pub queues_deleted: u64,
+    pub msg_sent: u64,
+    pub msg_sent_auth: u64,
+    pub msg_sent_quota: u64,
+    pub msg_sent_large: u64,
+    pub msg_recv: u64,
+    pub msg_expired: u64,
+    /// Notifications sent to notification servers (`msgNtfs`).
+    pub msg_ntfs: u64,
+    /// SUB commands that subscribed (`qSub`).
+    pub sub_successes: u64,
+    /// Blocks with at least one SUB, read from the store together (`qSubAllB`).
+    pub sub_batches: u64,
+    pub store_peek_first_calls: u64,
+    pub store_peek_first_many_calls: u64,
+    pub store_writes: u64,
+    pub store_deletes: u64,
+    /// Gauge: queues in the store.
+    pub queue_count: u64,
+    /// Gauge: messages in the store (quota markers included).
+    pub msg_count: u64,
+    /// Gauge: queues with a subscriber.
+    pub subscriptions: u64,
+    /// Gauge: open client connections.
+    pub connections: u64,
+}
+
+impl MetricsSnapshot {
+    /// The counters of one shard; the gauges are left at 0 for the caller to set.
+    pub fn from_shard(owner: &OwnerStats, store: &StoreCounters) -> Self {
+        MetricsSnapshot {
+            queues_created: owner.queues_created,
+            queues_secured: owner.queues_secured,
+            queues_deleted: owner.queues_deleted,
+            msg_sent: owner.msg_sent,
+            msg_sent_auth: owner.msg_sent_auth,
+            msg_sent_quota: owner.msg_sent_quota,
+            msg_sent_large: owner.msg_sent_large,
+            msg_recv: owner.msg_recv,
+            msg_expired: owner.msg_expired,
+            msg_ntfs: owner.msg_ntfs,
+            sub_successes: owner.subs,
+            sub_batches: owner.sub_batches,
+            store_peek_first_calls: store.peek_first,
+            store_peek_first_many_calls: store.peek_first_many,
+            store_writes: store.writes,
+            store_deletes: store.deletes,
+            ..MetricsSnapshot::default()
+        }
+    }
+
+    /// Adds another shard's numbers to these.
+    pub fn add(&mut self, other: &MetricsSnapshot) {
+        let MetricsSnapshot {
+            queues_created,
+            queues_secured,
+            queues_deleted,
+            msg_sent,
+            msg_sent_auth,
+            msg_sent_quota,
+            msg_sent_large,
+            msg_recv,
+            msg_expired,
+            msg_ntfs,
+            sub_successes,
+            sub_batches,
+            store_peek_first_calls,
+            store_peek_first_many_calls,
+            store_writes,
+            store_deletes,
+            queue_count,
+            msg_count,
+            subscriptions,
+            connections,
+        } = other;
+        // Destructured so that a new field cannot be forgotten here.
+        for (sum, n) in [
+            (&mut self.queues_created, queues_created),
+            (&mut self.queues_secured, queues_secured),
+            (&mut self.queues_deleted, queues_deleted),
+            (&mut self.msg_sent, msg_sent),
+            (&mut self.msg_sent_auth, msg_sent_auth),
+            (&mut self.msg_sent_quota, msg_sent_quota),
+            (&mut self.msg_sent_large, msg_sent_large),
+            (&mut self.msg_recv, msg_recv),
+            (&mut self.msg_expired, msg_expired),
+            (&mut self.msg_ntfs, msg_ntfs),
+            (&mut self.sub_successes, sub_successes),
+            (&mut self.sub_batches, sub_batches),
+            (&mut self.store_peek_first_calls, store_peek_first_calls),
+            (
+                &mut self.store_peek_first_many_calls,
+                store_peek_first_many_calls,
+            ),
+            (&mut self.store_writes, store_writes),
+            (&mut self.store_deletes, store_deletes),
+            (&mut self.queue_count, queue_count),
+            (&mut self.msg_count, msg_count),
+            (&mut self.subscriptions, subscriptions),
+            (&mut self.connections, connections),
+        ] {
+            *sum = sum.saturating_add(*n);
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
+}
+
+/// One metric: its samples share the name and differ by labels (`""` for none).
+struct Family<'a> {
+    name: &'static str,
+    kind: Kind,
+    help: &'static str,
+    samples: &'a [(&'static str, u64)],
+}
+
+/// The Prometheus text for `s`, every sample stamped with `now_ms` (milliseconds since the epoch).
+pub fn render(s: &MetricsSnapshot, now_ms: u64) -> String {
+    let families = [
+        Family {
+            name: "simplex_smp_queues_created",
+            kind: Kind::Counter,
+            help: "Queues created by NEW.",
+            samples: &[("", s.queues_created)],
+        },
+        Family {
+            name: "simplex_smp_queues_secured",
+            kind: Kind::Counter,
+            help: "Queues secured by KEY or SKEY.",
+            samples: &[("", s.queues_secured)],
+        },
+        Family {
+            name: "simplex_smp_queues_deleted",
+            kind: Kind::Counter,
+            help: "Queues deleted by DEL.",
+            samples: &[("{type=\"all\"}", s.queues_deleted)],
+        },
+        Family {
+            name: "simplex_smp_queues_total1",
+            kind: Kind::Gauge,
+            help: "Queues in the store.",
+            samples: &[("", s.queue_count)],
+        },
+        Family {
+            name: "simplex_smp_queues_total2",
+            kind: Kind::Gauge,
+            help: "Queues in the store (the same count as total1 here).",
+            samples: &[("", s.queue_count)],
+        },
+        Family {
+            name: "simplex_smp_subscribtion_successes",
+            kind: Kind::Counter,
+            help: "SUB commands that subscribed.",
+            samples: &[("", s.sub_successes)],
+        },
+        Family {
+            name: "simplex_smp_subscribtion_successes_batch",
+            kind: Kind::Counter,
+            help: "Blocks whose SUBs were read from the store together.",
+            samples: &[("", s.sub_batches)],
+        },
+        Family {
+            name: "simplex_smp_messages_sent",
+            kind: Kind::Counter,
+            help: "Messages accepted by SEND.",
+            samples: &[("", s.msg_sent)],
+        },
+        Family {
+            name: "simplex_smp_messages_sent_errors",
+            kind: Kind::Counter,
+            help: "SEND commands refused, by error.",
+            samples: &[
+                ("{type=\"auth\"}", s.msg_sent_auth),
+                ("{type=\"quota\"}", s.msg_sent_quota),
+                ("{type=\"large\"}", s.msg_sent_large),
+            ],
+        },
+        Family {
+            name: "simplex_smp_messages_received",
+            kind: Kind::Counter,
+            help: "Messages acknowledged by their recipients.",
+            samples: &[("", s.msg_recv)],
+        },
+        Family {
+            name: "simplex_smp_messages_expired",
+            kind: Kind::Counter,
+            help: "Messages deleted because their TTL passed.",
+            samples: &[("", s.msg_expired)],
+        },
+        Family {
+            name: "simplex_smp_messages_total",
+            kind: Kind::Gauge,
+            help: "Messages in the store.",
+            samples: &[("", s.msg_count)],
+        },
+        Family {
+            name: "simplex_smp_messages_ntf_successes",
+            kind: Kind::Counter,
+            help: "Notifications delivered to notification servers.",
+            samples: &[("", s.msg_ntfs)],
+        },
+        Family {
+            name: "simplex_smp_subscribtion_total",
+            kind: Kind::Gauge,
+            help: "Queues with a subscriber.",
+            samples: &[("", s.subscriptions)],
+        },
+        Family {
+            name: "simplex_smp_clients_total",
+            kind: Kind::Gauge,
+            help: "Open client connections.",
+            samples: &[("", s.connections)],
+        },
+        Family {
+            name: "smprelay_store_peek_first_calls_total",
+            kind: Kind::Counter,
+            help: "Store reads of one queue's first message.",
+            samples: &[("", s.store_peek_first_calls)],
+        },
+        Family {
+            name: "smprelay_store_peek_first_many_calls_total",
+            kind: Kind::Counter,
+            help: "Store reads of the first messages of a batch of queues (one per SUB batch).",
+            samples: &[("", s.store_peek_first_many_calls)],
+        },
+        Family {
+            name: "smprelay_store_writes_total",
+            kind: Kind::Counter,
+            help: "Store writes (messages and queue records).",
+            samples: &[("", s.store_writes)],
+        },
+        Family {
+            name: "smprelay_store_deletes_total",
+            kind: Kind::Counter,
+            help: "Store deletions (messages and queues).",
+            samples: &[("", s.store_deletes)],
+        },
+    ];
+    let mut out = String::with_capacity(4096);
+    // `fmt::Write` for a String cannot fail.
+    let _ = writeln!(out, "# Recorded at: {}\n", iso8601_ms(now_ms));
+    for f in &families {
+        let kind = match f.kind {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+        };
+        let _ = writeln!(out, "# HELP {} {}", f.name, f.help);
+        let _ = writeln!(out, "# TYPE {} {kind}", f.name);
+        for (labels, value) in f.samples {
+            let _ = writeln!(out, "{}{labels} {value} {now_ms}", f.name);
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.mmmZ` for milliseconds since the Unix epoch (UTC).
+fn iso8601_ms(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86400, secs % 86400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm, for years ≥ 1970).
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+/// Milliseconds since the Unix epoch, for [`render`].
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Replaces `path` with `text` so that a reader sees the old file or the new one, never a part:
+/// write a temporary file in the same directory, then rename it over `path`. The directory is not
+/// synced: after a crash a stale metrics file is harmless.
+pub fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let result = (|| {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn numbered() -> MetricsSnapshot {
+        MetricsSnapshot {
+            queues_created: 1,
+            queues_secured: 2,
+            queues_deleted: 3,
+            msg_sent: 4,
+            msg_sent_auth: 5,
+            msg_sent_quota: 6,
+            msg_sent_large: 7,
+            msg_recv: 8,
+            msg_expired: 9,
+            msg_ntfs: 10,
+            sub_successes: 11,
+            sub_batches: 12,
+            store_peek_first_calls: 13,
+            store_peek_first_many_calls: 14,
+            store_writes: 15,
+            store_deletes: 16,
+            queue_count: 17,
+            msg_count: 18,
+            subscriptions: 19,
+            connections: 20,
+        }
+    }
+
+    #[test]
+    fn each_metric_appears_once_with_its_value_and_timestamp() {
+        let text = render(&numbered(), 1_700_000_000_123);
+        for (sample, value) in [
+            ("simplex_smp_queues_created", 1),
+            ("simplex_smp_queues_secured", 2),
+            ("simplex_smp_queues_deleted{type=\"all\"}", 3),
+            ("simplex_smp_messages_sent", 4),
+            ("simplex_smp_messages_sent_errors{type=\"auth\"}", 5),
+            ("simplex_smp_messages_sent_errors{type=\"quota\"}", 6),
+            ("simplex_smp_messages_sent_errors{type=\"large\"}", 7),
+            ("simplex_smp_messages_received", 8),
+            ("simplex_smp_messages_expired", 9),
+            ("simplex_smp_messages_ntf_successes", 10),
+            ("simplex_smp_subscribtion_successes", 11),
+            ("simplex_smp_subscribtion_successes_batch", 12),
+            ("smprelay_store_peek_first_calls_total", 13),
+            ("smprelay_store_peek_first_many_calls_total", 14),
+            ("smprelay_store_writes_total", 15),
+            ("smprelay_store_deletes_total", 16),
+            ("simplex_smp_queues_total1", 17),
+            ("simplex_smp_queues_total2", 17),
+            ("simplex_smp_messages_total", 18),
+            ("simplex_smp_subscribtion_total", 19),
+            ("simplex_smp_clients_total", 20),
+        ] {
+            let line = format!("{sample} {value} 1700000000123");
+            assert_eq!(
+                text.lines().filter(|l| *l == line).count(),
+                1,
+                "{line:?} once in:\n{text}"
+            );
+            let name = sample.split('{').next().unwrap_or(sample);
+            let samples = text
+                .lines()
+                .filter(|l| {
+                    l.starts_with(&format!("{name} ")) || l.starts_with(&format!("{name}{{"))
+                })
+                .count();
+            let expected = if name == "simplex_smp_messages_sent_errors" {
+                3
+            } else {
+                1
+            };
+            assert_eq!(samples, expected, "samples of {name}");
+            assert_eq!(
+                text.lines()
+                    .filter(|l| l.starts_with(&format!("# TYPE {name} ")))
+                    .count(),
+                1,
+                "TYPE of {name}"
+            );
+            assert_eq!(
+                text.lines()
+                    .filter(|l| l.starts_with(&format!("# HELP {name} ")))
+                    .count(),
+                1,
+                "HELP of {name}"
+            );
+        }
+        assert!(text.contains("# TYPE simplex_smp_queues_created counter\n"));
+        assert!(text.contains("# TYPE simplex_smp_messages_total gauge\n"));
+        assert!(text.starts_with("# Recorded at: 2023-11-14T22:13:20.123Z\n"));
+    }
+
+    #[test]
+    fn every_sample_line_is_name_value_timestamp() {
+        let text = render(&MetricsSnapshot::default(), 42);
+        for line in text
+            .lines()
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        {
+            let parts: Vec<&str> = line.split(' ').collect();
+            assert_eq!(parts.len(), 3, "{line}");
+            assert_eq!(parts[1], "0");
+            assert_eq!(parts[2], "42");
+        }
+    }
+
+    #[test]
+    fn shards_sum() {
+        let mut total = MetricsSnapshot::default();
+        total.add(&numbered());
+        total.add(&numbered());
+        assert_eq!(total.queues_created, 2);
+        assert_eq!(total.connections, 40);
+        assert_eq!(total.store_peek_first_many_calls, 28);
+        let mut max = MetricsSnapshot {
+            msg_sent: u64::MAX,
+            ..MetricsSnapshot::default()
+        };
+        max.add(&numbered());
+        assert_eq!(max.msg_sent, u64::MAX);
+    }
+
+    #[test]
+    fn from_shard_copies_the_counters() {
+        let owner = OwnerStats {
+            queues_created: 3,
+            subs: 5,
+            sub_batches: 2,
+            ..OwnerStats::default()
+        };
+        let store = StoreCounters {
+            peek_first: 1,
+            peek_first_many: 2,
+            writes: 0,
+            deletes: 0,
+        };
+        let s = MetricsSnapshot::from_shard(&owner, &store);
+        assert_eq!(s.queues_created, 3);
+        assert_eq!(s.sub_successes, 5);
+        assert_eq!(s.sub_batches, 2);
+        assert_eq!(s.store_peek_first_calls, 1);
+        assert_eq!(s.store_peek_first_many_calls, 2);
+    }
+
+    #[test]
+    fn iso8601_dates() {
+        assert_eq!(iso8601_ms(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(iso8601_ms(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(iso8601_ms(4_102_444_799_999), "2099-12-31T23:59:59.999Z");
+    }
+
+    #[test]
+    fn a_reader_never_sees_a_partial_file() {
+        let dir = std::env::temp_dir().join(format!(
+            "smp-relay-metrics-test-{}-{}",
+            std::process::id(),
+            now_ms()
+        ));
+        fs::create_dir_all(&dir).unwrap();
+        let path = metrics_path(&dir);
+        // Large enough that a plain overwrite would be seen half-written.
+        let a = "a".repeat(1 << 20);
+        let b = "b".repeat(1 << 20);
+        write_atomically(&path, &a).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (path, a, b, stop) = (path.clone(), a.clone(), b.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut reads = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let text = fs::read_to_string(&path).unwrap();
+                    assert!(
+                        text == a || text == b,
+                        "partial file of {} bytes",
+                        text.len()
+                    );
+                    reads += 1;
+                }
+                reads
+            })
+        };
+        for i in 0..50 {
+            write_atomically(&path, if i % 2 == 0 { &b } else { &a }).unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let reads = reader.join().unwrap();
+        assert!(reads > 0);
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        assert!(!Path::new(&tmp).exists(), "no temporary file is left");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

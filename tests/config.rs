@@ -1,0 +1,157 @@
+//! The configuration file `<data-dir>/smp-server.ini` (`reference/smp-server-behaviour.md` §7.2):
+//! its settings reach the relay, a command-line flag wins over the file, and a key the relay does
+//! not know or support, or a bad value, stops `start` with a message naming the file, line and key.
+
+mod common;
+mod support;
+
+use std::path::Path;
+
+use common::{free_port, run_cli, Relay, TempDir};
+use smp_relay::protocol::command::Command;
+use smp_relay::protocol::response::BrokerMsg;
+use support::*;
+
+fn ini_path(dir: &Path) -> std::path::PathBuf {
+    dir.join("smp-server.ini")
+}
+
+/// Replaces the line `from` of the file `init` wrote with `to`.
+fn edit_ini(dir: &Path, from: &str, to: &str) {
+    let text = std::fs::read_to_string(ini_path(dir)).expect("read ini");
+    assert!(
+        text.lines().any(|l| l == from),
+        "{from:?} in the ini:\n{text}"
+    );
+    let edited: String = text
+        .lines()
+        .map(|l| if l == from { to } else { l })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(ini_path(dir), edited).expect("write ini");
+}
+
+fn append_ini(dir: &Path, text: &str) {
+    let mut all = std::fs::read_to_string(ini_path(dir)).expect("read ini");
+    all.push_str(text);
+    std::fs::write(ini_path(dir), all).expect("write ini");
+}
+
+/// A relay restarted after its configuration file was changed by `change`.
+fn relay_with_ini(change: impl FnOnce(&Path), args: &[&str]) -> Relay {
+    let mut relay = Relay::start();
+    let status = relay.stop();
+    assert!(status.success(), "clean stop: {status:?}");
+    change(relay.dir.path());
+    relay.restart_with(args);
+    relay
+}
+
+/// `start` on an initialised directory whose file was changed by `change`: it must fail; returns
+/// its stderr and the file's line count.
+fn start_fails(change: impl FnOnce(&Path)) -> (String, usize) {
+    let dir = TempDir::new("config");
+    common::init(dir.path());
+    change(dir.path());
+    let port = free_port().to_string();
+    let out = run_cli(dir.path(), &["start", "--port", &port, "--cores", "1"]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "start must fail; stderr:\n{stderr}");
+    assert!(
+        stderr.contains(&ini_path(dir.path()).display().to_string()),
+        "the message names the file:\n{stderr}"
+    );
+    let lines = std::fs::read_to_string(ini_path(dir.path()))
+        .expect("read ini")
+        .lines()
+        .count();
+    (stderr, lines)
+}
+
+/// Sends until the first refusal; returns how many SENDs were accepted.
+fn sends_accepted(relay: &Relay, max: usize) -> usize {
+    let (mut rc, mut sc) = (relay.client(), relay.client());
+    let q = create(&mut rc);
+    for i in 0..max {
+        match send(&mut sc, &q, None, format!("message {i}").as_bytes()) {
+            BrokerMsg::Ok => {}
+            r => {
+                assert_eq!(r, ERR_QUOTA, "SEND {}", i + 1);
+                return i;
+            }
+        }
+    }
+    max
+}
+
+#[test]
+fn quota_from_the_file_limits_sends() {
+    let relay = relay_with_ini(|d| append_ini(d, "\n[RELAY]\nquota = 2\n"), &[]);
+    assert_eq!(sends_accepted(&relay, 10), 2, "the 3rd SEND gets ERR QUOTA");
+}
+
+#[test]
+fn a_flag_wins_over_the_file() {
+    let relay = relay_with_ini(
+        |d| append_ini(d, "\n[RELAY]\nquota = 2\n"),
+        &["--quota", "3"],
+    );
+    assert_eq!(sends_accepted(&relay, 10), 3);
+}
+
+#[test]
+fn new_queues_off_in_the_file_refuses_new_and_the_flag_turns_it_back_on() {
+    let off = |d: &Path| edit_ini(d, "new_queues = on", "new_queues = off");
+    let relay = relay_with_ini(off, &[]);
+    let mut c = relay.client();
+    let keys = smp_relay::client::queue::RecipientKeys::generate(
+        smp_relay::client::queue::KeyAlg::Ed25519,
+    );
+    let new = smp_relay::client::queue::new_queue(&keys);
+    let r = request(&mut c, b"", Command::New(new), sign(&keys.auth));
+    assert_eq!(r.msg, Ok(ERR_AUTH), "NEW with new_queues = off");
+    drop(relay);
+
+    let relay = relay_with_ini(off, &["--new-queues", "on"]);
+    let mut c = relay.client();
+    create(&mut c);
+}
+
+#[test]
+fn an_unknown_key_stops_start() {
+    let (stderr, lines) = start_fails(|d| append_ini(d, "\n[RELAY]\nqouta = 2\n"));
+    assert!(stderr.contains("qouta"), "names the key:\n{stderr}");
+    assert!(stderr.contains("unknown key"), "{stderr}");
+    // The appended key is the file's last line.
+    assert!(
+        stderr.contains(&format!("line {lines}:")),
+        "names the line:\n{stderr}"
+    );
+}
+
+#[test]
+fn a_bad_boolean_stops_start() {
+    let (stderr, _) = start_fails(|d| {
+        edit_ini(
+            d,
+            "expire_messages_on_send = on",
+            "expire_messages_on_send = yes",
+        )
+    });
+    assert!(
+        stderr.contains("expire_messages_on_send"),
+        "names the key:\n{stderr}"
+    );
+    assert!(stderr.contains("expected on or off"), "{stderr}");
+}
+
+#[test]
+fn a_reference_key_this_relay_lacks_stops_start_with_what_to_do() {
+    let (stderr, _) = start_fails(|d| append_ini(d, "\n[TRANSPORT]\ncontrol_port = 5224\n"));
+    assert!(stderr.contains("control_port"), "{stderr}");
+    assert!(stderr.contains("remove it"), "{stderr}");
+
+    let (stderr, _) =
+        start_fails(|d| edit_ini(d, "store_messages = memory", "store_messages = journal"));
+    assert!(stderr.contains("not supported yet"), "{stderr}");
+}
