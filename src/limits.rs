@@ -36,3 +36,6 @@ pub const OUTPUT_LOW_WATER_BYTES: usize = 256 * 1024;
 
 /// Dropped deliveries asked for again at once, per connection.
 pub const REDELIVER_BATCH: usize = 64;
+
+/// PRXY/PFWD of one connection being answered at once (the reference's `client_concurrency`, 32).
+pub const MAX_PROXIED_IN_FLIGHT: usize = 32;

@@ -27,7 +27,8 @@ use super::shard::ShardContext;
 use super::tls_stream::{self, SharedTls, TlsStream};
 use crate::crypto::{signed_key, sxbox};
 use crate::limits::{
-    MAX_BLOCKS_IN_FLIGHT, OUTPUT_HIGH_WATER_BYTES, OUTPUT_LOW_WATER_BYTES, REDELIVER_BATCH,
+    MAX_BLOCKS_IN_FLIGHT, MAX_PROXIED_IN_FLIGHT, OUTPUT_HIGH_WATER_BYTES, OUTPUT_LOW_WATER_BYTES,
+    REDELIVER_BATCH,
 };
 use crate::protocol::error::{HandshakeError, TransportError};
 use crate::protocol::handshake::{CertChainPubKey, ClientHello, ServerHello, ServiceResponse};
@@ -230,10 +231,12 @@ async fn read_loop(
     session_secret: Option<[u8; 32]>,
     codec: &RefCell<BlockCodec>,
     in_flight: &InFlight,
-    out: &LocalSender<Output>,
-    state: &OutputState,
+    out: &Rc<LocalSender<Output>>,
+    state: &Rc<OutputState>,
     touched: &Cell<u64>,
 ) -> Result<(), ConnError> {
+    // PRXY/PFWD of this connection being answered at once (`MAX_PROXIED_IN_FLIGHT`).
+    let proxy_slots = Rc::new(Semaphore::new(MAX_PROXIED_IN_FLIGHT as u64));
     let route_ctx = RouteCtx {
         session: info,
         directory: &ctx.directory,
@@ -259,13 +262,32 @@ async fn read_loop(
             dispatch::route_block(&route_ctx, content)
         };
         seq += 1;
-        let parts = routed.by_owner.len() + usize::from(!routed.local.is_empty());
+        let parts =
+            routed.by_owner.len() + usize::from(!routed.local.is_empty()) + routed.proxied.len();
         in_flight.parts.borrow_mut().insert(seq, parts);
         if !routed.local.is_empty() {
             let _ = out.try_send(Output {
                 groups: state.admit(vec![Group::plain(routed.local)]),
                 block_seq: Some(seq),
             });
+        }
+        for job in routed.proxied {
+            let slot = proxy_slots
+                .clone()
+                .acquire_static_permit(1)
+                .await
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            let (ctx, info, out, state) = (ctx.clone(), info.clone(), out.clone(), state.clone());
+            glommio::spawn_local(async move {
+                let (entity, msg) = ctx.proxy.handle(&info, &job).await;
+                let t = super::owner::encode(&info, &job.corr_id, &entity, &msg);
+                let _ = out.try_send(Output {
+                    groups: state.admit(vec![Group::plain(vec![t])]),
+                    block_seq: Some(seq),
+                });
+                drop(slot);
+            })
+            .detach();
         }
         for (shard, requests) in routed.by_owner {
             touched.set(touched.get() | (1u64 << (shard % 64)));

@@ -7,10 +7,11 @@ use std::collections::BTreeMap;
 
 use super::directory::{Directory, IdSpace};
 use super::forward::{self, Decoded};
+use super::proxy::ProxyJob;
 use super::router::{Mesh, Request, Session};
 use crate::protocol::batch::{parse_batch, BatchWriter};
 use crate::protocol::command::{check_credentials, parse_command, Command};
-use crate::protocol::error::{ErrorType, NameError, ProxyError};
+use crate::protocol::error::{ErrorType, NameError};
 use crate::protocol::response::BrokerMsg;
 use crate::protocol::transmission::{
     authorized_bytes, parse_transmission, RawTransmission, TransmissionError,
@@ -23,6 +24,8 @@ use crate::server::owner::encode;
 pub struct Routed {
     pub local: Vec<Vec<u8>>,
     pub by_owner: BTreeMap<usize, Vec<Request>>,
+    /// PRXY and PFWD, answered by the shard's proxy agent as tasks of their own.
+    pub proxied: Vec<ProxyJob>,
 }
 
 pub struct RouteCtx<'a> {
@@ -119,16 +122,12 @@ fn route_transmission(ctx: &RouteCtx<'_>, bytes: &[u8], routed: &mut Routed) {
             routed.local.push(err(ErrorType::Service));
             return;
         }
-        Command::Prxy { .. } => {
-            routed
-                .local
-                .push(err(ErrorType::Proxy(ProxyError::BasicAuth)));
-            return;
-        }
-        Command::PFwd { .. } => {
-            routed
-                .local
-                .push(err(ErrorType::Proxy(ProxyError::NoSession)));
+        Command::Prxy { .. } | Command::PFwd { .. } => {
+            routed.proxied.push(ProxyJob {
+                corr_id: t.corr_id.to_vec(),
+                entity_id: t.entity_id.to_vec(),
+                command: cmd,
+            });
             return;
         }
         Command::Rslv(_) => {

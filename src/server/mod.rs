@@ -12,6 +12,7 @@ pub mod dispatch;
 pub mod forward;
 pub mod lock;
 pub mod owner;
+pub mod proxy;
 pub mod router;
 pub mod shard;
 pub mod tls_stream;

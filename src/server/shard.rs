@@ -35,6 +35,8 @@ pub struct ShardContext {
     /// Established connections of this shard, by number: where owners' answers go.
     pub connections_table: RefCell<HashMap<u64, ConnHandle>>,
     next_conn: Cell<u64>,
+    /// The proxy role: this shard's sessions to destination relays.
+    pub proxy: super::proxy::ProxyAgent,
 }
 
 impl ShardContext {
@@ -60,6 +62,7 @@ impl ShardContext {
             mesh,
             connections_table: RefCell::new(HashMap::new()),
             next_conn: Cell::new(0),
+            proxy: super::proxy::ProxyAgent::new(),
         }
     }
 
