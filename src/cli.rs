@@ -99,7 +99,7 @@ struct StartArgs {
     #[arg(long, hide = true, value_name = "SHARD:MS", value_parser = owner_delay)]
     test_owner_delay: Option<(usize, Duration)>,
     /// Seconds a connection may leave its output over the bound (1 MiB) before it is closed
-    /// (default 60).
+    /// (ini `[RELAY] slow_reader_close_secs`; default 60).
     #[arg(long, value_parser = ini::seconds)]
     slow_reader_close_secs: Option<Duration>,
     /// Store: `memory` (saved at a clean stop, restored at start; a crash loses what was not
@@ -141,6 +141,7 @@ impl StartArgs {
             max_connections: self.max_connections,
             tls_timeout: self.tls_timeout_secs,
             handshake_timeout: self.handshake_timeout_secs,
+            slow_reader_close: self.slow_reader_close_secs,
             quota: self.quota,
             message_ttl: self.message_ttl_secs,
             expire_interval: self.expire_interval_secs,
@@ -320,7 +321,8 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
          # max_connections = {max_connections}\n\
          # expire_interval_secs = {expire_interval}\n\
          # tls_timeout_secs = {tls}\n\
-         # handshake_timeout_secs = {handshake}\n",
+         # handshake_timeout_secs = {handshake}\n\
+         # slow_reader_close_secs = {slow_reader}\n",
         days = d.message_ttl.as_secs() / 86400,
         on_send = if d.expire_on_send { "on" } else { "off" },
         hours = d.notification_ttl.as_secs() / 3600,
@@ -330,6 +332,7 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
         expire_interval = d.expire_interval.as_secs(),
         tls = smp_relay::limits::TLS_SETUP_TIMEOUT.as_secs(),
         handshake = smp_relay::limits::SMP_HANDSHAKE_TIMEOUT.as_secs(),
+        slow_reader = smp_relay::limits::SLOW_READER_CLOSE.as_secs(),
     )
 }
 
@@ -355,9 +358,6 @@ fn start(data_dir: &Path, args: &StartArgs) -> Result<(), String> {
     c.shards = std::thread::available_parallelism().map_or(1, |n| n.get());
     c.request_client_cert = args.test_request_client_cert;
     c.test_owner_delay = args.test_owner_delay;
-    if let Some(d) = args.slow_reader_close_secs {
-        c.slow_reader_close = d;
-    }
     cli.or(file.options).apply_to(&mut c);
     smp_relay::server::run(c).map_err(|e| e.to_string())
 }

@@ -27,6 +27,7 @@
 //! | | `max_connections` | connections held at once over all shards |
 //! | | `expire_interval_secs` | seconds between expiration runs (reference: fixed 2 h) |
 //! | | `tls_timeout_secs`, `handshake_timeout_secs` | TLS and SMP handshake deadlines |
+//! | | `slow_reader_close_secs` | seconds a connection may stay over its output bound before it is closed |
 //!
 //! The message TTL has one key only, `expire_messages_days` (as the reference); `start
 //! --message-ttl-secs` overrides it when a finer unit is needed (tests).
@@ -53,6 +54,7 @@ pub struct StartOptions {
     pub max_connections: Option<usize>,
     pub tls_timeout: Option<Duration>,
     pub handshake_timeout: Option<Duration>,
+    pub slow_reader_close: Option<Duration>,
     pub quota: Option<usize>,
     pub message_ttl: Option<Duration>,
     pub expire_interval: Option<Duration>,
@@ -72,6 +74,7 @@ impl StartOptions {
             max_connections: self.max_connections.or(lower.max_connections),
             tls_timeout: self.tls_timeout.or(lower.tls_timeout),
             handshake_timeout: self.handshake_timeout.or(lower.handshake_timeout),
+            slow_reader_close: self.slow_reader_close.or(lower.slow_reader_close),
             quota: self.quota.or(lower.quota),
             message_ttl: self.message_ttl.or(lower.message_ttl),
             expire_interval: self.expire_interval.or(lower.expire_interval),
@@ -100,6 +103,9 @@ impl StartOptions {
         }
         if let Some(v) = self.handshake_timeout {
             c.handshake_timeout = v;
+        }
+        if let Some(v) = self.slow_reader_close {
+            c.slow_reader_close = v;
         }
         if let Some(v) = self.quota {
             s.quota = v;
@@ -412,6 +418,7 @@ const KEYS: &[KeySpec] = &[
     k("RELAY", "expire_interval_secs", Rule::Applied),
     k("RELAY", "tls_timeout_secs", Rule::Applied),
     k("RELAY", "handshake_timeout_secs", Rule::Applied),
+    k("RELAY", "slow_reader_close_secs", Rule::Applied),
 ];
 
 /// Reads `path`; `Ok(None)` when the file does not exist (a data directory from before it did).
@@ -569,6 +576,10 @@ fn apply(config: &mut IniConfig, section: &str, key: &str, value: &str) -> Resul
         }
         ("RELAY", "handshake_timeout_secs") => {
             o.handshake_timeout = Some(duration(value, 1)?);
+            Ok(())
+        }
+        ("RELAY", "slow_reader_close_secs") => {
+            o.slow_reader_close = Some(duration(value, 1)?);
             Ok(())
         }
         // KEYS marks a key Applied only when it has an arm above (the unit test checks every one).
@@ -750,6 +761,7 @@ mod tests {
              expire_interval_secs = 30\n\
              tls_timeout_secs = 5\n\
              handshake_timeout_secs = 6\n\
+             slow_reader_close_secs = 8\n\
              [PROXY]\n\
              [WEB]\n",
         );
@@ -762,6 +774,7 @@ mod tests {
                 max_connections: Some(100),
                 tls_timeout: Some(Duration::from_secs(5)),
                 handshake_timeout: Some(Duration::from_secs(6)),
+                slow_reader_close: Some(Duration::from_secs(8)),
                 quota: Some(2),
                 message_ttl: Some(Duration::from_secs(7 * 86400)),
                 expire_interval: Some(Duration::from_secs(30)),
