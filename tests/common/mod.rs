@@ -235,6 +235,11 @@ impl Relay {
         }
     }
 
+    /// Shards of the next `restart` (the saved store is split by partition group, not by shard).
+    pub fn set_cores(&mut self, cores: usize) {
+        self.opts.cores = cores;
+    }
+
     /// Starts the relay again on the same data directory, port and options.
     pub fn restart(&mut self) {
         let args = self.opts.extra_args.clone();

@@ -46,10 +46,8 @@ pub fn request(
     cmd: Command,
     auth: Authorization,
 ) -> ServerTransmission {
-    let r = c
-        .request(entity, cmd, auth)
-        .unwrap_or_else(|e| panic!("request: {e}"));
-    r
+    c.request(entity, cmd, auth)
+        .unwrap_or_else(|e| panic!("request: {e}"))
 }
 
 /// As `request`, signed with `key`, and returns only the response (after checking it names `entity`,
