@@ -79,6 +79,10 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
     let per_shard_connections = config.max_connections.div_ceil(shards);
     let (mesh, inboxes) = Mesh::new(shards);
     let directory = Directory::new();
+    let metrics = Arc::new(std::sync::Mutex::new(vec![
+        crate::metrics::MetricsSnapshot::default();
+        shards
+    ]));
     let loaded = Arc::new(Barrier::new(shards));
     let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<Result<usize, String>>(shards);
     let mut handles = Vec::with_capacity(shards);
@@ -90,6 +94,7 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
         let ready_tx = ready_tx.clone();
         let mesh = mesh.clone();
         let directory = directory.clone();
+        let metrics = metrics.clone();
         let loaded = loaded.clone();
         let store_dir = store_dir.clone();
         let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
@@ -119,6 +124,7 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
                     per_shard_connections,
                     directory.clone(),
                     mesh.clone(),
+                    metrics,
                 ));
                 let owner = owner::Owner::new(shard_id, store, directory, mesh, settings);
                 let ready_tx2 = ready_tx.clone();

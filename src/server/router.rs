@@ -114,6 +114,8 @@ pub enum ShardMsg {
     },
     /// Periodic work of an owner (expiration).
     Tick,
+    /// Time to publish this shard's numbers for the metrics file.
+    Metrics,
     /// Stop: save what must be saved, then end the shard.
     Stop,
 }

@@ -6,7 +6,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use glommio::net::TcpListener;
@@ -16,7 +16,9 @@ use super::directory::Directory;
 use super::owner::Owner;
 use super::router::{ConnRef, Group, Mesh, ShardMsg};
 use crate::config::StartConfig;
+use crate::metrics::{self, MetricsSnapshot};
 use crate::store::memory::MemoryStore;
+use crate::store::{MessageStore, QueueStore};
 use crate::transport::certs::ServerCredentials;
 
 /// What every connection of a shard reads; built once per shard.
@@ -37,6 +39,9 @@ pub struct ShardContext {
     next_conn: Cell<u64>,
     /// The proxy role: this shard's sessions to destination relays.
     pub proxy: super::proxy::ProxyAgent,
+    /// Each shard's latest numbers; shard 0 writes their sum to the metrics file. Touched once per
+    /// metrics interval, never on a request's path.
+    pub metrics: Arc<Mutex<Vec<MetricsSnapshot>>>,
 }
 
 impl ShardContext {
@@ -49,6 +54,7 @@ impl ShardContext {
         max_connections: usize,
         directory: Arc<Directory>,
         mesh: Mesh,
+        metrics: Arc<Mutex<Vec<MetricsSnapshot>>>,
     ) -> Self {
         ShardContext {
             shard_id,
@@ -63,6 +69,7 @@ impl ShardContext {
             connections_table: RefCell::new(HashMap::new()),
             next_conn: Cell::new(0),
             proxy: super::proxy::ProxyAgent::new(),
+            metrics,
         }
     }
 
@@ -118,9 +125,21 @@ pub async fn run(
             }
         })
     };
+    let metrics_ticker = ctx.config.metrics_interval.map(|every| {
+        let mesh = ctx.mesh.clone();
+        let shard = ctx.shard_id;
+        let every = every.max(Duration::from_millis(100));
+        glommio::spawn_local(async move {
+            loop {
+                glommio::timer::Timer::new(every).await;
+                mesh.send(shard, ShardMsg::Metrics);
+            }
+        })
+    });
     ready();
     let store = inbox_loop(&ctx, owner, inbox).await;
     drop(ticker);
+    drop(metrics_ticker);
     Ok(store)
 }
 
@@ -158,10 +177,41 @@ async fn inbox_loop(
                 epoch,
             } => owner.register_sub(&session, &recipient_id, epoch),
             ShardMsg::Tick => owner.expire().await,
+            ShardMsg::Metrics => publish_metrics(ctx, &owner),
             ShardMsg::Stop => break,
         }
     }
     owner.store
+}
+
+/// Records this shard's numbers; shard 0 also writes the sum of every shard's latest numbers to
+/// `<data-dir>/smp-server-metrics.txt`.
+fn publish_metrics(ctx: &ShardContext, owner: &Owner<MemoryStore>) {
+    let mut m = MetricsSnapshot::from_shard(&owner.stats, owner.store.counters());
+    m.queue_count = owner.store.queue_count() as u64;
+    m.msg_count = owner.store.total_messages() as u64;
+    m.subscriptions = owner.subs.len() as u64;
+    m.connections = ctx.connections.get() as u64;
+    let total = {
+        let Ok(mut all) = ctx.metrics.lock() else {
+            return;
+        };
+        if let Some(slot) = all.get_mut(ctx.shard_id) {
+            *slot = m;
+        }
+        if ctx.shard_id != 0 {
+            return;
+        }
+        let mut total = MetricsSnapshot::default();
+        for s in all.iter() {
+            total.add(s);
+        }
+        total
+    };
+    let path = metrics::metrics_path(&ctx.config.data_dir);
+    if let Err(e) = metrics::write_atomically(&path, &metrics::render(&total, metrics::now_ms())) {
+        tracing::warn!(error = %e, "cannot write the metrics file");
+    }
 }
 
 async fn accept_loop(listener: TcpListener, ctx: Rc<ShardContext>) {

@@ -1,0 +1,111 @@
+//! Batched subscriptions (`DESIGN.md` §2): a block of 135 SUBs costs each owner shard one
+//! `peek_first_many` store call and no single peeks. The counts are the store's own, read from the
+//! metrics file (`smprelay_store_peek_first_many_calls_total`, `smprelay_store_peek_first_calls_total`).
+
+mod common;
+mod support;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use common::{Relay, RelayOptions};
+use smp_relay::client::queue::{self, KeyAlg, RecipientKeys};
+use smp_relay::client::{new_corr_id, ClientTransmission};
+use smp_relay::protocol::command::{Command, SubMode};
+use smp_relay::protocol::response::BrokerMsg;
+use smp_relay::server::router::owner_shard;
+use support::*;
+
+/// The most Ed25519-signed SUBs one block holds at v16+ (`reference/smp-wire.md` §8.1 item 8).
+const SUBS_PER_BLOCK: usize = 135;
+
+fn metrics(relay: &Relay) -> HashMap<String, u64> {
+    let text = std::fs::read_to_string(relay.dir.path().join("smp-server-metrics.txt"))
+        .unwrap_or_default();
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let mut parts = l.split_whitespace();
+            let name = parts.next()?.to_string();
+            let value = parts.next()?.parse().ok()?;
+            Some((name, value))
+        })
+        .collect()
+}
+
+/// Waits (bounded) until the metrics file shows `successes` SUBs from every shard.
+fn metrics_after(relay: &Relay, successes: u64) -> HashMap<String, u64> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let m = metrics(relay);
+        if m.get("simplex_smp_subscribtion_successes").copied() == Some(successes) {
+            // Shard 0 writes the sum of every shard's latest report: wait one more interval so
+            // that the other shard's report of the same moment is in.
+            std::thread::sleep(Duration::from_millis(1200));
+            return metrics(relay);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "metrics never showed {successes} subscriptions: {m:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_block_of_135_subs_over_two_shards_makes_at_most_two_store_calls() {
+    let relay = Relay::start_with(RelayOptions {
+        cores: 2,
+        extra_args: vec!["--metrics-interval".into(), "1".into()],
+    });
+    let mut creator = relay.client();
+    let mut sender = relay.client();
+    let queues: Vec<Queue> = (0..SUBS_PER_BLOCK)
+        .map(|_| {
+            let keys = RecipientKeys::generate(KeyAlg::Ed25519);
+            let mut new = queue::new_queue(&keys);
+            new.sub_mode = SubMode::OnlyCreate;
+            create_with(&mut creator, keys, new)
+        })
+        .collect();
+    let owners: Vec<usize> = queues.iter().map(|q| owner_shard(q.rid(), 2)).collect();
+    assert!(
+        owners.contains(&0) && owners.contains(&1),
+        "135 random queues are spread over both shards"
+    );
+    // Some queues hold a message, so the batch read has something to return.
+    for q in queues.iter().step_by(3) {
+        send_ok(&mut sender, q, None, b"waiting");
+    }
+
+    let mut subscriber = relay.client();
+    let subs: Vec<ClientTransmission> = queues
+        .iter()
+        .map(|q| {
+            ClientTransmission::new(&new_corr_id(), q.rid(), Command::Sub).signed(q.key().clone())
+        })
+        .collect();
+    // The client packs greedily: 135 Ed25519-signed SUBs are exactly one block (if they were two,
+    // each owner would be asked twice and the assertion below would fail).
+    subscriber.send_batch(&subs).expect("send the SUB block");
+    let mut soks = 0;
+    let mut msgs = 0;
+    while soks < SUBS_PER_BLOCK || msgs < SUBS_PER_BLOCK.div_ceil(3) {
+        let t = next(&mut subscriber);
+        match t.msg {
+            Ok(BrokerMsg::Sok(None)) => soks += 1,
+            Ok(BrokerMsg::Msg { .. }) => msgs += 1,
+            other => panic!("unexpected answer to a SUB: {other:?}"),
+        }
+    }
+
+    let m = metrics_after(&relay, SUBS_PER_BLOCK as u64);
+    let many = m["smprelay_store_peek_first_many_calls_total"];
+    let single = m["smprelay_store_peek_first_calls_total"];
+    assert!(
+        many <= 2,
+        "peek_first_many calls for one block over 2 shards: {many}"
+    );
+    assert!(many >= 1, "the batch read is counted");
+    assert_eq!(single, 0, "no SUB of the block read its queue alone");
+}
