@@ -396,3 +396,157 @@ fn block_of_subs_with_pending_messages() {
     assert_eq!(seen, want);
     expect_nothing(&mut c, "one MSG per queue");
 }
+
+/// §3.3: an ACK of another ID leaves the delivered message outstanding; an empty ID acknowledges
+/// whatever was delivered; with nothing delivered, or on a connection without SUB or GET, ACK is
+/// `NO_MSG`.
+#[test]
+fn ack_rules() {
+    let relay = Relay::start();
+    let (mut r, mut s, mut other) = (relay.client(), relay.client(), relay.client());
+    let q = create(&mut r);
+    assert_eq!(ack(&mut r, &q, b""), ERR_NO_MSG, "nothing delivered");
+    send_ok(&mut s, &q, None, b"one");
+    send_ok(&mut s, &q, None, b"two");
+    let m1 = expect_body(&mut r, &q, b"one");
+    assert_eq!(ack(&mut r, &q, &[7u8; 24]), ERR_NO_MSG, "another ID");
+    assert_eq!(
+        ack(&mut other, &q, &m1.msg_id),
+        ERR_NO_MSG,
+        "a connection without SUB or GET"
+    );
+    let m2 = msg_of(&q, ack(&mut r, &q, b""));
+    assert_eq!(
+        m2.msg.body(),
+        Some(&b"two"[..]),
+        "the empty ID acknowledged message one"
+    );
+    assert_eq!(ack(&mut r, &q, b""), BrokerMsg::Ok);
+    assert_eq!(ack(&mut r, &q, b""), ERR_NO_MSG, "nothing outstanding");
+}
+
+/// NEW with subscribe mode 'C' (create only) does not subscribe: nothing is pushed until SUB.
+#[test]
+fn create_only_queue_is_not_subscribed() {
+    let relay = Relay::start();
+    let (mut r, mut s) = (relay.client(), relay.client());
+    let keys = smp_relay::client::queue::RecipientKeys::generate(KeyAlg::Ed25519);
+    let mut new = smp_relay::client::queue::new_queue(&keys);
+    new.sub_mode = smp_relay::protocol::command::SubMode::OnlyCreate;
+    let q = create_with(&mut r, keys, new);
+    send_ok(&mut s, &q, None, b"waiting");
+    expect_nothing(&mut r, "no subscription yet");
+    let m = sub_with_msg(&mut r, &q);
+    assert_eq!(m.msg.body(), Some(&b"waiting"[..]));
+}
+
+/// A block `[SEND, SUB]` for one queue from a connection that was not subscribed: the SUB sees the
+/// message the SEND of the same block stored, and delivers it once.
+#[test]
+fn send_then_sub_in_one_block() {
+    for cores in [1, 2] {
+        let relay = Relay::start_with(RelayOptions {
+            cores,
+            ..Default::default()
+        });
+        let mut owner = relay.client();
+        let q = create(&mut owner);
+        drop(owner);
+        let mut c = relay.client();
+        let (c1, c2) = (new_corr_id(), new_corr_id());
+        let ts = [
+            ClientTransmission::new(&c1, q.sid(), send_cmd(b"same block")),
+            ClientTransmission::new(&c2, q.rid(), Command::Sub).signed(q.key().clone()),
+        ];
+        c.send_batch(&ts).unwrap();
+        let block = c.recv_block().unwrap();
+        let got: Vec<String> = block.iter().map(describe).collect();
+        assert_eq!(
+            block.len(),
+            3,
+            "cores {cores}: OK, SOK and MSG in one block: {got:?}"
+        );
+        assert_eq!(
+            (block[0].corr_id.as_slice(), &block[0].msg),
+            (&c1[..], &Ok(BrokerMsg::Ok))
+        );
+        assert_eq!(
+            (block[1].corr_id.as_slice(), &block[1].msg),
+            (&c2[..], &Ok(BrokerMsg::Sok(None)))
+        );
+        let m = smp_relay::client::queue::receive(&q.secret, &block[2]).unwrap();
+        assert_eq!(m.msg.body(), Some(&b"same block"[..]));
+        expect_nothing(&mut c, "delivered once");
+    }
+}
+
+/// A block `[SUB, SEND]`: the SEND lands in the queue the same block subscribed; the MSG, SOK and
+/// OK each arrive once.
+#[test]
+fn sub_then_send_in_one_block() {
+    let relay = Relay::start();
+    let mut owner = relay.client();
+    let q = create(&mut owner);
+    drop(owner);
+    let mut c = relay.client();
+    let (c1, c2) = (new_corr_id(), new_corr_id());
+    let ts = [
+        ClientTransmission::new(&c1, q.rid(), Command::Sub).signed(q.key().clone()),
+        ClientTransmission::new(&c2, q.sid(), send_cmd(b"after sub")),
+    ];
+    c.send_batch(&ts).unwrap();
+    assert_eq!(c.recv_for(&c1).unwrap().msg, Ok(BrokerMsg::Sok(None)));
+    assert_eq!(c.recv_for(&c2).unwrap().msg, Ok(BrokerMsg::Ok));
+    let m = expect_msg(&mut c, &q);
+    assert_eq!(m.msg.body(), Some(&b"after sub"[..]));
+    expect_nothing(&mut c, "delivered once");
+}
+
+/// DEL tells the subscriber (DELD) but not a connection in GET mode, which has no subscription.
+#[test]
+fn delete_does_not_notify_get_mode_connection() {
+    let relay = Relay::start();
+    let (mut r, mut g, mut s) = (relay.client(), relay.client(), relay.client());
+    let q = create(&mut r);
+    send_ok(&mut s, &q, None, b"m");
+    expect_body(&mut r, &q, b"m");
+    let got = msg_of(&q, signed(&mut g, q.key(), q.rid(), Command::Get));
+    assert_eq!(got.msg.body(), Some(&b"m"[..]));
+    let mut d = relay.client();
+    assert_eq!(
+        signed(&mut d, q.key(), q.rid(), Command::Del),
+        BrokerMsg::Ok
+    );
+    expect_event(&mut r, q.rid(), BrokerMsg::Deld);
+    expect_nothing(&mut g, "GET mode gets no DELD");
+    assert_eq!(ack(&mut g, &q, &got.msg_id), ERR_AUTH, "the queue is gone");
+}
+
+/// Flag bytes after the notification Bool are accepted and not stored: the MSG carries the Bool only,
+/// as the reference's `MsgFlags` keeps only `notification`.
+#[test]
+fn reserved_flag_bytes_are_dropped() {
+    let relay = Relay::start();
+    let (mut r, mut s) = (relay.client(), relay.client());
+    let q = create(&mut r);
+    let cmd = Command::Send {
+        flags: smp_relay::protocol::command::MsgFlags {
+            notification: true,
+            reserved: b"xyz".to_vec(),
+        },
+        body: b"flagged".to_vec(),
+    };
+    assert_eq!(send_as(&mut s, q.sid(), None, cmd), BrokerMsg::Ok);
+    let m = expect_body(&mut r, &q, b"flagged");
+    match m.msg {
+        RcvMsg::Message {
+            notification,
+            reserved_flags,
+            ..
+        } => {
+            assert!(notification);
+            assert_eq!(reserved_flags, b"", "only the Bool is delivered");
+        }
+        other => panic!("{other:?}"),
+    }
+}
