@@ -182,3 +182,82 @@ fn new_with_notifier_credentials() {
     let meta = receive_nmsg(&n.secret, &t).unwrap();
     assert_eq!(meta.msg_id, m.msg_id);
 }
+
+/// NKEY on a queue whose notifier has a subscriber: the old notifier ID's subscriber gets DELD.
+#[test]
+fn nkey_again_ends_old_notifier_subscription() {
+    let relay = Relay::start();
+    let (mut rh, mut nh) = (relay.client(), relay.client());
+    let q = create(&mut rh);
+    let old = nkey(&mut rh, &q);
+    assert_eq!(nsub(&mut nh, &old), BrokerMsg::Sok(None));
+    let new = nkey(&mut rh, &q);
+    expect_event(&mut nh, &old.nid, BrokerMsg::Deld);
+    assert_eq!(nsub(&mut nh, &new), BrokerMsg::Sok(None));
+    assert_eq!(
+        nsub(&mut nh, &new),
+        BrokerMsg::Sok(None),
+        "NSUB again on the same connection"
+    );
+    expect_nothing(&mut nh, "no END to oneself");
+}
+
+/// The quota marker is not notified (§3.8): with quota 1, the SEND that gets QUOTA makes no NMSG.
+#[test]
+fn quota_marker_is_not_notified() {
+    let relay = common::Relay::start_with(common::RelayOptions {
+        extra_args: vec!["--quota".into(), "1".into()],
+        ..Default::default()
+    });
+    let (mut rh, mut sh, mut nh) = (relay.client(), relay.client(), relay.client());
+    let q = create(&mut rh);
+    let n = nkey(&mut rh, &q);
+    assert_eq!(nsub(&mut nh, &n), BrokerMsg::Sok(None));
+    assert_eq!(
+        send_as(&mut sh, q.sid(), None, send_ntf_cmd(b"1")),
+        BrokerMsg::Ok
+    );
+    assert_eq!(
+        send_as(&mut sh, q.sid(), None, send_ntf_cmd(b"2")),
+        ERR_QUOTA
+    );
+    let m = expect_body(&mut rh, &q, b"1");
+    assert_eq!(expect_nmsg(&mut nh, &n).msg_id, m.msg_id);
+    expect_nothing(&mut nh, "no NMSG for the refused message or the marker");
+    let marker = msg_of(&q, ack(&mut rh, &q, &m.msg_id));
+    assert!(is_quota(&marker));
+}
+
+/// The notification scenario with two shards: notifier, recipient and sender connections and the
+/// queue's owner fall on either shard.
+#[test]
+fn notifications_across_two_cores() {
+    let relay = common::Relay::start_with(common::RelayOptions {
+        cores: 2,
+        ..Default::default()
+    });
+    for _ in 0..3 {
+        let sender = auth_key(KeyAlg::Ed25519);
+        let (mut rh, mut sh, mut nh1, mut nh2) = (
+            relay.client(),
+            relay.client(),
+            relay.client(),
+            relay.client(),
+        );
+        let q = create_secured(&mut rh, &sender);
+        let n = nkey(&mut rh, &q);
+        assert_eq!(nsub(&mut nh1, &n), BrokerMsg::Sok(None));
+        let m1 = deliver(&mut rh, &mut sh, &q, &sender, b"one");
+        assert_eq!(expect_nmsg(&mut nh1, &n).msg_id, m1.msg_id);
+        assert_eq!(nsub(&mut nh2, &n), BrokerMsg::Sok(None));
+        expect_event(&mut nh1, &n.nid, BrokerMsg::End);
+        let m2 = deliver(&mut rh, &mut sh, &q, &sender, b"two");
+        assert_eq!(expect_nmsg(&mut nh2, &n).msg_id, m2.msg_id);
+        assert_eq!(
+            signed(&mut rh, q.key(), q.rid(), Command::NDel),
+            BrokerMsg::Ok
+        );
+        expect_event(&mut nh2, &n.nid, BrokerMsg::Deld);
+        expect_nothing(&mut nh1, "first notifier connection");
+    }
+}
