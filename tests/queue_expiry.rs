@@ -114,3 +114,54 @@ fn send_does_not_expire_when_expire_on_send_is_off() {
     let m2 = msg_of(&q, ack(&mut rh, &q, &m.msg_id));
     assert_eq!(m2.msg.body(), Some(&b"new"[..]));
 }
+
+/// A delivered message that expires before its ACK: the subscriber keeps waiting for the ACK (no
+/// push of the next message), and the ACK of the expired ID returns the new head, as the
+/// reference's `tryDelPeekMsg` does.
+#[test]
+fn ack_of_expired_delivered_message_returns_new_head() {
+    let relay = relay_with(&[
+        "--message-ttl-secs",
+        "1",
+        "--expire-interval-secs",
+        "1",
+        "--expire-on-send",
+        "off",
+    ]);
+    let (mut rh, mut sh) = (relay.client(), relay.client());
+    let q = create(&mut rh);
+    send_ok(&mut sh, &q, None, b"expires while delivered");
+    let m1 = expect_body(&mut rh, &q, b"expires while delivered");
+    std::thread::sleep(Duration::from_millis(3000));
+    send_ok(&mut sh, &q, None, b"fresh");
+    expect_nothing(&mut rh, "one outstanding message per subscription");
+    let m2 = msg_of(&q, ack(&mut rh, &q, &m1.msg_id));
+    assert_eq!(m2.msg.body(), Some(&b"fresh"[..]));
+    assert_eq!(
+        ack(&mut rh, &q, &m2.msg_id),
+        smp_relay::protocol::response::BrokerMsg::Ok
+    );
+}
+
+/// Pending notifications expire after the notification TTL (§3.8): a later NSUB receives nothing.
+#[test]
+fn pending_notifications_expire() {
+    let relay = relay_with(&[
+        "--notification-ttl-secs",
+        "1",
+        "--expire-interval-secs",
+        "1",
+    ]);
+    let (mut rh, mut sh, mut nh) = (relay.client(), relay.client(), relay.client());
+    let q = create(&mut rh);
+    let n = nkey(&mut rh, &q);
+    let r = send_as(&mut sh, q.sid(), None, send_ntf_cmd(b"notify me"));
+    assert_eq!(r, smp_relay::protocol::response::BrokerMsg::Ok);
+    expect_body(&mut rh, &q, b"notify me");
+    std::thread::sleep(Duration::from_millis(3000));
+    assert_eq!(
+        nsub(&mut nh, &n),
+        smp_relay::protocol::response::BrokerMsg::Sok(None)
+    );
+    expect_nothing(&mut nh, "the notification expired");
+}
