@@ -339,3 +339,131 @@ fn pack_turn(turn: Turn) -> Vec<Group> {
     groups.extend(trailing);
     groups
 }
+
+#[cfg(test)]
+mod tests {
+    //! Equal-time AUTH, asserted structurally (`reference/smp-wire.md` §4.4 step 6): a command for an
+    //! unknown queue and one signed with the wrong key each run exactly one verification, with a key
+    //! of the signature's algorithm. (The timing comparison itself is a benchmark.)
+    use std::rc::Rc;
+    use std::sync::Arc;
+
+    use ed25519_dalek::SigningKey;
+    use x25519_dalek::StaticSecret;
+
+    use super::*;
+    use crate::crypto::auth::{self, verify_count_by_alg, VerifyCounts};
+    use crate::protocol::command::Command;
+    use crate::protocol::transmission::client_signed_bytes;
+    use crate::server::router::{ConnRef, Mesh, Request, SessionInfo};
+    use crate::store::memory::MemoryStore;
+    use crate::store::{QueueRec, QueueStatus};
+
+    fn owner() -> (Owner<MemoryStore>, Vec<flume::Receiver<ShardMsg>>) {
+        let (mesh, inboxes) = Mesh::new(1);
+        let o = Owner::new(
+            0,
+            MemoryStore::new(),
+            Directory::new(),
+            mesh,
+            Rc::new(Settings::default()),
+        );
+        (o, inboxes)
+    }
+
+    fn session() -> Session {
+        Arc::new(SessionInfo {
+            conn: ConnRef { shard: 0, id: 1 },
+            version: 18,
+            session_id: vec![7; 32],
+            server_key: StaticSecret::from([9u8; 32]),
+        })
+    }
+
+    fn queue(rid: &[u8], key: PublicAuthKey) -> QueueRec {
+        QueueRec {
+            recipient_id: rid.to_vec(),
+            recipient_keys: vec![key],
+            rcv_dh_secret: [1; 32],
+            sender_id: vec![2; 24],
+            sender_key: None,
+            queue_mode: None,
+            link: None,
+            notifier: None,
+            status: QueueStatus::Active,
+            updated_at: None,
+            rcv_service_id: None,
+        }
+    }
+
+    /// A SUB for `rid` signed by `signer`.
+    fn signed_sub(s: &Session, rid: &[u8], signer: &SigningKey) -> Request {
+        let corr = [5u8; 24];
+        let signed = client_signed_bytes(s.version, &s.session_id, &corr, rid, b"SUB");
+        let sig = auth::sign_ed25519(signer, &signed);
+        Request {
+            corr_id: corr.to_vec(),
+            entity_id: rid.to_vec(),
+            recipient_id: Some(rid.to_vec()),
+            command: Command::Sub,
+            authorization: sig.to_vec(),
+            service_sig: false,
+            authorized: signed,
+            forward: None,
+        }
+    }
+
+    fn delta(before: VerifyCounts) -> VerifyCounts {
+        let now = verify_count_by_alg();
+        VerifyCounts {
+            ed25519: now.ed25519 - before.ed25519,
+            ed448: now.ed448 - before.ed448,
+            x25519: now.x25519 - before.x25519,
+        }
+    }
+
+    #[test]
+    fn unknown_queue_and_wrong_key_each_run_one_verification_of_the_signatures_algorithm() {
+        let (mut o, inboxes) = owner();
+        let s = session();
+        let owner_key = SigningKey::from_bytes(&[3u8; 32]);
+        let other_key = SigningKey::from_bytes(&[4u8; 32]);
+        let rid = vec![8u8; 24];
+        let pk = PublicAuthKey::Ed25519(owner_key.verifying_key().to_bytes());
+        futures_lite::future::block_on(o.store.create(queue(&rid, pk))).unwrap();
+
+        let paths = [
+            ("wrong key", signed_sub(&s, &rid, &other_key)),
+            ("unknown queue", signed_sub(&s, &[6u8; 24], &other_key)),
+        ];
+        for (path, req) in paths {
+            let before = verify_count_by_alg();
+            futures_lite::future::block_on(o.process(s.clone(), 1, vec![req]));
+            let d = delta(before);
+            assert_eq!(
+                (d.ed25519, d.ed448, d.x25519),
+                (1, 0, 0),
+                "{path}: exactly one Ed25519 verification"
+            );
+            let Ok(ShardMsg::Reply { groups, .. }) = inboxes[0].try_recv() else {
+                panic!("{path}: no reply");
+            };
+            let t = &groups[0].transmissions[0];
+            assert!(
+                t.ends_with(b"ERR AUTH"),
+                "{path}: answered AUTH, got {:?}",
+                String::from_utf8_lossy(t)
+            );
+        }
+
+        // The right key verifies once too, and subscribes.
+        let before = verify_count_by_alg();
+        futures_lite::future::block_on(o.process(
+            s.clone(),
+            2,
+            vec![signed_sub(&s, &rid, &owner_key)],
+        ));
+        assert_eq!(delta(before).ed25519, 1);
+        assert!(o.subs.contains_key(&rid));
+    }
+}
