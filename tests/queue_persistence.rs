@@ -205,3 +205,37 @@ fn restart_drops_messages_older_than_ttl() {
     assert_eq!(m4.msg.body(), Some(&b"hello 4"[..]));
     assert_eq!(ack(&mut h, &q, &m4.msg_id), BrokerMsg::Ok);
 }
+
+/// The saved store is split by partition group, not by shard: queues and messages saved by two
+/// shards are all restored by one, and back.
+#[test]
+fn restart_with_another_number_of_cores_keeps_every_queue() {
+    let mut relay = Relay::start_with(RelayOptions {
+        cores: 2,
+        ..Default::default()
+    });
+    let qs: Vec<Queue> = {
+        let mut h = relay.client();
+        let mut s = relay.client();
+        let qs: Vec<Queue> = (0..12).map(|_| create(&mut h)).collect();
+        for (i, q) in qs.iter().enumerate() {
+            send_ok(&mut s, q, None, format!("saved {i}").as_bytes());
+            expect_body(&mut h, q, format!("saved {i}").as_bytes());
+        }
+        qs
+    };
+    for cores in [1, 2] {
+        stop_cleanly(&mut relay);
+        relay.set_cores(cores);
+        relay.restart();
+        let mut h = relay.client();
+        for (i, q) in qs.iter().enumerate() {
+            let m = sub_with_msg(&mut h, q);
+            assert_eq!(
+                m.msg.body(),
+                Some(format!("saved {i}").as_bytes()),
+                "cores {cores}"
+            );
+        }
+    }
+}
