@@ -397,3 +397,84 @@ fn new_queues_off_refuses_new() {
     assert_eq!(r.entity_id, b"");
     assert_eq!(r.msg, Ok(ERR_AUTH));
 }
+
+/// QUE (`reference/smp-wire.md` §5.3): sender key and notifier presence, this connection's
+/// subscription with its delivered message, the size, and the head message (`qiMsg`, as the
+/// reference's `getQueueInfo` peeks it) with its type, message or quota.
+#[test]
+fn que_describes_the_queue() {
+    use base64::Engine;
+    let relay = common::Relay::start_with(RelayOptions {
+        extra_args: vec!["--quota".into(), "1".into()],
+        ..Default::default()
+    });
+    let (mut r, mut s) = (relay.client(), relay.client());
+    let q = create(&mut r);
+    let que = |c: &mut smp_relay::client::Client| match signed(c, q.key(), q.rid(), Command::Que) {
+        BrokerMsg::Info(json) => json,
+        other => panic!("QUE: {other:?}"),
+    };
+    let empty = que(&mut r);
+    assert!(
+        empty.starts_with("{\"qiSnd\":false,\"qiNtf\":false,"),
+        "{empty}"
+    );
+    assert!(empty.contains("\"qiSize\":0"), "{empty}");
+    assert!(!empty.contains("qiMsg"), "no head message: {empty}");
+
+    send_ok(&mut s, &q, None, b"one");
+    assert_eq!(send(&mut s, &q, None, b"two"), ERR_QUOTA);
+    let m = expect_body(&mut r, &q, b"one");
+    let id = base64::engine::general_purpose::STANDARD.encode(&m.msg_id);
+    let full = que(&mut r);
+    assert!(
+        full.contains("\"qiSize\":2"),
+        "the message and the marker: {full}"
+    );
+    assert!(full.contains(&format!("\"qDelivered\":\"{id}\"")), "{full}");
+    assert!(
+        full.contains(&format!("\"qiMsg\":{{\"msgId\":\"{id}\",\"msgTs\":\"")),
+        "the head message: {full}"
+    );
+    assert!(full.contains("\"msgType\":\"message\""), "{full}");
+    let ts = iso8601(m.msg.ts());
+    assert!(
+        full.contains(&format!("\"msgTs\":\"{ts}\"")),
+        "{ts} in {full}"
+    );
+
+    let marker = msg_of(&q, ack(&mut r, &q, &m.msg_id));
+    assert!(is_quota(&marker));
+    let at_marker = que(&mut r);
+    assert!(at_marker.contains("\"msgType\":\"quota\""), "{at_marker}");
+    assert!(at_marker.contains("\"qiSize\":1"), "{at_marker}");
+}
+
+/// Unix seconds as aeson writes a whole-second `UTCTime`: `YYYY-MM-DDTHH:MM:SSZ`.
+fn iso8601(secs: i64) -> String {
+    let days = secs.div_euclid(86400);
+    let rem = secs.rem_euclid(86400);
+    // Days since 1970-01-01 to a civil date (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[test]
+fn iso8601_matches_known_dates() {
+    assert_eq!(iso8601(0), "1970-01-01T00:00:00Z");
+    assert_eq!(iso8601(951_782_400), "2000-02-29T00:00:00Z");
+    assert_eq!(iso8601(1_700_000_000), "2023-11-14T22:13:20Z");
+}

@@ -131,7 +131,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             Command::LDel => self.ldel(q).await,
             Command::NKey { key, dh } => self.nkey(session, q, key.clone(), *dh).await,
             Command::NDel => self.ndel(session, q).await,
-            Command::Que => self.que(session, &q),
+            Command::Que => self.que(session, &q).await,
             _ => err(ErrorType::Internal),
         }
     }

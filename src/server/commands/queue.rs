@@ -13,7 +13,8 @@ use crate::server::directory::IdSpace;
 use crate::server::owner::{encode, Owner, Subscriber, Turn};
 use crate::server::router::{owner_shard, Request, Session};
 use crate::store::{
-    EntityId, MessageStore, NotifierCreds, QueueLink, QueueRec, QueueStatus, QueueStore, StoreError,
+    EntityId, Message, MessageStore, NotifierCreds, QueueLink, QueueRec, QueueStatus, QueueStore,
+    StoreError,
 };
 
 /// Attempts at finding free generated IDs before `ERR INTERNAL` (the reference's 3).
@@ -290,17 +291,21 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         BrokerMsg::Ok
     }
 
-    /// QUE: debugging information about the queue as JSON (`reference/smp-wire.md` §5.3).
-    pub(super) fn que(&self, session: &Session, q: &QueueRec) -> BrokerMsg {
+    /// QUE: debugging information about the queue as JSON (`reference/smp-wire.md` §5.3), fields
+    /// in the reference's order: `qiSnd`, `qiNtf`, `qiSub` (this connection's), `qiSize`, and
+    /// `qiMsg`, the head message as `getQueueInfo` peeks it.
+    pub(super) async fn que(&mut self, session: &Session, q: &QueueRec) -> BrokerMsg {
         use base64::Engine;
         let b64 = base64::engine::general_purpose::STANDARD;
         let rid = &q.recipient_id;
-        let size = self.store.size(rid);
+        let head = match self.store.peek_first(rid).await {
+            Ok(h) => h,
+            Err(e) => return err(store_error(e)),
+        };
         let mut json = format!(
-            "{{\"qiSnd\":{},\"qiNtf\":{},\"qiSize\":{}",
+            "{{\"qiSnd\":{},\"qiNtf\":{}",
             q.sender_key.is_some(),
-            q.notifier.is_some(),
-            size
+            q.notifier.is_some()
         );
         let sub = match self.subs.get(rid) {
             Some(s) if s.session.conn == session.conn => Some(("subThread", s.delivered)),
@@ -316,7 +321,50 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             }
             json.push('}');
         }
+        json.push_str(&format!(",\"qiSize\":{}", self.store.size(rid)));
+        if let Some(m) = head {
+            let msg_type = match m {
+                Message::Message { .. } => "message",
+                Message::Quota { .. } => "quota",
+            };
+            json.push_str(&format!(
+                ",\"qiMsg\":{{\"msgId\":\"{}\",\"msgTs\":\"{}\",\"msgType\":\"{msg_type}\"}}",
+                b64.encode(m.msg_id()),
+                utc_time(m.ts())
+            ));
+        }
         json.push('}');
         BrokerMsg::Info(json)
+    }
+}
+
+/// Unix seconds as aeson encodes a whole-second `UTCTime`: `YYYY-MM-DDTHH:MM:SSZ`.
+fn utc_time(secs: i64) -> String {
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // Days since the epoch to a proleptic Gregorian date (H. Hinnant's `civil_from_days`).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn utc_time_of_known_instants() {
+        assert_eq!(super::utc_time(0), "1970-01-01T00:00:00Z");
+        assert_eq!(super::utc_time(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(super::utc_time(1_700_000_000), "2023-11-14T22:13:20Z");
     }
 }
