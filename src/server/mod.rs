@@ -39,7 +39,7 @@ pub enum StartError {
     #[error(transparent)]
     Lock(#[from] lock::LockError),
     #[error("{0}")]
-    Credentials(String),
+    Setup(String),
     #[error("cannot start shard {0}: {1}")]
     Shard(usize, String),
     #[error("shard {0} stopped: {1}")]
@@ -53,26 +53,25 @@ pub fn memory_store_dir(config: &StartConfig) -> PathBuf {
 /// Runs the relay until SIGINT or SIGTERM.
 pub fn run(config: StartConfig) -> Result<(), StartError> {
     let _lock = lock::lock_data_dir(&config.data_dir)?;
-    let credentials = Arc::new(
-        certs::load(&config.data_dir).map_err(|e| StartError::Credentials(e.to_string()))?,
-    );
+    let credentials =
+        Arc::new(certs::load(&config.data_dir).map_err(|e| StartError::Setup(e.to_string()))?);
     let tls_config = tls::server_config(
         &credentials,
         &tls::TlsOptions {
             request_client_cert: config.request_client_cert,
         },
     )
-    .map_err(|e| StartError::Credentials(e.to_string()))?;
+    .map_err(|e| StartError::Setup(e.to_string()))?;
+    check_ports_free(&config.ports)?;
     let store_dir = memory_store_dir(&config);
-    std::fs::create_dir_all(&store_dir).map_err(|e| {
-        StartError::Credentials(format!("cannot create {}: {e}", store_dir.display()))
-    })?;
+    std::fs::create_dir_all(&store_dir)
+        .map_err(|e| StartError::Setup(format!("cannot create {}: {e}", store_dir.display())))?;
     // Signals are taken before any shard runs, so a stop during start-up is not lost.
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
     ])
-    .map_err(|e| StartError::Credentials(format!("cannot handle signals: {e}")))?;
+    .map_err(|e| StartError::Setup(format!("cannot handle signals: {e}")))?;
 
     let cpus = allowed_cpus();
     let shards = config.shards.clamp(1, 64);
@@ -186,6 +185,20 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
         tracing::info!("stopped");
     }
     result
+}
+
+/// Shards listen with SO_REUSEPORT, which would let this relay silently share a port with another
+/// process (another relay on another data directory) and get half its connections. A listener
+/// without SO_REUSEPORT is refused while anyone listens there, so one is tried first.
+fn check_ports_free(ports: &[u16]) -> Result<(), StartError> {
+    for port in ports {
+        std::net::TcpListener::bind(("0.0.0.0", *port)).map_err(|e| {
+            StartError::Setup(format!(
+                "port {port} is in use by another process ({e}); stop it or choose another --port"
+            ))
+        })?;
+    }
+    Ok(())
 }
 
 fn fill_directory(directory: &Directory, store: &MemoryStore) {

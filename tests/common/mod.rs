@@ -148,9 +148,14 @@ pub struct RelayOptions {
 }
 
 impl Default for RelayOptions {
+    /// One shard, unless `SMP_RELAY_TEST_CORES` says otherwise: CI runs the queue suites once more
+    /// with 2 so that every scenario also crosses shards.
     fn default() -> Self {
         RelayOptions {
-            cores: 1,
+            cores: std::env::var("SMP_RELAY_TEST_CORES")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(1),
             extra_args: Vec::new(),
         }
     }
