@@ -1,5 +1,6 @@
 //! Settings of the relay: the data directory layout and the options of `start`.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -71,6 +72,47 @@ pub struct Settings {
     pub new_queues: bool,
     /// Basic auth NEW must carry when set (`create_password`).
     pub create_password: Option<Vec<u8>>,
+    /// The proxy role of private routing (PRXY/PFWD).
+    pub proxy: ProxySettings,
+}
+
+/// The proxy role (`reference/smp-server-behaviour.md` §1.8), on by default as in the reference.
+#[derive(Debug, Clone)]
+pub struct ProxySettings {
+    /// Off: PRXY is answered `ERR PROXY BASIC_AUTH`, as the reference without the role.
+    pub enabled: bool,
+    /// Password PRXY must carry; `None`: the create password, as the reference.
+    pub password: Option<Vec<u8>>,
+    /// Connect to loopback, private and other special addresses (tests on one host).
+    pub allow_private: bool,
+    /// SOCKS5 proxy for `.onion` destinations (Tor); without it they are refused.
+    pub socks_proxy: Option<SocketAddr>,
+    /// TCP, TLS and the SMP handshake with a destination (reference: 45 s, background).
+    pub connect_timeout: Duration,
+    /// An answer to a forwarded command (reference: 30 s, background).
+    pub command_timeout: Duration,
+    /// A failed connection is reported again without retrying for this long (reference: 30 s).
+    pub persist_error: Duration,
+    /// A destination session nobody used for this long is closed.
+    pub idle_close: Duration,
+    /// Destination sessions per shard, connecting or open.
+    pub max_sessions_per_shard: usize,
+}
+
+impl Default for ProxySettings {
+    fn default() -> Self {
+        ProxySettings {
+            enabled: true,
+            password: None,
+            allow_private: false,
+            socks_proxy: None,
+            connect_timeout: Duration::from_secs(45),
+            command_timeout: Duration::from_secs(30),
+            persist_error: Duration::from_secs(30),
+            idle_close: Duration::from_secs(10 * 60),
+            max_sessions_per_shard: 1024,
+        }
+    }
 }
 
 impl Default for Settings {
@@ -83,6 +125,7 @@ impl Default for Settings {
             notification_ttl: Duration::from_secs(24 * 3600),
             new_queues: true,
             create_password: None,
+            proxy: ProxySettings::default(),
         }
     }
 }

@@ -56,6 +56,7 @@ impl ShardContext {
         mesh: Mesh,
         metrics: Arc<Mutex<Vec<MetricsSnapshot>>>,
     ) -> Self {
+        let proxy = super::proxy::ProxyAgent::new(&config.settings);
         ShardContext {
             shard_id,
             config,
@@ -68,7 +69,7 @@ impl ShardContext {
             mesh,
             connections_table: RefCell::new(HashMap::new()),
             next_conn: Cell::new(0),
-            proxy: super::proxy::ProxyAgent::new(),
+            proxy,
             metrics,
         }
     }

@@ -2,13 +2,42 @@
 //! 11–12, §5.5): the relay connects to destination relays as an SMP client and forwards its own
 //! clients' commands there, so that the destination never sees the client's address.
 //!
-//! One `ProxyAgent` per shard. Requests arrive from the connection's reader as `ProxyJob`s and run
-//! as tasks of their own (bounded per connection), so a slow destination never stalls a shard.
+//! One `ProxyAgent` per shard, with one session per destination shared by the shard's clients (the
+//! reference has one per relay; here clients stay on their shard). Requests arrive from the
+//! connection's reader as `ProxyJob`s and run as tasks of their own (bounded per connection), so a
+//! slow destination never stalls a shard. Errors are the reference's (`processProxiedCmd`,
+//! `smpProxyError`), see `session::DestError`.
 
-use crate::protocol::command::Command;
+mod address;
+mod identity;
+mod resolve;
+mod session;
+mod socks;
+mod stream;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use glommio::channels::local_channel::{self, LocalSender};
+
+pub use address::{is_forbidden, parse_host, Target};
+use session::{timed, Connector, DestSession};
+pub use session::{DestError, DestKey, PROXY_CLIENT_VERSIONS};
+
+use crate::config::Settings;
+use crate::protocol::command::{Command, SmpServer};
 use crate::protocol::error::{ErrorType, ProxyError};
 use crate::protocol::response::BrokerMsg;
 use crate::server::router::Session;
+use crate::transport::tls::{client_config, ALPN_SMP};
+
+/// Name lookups in flight per shard (each on a thread of its own).
+const MAX_RESOLVES_IN_FLIGHT: usize = 16;
+/// A request waiting for another's connection attempt gives up a little after that attempt's
+/// own limit (the reference's `waitForSMPClient`: `PCEResponseTimeout`).
+const WAIT_MARGIN: Duration = Duration::from_secs(5);
 
 /// A PRXY or PFWD from a client, to be answered by the proxy agent.
 pub struct ProxyJob {
@@ -17,23 +46,241 @@ pub struct ProxyJob {
     pub command: Command,
 }
 
+type Outcome = Result<Rc<DestSession>, DestError>;
+
+/// What the shard knows of a destination.
+enum Slot {
+    /// A connection attempt is running; these wait for it.
+    Connecting(Vec<LocalSender<Outcome>>),
+    Ready(Rc<DestSession>),
+    /// The last attempt failed; the error is repeated until `until` (`persistErrorInterval`).
+    Failed {
+        error: DestError,
+        until: Instant,
+    },
+}
+
+struct Inner {
+    enabled: bool,
+    /// What PRXY must carry (`--proxy-password`, else the create password).
+    password: Option<Vec<u8>>,
+    /// `None` when the TLS client config could not be built (logged; PRXY then fails).
+    connector: Option<Connector>,
+    dests: RefCell<HashMap<DestKey, Slot>>,
+    /// Open sessions by their session ID, for PFWD.
+    sessions: RefCell<HashMap<Vec<u8>, Rc<DestSession>>>,
+}
+
 /// The shard's proxy: its sessions to destination relays.
-#[derive(Default)]
-pub struct ProxyAgent {}
+pub struct ProxyAgent {
+    inner: Rc<Inner>,
+}
 
 impl ProxyAgent {
-    pub fn new() -> Self {
-        ProxyAgent {}
+    pub fn new(settings: &Settings) -> Self {
+        let p = settings.proxy.clone();
+        let connector = match client_config(vec![ALPN_SMP.to_vec()]) {
+            Ok(tls) => Some(Connector {
+                settings: p.clone(),
+                tls,
+                resolver: resolve::Resolver::new(MAX_RESOLVES_IN_FLIGHT),
+            }),
+            Err(e) => {
+                tracing::error!(error = %e, "proxy: cannot build the TLS client configuration");
+                None
+            }
+        };
+        ProxyAgent {
+            inner: Rc::new(Inner {
+                enabled: p.enabled,
+                password: p.password.or_else(|| settings.create_password.clone()),
+                connector,
+                dests: RefCell::new(HashMap::new()),
+                sessions: RefCell::new(HashMap::new()),
+            }),
+        }
     }
 
-    /// Answers one PRXY (PKEY) or PFWD (PRES); the entity to answer with is returned with it
-    /// (PKEY carries an empty entity, PRES the proxy↔destination session ID).
+    /// Answers one PRXY (PKEY) or PFWD (PRES). Every answer carries the request's entity, as the
+    /// reference's `processProxiedCmd` (empty for PRXY, the session ID for PFWD).
     pub async fn handle(&self, _session: &Session, job: &ProxyJob) -> (Vec<u8>, BrokerMsg) {
-        // The role is not built yet: answer as the reference does with the role off.
-        let e = match job.command {
-            Command::PFwd { .. } => ProxyError::NoSession,
-            _ => ProxyError::BasicAuth,
+        let msg = match &job.command {
+            Command::Prxy { server, auth } => self.prxy(server, auth.as_deref()).await,
+            Command::PFwd { version, key, et } => {
+                self.pfwd(&job.corr_id, &job.entity_id, *version, *key, et)
+                    .await
+            }
+            // The reader sends nothing else here.
+            _ => BrokerMsg::Err(ErrorType::Internal),
         };
-        (job.entity_id.clone(), BrokerMsg::Err(ErrorType::Proxy(e)))
+        (job.entity_id.clone(), msg)
+    }
+
+    async fn prxy(&self, server: &SmpServer, auth: Option<&[u8]>) -> BrokerMsg {
+        let inner = &self.inner;
+        let allowed = inner.enabled
+            && match &inner.password {
+                Some(p) => auth == Some(p.as_slice()),
+                None => true,
+            };
+        if !allowed {
+            return BrokerMsg::Err(ErrorType::Proxy(ProxyError::BasicAuth));
+        }
+        let result = session_for(inner, server).await.and_then(|s| {
+            s.touch();
+            s.pkey()
+        });
+        match result {
+            Ok(pkey) => pkey,
+            Err(e) => {
+                tracing::warn!(hosts = ?server.hosts, error = ?e, "proxy: error connecting");
+                BrokerMsg::Err(e.to_error())
+            }
+        }
+    }
+
+    async fn pfwd(
+        &self,
+        corr_id: &[u8],
+        session_id: &[u8],
+        version: u16,
+        key: [u8; 32],
+        et: &[u8],
+    ) -> BrokerMsg {
+        let s = self.inner.sessions.borrow().get(session_id).cloned();
+        let Some(s) = s.filter(|s| !s.is_closed()) else {
+            return BrokerMsg::Err(ErrorType::Proxy(ProxyError::NoSession));
+        };
+        s.touch();
+        match s.forward(corr_id, version, key, et).await {
+            Ok(r2) => BrokerMsg::Pres(r2),
+            Err(e) => {
+                tracing::debug!(hosts = ?s.key.hosts, error = ?e, "proxy: forwarding failed");
+                BrokerMsg::Err(e.to_error())
+            }
+        }
+    }
+
+    /// Open destination sessions of this shard.
+    pub fn open_sessions(&self) -> usize {
+        self.inner.sessions.borrow().len()
+    }
+}
+
+/// The session to `server`: the open one, the error of a recent failure, or a new connection
+/// (one attempt at a time per destination; later requests wait for it).
+async fn session_for(inner: &Rc<Inner>, server: &SmpServer) -> Outcome {
+    let Some(connector) = &inner.connector else {
+        return Err(DestError::Network("no TLS client configuration".into()));
+    };
+    let key = DestKey::of(server);
+    let (tx, rx) = local_channel::new_bounded(1);
+    let start = {
+        let mut dests = inner.dests.borrow_mut();
+        match dests.get_mut(&key) {
+            Some(Slot::Ready(s)) if !s.is_closed() => return Ok(s.clone()),
+            Some(Slot::Failed { error, until }) if Instant::now() < *until => {
+                return Err(error.clone())
+            }
+            Some(Slot::Connecting(waiters)) => {
+                waiters.push(tx);
+                false
+            }
+            _ => {
+                make_room(inner, &mut dests, connector.settings.max_sessions_per_shard)?;
+                dests.insert(key.clone(), Slot::Connecting(vec![tx]));
+                true
+            }
+        }
+    };
+    if start {
+        let (inner, server) = (inner.clone(), server.clone());
+        glommio::spawn_local(async move { connect_and_run(inner, server).await }).detach();
+    }
+    let limit = connector.settings.connect_timeout + WAIT_MARGIN;
+    match timed(limit, rx.recv()).await {
+        Some(Some(outcome)) => outcome,
+        Some(None) => Err(DestError::Network("connection attempt abandoned".into())),
+        None => Err(DestError::Timeout),
+    }
+}
+
+/// Keeps the slots of a shard within `max`: expired failures go first, then the session unused
+/// the longest that has nothing in flight. With none to spare, the new destination is refused.
+fn make_room(
+    inner: &Inner,
+    dests: &mut HashMap<DestKey, Slot>,
+    max: usize,
+) -> Result<(), DestError> {
+    if dests.len() < max {
+        return Ok(());
+    }
+    let now = Instant::now();
+    dests.retain(|_, slot| match slot {
+        Slot::Failed { until, .. } => now < *until,
+        Slot::Ready(s) => !s.is_closed(),
+        Slot::Connecting(_) => true,
+    });
+    while dests.len() >= max {
+        let idlest = dests
+            .iter()
+            .filter_map(|(k, slot)| match slot {
+                Slot::Ready(s) if s.in_flight() == 0 => Some((s.last_used(), k.clone())),
+                _ => None,
+            })
+            .min_by_key(|(t, _)| *t);
+        let Some((_, k)) = idlest else {
+            return Err(DestError::Network(
+                "too many destination sessions on this shard".into(),
+            ));
+        };
+        if let Some(Slot::Ready(s)) = dests.remove(&k) {
+            inner.sessions.borrow_mut().remove(&s.session_id);
+            s.close();
+        }
+    }
+    Ok(())
+}
+
+/// Connects, tells everyone waiting, then runs the session until it ends and forgets it.
+async fn connect_and_run(inner: Rc<Inner>, server: SmpServer) {
+    let Some(connector) = &inner.connector else {
+        return;
+    };
+    let key = DestKey::of(&server);
+    let outcome = DestSession::connect(connector, &server).await;
+    let waiters = {
+        let mut dests = inner.dests.borrow_mut();
+        let slot = match &outcome {
+            Ok(s) => Slot::Ready(s.clone()),
+            Err(e) => Slot::Failed {
+                error: e.clone(),
+                until: Instant::now() + connector.settings.persist_error,
+            },
+        };
+        match dests.insert(key.clone(), slot) {
+            Some(Slot::Connecting(w)) => w,
+            _ => Vec::new(),
+        }
+    };
+    if let Ok(s) = &outcome {
+        tracing::info!(hosts = ?server.hosts, version = s.version, "proxy: connected to a destination");
+        inner
+            .sessions
+            .borrow_mut()
+            .insert(s.session_id.clone(), s.clone());
+    }
+    for w in waiters {
+        let _ = w.try_send(outcome.clone());
+    }
+    let Ok(s) = outcome else {
+        return;
+    };
+    s.run().await;
+    // Forget it, unless a newer session took its place.
+    inner.sessions.borrow_mut().remove(&s.session_id);
+    let mut dests = inner.dests.borrow_mut();
+    if matches!(dests.get(&key), Some(Slot::Ready(cur)) if Rc::ptr_eq(cur, &s)) {
+        dests.remove(&key);
     }
 }
