@@ -130,6 +130,32 @@ struct StartArgs {
     /// `[STORE_LOG] prometheus_interval`; default: no metrics file).
     #[arg(long, value_name = "SECS", value_parser = ini::seconds)]
     metrics_interval: Option<Duration>,
+    /// Turn off the proxy role of private routing (PRXY is then refused with PROXY BASIC_AUTH).
+    #[arg(long)]
+    no_proxy: bool,
+    /// Password clients must give to use this relay as a proxy (default: the create password).
+    #[arg(long, value_name = "PASSWORD", value_parser = ini::create_password)]
+    proxy_password: Option<Vec<u8>>,
+    /// Let the proxy connect to loopback, private and other special addresses (tests on one host).
+    #[arg(long)]
+    proxy_allow_private: bool,
+    /// SOCKS5 proxy (e.g. Tor, 127.0.0.1:9050) for .onion destinations; without it they are refused.
+    #[arg(long, value_name = "IP:PORT")]
+    socks_proxy: Option<std::net::SocketAddr>,
+}
+
+impl StartArgs {
+    /// The proxy role's options (`config::ProxySettings`).
+    fn apply_proxy(&self, p: &mut config::ProxySettings) {
+        p.enabled &= !self.no_proxy;
+        if self.proxy_password.is_some() {
+            p.password = self.proxy_password.clone();
+        }
+        p.allow_private |= self.proxy_allow_private;
+        if self.socks_proxy.is_some() {
+            p.socks_proxy = self.socks_proxy;
+        }
+    }
 }
 
 impl StartArgs {
@@ -359,6 +385,7 @@ fn start(data_dir: &Path, args: &StartArgs) -> Result<(), String> {
     c.request_client_cert = args.test_request_client_cert;
     c.test_owner_delay = args.test_owner_delay;
     cli.or(file.options).apply_to(&mut c);
+    args.apply_proxy(&mut c.settings.proxy);
     smp_relay::server::run(c).map_err(|e| e.to_string())
 }
 
