@@ -134,8 +134,9 @@ struct StartArgs {
     #[arg(long)]
     no_proxy: bool,
     /// Password clients must give to use this relay as a proxy (default: the create password).
-    #[arg(long, value_name = "PASSWORD", value_parser = ini::create_password)]
-    proxy_password: Option<Vec<u8>>,
+    #[arg(long, value_name = "PASSWORD",
+          value_parser = |s: &str| ini::create_password(s).map(|_| s.to_string()))]
+    proxy_password: Option<String>,
     /// Let the proxy connect to loopback, private and other special addresses (tests on one host).
     #[arg(long)]
     proxy_allow_private: bool,
@@ -148,8 +149,8 @@ impl StartArgs {
     /// The proxy role's options (`config::ProxySettings`).
     fn apply_proxy(&self, p: &mut config::ProxySettings) {
         p.enabled &= !self.no_proxy;
-        if self.proxy_password.is_some() {
-            p.password = self.proxy_password.clone();
+        if let Some(pw) = &self.proxy_password {
+            p.password = Some(pw.as_bytes().to_vec());
         }
         p.allow_private |= self.proxy_allow_private;
         if self.socks_proxy.is_some() {
