@@ -34,6 +34,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per run: the size of `start`'s options does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Create the data directory: the offline CA and online server certificate (Ed25519), the
