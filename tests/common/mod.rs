@@ -231,12 +231,21 @@ impl Relay {
     /// ones it was started with (the previous run must have stopped).
     pub fn restart_with(&mut self, extra_args: &[&str]) {
         self.opts.extra_args = extra_args.iter().map(|a| a.to_string()).collect();
-        match spawn(self.dir.path(), self.port, &self.opts) {
-            Ok((child, log)) => {
-                self.child = child;
-                self.log = log;
+        // The stopped relay's listening sockets can outlive its process for a moment (io_uring
+        // releases them asynchronously), so a start at once may find the port taken: retry briefly.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match spawn(self.dir.path(), self.port, &self.opts) {
+                Ok((child, log)) => {
+                    self.child = child;
+                    self.log = log;
+                    return;
+                }
+                Err(e) if e.contains("in use") && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                Err(e) => panic!("relay did not restart: {e}"),
             }
-            Err(e) => panic!("relay did not restart: {e}"),
         }
     }
 
