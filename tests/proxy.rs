@@ -764,3 +764,28 @@ fn a_restarted_destination_gets_a_new_session() {
     let next = msg_of(&q, support::ack(&mut r, &q, &m.msg_id));
     assert_eq!(next.msg.body(), Some(&b"after"[..]));
 }
+
+#[test]
+fn the_proxy_password_defaults_to_the_create_password() {
+    let dest = Relay::start();
+    let mut proxy = proxy_relay(&[ALLOW_PRIVATE]);
+    proxy.stop();
+    let ini = proxy.dir.path().join("smp-server.ini");
+    let text = std::fs::read_to_string(&ini).expect("read ini");
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("# create_password"))
+        .expect("the commented create_password line")
+        .to_string();
+    std::fs::write(&ini, text.replace(&line, "create_password = pw123")).expect("write ini");
+    proxy.restart();
+    let mut c = proxy.client();
+    assert_eq!(
+        prxy_raw(&mut c, dest_server(&dest), None),
+        proxy_err(ProxyError::BasicAuth)
+    );
+    assert!(matches!(
+        prxy_raw(&mut c, dest_server(&dest), Some(b"pw123")),
+        BrokerMsg::Pkey { .. }
+    ));
+}
