@@ -8,6 +8,7 @@ pub mod config;
 pub mod crypto;
 pub mod ini;
 pub mod limits;
+pub mod load;
 pub mod metrics;
 pub mod protocol;
 pub mod server;

@@ -1,0 +1,494 @@
+//! `smp-load`: creates queues once (`setup`), then runs the seed's scenarios against a relay it
+//! starts as a child process (or one already running) and prints a table, and with `--json` one
+//! JSON record per run plus the median, min and max per configuration. See `benches/README.md`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use smp_relay::load::creds::{self, QueueCreds};
+use smp_relay::load::floor::Floor;
+use smp_relay::load::proc::{self, RelayProc, RelaySpec, TempDir};
+use smp_relay::load::report::{self, RunRecord};
+use smp_relay::load::scenario::{self, LoadParams, RunSpec, Shape, Target};
+
+#[derive(Parser)]
+#[command(
+    name = "smp-load",
+    about = "Load generator and scenario benchmarks for smp-relay"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Create queues once (NEW in full blocks, then KEY with a sender key) and save their keys to
+    /// --file. Without --relay-addr it starts a relay on a fresh --data-dir (default
+    /// <file>.relay) and stops it cleanly, so the relay's store keeps the queues for later runs.
+    Setup(SetupArgs),
+    /// N queues subscribed at once from K connections while senders send and recipients ACK.
+    Storm(MsgArgs),
+    /// One connection subscribes the queues alone (default 10,000, prefilled).
+    Individual(MsgArgs),
+    /// Set A subscribes all queues, then set B subscribes them while A stays connected.
+    Displace(MsgArgs),
+    /// C connections that handshake and stay idle: relay RssAnon per connection, idle CPU.
+    Idle(IdleArgs),
+    /// The crypto floor, measured in-process (the criterion benchmark measures it properly).
+    Floor,
+}
+
+#[derive(Args, Clone)]
+struct RelayArgs {
+    /// Relay data directory made by `setup` (default: <file>.relay); each run uses a copy.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// The smp-relay binary (default: next to smp-load).
+    #[arg(long)]
+    relay_bin: Option<PathBuf>,
+    /// Shards of the relay (its --cores; default: the number of --relay-cores, or every core).
+    #[arg(long)]
+    relay_shards: Option<usize>,
+    /// Pin the relay to these CPUs (taskset list, e.g. 0 or 0,1).
+    #[arg(long)]
+    relay_cores: Option<String>,
+    /// Pin the generator to these CPUs (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    gen_cores: Vec<usize>,
+    /// Use a running relay at this address instead of starting one.
+    #[arg(long, requires = "key_hash")]
+    relay_addr: Option<SocketAddr>,
+    /// The running relay's key hash (its `fingerprint`, base64url).
+    #[arg(long)]
+    key_hash: Option<String>,
+    /// The running relay's process id, for CPU and memory figures.
+    #[arg(long)]
+    relay_pid: Option<u32>,
+    /// An extra argument for `smp-relay start` (repeat for several), e.g. --relay-arg=--quota=256.
+    #[arg(long, allow_hyphen_values = true)]
+    relay_arg: Vec<String>,
+}
+
+impl RelayArgs {
+    fn spec(&self) -> RelaySpec {
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        let shards = self
+            .relay_shards
+            .unwrap_or_else(|| self.relay_cores.as_deref().map(count_cpus).unwrap_or(cores));
+        RelaySpec {
+            bin: self
+                .relay_bin
+                .clone()
+                .unwrap_or_else(RelaySpec::default_bin),
+            shards,
+            cpus: self.relay_cores.clone(),
+            extra_args: self.relay_arg.clone(),
+        }
+    }
+
+    fn external(&self) -> Result<Option<Target>, String> {
+        match (&self.relay_addr, &self.key_hash) {
+            (Some(addr), Some(kh)) => Ok(Some(Target {
+                addr: *addr,
+                key_hash: proc::decode_key_hash(kh)?,
+                pid: self.relay_pid,
+            })),
+            _ => Ok(None),
+        }
+    }
+}
+
+fn count_cpus(list: &str) -> usize {
+    list.split(',')
+        .map(|p| match p.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.parse().unwrap_or(0), b.parse().unwrap_or(0));
+                b.saturating_sub(a) + 1
+            }
+            None => 1,
+        })
+        .sum::<usize>()
+        .max(1)
+}
+
+#[derive(Args)]
+struct SetupArgs {
+    #[arg(long)]
+    queues: usize,
+    /// Where to save the queues' keys.
+    #[arg(long)]
+    file: PathBuf,
+    /// Connections creating queues at once.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Replace an existing --file and data directory.
+    #[arg(long)]
+    force: bool,
+    #[command(flatten)]
+    relay: RelayArgs,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum Prefill {
+    Yes,
+    No,
+    Both,
+}
+
+#[derive(Args)]
+struct MsgArgs {
+    /// The queue file made by `setup`.
+    #[arg(long)]
+    file: PathBuf,
+    /// Queues to use, the first of the file (default: storm and displace 50,000; individual 10,000).
+    #[arg(long)]
+    queues: Option<usize>,
+    /// Subscribing connections, a list to alternate (default: 8,32; individual: 1).
+    #[arg(long, value_delimiter = ',')]
+    conns: Vec<usize>,
+    /// One message in each queue before the clock starts: yes, no, or both alternated.
+    #[arg(long, value_enum, default_value = "yes")]
+    prefill: Prefill,
+    /// Sender groups (each of --threads connections); 0 for none.
+    #[arg(long, default_value_t = 4)]
+    senders: usize,
+    #[arg(long, default_value_t = 8)]
+    threads: usize,
+    /// Blocks a recipient connection keeps in flight.
+    #[arg(long, default_value_t = 4)]
+    window: usize,
+    /// Body bytes per SEND.
+    #[arg(long, default_value_t = 16064)]
+    msg_bytes: usize,
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// JSON records on stdout (the table goes to stderr).
+    #[arg(long)]
+    json: bool,
+    /// Bound on one run, in seconds.
+    #[arg(long, default_value_t = 600)]
+    timeout_secs: u64,
+    /// No progress lines.
+    #[arg(long)]
+    quiet: bool,
+    #[command(flatten)]
+    relay: RelayArgs,
+}
+
+#[derive(Args)]
+struct IdleArgs {
+    #[arg(long, default_value_t = 10_000)]
+    conns: usize,
+    /// Threads opening connections.
+    #[arg(long, default_value_t = 4)]
+    threads: usize,
+    /// Seconds of idle CPU measurement, without and with the connections.
+    #[arg(long, default_value_t = 5)]
+    idle_secs: u64,
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    #[arg(long)]
+    json: bool,
+    #[arg(long)]
+    quiet: bool,
+    #[command(flatten)]
+    relay: RelayArgs,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("smp-load: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn prepare(relay: &RelayArgs) -> Result<(), String> {
+    if !relay.gen_cores.is_empty() {
+        proc::pin_self(&relay.gen_cores)?;
+    }
+    proc::raise_nofile();
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<(), String> {
+    match cli.command {
+        Cmd::Setup(a) => {
+            prepare(&a.relay)?;
+            setup(a)
+        }
+        Cmd::Storm(a) => messages("storm", Shape::Storm, a, 50_000, &[8, 32]),
+        Cmd::Individual(a) => messages("individual", Shape::Storm, a, 10_000, &[1]),
+        Cmd::Displace(a) => messages("displace", Shape::Displace, a, 50_000, &[8, 32]),
+        Cmd::Idle(a) => idle(a),
+        Cmd::Floor => {
+            print_floor(&Floor::measure(), &mut std::io::stdout());
+            Ok(())
+        }
+    }
+}
+
+fn default_data_dir(file: &Path) -> PathBuf {
+    let mut s = file.as_os_str().to_owned();
+    s.push(".relay");
+    PathBuf::from(s)
+}
+
+fn setup(a: SetupArgs) -> Result<(), String> {
+    if a.file.exists() && !a.force {
+        return Err(format!(
+            "{} exists (use --force to replace it and its data directory)",
+            a.file.display()
+        ));
+    }
+    let qs = if let Some(t) = a.relay.external()? {
+        creds::create_parallel(t.addr, t.key_hash, a.queues, a.threads).map_err(|e| e.0)?
+    } else {
+        let dir = a
+            .relay
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| default_data_dir(&a.file));
+        if dir.exists() {
+            if !a.force {
+                return Err(format!("{} exists (use --force)", dir.display()));
+            }
+            std::fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let spec = a.relay.spec();
+        spec.init(&dir)?;
+        let relay = spec.start(&dir)?;
+        let qs = creds::create_parallel(relay.addr, relay.key_hash, a.queues, a.threads)
+            .map_err(|e| format!("{e}\nrelay log:\n{}", relay.log_tail()))?;
+        eprintln!(
+            "setup: stopping the relay (it saves the queues in {})",
+            dir.display()
+        );
+        relay.stop_clean()?;
+        qs
+    };
+    creds::save(&a.file, &qs).map_err(|e| e.0)?;
+    eprintln!("setup: {} queues saved to {}", qs.len(), a.file.display());
+    Ok(())
+}
+
+/// A relay for one run: a fresh copy of the data directory, or the running one.
+enum RunRelay {
+    /// The directory is removed after the relay is killed (field order).
+    Managed {
+        relay: RelayProc,
+        _dir: TempDir,
+    },
+    External(Target),
+}
+
+impl RunRelay {
+    fn start(relay: &RelayArgs, base: Option<&Path>) -> Result<RunRelay, String> {
+        if let Some(t) = relay.external()? {
+            return Ok(RunRelay::External(t));
+        }
+        let spec = relay.spec();
+        let dir = TempDir::new("relay").map_err(|e| e.to_string())?;
+        match base {
+            Some(b) => proc::copy_data_dir(b, dir.path())
+                .map_err(|e| format!("copy {}: {e}", b.display()))?,
+            None => {
+                spec.init(dir.path())?;
+            }
+        }
+        let p = spec.start(dir.path())?;
+        Ok(RunRelay::Managed {
+            relay: p,
+            _dir: dir,
+        })
+    }
+
+    fn target(&self) -> Target {
+        match self {
+            RunRelay::Managed { relay: p, .. } => Target {
+                addr: p.addr,
+                key_hash: p.key_hash,
+                pid: Some(p.pid()),
+            },
+            RunRelay::External(t) => *t,
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        match self {
+            RunRelay::Managed { relay: p, .. } => p.log_tail(),
+            RunRelay::External(_) => String::new(),
+        }
+    }
+}
+
+fn print_floor(f: &Floor, out: &mut dyn std::io::Write) {
+    let _ = writeln!(
+        out,
+        "crypto floor (in-process, this machine): Ed25519 verify {:.1} µs, MSG sxbox {:.1} µs, \
+         block enc/dec {:.1}/{:.1} µs, TLS seal/open {:.1}/{:.1} µs\n  per SUB {:.1} µs; per \
+         delivery {:.1} µs + per SEND {:.1} µs = per message {:.1} µs",
+        f.verify_us,
+        f.sxbox_us,
+        f.block_enc_us,
+        f.block_dec_us,
+        f.tls_seal_us,
+        f.tls_open_us,
+        f.per_sub_us(),
+        f.per_delivery_us(),
+        f.per_send_us(),
+        f.per_message_us()
+    );
+}
+
+fn emit(scenario: &str, records: &[RunRecord], json: bool, floor: Option<&Floor>) {
+    let table = report::table(scenario, records);
+    if json {
+        if let Some(f) = floor {
+            print_floor(f, &mut std::io::stderr());
+        }
+        eprint!("{table}");
+        print!("{}", report::json_lines(scenario, records));
+    } else {
+        if let Some(f) = floor {
+            print_floor(f, &mut std::io::stdout());
+        }
+        print!("{table}");
+    }
+}
+
+fn messages(
+    scenario: &str,
+    shape: Shape,
+    a: MsgArgs,
+    default_queues: usize,
+    default_conns: &[usize],
+) -> Result<(), String> {
+    prepare(&a.relay)?;
+    let floor = Floor::measure();
+    if !a.quiet {
+        print_floor(&floor, &mut std::io::stderr());
+    }
+    let all = creds::load(&a.file).map_err(|e| e.0)?;
+    let queues = a.queues.unwrap_or(default_queues);
+    if queues > all.len() {
+        return Err(format!(
+            "{} holds {} queues, {queues} asked (run setup with --queues {queues})",
+            a.file.display(),
+            all.len()
+        ));
+    }
+    let creds: Arc<Vec<QueueCreds>> = Arc::new(all.into_iter().take(queues).collect());
+    let base = a
+        .relay
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| default_data_dir(&a.file));
+    let conns = if a.conns.is_empty() {
+        default_conns.to_vec()
+    } else {
+        a.conns.clone()
+    };
+    let prefills: &[bool] = match a.prefill {
+        Prefill::Yes => &[true],
+        Prefill::No => &[false],
+        Prefill::Both => &[true, false],
+    };
+    let params = LoadParams {
+        window_blocks: a.window,
+        senders: a.senders,
+        threads: a.threads,
+        msg_bytes: a.msg_bytes,
+        timeout: Duration::from_secs(a.timeout_secs),
+        progress: !a.quiet,
+    };
+    let mut records = Vec::new();
+    for run in 0..a.runs {
+        for &k in &conns {
+            for &prefill in prefills {
+                let spec = RunSpec {
+                    shape,
+                    queues,
+                    conns: k,
+                    prefill,
+                };
+                let config = format!(
+                    "queues={queues} conns={k} prefill={} senders={}x{}",
+                    if prefill { "yes" } else { "no" },
+                    a.senders,
+                    a.threads
+                );
+                if !a.quiet {
+                    eprintln!("{scenario} run {}/{}: {config}", run + 1, a.runs);
+                }
+                let relay = RunRelay::start(&a.relay, Some(&base))?;
+                let figures =
+                    scenario::run_messages(&relay.target(), &creds, &spec, &params, &floor)
+                        .map_err(|e| {
+                            format!("{scenario} {config}: {e}\nrelay log:\n{}", relay.log_tail())
+                        })?;
+                drop(relay);
+                let mut figures = figures;
+                figures.push(("floor_us_per_message", floor.per_message_us()));
+                figures.push(("floor_us_per_sub", floor.per_sub_us()));
+                let rec = RunRecord {
+                    scenario: scenario.into(),
+                    config,
+                    run,
+                    figures,
+                };
+                if !a.quiet {
+                    eprintln!(
+                        "  window {:.2} s, {:.0} delivered/s, relay {:.0} µs/delivered",
+                        rec.get("subscribe_window_s").unwrap_or(f64::NAN),
+                        rec.get("delivered_per_s").unwrap_or(f64::NAN),
+                        rec.get("relay_cpu_us_per_delivered").unwrap_or(f64::NAN)
+                    );
+                }
+                records.push(rec);
+            }
+        }
+    }
+    emit(scenario, &records, a.json, Some(&floor));
+    Ok(())
+}
+
+fn idle(a: IdleArgs) -> Result<(), String> {
+    prepare(&a.relay)?;
+    let mut records = Vec::new();
+    for run in 0..a.runs {
+        if !a.quiet {
+            eprintln!("idle run {}/{}: {} connections", run + 1, a.runs, a.conns);
+        }
+        let relay = RunRelay::start(&a.relay, a.relay.data_dir.as_deref())?;
+        let figures = scenario::run_idle(
+            &relay.target(),
+            a.conns,
+            a.threads,
+            Duration::from_secs(a.idle_secs),
+            !a.quiet,
+        )
+        .map_err(|e| format!("idle: {e}\nrelay log:\n{}", relay.log_tail()))?;
+        drop(relay);
+        records.push(RunRecord {
+            scenario: "idle".into(),
+            config: format!("conns={}", a.conns),
+            run,
+            figures,
+        });
+    }
+    emit("idle", &records, a.json, None);
+    Ok(())
+}

@@ -1,0 +1,341 @@
+//! The relay under test as a separate process, and what `/proc` says about it: CPU time
+//! (utime + stime of all its threads, dead ones included) and memory (VmRSS, RssAnon, VmHWM).
+//! Also the generator's own CPU, core pinning and the file-descriptor limit.
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+
+/// Seconds the relay has to print `listening`.
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// Relay log lines kept for error messages.
+const MAX_LOG_LINES: usize = 200;
+
+static DIR_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// CPU and memory of one process at one moment.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcSample {
+    pub cpu_s: f64,
+    pub rss_kb: u64,
+    pub rss_anon_kb: u64,
+    pub hwm_kb: u64,
+}
+
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf only reads a configuration value.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
+}
+
+/// utime + stime of `/proc/<pid>/stat` (`self` for this process), in seconds.
+pub fn cpu_seconds(pid: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces; fields resume after its closing parenthesis.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    // rest starts at field 3 (state); utime and stime are fields 14 and 15.
+    let utime: f64 = f.get(11)?.parse().ok()?;
+    let stime: f64 = f.get(12)?.parse().ok()?;
+    Some((utime + stime) / clock_ticks())
+}
+
+pub fn sample(pid: &str) -> ProcSample {
+    let mut s = ProcSample {
+        cpu_s: cpu_seconds(pid).unwrap_or(f64::NAN),
+        ..ProcSample::default()
+    };
+    if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+        for line in text.lines() {
+            let kb = || {
+                line.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0)
+            };
+            if line.starts_with("VmRSS:") {
+                s.rss_kb = kb();
+            } else if line.starts_with("RssAnon:") {
+                s.rss_anon_kb = kb();
+            } else if line.starts_with("VmHWM:") {
+                s.hwm_kb = kb();
+            }
+        }
+    }
+    s
+}
+
+/// Pins this process's calling thread, and every thread it starts afterwards, to `cpus`.
+pub fn pin_self(cpus: &[usize]) -> Result<(), String> {
+    // SAFETY: cpu_set_t is plain data; CPU_SET writes within it for indexes below CPU_SETSIZE;
+    // sched_setaffinity reads the set we pass with its size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus {
+            if c >= libc::CPU_SETSIZE as usize {
+                return Err(format!("cpu {c} out of range"));
+            }
+            libc::CPU_SET(c, &mut set);
+        }
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error().to_string());
+        }
+    }
+    Ok(())
+}
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit (children inherit it); returns the new limit.
+pub fn raise_nofile() -> u64 {
+    // SAFETY: getrlimit/setrlimit read and write the rlimit struct we own.
+    unsafe {
+        let mut r: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return 0;
+        }
+        r.rlim_cur = r.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
+        r.rlim_cur
+    }
+}
+
+/// A directory removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> std::io::Result<TempDir> {
+        let n = DIR_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("smp-load-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p)?;
+        Ok(TempDir(p))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Copies a relay data directory, leaving out the lock and the `.bak` files a start leaves.
+pub fn copy_data_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let name_s = name.to_string_lossy();
+        if name_s == "lock" || name_s.ends_with(".bak") {
+            continue;
+        }
+        let dst = to.join(&name);
+        if entry.file_type()?.is_dir() {
+            std::fs::create_dir_all(&dst)?;
+            copy_data_dir(&entry.path(), &dst)?;
+        } else {
+            std::fs::copy(entry.path(), &dst)?;
+        }
+    }
+    Ok(())
+}
+
+pub fn read_fingerprint(dir: &Path) -> Result<[u8; 32], String> {
+    let text = std::fs::read_to_string(dir.join("fingerprint"))
+        .map_err(|e| format!("{}: {e}", dir.join("fingerprint").display()))?;
+    decode_key_hash(text.trim())
+}
+
+pub fn decode_key_hash(s: &str) -> Result<[u8; 32], String> {
+    use base64::engine::general_purpose::{URL_SAFE, URL_SAFE_NO_PAD};
+    URL_SAFE
+        .decode(s)
+        .or_else(|_| URL_SAFE_NO_PAD.decode(s))
+        .ok()
+        .and_then(|v| v.try_into().ok())
+        .ok_or_else(|| format!("key hash {s:?} is not base64url of 32 bytes"))
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// How to start the relay.
+#[derive(Debug, Clone)]
+pub struct RelaySpec {
+    pub bin: PathBuf,
+    pub shards: usize,
+    /// `taskset -c` list for the relay, if pinned.
+    pub cpus: Option<String>,
+    pub extra_args: Vec<String>,
+}
+
+impl RelaySpec {
+    /// `smp-relay` next to this executable.
+    pub fn default_bin() -> PathBuf {
+        std::env::current_exe()
+            .ok()
+            .map(|p| p.with_file_name("smp-relay"))
+            .unwrap_or_else(|| PathBuf::from("smp-relay"))
+    }
+
+    /// `smp-relay init` in `dir` (which must not have keys yet).
+    pub fn init(&self, dir: &Path) -> Result<[u8; 32], String> {
+        let out = Command::new(&self.bin)
+            .arg("--data-dir")
+            .arg(dir)
+            .args(["init", "--host", "127.0.0.1", "--no-password"])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("run {}: {e}", self.bin.display()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "init failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        read_fingerprint(dir)
+    }
+
+    /// Starts the relay on `dir` and a free port; waits for `listening`.
+    pub fn start(&self, dir: &Path) -> Result<RelayProc, String> {
+        let key_hash = read_fingerprint(dir)?;
+        let mut last = String::new();
+        for _ in 0..3 {
+            let port = free_port().map_err(|e| e.to_string())?;
+            match self.spawn(dir, port) {
+                Ok((child, log)) => {
+                    return Ok(RelayProc {
+                        child: Some(child),
+                        addr: SocketAddr::from(([127, 0, 0, 1], port)),
+                        key_hash,
+                        log,
+                    })
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(format!("relay did not start: {last}"))
+    }
+
+    fn spawn(&self, dir: &Path, port: u16) -> Result<(Child, Arc<Mutex<Vec<String>>>), String> {
+        let mut cmd = match &self.cpus {
+            Some(list) => {
+                let mut c = Command::new("taskset");
+                c.args(["-c", list]).arg(&self.bin);
+                c
+            }
+            None => Command::new(&self.bin),
+        };
+        cmd.arg("--data-dir")
+            .arg(dir)
+            .args(["start", "--port", &port.to_string()])
+            .args(["--cores", &self.shards.to_string()])
+            .args(&self.extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().map_err(|e| format!("spawn relay: {e}"))?;
+        let stderr = child.stderr.take().ok_or("no stderr")?;
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            let mut seen = false;
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if !seen && line.contains("listening") {
+                    seen = true;
+                    let _ = tx.send(());
+                }
+                if let Ok(mut l) = log2.lock() {
+                    if l.len() >= MAX_LOG_LINES {
+                        l.remove(0);
+                    }
+                    l.push(line);
+                }
+            }
+        });
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            match rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(()) => return Ok((child, log)),
+                Err(_) if matches!(child.try_wait(), Ok(Some(_))) => {
+                    let text = log.lock().map(|l| l.join("\n")).unwrap_or_default();
+                    return Err(format!("relay exited before listening:\n{text}"));
+                }
+                Err(_) if Instant::now() > deadline => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err("relay did not print `listening` in time".into());
+                }
+                Err(_) => {}
+            }
+        }
+    }
+}
+
+/// A running relay; killed on drop.
+pub struct RelayProc {
+    child: Option<Child>,
+    pub addr: SocketAddr,
+    pub key_hash: [u8; 32],
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl RelayProc {
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(Child::id).unwrap_or(0)
+    }
+
+    pub fn log_tail(&self) -> String {
+        self.log.lock().map(|l| l.join("\n")).unwrap_or_default()
+    }
+
+    /// SIGTERM, then waits: the memory store is saved at a clean stop.
+    pub fn stop_clean(mut self) -> Result<(), String> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        // SAFETY: kill sends a signal to our own child by its pid.
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Ok(Some(st)) = child.try_wait() {
+                return if st.success() {
+                    Ok(())
+                } else {
+                    Err(format!("relay stopped with {st}: {}", self.log_tail()))
+                };
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                return Err("relay did not stop within 120 s of SIGTERM".into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for RelayProc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
