@@ -68,7 +68,12 @@ impl TlsConn {
 
     fn flush(&mut self) -> Result<(), ClientError> {
         while self.tls.wants_write() {
-            self.tls.write_tls(&mut self.sock)?;
+            match self.tls.write_tls(&mut self.sock) {
+                Ok(_) => {}
+                // A signal arrived during the write (e.g. a child process of the test exiting).
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         Ok(())
     }
@@ -100,7 +105,12 @@ impl TlsConn {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e.into()),
             }
-            let n = self.tls.read_tls(&mut self.sock)?;
+            let n = match self.tls.read_tls(&mut self.sock) {
+                Ok(n) => n,
+                // A signal arrived during the read: not the peer's doing, read again.
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.into()),
+            };
             if n == 0 {
                 return Err(ClientError::Closed);
             }
