@@ -22,7 +22,7 @@ use smp_relay::crypto::keys::{x25519_from_spki, PublicAuthKey};
 use smp_relay::crypto::{hash, signed_key};
 use smp_relay::protocol::command::{Command, QueueReq, SmpServer};
 use smp_relay::protocol::error::{
-    BrokerError, ErrorType, NetworkError, ProxyError, TransportError,
+    BrokerError, ErrorType, HandshakeError, NetworkError, ProxyError, TransportError,
 };
 use smp_relay::protocol::handshake::{CertChainPubKey, ClientHello, ServerHello};
 use smp_relay::protocol::pad;
@@ -474,6 +474,20 @@ struct FakeDestination {
 }
 
 fn fake_destination(versions: VersionRange) -> FakeDestination {
+    fake_destination_with(versions, Lie::None)
+}
+
+/// What a fake destination gets wrong in its hello.
+#[derive(Clone, Copy, PartialEq)]
+enum Lie {
+    None,
+    /// Another session ID than the TLS session's.
+    SessionId,
+    /// Another relay's chain (and key signed by that chain's leaf) in the hello.
+    Chain,
+}
+
+fn fake_destination_with(versions: VersionRange, lie: Lie) -> FakeDestination {
     let dir = TempDir::new("fake-dest");
     certs::generate("127.0.0.1")
         .expect("certificates")
@@ -481,6 +495,12 @@ fn fake_destination(versions: VersionRange) -> FakeDestination {
         .expect("write certificates");
     let creds = certs::load(dir.path()).expect("load certificates");
     let key_hash = creds.key_hash;
+    let other_dir = TempDir::new("fake-dest-other");
+    certs::generate("127.0.0.1")
+        .expect("certificates")
+        .write_files(other_dir.path())
+        .expect("write certificates");
+    let other = certs::load(other_dir.path()).expect("load certificates");
     let config = server_config(&creds, &TlsOptions::default()).expect("TLS config");
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = listener.local_addr().expect("addr").port();
@@ -503,12 +523,17 @@ fn fake_destination(versions: VersionRange) -> FakeDestination {
         let (mut tls, session_id) = state.finish().ok()?;
         let secret = x25519_dalek::StaticSecret::random_from_rng(rand::rngs::OsRng);
         let public = x25519_dalek::PublicKey::from(&secret).to_bytes();
+        let mut session_id = session_id;
+        if lie == Lie::SessionId {
+            session_id[0] ^= 1;
+        }
+        let signer = if lie == Lie::Chain { &other } else { &creds };
         let hello = ServerHello {
             versions,
             session_id,
             cert_key: Some(CertChainPubKey {
-                chain: creds.chain_der.clone(),
-                signed_key: signed_key::sign_x25519_key(&creds.leaf_key, &public),
+                chain: signer.chain_der.clone(),
+                signed_key: signed_key::sign_x25519_key(&signer.leaf_key, &public),
             }),
         };
         let block = pad::pad(&hello.encode(), BLOCK_SIZE).ok()?;
@@ -788,4 +813,30 @@ fn the_proxy_password_defaults_to_the_create_password() {
         prxy_raw(&mut c, dest_server(&dest), Some(b"pw123")),
         BrokerMsg::Pkey { .. }
     ));
+}
+
+#[test]
+fn a_hello_that_does_not_match_the_tls_session_is_a_transport_error() {
+    let proxy = proxy_relay(&[ALLOW_PRIVATE]);
+    let mut c = proxy.client();
+    let current = VersionRange { min: 6, max: 20 };
+    for (lie, expected) in [
+        (Lie::SessionId, TransportError::Session),
+        (
+            Lie::Chain,
+            TransportError::Handshake(HandshakeError::BadAuth),
+        ),
+    ] {
+        let fake = fake_destination_with(current, lie);
+        assert_eq!(
+            prxy_raw(
+                &mut c,
+                server_of("127.0.0.1", fake.port, &fake.key_hash),
+                None
+            ),
+            broker_err(BrokerError::Transport(expected))
+        );
+        // The proxy hung up without a client hello.
+        assert_eq!(fake.hello.join().expect("fake thread"), None);
+    }
 }
