@@ -637,7 +637,10 @@ fn a_thousand_forwarded_sends_from_ten_connections() {
     let proxy = Arc::new(proxy_relay(&[ALLOW_PRIVATE]));
     // A recipient connection per queue, so that each sees only its own queue's messages.
     let mut recipients: Vec<Client> = (0..CLIENTS).map(|_| dest.client()).collect();
-    let queues: Vec<Queue> = recipients.iter_mut().map(create).collect();
+    let queues: Vec<Queue> = recipients
+        .iter_mut()
+        .map(|r| support::create_alg(r, KeyAlg::Ed25519))
+        .collect();
     let started = Instant::now();
     let workers: Vec<_> = queues
         .iter()
