@@ -165,8 +165,8 @@ struct MsgArgs {
     /// Blocks a recipient connection keeps in flight.
     #[arg(long, default_value_t = 4)]
     window: usize,
-    /// Body bytes per SEND.
-    #[arg(long, default_value_t = 16064)]
+    /// Body bytes per SEND (16048, the largest a v11+ relay accepts).
+    #[arg(long, default_value_t = 16048)]
     msg_bytes: usize,
     #[arg(long, default_value_t = 3)]
     runs: usize,

@@ -17,6 +17,9 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Relay log lines kept for error messages.
 const MAX_LOG_LINES: usize = 200;
 
+/// The relay's stderr lines, shared with the thread that drains them.
+type SharedLog = Arc<Mutex<Vec<String>>>;
+
 static DIR_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// CPU and memory of one process at one moment.
@@ -73,6 +76,14 @@ pub fn sample(pid: &str) -> ProcSample {
         }
     }
     s
+}
+
+/// The 1-minute load average: how busy the machine was (other processes share the 2 cores).
+pub fn load1() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split(' ').next().and_then(|v| v.parse().ok()))
+        .unwrap_or(f64::NAN)
 }
 
 /// Pins this process's calling thread, and every thread it starts afterwards, to `cpus`.
@@ -230,7 +241,7 @@ impl RelaySpec {
         Err(format!("relay did not start: {last}"))
     }
 
-    fn spawn(&self, dir: &Path, port: u16) -> Result<(Child, Arc<Mutex<Vec<String>>>), String> {
+    fn spawn(&self, dir: &Path, port: u16) -> Result<(Child, SharedLog), String> {
         let mut cmd = match &self.cpus {
             Some(list) => {
                 let mut c = Command::new("taskset");
@@ -292,7 +303,7 @@ pub struct RelayProc {
     child: Option<Child>,
     pub addr: SocketAddr,
     pub key_hash: [u8; 32],
-    log: Arc<Mutex<Vec<String>>>,
+    log: SharedLog,
 }
 
 impl RelayProc {

@@ -67,7 +67,7 @@ pub struct LoadParams {
     /// Sender groups × threads per group; each thread is one connection.
     pub senders: usize,
     pub threads: usize,
-    /// Body bytes of each SEND (16064 is the largest a v8+ client sends).
+    /// Body bytes of each SEND (16048 is the largest from v11, with block encryption).
     pub msg_bytes: usize,
     /// Bound on one run, after which it fails.
     pub timeout: Duration,
@@ -468,6 +468,11 @@ impl Sender {
                 let r = self.c.recv_for(&id)?;
                 if matches!(r.msg, Ok(BrokerMsg::Ok)) {
                     ok += 1;
+                } else {
+                    self.shared.fail(format!(
+                        "prefill SEND answered {}",
+                        crate::client::queue::describe(&r)
+                    ));
                 }
             }
         }
@@ -721,6 +726,7 @@ pub fn run_messages(
     if spec.prefill && prefilled != n as u64 {
         shared.fail(format!("prefill: {prefilled} of {n} SENDs accepted"));
     }
+    let load1 = proc::load1();
     let r0 = target.sample();
     let g0 = proc::cpu_seconds("self").unwrap_or(f64::NAN);
     let t0 = Instant::now();
@@ -866,6 +872,7 @@ pub fn run_messages(
             (c.send_err.load(Ordering::Relaxed) + c.send_quota.load(Ordering::Relaxed)) as f64,
         ),
         ("unexpected", c.other.load(Ordering::Relaxed) as f64),
+        ("load1_at_start", load1),
     ]);
     Ok(f)
 }
@@ -880,6 +887,7 @@ pub fn run_idle(
     progress: bool,
 ) -> Result<Vec<(&'static str, f64)>, String> {
     std::thread::sleep(Duration::from_secs(1));
+    let load1 = proc::load1();
     let s0 = target.sample();
     std::thread::sleep(idle);
     let s1 = target.sample();
@@ -962,5 +970,6 @@ pub fn run_idle(
             (s3.rss_kb as f64 - s1.rss_kb as f64) / conns as f64,
         ),
         ("pinged_ok_of_100", alive as f64),
+        ("load1_at_start", load1),
     ])
 }
