@@ -6,11 +6,6 @@
 use std::cell::Cell;
 
 use ed25519_dalek::{Signer as _, SigningKey, VerifyingKey};
-use ed448_goldilocks_plus::{
-    CompressedEdwardsY, EdwardsPoint, Scalar, ScalarBytes, WideScalarBytes,
-};
-use sha3::digest::{ExtendableOutput, Update, XofReader};
-use sha3::Shake256;
 use subtle::ConstantTimeEq;
 
 use super::hash::sha512;
@@ -212,85 +207,58 @@ pub fn x25519_authenticator(
     out
 }
 
-// Ed448 (RFC 8032 §5.2) built on the curve arithmetic of ed448-goldilocks-plus, which has no EdDSA
-// layer in this version. Pure Ed448: empty context, no pre-hash.
-const DOM4: &[u8] = b"SigEd448\x00\x00";
-
-fn shake256_114(parts: &[&[u8]]) -> [u8; 114] {
-    let mut h = Shake256::default();
-    for p in parts {
-        h.update(p);
+// Ed448 (RFC 8032, pure: empty context, no pre-hash) is OpenSSL's: its curve448 code comes from
+// libdecaf, like the reference's, and the pure-Rust arithmetic available was far too slow.
+pub fn ed448_public(sk: &[u8; ED448_KEY_LEN]) -> [u8; ED448_KEY_LEN] {
+    let mut out = [0u8; ED448_KEY_LEN];
+    // Any 57 bytes are an Ed448 private key, so OpenSSL cannot refuse these inputs.
+    if let Ok(public) = ed448_private(sk).and_then(|k| k.raw_public_key()) {
+        out.copy_from_slice(&public);
     }
-    let mut out = [0u8; 114];
-    h.finalize_xof().read(&mut out);
     out
 }
 
-fn scalar_mod_l(wide: &[u8; 114]) -> Scalar {
-    Scalar::from_bytes_mod_order_wide(WideScalarBytes::from_slice(wide))
-}
-
-/// The secret scalar (pruned, reduced mod L: the base point has order L) and the nonce prefix.
-fn ed448_expand(sk: &[u8; ED448_KEY_LEN]) -> (Scalar, [u8; 57]) {
-    let h = shake256_114(&[sk]);
-    let mut s = [0u8; 114];
-    s[..57].copy_from_slice(&h[..57]);
-    s[0] &= 0xfc;
-    s[55] |= 0x80;
-    s[56] = 0;
-    let mut prefix = [0u8; 57];
-    prefix.copy_from_slice(&h[57..]);
-    (scalar_mod_l(&s), prefix)
-}
-
-pub fn ed448_public(sk: &[u8; ED448_KEY_LEN]) -> [u8; ED448_KEY_LEN] {
-    let (s, _) = ed448_expand(sk);
-    (EdwardsPoint::GENERATOR * s).compress().to_bytes()
-}
-
+/// An Ed448 signature (RFC 8032, no context), made by OpenSSL.
 pub fn sign_ed448(sk: &[u8; ED448_KEY_LEN], authorized: &[u8]) -> [u8; ED448_SIG_LEN] {
-    let (s, prefix) = ed448_expand(sk);
-    let public = (EdwardsPoint::GENERATOR * s).compress().to_bytes();
-    let r = scalar_mod_l(&shake256_114(&[DOM4, &prefix, authorized]));
-    let big_r = (EdwardsPoint::GENERATOR * r).compress().to_bytes();
-    let k = scalar_mod_l(&shake256_114(&[DOM4, &big_r, &public, authorized]));
-    let big_s = r + k * s;
     let mut sig = [0u8; ED448_SIG_LEN];
-    sig[..57].copy_from_slice(&big_r);
-    sig[57..].copy_from_slice(&big_s.to_bytes_rfc_8032());
+    let made = ed448_private(sk).and_then(|k| {
+        openssl::sign::Signer::new_without_digest(&k)?.sign_oneshot_to_vec(authorized)
+    });
+    if let Ok(made) = made {
+        sig.copy_from_slice(&made);
+    }
     sig
 }
 
-/// Decodes a point and insists on the one canonical encoding, so a signature cannot be rewritten
-/// into another valid one.
-fn ed448_point(bytes: &[u8; 57]) -> Option<EdwardsPoint> {
-    let p = Option::<EdwardsPoint>::from(CompressedEdwardsY(*bytes).decompress())?;
-    (p.compress().to_bytes() == *bytes).then_some(p)
+fn ed448_private(
+    sk: &[u8; ED448_KEY_LEN],
+) -> Result<openssl::pkey::PKey<openssl::pkey::Private>, openssl::error::ErrorStack> {
+    openssl::pkey::PKey::private_key_from_raw_bytes(sk, openssl::pkey::Id::ED448)
 }
 
+/// Ed448 verification by OpenSSL, whose curve448 code comes from libdecaf like the reference's
+/// (cryptonite), so the same signatures are accepted. The pure-Rust point decoding that ran before
+/// it cost milliseconds per signature (a torsion check per point), which would let anyone burn a
+/// core with Ed448-signed commands (`benches/auth_timing`).
 pub fn ed448_verify(key: &[u8; ED448_KEY_LEN], msg: &[u8], sig: &[u8; ED448_SIG_LEN]) -> bool {
-    let (r_bytes, s_bytes) = sig.split_at(57);
-    let Ok(r_bytes) = <[u8; 57]>::try_from(r_bytes) else {
-        return false;
-    };
-    let Some(a) = ed448_point(key) else {
-        return false;
-    };
-    let Some(r) = ed448_point(&r_bytes) else {
-        return false;
-    };
-    // S must be below L; the top byte is checked here because the crate's canonical check only
-    // looks at it when the bits below it are also set.
-    if s_bytes[56] != 0 {
+    // S must be below L: its top byte is always zero (OpenSSL checks the full bound too).
+    if sig[113] != 0 {
         return false;
     }
-    let Some(s) = Option::<Scalar>::from(Scalar::from_canonical_bytes(ScalarBytes::from_slice(
-        s_bytes,
-    ))) else {
+    openssl_ed448_verify(key, msg, sig)
+}
+
+/// OpenSSL's Ed448 verification (libcrypto).
+fn openssl_ed448_verify(key: &[u8; ED448_KEY_LEN], msg: &[u8], sig: &[u8; ED448_SIG_LEN]) -> bool {
+    use openssl::pkey::{Id, PKey};
+    use openssl::sign::Verifier;
+    let Ok(pkey) = PKey::public_key_from_raw_bytes(key, Id::ED448) else {
         return false;
     };
-    let k = scalar_mod_l(&shake256_114(&[DOM4, &r_bytes, key, msg]));
-    EdwardsPoint::GENERATOR * s == r + a * k
+    let Ok(mut v) = Verifier::new_without_digest(&pkey) else {
+        return false;
+    };
+    v.verify_oneshot(sig, msg).unwrap_or(false)
 }
 
 #[cfg(test)]
