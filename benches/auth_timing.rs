@@ -32,9 +32,12 @@ enum Alg {
     X25519,
 }
 
+/// Makes the authorization of `(authorized bytes, corrId)`.
+type SignFn = Box<dyn Fn(&[u8], &[u8]) -> Vec<u8>>;
+
 struct Keys {
     public: PublicAuthKey,
-    sign: Box<dyn Fn(&[u8], &[u8]) -> Vec<u8>>,
+    sign: SignFn,
 }
 
 fn keys(alg: Alg, seed: u8, server_pub: [u8; 32]) -> Keys {
