@@ -179,6 +179,8 @@ impl StartArgs {
             new_queues: self.new_queues,
             create_password: None,
             metrics_interval: self.metrics_interval,
+            // Applied after the file by `apply_proxy`, so the flag wins.
+            socks_proxy: None,
         }
     }
 }

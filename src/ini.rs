@@ -63,6 +63,8 @@ pub struct StartOptions {
     pub new_queues: Option<bool>,
     pub create_password: Option<Vec<u8>>,
     pub metrics_interval: Option<Duration>,
+    /// `[PROXY] socks_proxy`: where `.onion` destinations of the proxy role are reached.
+    pub socks_proxy: Option<std::net::SocketAddr>,
 }
 
 impl StartOptions {
@@ -75,6 +77,7 @@ impl StartOptions {
             tls_timeout: self.tls_timeout.or(lower.tls_timeout),
             handshake_timeout: self.handshake_timeout.or(lower.handshake_timeout),
             slow_reader_close: self.slow_reader_close.or(lower.slow_reader_close),
+            socks_proxy: self.socks_proxy.or(lower.socks_proxy),
             quota: self.quota.or(lower.quota),
             message_ttl: self.message_ttl.or(lower.message_ttl),
             expire_interval: self.expire_interval.or(lower.expire_interval),
@@ -106,6 +109,9 @@ impl StartOptions {
         }
         if let Some(v) = self.slow_reader_close {
             c.slow_reader_close = v;
+        }
+        if let Some(v) = self.socks_proxy {
+            s.proxy.socks_proxy = Some(v);
         }
         if let Some(v) = self.quota {
             s.quota = v;
@@ -294,8 +300,8 @@ const DB: Rule = Rule::Unsupported("this relay has no PostgreSQL store yet");
 const NO_CONTROL_PORT: Rule = Rule::Unsupported(
     "this relay has no control port (block and unblock queues with `smp-relay block`/`unblock` while it is stopped)",
 );
-const NO_PROXY: Rule =
-    Rule::Unsupported("this relay does not forward messages to other relays (SMP proxy) yet");
+const NO_PROXY_STATS: Rule =
+    Rule::Unsupported("this relay keeps no proxy statistics by destination domain");
 const NO_NAMES: Rule = Rule::Unsupported("this relay has no name resolver role");
 const NO_INACTIVE: Rule = Rule::Unsupported("this relay does not disconnect inactive clients yet");
 const NO_INFO: Rule = Rule::Unsupported(
@@ -366,12 +372,31 @@ const KEYS: &[KeySpec] = &[
         Rule::Only("off", "this relay has no WebSocket transport"),
     ),
     k("TRANSPORT", "control_port", NO_CONTROL_PORT),
-    k("PROXY", "socks_proxy", NO_PROXY),
-    k("PROXY", "socks_mode", NO_PROXY),
-    k("PROXY", "host_mode", NO_PROXY),
-    k("PROXY", "required_host_mode", NO_PROXY),
-    k("PROXY", "own_server_domains", NO_PROXY),
-    k("PROXY", "client_concurrency", NO_PROXY),
+    k("PROXY", "socks_proxy", Rule::Applied),
+    k(
+        "PROXY",
+        "socks_mode",
+        Rule::Only("onion", "the proxy uses SOCKS for .onion destinations only"),
+    ),
+    k(
+        "PROXY",
+        "host_mode",
+        Rule::Only(
+            "public",
+            "the proxy connects to a destination's public host",
+        ),
+    ),
+    k(
+        "PROXY",
+        "required_host_mode",
+        Rule::Only("off", "the proxy does not require a host mode"),
+    ),
+    k("PROXY", "own_server_domains", NO_PROXY_STATS),
+    k(
+        "PROXY",
+        "client_concurrency",
+        Rule::Only("32", "forwarded commands per connection are limited to 32"),
+    ),
     k(
         "NAMES",
         "enable",
@@ -521,6 +546,16 @@ fn apply(config: &mut IniConfig, section: &str, key: &str, value: &str) -> Resul
     let o = &mut config.options;
     match (section, key) {
         ("STORE_LOG", "store_queues") => store_kind(value, &["memory", "database"]),
+        ("PROXY", "socks_proxy") => {
+            use std::net::ToSocketAddrs;
+            let addr = value
+                .to_socket_addrs()
+                .ok()
+                .and_then(|mut a| a.next())
+                .ok_or_else(|| format!("{value:?} is not a HOST:PORT that resolves"))?;
+            o.socks_proxy = Some(addr);
+            Ok(())
+        }
         ("STORE_LOG", "store_messages") => store_kind(value, &["memory", "journal", "database"]),
         ("STORE_LOG", "expire_messages_days") => {
             o.message_ttl = Some(duration(value, 86400)?);
@@ -763,6 +798,9 @@ mod tests {
              handshake_timeout_secs = 6\n\
              slow_reader_close_secs = 8\n\
              [PROXY]\n\
+             socks_proxy = 127.0.0.1:9050\n\
+             socks_mode = onion\n\
+             client_concurrency = 32\n\
              [WEB]\n",
         );
         assert_eq!(c.host.as_deref(), Some("smp.example.com"));
@@ -783,6 +821,7 @@ mod tests {
                 new_queues: Some(false),
                 create_password: Some(b"s3cret".to_vec()),
                 metrics_interval: Some(Duration::from_secs(60)),
+                socks_proxy: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 9050))),
             }
         );
     }
