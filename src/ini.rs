@@ -734,6 +734,7 @@ mod tests {
                 "create_password" => "secret",
                 "host" => "example.com",
                 "port" => "5223",
+                "socks_proxy" => "127.0.0.1:9050",
                 _ => "7",
             };
             let mut c = IniConfig::default();
