@@ -1,6 +1,8 @@
 //! A TLS session over a glommio socket, driven by hand: rustls is sans-I/O, so this reads ciphertext
 //! only when rustls has no plaintext to give, and writes what rustls produced when the connection
-//! flushes. Reading and writing whole 16384-byte blocks is all SMP needs.
+//! flushes. Reading and writing whole 16384-byte blocks is all SMP needs. Both sides use it: client
+//! connections of the relay (`ServerConnection`) and the proxy's sessions to destination relays
+//! (`ClientConnection`).
 //!
 //! A connection's reader and writer are two tasks sharing one `TlsStream` through `RefCell`; every
 //! method borrows it for one synchronous poll only, never across an await.
@@ -13,13 +15,14 @@
 use std::cell::RefCell;
 use std::future::poll_fn;
 use std::io::{self, Read, Write};
+use std::ops::DerefMut;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
 
 use futures_lite::{AsyncRead, AsyncWrite};
 use glommio::net::TcpStream;
-use rustls::ServerConnection;
+use rustls::{ConnectionCommon, ServerConnection};
 
 /// One per shard: the destination of every socket read on that shard.
 pub type ReadScratch = Rc<RefCell<Vec<u8>>>;
@@ -28,9 +31,9 @@ pub fn new_scratch() -> ReadScratch {
     Rc::new(RefCell::new(vec![0u8; crate::limits::SOCKET_READ_BYTES]))
 }
 
-pub struct TlsStream {
+pub struct TlsStream<C = ServerConnection> {
     sock: TcpStream,
-    tls: ServerConnection,
+    tls: C,
     scratch: ReadScratch,
     /// Ciphertext read from the socket that rustls could not take yet (usually empty).
     pending: Vec<u8>,
@@ -39,10 +42,13 @@ pub struct TlsStream {
     out_pos: usize,
 }
 
-pub type SharedTls = Rc<RefCell<TlsStream>>;
+pub type SharedTls<C = ServerConnection> = Rc<RefCell<TlsStream<C>>>;
 
-impl TlsStream {
-    pub fn new(sock: TcpStream, tls: ServerConnection, scratch: ReadScratch) -> Self {
+impl<C, D> TlsStream<C>
+where
+    C: DerefMut<Target = ConnectionCommon<D>>,
+{
+    pub fn new(sock: TcpStream, tls: C, scratch: ReadScratch) -> Self {
         TlsStream {
             sock,
             tls,
@@ -53,7 +59,7 @@ impl TlsStream {
         }
     }
 
-    pub fn connection(&self) -> &ServerConnection {
+    pub fn connection(&self) -> &C {
         &self.tls
     }
 
@@ -169,18 +175,27 @@ impl TlsStream {
 }
 
 /// Reads one block of `len` plaintext bytes into `buf` (cleared first).
-pub async fn read_block(s: &SharedTls, buf: &mut Vec<u8>, len: usize) -> io::Result<()> {
+pub async fn read_block<C, D>(s: &SharedTls<C>, buf: &mut Vec<u8>, len: usize) -> io::Result<()>
+where
+    C: DerefMut<Target = ConnectionCommon<D>>,
+{
     buf.clear();
     poll_fn(|cx| s.borrow_mut().poll_read_block(cx, buf, len)).await
 }
 
-/// Sends everything queued.
-pub async fn flush(s: &SharedTls) -> io::Result<()> {
+/// Sends everything queued. Only one task may flush a stream (its writer).
+pub async fn flush<C, D>(s: &SharedTls<C>) -> io::Result<()>
+where
+    C: DerefMut<Target = ConnectionCommon<D>>,
+{
     poll_fn(|cx| s.borrow_mut().poll_flush(cx)).await
 }
 
 /// Sends close_notify and what is queued, then closes the socket; errors no longer matter.
-pub async fn close(s: &SharedTls) {
+pub async fn close<C, D>(s: &SharedTls<C>)
+where
+    C: DerefMut<Target = ConnectionCommon<D>>,
+{
     {
         let mut t = s.borrow_mut();
         t.tls.send_close_notify();

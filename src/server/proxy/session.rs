@@ -124,6 +124,8 @@ pub struct Connector {
     pub settings: ProxySettings,
     pub tls: Arc<ClientConfig>,
     pub resolver: Resolver,
+    /// Where this shard's destination sessions read from their sockets (see `tls_stream`).
+    pub read_scratch: crate::server::tls_stream::ReadScratch,
 }
 
 /// An answer from the destination.
@@ -517,7 +519,11 @@ async fn connect(c: &Connector, server: &SmpServer) -> Result<Rc<DestSession>, D
     // The reference checks the chain inside TLS: a mismatch is a TLS failure (NETWORK).
     identity::verify_chain(&peer_chain, &server.key_hash)
         .map_err(|e| DestError::Network(format!("identity: {e}")))?;
-    let stream: SharedClient = Rc::new(RefCell::new(ClientStream::new(sock, tls)));
+    let stream: SharedClient = Rc::new(RefCell::new(ClientStream::new(
+        sock,
+        tls,
+        c.read_scratch.clone(),
+    )));
     match handshake(c, server, &stream, &tls_unique, &peer_chain).await {
         Ok(s) => Ok(s),
         Err(e) => {
