@@ -34,8 +34,9 @@ pub const OUTPUT_HIGH_WATER_BYTES: usize = 1 << 20;
 /// Below this the connection asks the owners for the deliveries it dropped.
 pub const OUTPUT_LOW_WATER_BYTES: usize = 256 * 1024;
 
-/// Dropped deliveries asked for again at once, per connection.
-pub const REDELIVER_BATCH: usize = 64;
+/// Dropped deliveries asked for again at once, per connection: sized so that a batch of 16 KB MSGs
+/// fits between the low and the high water mark and none of it is dropped (and sealed) again.
+pub const REDELIVER_BATCH: usize = (OUTPUT_HIGH_WATER_BYTES - OUTPUT_LOW_WATER_BYTES) / (17 * 1024);
 
 /// PRXY/PFWD of one connection being answered at once (the reference's `client_concurrency`, 32).
 pub const MAX_PROXIED_IN_FLIGHT: usize = 32;

@@ -78,13 +78,16 @@ pub struct OutputState {
 }
 
 impl OutputState {
-    /// Takes `groups` into the output, dropping MSG deliveries to markers while over the bound.
-    pub fn admit(&self, groups: Vec<Group>) -> Vec<Group> {
+    /// Takes `groups` into the output. While over the bound, MSG deliveries that are events (pushes
+    /// and redeliveries) become markers; the answers to a block are always kept, since the blocks
+    /// in flight already bound them (`MAX_BLOCKS_IN_FLIGHT`), and dropping a SUB's message would
+    /// only have it sealed again later.
+    pub fn admit(&self, groups: Vec<Group>, is_event: bool) -> Vec<Group> {
         let mut kept = Vec::with_capacity(groups.len());
         for g in groups {
             let over = self.queued_bytes.get() > OUTPUT_HIGH_WATER_BYTES;
             match g.delivery {
-                Some(d) if over => self.dropped.borrow_mut().push(d),
+                Some(d) if over && is_event => self.dropped.borrow_mut().push(d),
                 _ => {
                     self.queued_bytes.set(self.queued_bytes.get() + g.bytes());
                     kept.push(g);
@@ -205,14 +208,7 @@ async fn session(ctx: &Rc<ShardContext>, tls: &SharedTls, hs: Handshake) -> Resu
         r
     };
     let writer = write_loop(ctx, conn, tls, &codec, &in_flight, &state, out_rx);
-    let result = futures_lite::future::or(
-        reader,
-        futures_lite::future::or(
-            writer,
-            slow_reader_watchdog(&state, ctx.config.slow_reader_close),
-        ),
-    )
-    .await;
+    let result = futures_lite::future::or(reader, writer).await;
     ctx.connections_table.borrow_mut().remove(&conn.id);
     // Owners drop this connection's subscriptions; only shards it sent work to hold any.
     for shard in 0..ctx.mesh.shards() {
@@ -267,7 +263,7 @@ async fn read_loop(
         in_flight.parts.borrow_mut().insert(seq, parts);
         if !routed.local.is_empty() {
             let _ = out.try_send(Output {
-                groups: state.admit(vec![Group::plain(routed.local)]),
+                groups: state.admit(vec![Group::plain(routed.local)], false),
                 block_seq: Some(seq),
             });
         }
@@ -282,7 +278,7 @@ async fn read_loop(
                 let (entity, msg) = ctx.proxy.handle(&info, &job).await;
                 let t = super::owner::encode(&info, &job.corr_id, &entity, &msg);
                 let _ = out.try_send(Output {
-                    groups: state.admit(vec![Group::plain(vec![t])]),
+                    groups: state.admit(vec![Group::plain(vec![t])], false),
                     block_seq: Some(seq),
                 });
                 drop(slot);
@@ -312,11 +308,18 @@ async fn write_loop(
     state: &OutputState,
     out: LocalReceiver<Output>,
 ) -> Result<(), ConnError> {
+    let slow_reader_close = ctx.config.slow_reader_close;
     while let Some(item) = out.recv().await {
         let bytes: usize = item.groups.iter().map(Group::bytes).sum();
         queue_groups(tls, codec, &item.groups)?;
         drop(item.groups);
-        tls_stream::flush(tls).await?;
+        // The slow-reader clock is only looked at while the socket refuses output, so an idle
+        // connection runs no timer.
+        futures_lite::future::or(
+            async { Ok(tls_stream::flush(tls).await?) },
+            slow_reader_watchdog(state, slow_reader_close),
+        )
+        .await?;
         state
             .queued_bytes
             .set(state.queued_bytes.get().saturating_sub(bytes));

@@ -141,6 +141,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 None => encode(&session, &corr_id, &entity, &msg),
             });
         }
+        // A SUB's first message goes out after the part's responses (O4); a later request of the same
+        // turn may have acknowledged it, deleted the queue or subscribed again. Only a delivery that
+        // is still its subscription's outstanding one is sent (I4: an ACKed message never again).
+        turn.sub_msgs
+            .retain(|(_, d)| self.is_outstanding(session.conn, d));
         let groups = pack_turn(turn);
         self.mesh.send(
             session.conn.shard,
@@ -209,6 +214,14 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             delivery: Some(delivery),
         }];
         self.mesh.send(conn.shard, ShardMsg::Event { conn, groups });
+    }
+
+    /// Whether `d` is still what the subscription of `d.recipient_id` on `conn` waits to have
+    /// acknowledged.
+    pub fn is_outstanding(&self, conn: ConnRef, d: &Delivery) -> bool {
+        self.subs.get(&d.recipient_id).is_some_and(|s| {
+            s.session.conn == conn && s.epoch == d.epoch && s.delivered == Some(d.msg_id)
+        })
     }
 
     pub fn new_epoch(&mut self) -> u64 {

@@ -84,7 +84,7 @@ impl ShardContext {
     /// owners are told by `Closed` and forget it).
     fn deliver(&self, conn: ConnRef, groups: Vec<Group>, block_seq: Option<u64>) {
         if let Some(h) = self.connections_table.borrow().get(&conn.id) {
-            let groups = h.state.admit(groups);
+            let groups = h.state.admit(groups, block_seq.is_none());
             let _ = h.out.try_send(Output { groups, block_seq });
         }
     }
