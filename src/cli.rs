@@ -59,7 +59,8 @@ enum Command {
     /// Block a queue of a stopped relay: its clients get ERR BLOCKED (older clients AUTH) for
     /// every command but OFF and DEL. Edits the store the relay saved at its last clean stop.
     Block {
-        /// The queue's sender ID or link ID, base64url (padding optional).
+        /// The queue's sender ID or link ID, base64url (padding optional; it may start with '-').
+        #[arg(allow_hyphen_values = true)]
         id: String,
         /// Why the queue is blocked, as clients are told.
         #[arg(long, value_enum)]
@@ -70,7 +71,8 @@ enum Command {
     },
     /// Unblock a queue of a stopped relay that `block` blocked.
     Unblock {
-        /// The queue's sender ID or link ID, base64url (padding optional).
+        /// The queue's sender ID or link ID, base64url (padding optional; it may start with '-').
+        #[arg(allow_hyphen_values = true)]
         id: String,
     },
 }

@@ -110,7 +110,8 @@ fn blocked_queue_answers_blocked_by_version_until_unblocked() {
         raw(&relay, 18, q.rid(), Command::Sub, sign_rcv()),
         BLOCKED_V18
     );
-    for v in [12, 17] {
+    // v12-17: BLOCKED without the notice; below v12: AUTH.
+    for v in [12, 14, 15, 16, 17] {
         assert_eq!(
             raw(&relay, v, q.sid(), send_cmd(b"hi"), Authorization::None),
             "ERR BLOCKED reason=spam",
@@ -122,14 +123,18 @@ fn blocked_queue_answers_blocked_by_version_until_unblocked() {
             "v{v}"
         );
     }
-    assert_eq!(
-        raw(&relay, 11, q.sid(), send_cmd(b"hi"), Authorization::None),
-        "ERR AUTH"
-    );
-    assert_eq!(
-        raw(&relay, 11, q.rid(), Command::Sub, sign_rcv()),
-        "ERR AUTH"
-    );
+    for v in [6, 8, 9, 11] {
+        assert_eq!(
+            raw(&relay, v, q.sid(), send_cmd(b"hi"), Authorization::None),
+            "ERR AUTH",
+            "v{v}"
+        );
+        assert_eq!(
+            raw(&relay, v, q.rid(), Command::Sub, sign_rcv()),
+            "ERR AUTH",
+            "v{v}"
+        );
+    }
 
     // OFF and DEL do not check blocking.
     {
@@ -189,6 +194,12 @@ fn block_checks_its_arguments() {
             vec!["block", "AAAA", "--reason", "spam"],
             "no queue has the sender ID or link ID",
         ),
+        // base64url IDs may start with '-': an ID, not an option.
+        (
+            vec!["block", "-AAA", "--reason", "spam"],
+            "no queue has the sender ID or link ID",
+        ),
+        (vec!["unblock", "-AAA"], "no queue"),
         (
             vec!["block", "x", "--reason", "spam", "--notice", "{ttl:1}"],
             "not valid JSON",

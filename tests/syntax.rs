@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::Relay;
+use common::{Relay, RelayOptions};
 use smp_relay::client::{Authorization, Client, ClientOptions, ClientTransmission, Signer};
 
 const ED25519_SPKI_PREFIX: [u8; 12] = [
@@ -268,11 +268,14 @@ fn syntax_table_at_v18() {
     check_rows(&mut c, &rows);
 }
 
-/// The roles this relay does not take: proxy, names. Answered as the reference does when they are
-/// disabled.
+/// The roles turned off (the proxy with `--no-proxy`) or not built (names): answered as the reference
+/// does when they are disabled.
 #[test]
 fn disabled_roles_at_v18() {
-    let relay = Relay::start();
+    let relay = Relay::start_with(RelayOptions {
+        extra_args: vec!["--no-proxy".into()],
+        ..RelayOptions::default()
+    });
     let mut c = connect(&relay, 18);
     let sess: &'static [u8] = b"proxy-session-id";
     let mut prxy = b"PRXY ".to_vec();
