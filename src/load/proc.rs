@@ -15,10 +15,7 @@ use base64::Engine;
 /// Seconds the relay has to print `listening`.
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Relay log lines kept for error messages.
-const MAX_LOG_LINES: usize = 200;
-
-/// The relay's stderr lines, shared with the thread that drains them.
-type SharedLog = Arc<Mutex<Vec<String>>>;
+const MAX_LOG_LINES: usize = 2000;
 
 static DIR_COUNTER: AtomicU64 = AtomicU64::new(0);
 
@@ -258,42 +255,55 @@ impl RelaySpec {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
-        let mut child = cmd.spawn().map_err(|e| format!("spawn relay: {e}"))?;
-        let stderr = child.stderr.take().ok_or("no stderr")?;
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = mpsc::channel();
-        let log2 = log.clone();
-        std::thread::spawn(move || {
-            let mut seen = false;
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if !seen && line.contains("listening") {
-                    seen = true;
-                    let _ = tx.send(());
-                }
-                if let Ok(mut l) = log2.lock() {
-                    if l.len() >= MAX_LOG_LINES {
-                        l.remove(0);
-                    }
-                    l.push(line);
-                }
+        let child = cmd.spawn().map_err(|e| format!("spawn relay: {e}"))?;
+        wait_listening(child, START_TIMEOUT)
+    }
+}
+
+/// Keeps the last lines a relay child wrote to stderr.
+pub type SharedLog = Arc<Mutex<Vec<String>>>;
+
+/// Waits (at most `timeout`) until a relay child started with `stderr` piped logs `listening`,
+/// keeping its last `MAX_LOG_LINES` stderr lines meanwhile and after. A child that exits first,
+/// or stays silent too long (then killed), is an error with its log.
+pub fn wait_listening(mut child: Child, timeout: Duration) -> Result<(Child, SharedLog), String> {
+    let stderr = child.stderr.take().ok_or("no stderr")?;
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (tx, rx) = mpsc::channel();
+    let log2 = log.clone();
+    std::thread::spawn(move || {
+        let mut seen = false;
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if !seen && line.contains("listening") {
+                seen = true;
+                let _ = tx.send(());
             }
-        });
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            match rx.recv_timeout(Duration::from_millis(50)) {
-                Ok(()) => return Ok((child, log)),
-                Err(_) if matches!(child.try_wait(), Ok(Some(_))) => {
-                    let text = log.lock().map(|l| l.join("\n")).unwrap_or_default();
-                    return Err(format!("relay exited before listening:\n{text}"));
+            if let Ok(mut l) = log2.lock() {
+                if l.len() >= MAX_LOG_LINES {
+                    l.remove(0);
                 }
-                Err(_) if Instant::now() > deadline => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err("relay did not print `listening` in time".into());
-                }
-                Err(_) => {}
+                l.push(line);
             }
+        }
+    });
+    let deadline = Instant::now() + timeout;
+    let text = |log: &SharedLog| log.lock().map(|l| l.join("\n")).unwrap_or_default();
+    loop {
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok(()) => return Ok((child, log)),
+            Err(_) if matches!(child.try_wait(), Ok(Some(_))) => {
+                return Err(format!("relay exited before listening:\n{}", text(&log)));
+            }
+            Err(_) if Instant::now() > deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "no `listening` within {timeout:?}:\n{}",
+                    text(&log)
+                ));
+            }
+            Err(_) => {}
         }
     }
 }

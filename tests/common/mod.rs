@@ -3,13 +3,10 @@
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -18,8 +15,6 @@ use smp_relay::client::{Client, ClientError, ClientOptions};
 pub const BIN: &str = env!("CARGO_BIN_EXE_smp-relay");
 pub const START_TIMEOUT: Duration = Duration::from_secs(30);
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
-/// Lines of relay stderr kept for failure messages.
-const MAX_LOG_LINES: usize = 2000;
 
 static DIR_COUNTER: AtomicU64 = AtomicU64::new(0);
 
@@ -138,7 +133,7 @@ pub fn free_port() -> u16 {
 }
 
 /// The relay's stderr lines, shared with the thread that drains them.
-type SharedLog = Arc<Mutex<Vec<String>>>;
+use smp_relay::load::proc::SharedLog;
 
 /// How to start the relay.
 #[derive(Clone, Debug)]
@@ -326,52 +321,14 @@ fn spawn(dir: &Path, port: u16, opts: &RelayOptions) -> Result<(Child, SharedLog
         &cores,
     ];
     args.extend(opts.extra_args.iter().map(String::as_str));
-    let mut child = Command::new(BIN)
+    let child = Command::new(BIN)
         .args(&args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("spawn: {e}"))?;
-    let stderr = child.stderr.take().ok_or("no stderr")?;
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let (tx, rx) = mpsc::channel();
-    let log2 = log.clone();
-    std::thread::spawn(move || {
-        let mut seen = false;
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if !seen && line.contains("listening") {
-                seen = true;
-                let _ = tx.send(());
-            }
-            if let Ok(mut l) = log2.lock() {
-                if l.len() >= MAX_LOG_LINES {
-                    l.remove(0);
-                }
-                l.push(line);
-            }
-        }
-    });
-    let deadline = Instant::now() + START_TIMEOUT;
-    loop {
-        match rx.recv_timeout(Duration::from_millis(50)) {
-            Ok(()) => return Ok((child, log)),
-            Err(mpsc::RecvTimeoutError::Disconnected) | Err(mpsc::RecvTimeoutError::Timeout)
-                if matches!(child.try_wait(), Ok(Some(_))) =>
-            {
-                let text = log.lock().map(|l| l.join("\n")).unwrap_or_default();
-                return Err(format!("relay exited before listening:\n{text}"));
-            }
-            Err(_) if Instant::now() > deadline => {
-                let _ = child.kill();
-                let _ = child.wait();
-                let text = log.lock().map(|l| l.join("\n")).unwrap_or_default();
-                return Err(format!("no `listening` within {START_TIMEOUT:?}:\n{text}"));
-            }
-            Err(_) => {}
-        }
-    }
+    smp_relay::load::proc::wait_listening(child, START_TIMEOUT)
 }
 
 /// Reads `D/<name>` PEM and returns the DER of its first certificate.
