@@ -15,7 +15,6 @@ use super::router::{ConnRef, Delivery, Group, Mesh, Request, Session, ShardMsg};
 use crate::config::Settings;
 use crate::crypto::auth::{self, Authorization};
 use crate::crypto::keys::PublicAuthKey;
-use crate::protocol::error::ErrorType;
 use crate::protocol::response::BrokerMsg;
 use crate::protocol::transmission::encode_server_transmission;
 use crate::store::{EntityId, MessageStore, MsgId, QueueStore};
@@ -92,12 +91,6 @@ pub struct Turn {
     pub trailing: Vec<Group>,
     /// Queues changed in this turn: a SUB later in the turn must read their head again.
     pub touched: HashSet<EntityId>,
-}
-
-/// What a verification concluded.
-pub enum Verified<'a> {
-    Ok(&'a crate::store::QueueRec),
-    Err(ErrorType),
 }
 
 impl<S: QueueStore + MessageStore> Owner<S> {
