@@ -18,14 +18,14 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{Relay, RelayOptions};
-use smp_relay::client::queue::{self, parse_ids, KeyAlg, RecipientKeys};
+use smp_relay::client::queue::{self};
 use smp_relay::client::{
     new_corr_id, Authorization, Client, ClientTransmission, CommandBody, ServerTransmission,
     Signer, CLIENT_VERSIONS,
 };
 use smp_relay::crypto::{auth, sxbox};
 use smp_relay::protocol::batch::{parse_batch, BatchWriter};
-use smp_relay::protocol::command::{Command, SubMode};
+use smp_relay::protocol::command::Command;
 use smp_relay::protocol::handshake::{ClientHello, ServerHello};
 use smp_relay::protocol::pad;
 use smp_relay::protocol::response::BrokerMsg;
@@ -35,7 +35,7 @@ use smp_relay::protocol::transmission::{
 use smp_relay::protocol::version::Version;
 use smp_relay::transport::block::{BlockCodec, BLOCK_SIZE};
 use smp_relay::transport::tls;
-use support::{send_cmd, Queue};
+use support::{create_many, send_cmd, Queue};
 
 /// Queues subscribed on the connection that stops reading, one message each.
 const QUEUES: usize = 10_000;
@@ -355,37 +355,6 @@ impl SplitReader {
 // ------------------------------------------------------------------------------------------------
 // Setup over an ordinary client.
 
-/// `n` queues with Ed25519 keys, created with batched NEWs in create-only mode.
-fn create_many(c: &mut Client, n: usize) -> Vec<Queue> {
-    let mut out = Vec::with_capacity(n);
-    while out.len() < n {
-        let k = PIPELINE.min(n - out.len());
-        let mut pending = Vec::with_capacity(k);
-        let mut ts = Vec::with_capacity(k);
-        for _ in 0..k {
-            let keys = RecipientKeys::generate(KeyAlg::Ed25519);
-            let mut new = queue::new_queue(&keys);
-            new.sub_mode = SubMode::OnlyCreate;
-            let corr = new_corr_id();
-            ts.push(
-                ClientTransmission::new(&corr, b"", Command::New(new)).signed(keys.auth.clone()),
-            );
-            pending.push((corr, keys));
-        }
-        c.send_batch(&ts).expect("send NEWs");
-        for (corr, keys) in pending {
-            let r = c.recv_for(&corr).expect("IDS");
-            let ids = parse_ids(&r).unwrap_or_else(|e| panic!("NEW: {e}"));
-            out.push(Queue {
-                secret: keys.dh.shared(&ids.srv_dh_key),
-                keys,
-                ids,
-            });
-        }
-    }
-    out
-}
-
 fn body(i: usize) -> Vec<u8> {
     format!("message {i}").into_bytes()
 }
@@ -528,9 +497,9 @@ fn a_stopped_reader_is_bounded_and_gets_every_message_once_when_it_resumes() {
     });
     let started = Instant::now();
     let mut setup = relay.client();
-    let qs = create_many(&mut setup, QUEUES);
+    let qs = create_many(&mut setup, QUEUES, PIPELINE);
     send_each(&mut setup, &qs, 0);
-    let others = create_many(&mut setup, OTHER_SENDS);
+    let others = create_many(&mut setup, OTHER_SENDS, PIPELINE);
     let mut other_rcv = relay.client();
     let corrs: Vec<ClientTransmission> = others.iter().map(sub_t).collect();
     other_rcv.send_batch(&corrs).expect("SUB others");
@@ -654,7 +623,7 @@ fn b_a_reader_paused_past_the_slow_reader_limit_is_closed_and_loses_nothing() {
     // 1 MiB bound.
     let n = ((socket_capacity_bytes() + (4 << 20)) / BLOCK_SIZE).max(300);
     let mut setup = relay.client();
-    let qs = create_many(&mut setup, n);
+    let qs = create_many(&mut setup, n, PIPELINE);
     send_each(&mut setup, &qs, 0);
 
     let (mut w, mut rd) = split_connect(&relay);

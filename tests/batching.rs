@@ -9,9 +9,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use common::{Relay, RelayOptions};
-use smp_relay::client::queue::{self, KeyAlg, RecipientKeys};
 use smp_relay::client::{new_corr_id, ClientTransmission};
-use smp_relay::protocol::command::{Command, SubMode};
+use smp_relay::protocol::command::Command;
 use smp_relay::protocol::response::BrokerMsg;
 use smp_relay::server::router::owner_shard;
 use support::*;
@@ -61,12 +60,7 @@ fn a_block_of_135_subs_over_two_shards_makes_at_most_two_store_calls() {
     let mut creator = relay.client();
     let mut sender = relay.client();
     let queues: Vec<Queue> = (0..SUBS_PER_BLOCK)
-        .map(|_| {
-            let keys = RecipientKeys::generate(KeyAlg::Ed25519);
-            let mut new = queue::new_queue(&keys);
-            new.sub_mode = SubMode::OnlyCreate;
-            create_with(&mut creator, keys, new)
-        })
+        .map(|_| create_only(&mut creator))
         .collect();
     let owners: Vec<usize> = queues.iter().map(|q| owner_shard(q.rid(), 2)).collect();
     assert!(

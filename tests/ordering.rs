@@ -10,10 +10,10 @@ mod common;
 mod support;
 
 use common::{Relay, RelayOptions};
-use smp_relay::client::queue::{self, parse_ids, KeyAlg, RecipientKeys};
+use smp_relay::client::queue::{self, KeyAlg};
 use smp_relay::client::{new_corr_id, Client, ClientTransmission, ServerTransmission};
 use smp_relay::protocol::batch::BatchWriter;
-use smp_relay::protocol::command::{Command, SubMode};
+use smp_relay::protocol::command::Command;
 use smp_relay::protocol::response::BrokerMsg;
 use smp_relay::server::router::owner_shard;
 use support::*;
@@ -36,38 +36,6 @@ fn relay(cores: usize, extra_args: Vec<String>) -> Relay {
 
 fn owner(q: &Queue) -> usize {
     owner_shard(q.rid(), SHARDS)
-}
-
-/// `n` queues with Ed25519 keys, created with batched NEWs in create-only mode (the creating
-/// connection does not subscribe).
-fn create_many(c: &mut Client, n: usize) -> Vec<Queue> {
-    let mut out = Vec::with_capacity(n);
-    while out.len() < n {
-        let k = PIPELINE.min(n - out.len());
-        let mut pending = Vec::with_capacity(k);
-        let mut ts = Vec::with_capacity(k);
-        for _ in 0..k {
-            let keys = RecipientKeys::generate(KeyAlg::Ed25519);
-            let mut new = queue::new_queue(&keys);
-            new.sub_mode = SubMode::OnlyCreate;
-            let corr = new_corr_id();
-            ts.push(
-                ClientTransmission::new(&corr, b"", Command::New(new)).signed(keys.auth.clone()),
-            );
-            pending.push((corr, keys));
-        }
-        c.send_batch(&ts).expect("send NEWs");
-        for (corr, keys) in pending {
-            let r = c.recv_for(&corr).expect("IDS");
-            let ids = parse_ids(&r).unwrap_or_else(|e| panic!("NEW: {e}"));
-            out.push(Queue {
-                secret: keys.dh.shared(&ids.srv_dh_key),
-                keys,
-                ids,
-            });
-        }
-    }
-    out
 }
 
 /// One unsigned SEND to each queue (none is secured), batched; every one must be OK.
@@ -159,7 +127,7 @@ fn o3_an_owners_part_does_not_wait_for_a_delayed_owner() {
         ],
     );
     let mut setup = r.client();
-    let qs = create_many(&mut setup, 8 * ROUNDS);
+    let qs = create_many(&mut setup, 8 * ROUNDS, PIPELINE);
     let fast: Vec<&Queue> = qs.iter().filter(|q| owner(q) != DELAYED_SHARD).collect();
     let slow: Vec<&Queue> = qs.iter().filter(|q| owner(q) == DELAYED_SHARD).collect();
     assert!(
@@ -265,7 +233,7 @@ fn o2_send_to_own_subscribed_queue_is_msg_block_then_ok_block() {
 fn o4_sub_with_a_pending_message_is_sok_and_msg_in_one_block() {
     let r = relay(SHARDS, Vec::new());
     let mut setup = r.client();
-    let qs = create_many(&mut setup, 16);
+    let qs = create_many(&mut setup, 16, PIPELINE);
     let picked: Vec<&Queue> = (0..SHARDS)
         .map(|s| {
             qs.iter()
@@ -287,7 +255,7 @@ fn o4_sub_with_a_pending_message_is_sok_and_msg_in_one_block() {
 /// `n` queues owned by shard 0 of a one-shard relay, each with one message.
 fn queues_with_a_message(r: &Relay, n: usize) -> Vec<Queue> {
     let mut setup = r.client();
-    let qs = create_many(&mut setup, n);
+    let qs = create_many(&mut setup, n, PIPELINE);
     send_each(&mut setup, &qs, |i| format!("pending {i}").into_bytes());
     qs
 }

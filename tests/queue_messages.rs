@@ -430,10 +430,7 @@ fn ack_rules() {
 fn create_only_queue_is_not_subscribed() {
     let relay = Relay::start();
     let (mut r, mut s) = (relay.client(), relay.client());
-    let keys = smp_relay::client::queue::RecipientKeys::generate(KeyAlg::Ed25519);
-    let mut new = smp_relay::client::queue::new_queue(&keys);
-    new.sub_mode = smp_relay::protocol::command::SubMode::OnlyCreate;
-    let q = create_with(&mut r, keys, new);
+    let q = create_only(&mut r);
     send_ok(&mut s, &q, None, b"waiting");
     expect_nothing(&mut r, "no subscription yet");
     let m = sub_with_msg(&mut r, &q);

@@ -10,8 +10,8 @@ mod support;
 use std::time::Duration;
 
 use common::{Relay, RelayOptions};
-use smp_relay::client::queue::{self, KeyAlg, RecipientKeys};
-use smp_relay::protocol::command::{Command, SubMode};
+use smp_relay::client::queue::{self};
+use smp_relay::protocol::command::Command;
 use smp_relay::protocol::response::BrokerMsg;
 use support::*;
 
@@ -20,14 +20,6 @@ fn relay(cores: usize) -> Relay {
         cores,
         ..RelayOptions::default()
     })
-}
-
-/// A queue created without subscribing its creator.
-fn create_only(c: &mut smp_relay::client::Client) -> Queue {
-    let keys = RecipientKeys::generate(KeyAlg::Ed25519);
-    let mut new = queue::new_queue(&keys);
-    new.sub_mode = SubMode::OnlyCreate;
-    create_with(c, keys, new)
 }
 
 /// T1: SUB on an empty queue, then a SEND as soon as the SOK is back: the subscriber must get the

@@ -14,7 +14,7 @@ use smp_relay::client::queue::{
 use smp_relay::client::{
     new_corr_id, Authorization, Client, ClientError, ClientTransmission, ServerTransmission, Signer,
 };
-use smp_relay::protocol::command::{Command, MsgFlags, NewQueue};
+use smp_relay::protocol::command::{Command, MsgFlags, NewQueue, SubMode};
 pub use smp_relay::protocol::error::{CommandError, ErrorType};
 use smp_relay::protocol::response::{BrokerMsg, QueueIds};
 
@@ -128,6 +128,45 @@ pub fn create_with_corr(c: &mut Client, keys: RecipientKeys, new: NewQueue, corr
 }
 
 /// NEW of a messaging queue (subscribed) with a recipient key of `alg`.
+/// A queue with an Ed25519 key whose creating connection does not subscribe to it.
+pub fn create_only(c: &mut Client) -> Queue {
+    let keys = RecipientKeys::generate(KeyAlg::Ed25519);
+    let mut new = queue::new_queue(&keys);
+    new.sub_mode = SubMode::OnlyCreate;
+    create_with(c, keys, new)
+}
+
+/// `n` queues as `create_only` makes them, created with NEWs pipelined `per_batch` at a time.
+pub fn create_many(c: &mut Client, n: usize, per_batch: usize) -> Vec<Queue> {
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let k = per_batch.min(n - out.len());
+        let mut pending = Vec::with_capacity(k);
+        let mut ts = Vec::with_capacity(k);
+        for _ in 0..k {
+            let keys = RecipientKeys::generate(KeyAlg::Ed25519);
+            let mut new = queue::new_queue(&keys);
+            new.sub_mode = SubMode::OnlyCreate;
+            let corr = new_corr_id();
+            ts.push(
+                ClientTransmission::new(&corr, b"", Command::New(new)).signed(keys.auth.clone()),
+            );
+            pending.push((corr, keys));
+        }
+        c.send_batch(&ts).expect("send NEWs");
+        for (corr, keys) in pending {
+            let r = c.recv_for(&corr).expect("IDS");
+            let ids = parse_ids(&r).unwrap_or_else(|e| panic!("NEW: {e}"));
+            out.push(Queue {
+                secret: keys.dh.shared(&ids.srv_dh_key),
+                keys,
+                ids,
+            });
+        }
+    }
+    out
+}
+
 pub fn create_alg(c: &mut Client, alg: KeyAlg) -> Queue {
     let keys = RecipientKeys::generate(alg);
     let new = queue::new_queue(&keys);
