@@ -7,4 +7,5 @@ pub mod chain;
 pub mod hash;
 pub mod keys;
 pub mod signed_key;
+pub mod sodium;
 pub mod sxbox;
