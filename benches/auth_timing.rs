@@ -127,6 +127,7 @@ fn main() {
                     service_sig: false,
                     authorized: signed,
                     forward: None,
+                    batch_verified: None,
                 }
             };
             let mut time_path = |entity: &[u8]| {

@@ -5,7 +5,7 @@
 
 use std::cell::Cell;
 
-use ed25519_dalek::{Signer as _, SigningKey, VerifyingKey};
+use ed25519_dalek::{Signer as _, SigningKey};
 use subtle::ConstantTimeEq;
 
 use super::hash::sha512;
@@ -111,7 +111,7 @@ pub fn verify(
     match (key, auth) {
         (PublicAuthKey::Ed25519(k), Authorization::Ed25519(sig)) => {
             count(|c| c.ed25519 += 1);
-            ed25519_verify_strict(k, authorized, sig)
+            ed25519_verify(k, authorized, sig)
         }
         (PublicAuthKey::Ed448(k), Authorization::Ed448(sig)) => {
             count(|c| c.ed448 += 1);
@@ -137,7 +137,7 @@ pub fn dummy_verify(
         Authorization::None => false,
         Authorization::Ed25519(sig) => {
             count(|c| c.ed25519 += 1);
-            ed25519_verify_strict(&DUMMY_ED25519, authorized, sig)
+            ed25519_verify(&DUMMY_ED25519, authorized, sig)
         }
         Authorization::Ed448(sig) => {
             count(|c| c.ed448 += 1);
@@ -153,18 +153,27 @@ pub fn dummy_verify(
     false
 }
 
-/// Strict Ed25519: rejects non-canonical encodings and small-order keys or R, which plain
-/// verification would let through (and which would allow signature malleability).
-pub fn ed25519_verify_strict(
+/// Ed25519 under the relay's rule (`crypto::ed25519`): canonical encodings, no small-order key or
+/// R, the cofactored equation. Plain verification would let the first two through (malleability).
+pub fn ed25519_verify(
     key: &[u8; ED25519_KEY_LEN],
     msg: &[u8],
     sig: &[u8; ED25519_SIG_LEN],
 ) -> bool {
-    let Ok(vk) = VerifyingKey::from_bytes(key) else {
-        return false;
-    };
-    vk.verify_strict(msg, &ed25519_dalek::Signature::from_bytes(sig))
-        .is_ok()
+    super::ed25519::verify(key, msg, sig)
+}
+
+/// Several Ed25519 checks in one batch (`crypto::ed25519::verify_batch`), each counted as one
+/// verification. `false` means "verify one by one", not "all fail".
+pub fn ed25519_verify_batch(items: &[super::ed25519::Item]) -> bool {
+    count(|c| c.ed25519 += items.len() as u64);
+    super::ed25519::verify_batch(items)
+}
+
+/// The dummy key an Ed25519 signature is checked against when its queue does not exist, so that a
+/// batch holding it fails exactly as one with a wrong key does.
+pub fn ed25519_dummy_key() -> &'static [u8; ED25519_KEY_LEN] {
+    &DUMMY_ED25519
 }
 
 fn x25519_verify(
@@ -400,11 +409,11 @@ mod tests {
         let mut sig = [0u8; 64];
         sig[0] = 1;
         use ed25519_dalek::Verifier as _;
-        assert!(VerifyingKey::from_bytes(&identity)
+        assert!(ed25519_dalek::VerifyingKey::from_bytes(&identity)
             .unwrap()
             .verify(b"anything", &ed25519_dalek::Signature::from_bytes(&sig))
             .is_ok());
-        assert!(!ed25519_verify_strict(&identity, b"anything", &sig));
+        assert!(!ed25519_verify(&identity, b"anything", &sig));
     }
 
     #[test]
@@ -412,7 +421,7 @@ mod tests {
         let sk = SigningKey::from_bytes(&seq::<32>(3));
         let pk = sk.verifying_key().to_bytes();
         let sig = sign_ed25519(&sk, b"m");
-        assert!(ed25519_verify_strict(&pk, b"m", &sig));
+        assert!(ed25519_verify(&pk, b"m", &sig));
         // S + L is the same scalar but a second encoding.
         const L: [u8; 32] =
             hex_array(*b"edd3f55c1a631258d69cf7a2def9de1400000000000000000000000000000010");
@@ -423,7 +432,7 @@ mod tests {
             s_plus_l[32 + i] = v as u8;
             carry = v >> 8;
         }
-        assert!(!ed25519_verify_strict(&pk, b"m", &s_plus_l));
+        assert!(!ed25519_verify(&pk, b"m", &s_plus_l));
     }
 
     #[test]

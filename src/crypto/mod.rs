@@ -4,6 +4,7 @@
 
 pub mod auth;
 pub mod chain;
+pub mod ed25519;
 pub mod hash;
 pub mod keys;
 pub mod signed_key;

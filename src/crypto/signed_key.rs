@@ -4,7 +4,7 @@
 
 use ed25519_dalek::{Signer as _, SigningKey};
 
-use super::auth::{ed25519_verify_strict, ed448_verify, sign_ed448};
+use super::auth::{ed25519_verify, ed448_verify, sign_ed448};
 use super::keys::{x25519_to_spki, PublicAuthKey, ED25519_SIG_LEN, ED448_KEY_LEN, ED448_SIG_LEN};
 use super::sxbox::CryptoError;
 
@@ -90,7 +90,7 @@ pub fn verify_signed_key(der: &[u8], signer: &PublicAuthKey) -> Result<Vec<u8>, 
     let ok = match signer {
         PublicAuthKey::Ed25519(k) if oid == OID_ED25519 => {
             let sig: &[u8; ED25519_SIG_LEN] = sig.try_into().map_err(|_| CryptoError)?;
-            ed25519_verify_strict(k, spki, sig)
+            ed25519_verify(k, spki, sig)
         }
         PublicAuthKey::Ed448(k) if oid == OID_ED448 => {
             let sig: &[u8; ED448_SIG_LEN] = sig.try_into().map_err(|_| CryptoError)?;

@@ -198,6 +198,7 @@ fn route_forwarded(ctx: &RouteCtx<'_>, corr_id: &[u8], body: &[u8], routed: &mut
                 service_sig: r.service_sig,
                 authorized: r.authorized,
                 forward: Some(fwd),
+                batch_verified: None,
             });
         }
     }
@@ -218,6 +219,7 @@ fn request(
         service_sig: t.service_sig.is_some(),
         authorized: authorized_bytes(session.version, &session.session_id, t.signed),
         forward: None,
+        batch_verified: None,
     }
 }
 

@@ -51,7 +51,18 @@ pub struct OwnerStats {
     pub msg_ntfs: u64,
     pub sub_batches: u64,
     pub subs: u64,
+    /// Blocks whose Ed25519 signatures were verified in one batch, and those whose batch failed
+    /// (their requests were then verified one by one).
+    pub verify_batches: u64,
+    pub verify_batch_fallbacks: u64,
 }
+
+/// The fewest Ed25519 signatures in a block part worth a batch: below it, single verification.
+pub const BATCH_VERIFY_MIN: usize = 2;
+
+/// After a failed batch, a connection's next this many block parts on this owner verify one by one,
+/// so a client that keeps sending bad signatures costs no more than unbatched verification.
+pub const BATCH_OFF_BLOCKS: u32 = 64;
 
 /// Whether a test build moves SUB registration after the first-message read (`t1-race-variant`),
 /// to prove that the race test can fail.
@@ -73,6 +84,8 @@ pub struct Owner<S> {
     pub ntf_subs: HashMap<EntityId, Session>,
     pub by_conn: HashMap<ConnRef, ConnEntries>,
     pub stats: OwnerStats,
+    /// Connections whose recent batch failed: block parts left before they are batched again.
+    batch_off: HashMap<ConnRef, u32>,
     /// Source of subscription epochs.
     next_epoch: u64,
 }
@@ -112,13 +125,15 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             ntf_subs: HashMap::new(),
             by_conn: HashMap::new(),
             stats: OwnerStats::default(),
+            batch_off: HashMap::new(),
             next_epoch: 0,
         }
     }
 
     /// Executes one block's requests for this owner and sends the connection its part.
-    pub async fn process(&mut self, session: Session, block_seq: u64, requests: Vec<Request>) {
+    pub async fn process(&mut self, session: Session, block_seq: u64, mut requests: Vec<Request>) {
         let mut turn = Turn::default();
+        self.batch_verify(&session, &mut requests);
         let prefetched = self.prefetch_subs(&requests).await;
         let mut prefetched = prefetched;
         for (i, mut req) in requests.into_iter().enumerate() {
@@ -179,8 +194,105 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         }
     }
 
-    /// Checks `req`'s authorization with `key` (`reference/smp-wire.md` §4.2).
+    /// Verifies the Ed25519 signatures of a block part in one batch (`crypto::ed25519`) before any
+    /// request runs, marking each request with the key that verified it; `verify_with` then accepts
+    /// that key without a second verification. Which key each request will be checked with is
+    /// decided here as its command will decide it; a request whose queue is missing, or whose key is
+    /// not Ed25519, joins the batch with the dummy key, so its batch fails exactly as one with a
+    /// wrong key does (equal-time AUTH, per block). A failed batch marks nothing: every request is
+    /// then verified on its own as without batching, which decides.
+    fn batch_verify(&mut self, session: &Session, requests: &mut [Request]) {
+        if let Some(left) = self.batch_off.get_mut(&session.conn) {
+            *left -= 1;
+            if *left == 0 {
+                self.batch_off.remove(&session.conn);
+            }
+            return;
+        }
+        let mut chosen: Vec<(usize, [u8; 32])> = Vec::new();
+        for (i, r) in requests.iter().enumerate() {
+            if r.forward.is_some() || r.service_sig || r.authorization.len() != 64 {
+                continue;
+            }
+            if let Some(key) = self.batch_key(r) {
+                chosen.push((i, key));
+            }
+        }
+        if chosen.len() < BATCH_VERIFY_MIN {
+            return;
+        }
+        let items: Vec<crate::crypto::ed25519::Item> = chosen
+            .iter()
+            .filter_map(|(i, key)| {
+                let r = &requests[*i];
+                Some(crate::crypto::ed25519::Item {
+                    key,
+                    msg: &r.authorized,
+                    sig: r.authorization.as_slice().try_into().ok()?,
+                })
+            })
+            .collect();
+        self.stats.verify_batches += 1;
+        if auth::ed25519_verify_batch(&items) {
+            for (i, key) in chosen {
+                requests[i].batch_verified = Some(key);
+            }
+        } else {
+            self.stats.verify_batch_fallbacks += 1;
+            self.batch_off.insert(session.conn, BATCH_OFF_BLOCKS);
+        }
+    }
+
+    /// The Ed25519 key `r`'s command will verify its signature with (the dummy key when its queue is
+    /// missing or the key is of another algorithm), or `None` when the command verifies nothing or
+    /// is not batched (NEW, SKEY/LKEY/LGET, SEND to a queue without a sender key).
+    fn batch_key(&self, r: &Request) -> Option<[u8; 32]> {
+        use crate::protocol::command::Command as C;
+        let recipient = matches!(
+            r.command,
+            C::Sub
+                | C::Get
+                | C::Ack(_)
+                | C::Key(_)
+                | C::RKey(_)
+                | C::LSet { .. }
+                | C::LDel
+                | C::NKey { .. }
+                | C::NDel
+                | C::Off
+                | C::Del
+                | C::Que
+        );
+        if !recipient && !matches!(r.command, C::Send { .. } | C::NSub) {
+            return None;
+        }
+        let dummy = *auth::ed25519_dummy_key();
+        let Some(q) = r
+            .recipient_id
+            .as_deref()
+            .and_then(|rid| self.store.get(rid))
+        else {
+            return Some(dummy);
+        };
+        let key = match r.command {
+            C::Send { .. } => Some(q.sender_key.as_ref()?),
+            C::NSub => q.notifier.as_ref().map(|n| &n.notifier_key),
+            _ => q.recipient_keys.first(),
+        };
+        Some(match key {
+            Some(PublicAuthKey::Ed25519(k)) => *k,
+            _ => dummy,
+        })
+    }
+
+    /// Checks `req`'s authorization with `key` (`reference/smp-wire.md` §4.2), or takes its block's
+    /// batch verification of that very key.
     pub fn verify_with(&self, session: &Session, req: &Request, key: &PublicAuthKey) -> bool {
+        if let (Some(done), PublicAuthKey::Ed25519(k)) = (&req.batch_verified, key) {
+            if done == k {
+                return true;
+            }
+        }
         let a = Authorization::from_bytes(&req.authorization).unwrap_or(Authorization::None);
         let sk = session.server_key.to_bytes();
         auth::verify(key, &a, &req.authorized, Some(&sk), &req.corr_id)
@@ -282,6 +394,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
 
     /// A connection closed: drop its subscriptions here. Nobody is told (the reference sends no END).
     pub fn connection_closed(&mut self, conn: ConnRef) {
+        self.batch_off.remove(&conn);
         let Some(e) = self.by_conn.remove(&conn) else {
             return;
         };
@@ -416,6 +529,7 @@ mod tests {
             service_sig: false,
             authorized: signed,
             forward: None,
+            batch_verified: None,
         }
     }
 
@@ -471,5 +585,98 @@ mod tests {
         ));
         assert_eq!(delta(before).ed25519, 1);
         assert!(o.subs.contains_key(&rid));
+    }
+
+    fn session_on(conn: u64) -> Session {
+        let mut s = session();
+        Arc::get_mut(&mut s).unwrap().conn = ConnRef { shard: 0, id: conn };
+        s
+    }
+
+    /// Which requests of a block part were answered AUTH, in order.
+    /// (Events to earlier subscribers, ENDs, are skipped.)
+    fn auths(inbox: &flume::Receiver<ShardMsg>) -> Vec<bool> {
+        let groups = loop {
+            match inbox.try_recv() {
+                Ok(ShardMsg::Reply { groups, .. }) => break groups,
+                Ok(_) => continue,
+                Err(_) => panic!("no reply"),
+            }
+        };
+        groups[0]
+            .transmissions
+            .iter()
+            .map(|t| t.ends_with(b"ERR AUTH"))
+            .collect()
+    }
+
+    /// A block part of several signed SUBs is verified in one batch; a wrong key and a missing queue
+    /// each fail the batch alike (same verification counts: equal-time AUTH per block), every
+    /// request is then verified alone, and that connection's next parts skip batching.
+    #[test]
+    fn block_parts_are_batch_verified_and_bad_signatures_fall_back_alike() {
+        let (mut o, inboxes) = owner();
+        let keys: Vec<SigningKey> = (0..3u8)
+            .map(|i| SigningKey::from_bytes(&[20 + i; 32]))
+            .collect();
+        let rids: Vec<Vec<u8>> = (0..3u8).map(|i| vec![40 + i; 24]).collect();
+        for (k, rid) in keys.iter().zip(&rids) {
+            let pk = PublicAuthKey::Ed25519(k.verifying_key().to_bytes());
+            futures_lite::future::block_on(o.store.create(queue(rid, pk))).unwrap();
+        }
+        let part = |s: &Session, third: Option<(&[u8], &SigningKey)>| -> Vec<Request> {
+            let mut v: Vec<Request> = (0..2).map(|i| signed_sub(s, &rids[i], &keys[i])).collect();
+            let (rid, key) = third.unwrap_or((&rids[2], &keys[2]));
+            v.push(signed_sub(s, rid, key));
+            v
+        };
+
+        let s = session_on(10);
+        let before = verify_count_by_alg();
+        futures_lite::future::block_on(o.process(s.clone(), 1, part(&s, None)));
+        assert_eq!(
+            delta(before).ed25519,
+            3,
+            "one batch of three, no single verification"
+        );
+        assert_eq!(
+            (o.stats.verify_batches, o.stats.verify_batch_fallbacks),
+            (1, 0)
+        );
+        assert_eq!(auths(&inboxes[0]), [false, false, false]);
+        assert!(rids.iter().all(|r| o.subs.contains_key(r)));
+
+        let wrong_key = SigningKey::from_bytes(&[99; 32]);
+        let missing = [77u8; 24];
+        for (n, third) in [(&rids[2][..], &wrong_key), (&missing[..], &keys[2])]
+            .into_iter()
+            .enumerate()
+        {
+            let s = session_on(20 + n as u64);
+            let before = verify_count_by_alg();
+            futures_lite::future::block_on(o.process(s.clone(), 1, part(&s, Some(third))));
+            assert_eq!(
+                delta(before).ed25519,
+                6,
+                "case {n}: the batch of 3, then 3 single"
+            );
+            assert_eq!(o.stats.verify_batch_fallbacks, 1 + n as u64);
+            assert_eq!(auths(&inboxes[0]), [false, false, true], "case {n}");
+            // The same connection's next part: no batch, one verification each.
+            let batches = o.stats.verify_batches;
+            let before = verify_count_by_alg();
+            futures_lite::future::block_on(o.process(s.clone(), 2, part(&s, None)));
+            assert_eq!(delta(before).ed25519, 3);
+            assert_eq!(o.stats.verify_batches, batches);
+            assert_eq!(auths(&inboxes[0]), [false, false, false]);
+        }
+        // Other connections still batch.
+        let s = session_on(30);
+        futures_lite::future::block_on(o.process(s.clone(), 1, part(&s, None)));
+        assert_eq!(
+            (o.stats.verify_batches, o.stats.verify_batch_fallbacks),
+            (4, 2)
+        );
+        assert_eq!(auths(&inboxes[0]), [false, false, false]);
     }
 }

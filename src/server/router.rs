@@ -48,6 +48,9 @@ pub struct Request {
     /// Set when this request arrived inside an `RFWD` (private routing): it runs in the forwarded
     /// session and its answer is sealed into `RRES` (`forward.rs`).
     pub forward: Option<Box<Forwarded>>,
+    /// The Ed25519 key this request's signature was verified with in its block's batch
+    /// (`Owner::batch_verify`); set only by the owner, before execution.
+    pub batch_verified: Option<[u8; 32]>,
 }
 
 /// A group of encoded transmissions packed into as few blocks as they fit; groups never share a

@@ -6,7 +6,7 @@
 
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use crate::crypto::auth::{ed25519_verify_strict, ed448_verify};
+use crate::crypto::auth::{ed25519_verify, ed448_verify};
 use crate::crypto::hash::fingerprint;
 use crate::crypto::keys::PublicAuthKey;
 
@@ -94,7 +94,7 @@ fn signed_by(cert: &X509Certificate<'_>, issuer: &X509Certificate<'_>) -> bool {
     match PublicAuthKey::from_spki(issuer.public_key().raw) {
         Ok(PublicAuthKey::Ed25519(k)) if alg == OID_ED25519 => sig
             .try_into()
-            .is_ok_and(|s: &[u8; 64]| ed25519_verify_strict(&k, tbs, s)),
+            .is_ok_and(|s: &[u8; 64]| ed25519_verify(&k, tbs, s)),
         Ok(PublicAuthKey::Ed448(k)) if alg == OID_ED448 => sig
             .try_into()
             .is_ok_and(|s: &[u8; 114]| ed448_verify(&k, tbs, s)),
