@@ -262,7 +262,7 @@ mod tests {
             found += 1;
         }
         assert!(found > 0);
-        assert!(canonical_y(&[0xff; 32]) == false);
+        assert!(!canonical_y(&[0xff; 32]));
         let mut below_p = [0xffu8; 32];
         below_p[31] = 0x7f;
         below_p[0] = 0xec;
