@@ -179,6 +179,11 @@ struct MsgArgs {
     /// No progress lines.
     #[arg(long)]
     quiet: bool,
+    /// A shell command started at the release of each run with RELAY_PID set, and stopped with
+    /// SIGINT when the run's measurement ends: profiles exactly the measured interval, e.g.
+    /// `--profile 'perf record -F 999 -g -o /tmp/storm.perf -p $RELAY_PID'`.
+    #[arg(long)]
+    profile: Option<String>,
     #[command(flatten)]
     relay: RelayArgs,
 }
@@ -415,6 +420,7 @@ fn messages(
         msg_bytes: a.msg_bytes,
         timeout: Duration::from_secs(a.timeout_secs),
         progress: !a.quiet,
+        profile: a.profile.clone(),
     };
     let mut records = Vec::new();
     for run in 0..a.runs {

@@ -73,6 +73,44 @@ pub struct LoadParams {
     pub timeout: Duration,
     /// Print progress on stderr.
     pub progress: bool,
+    /// A shell command run over the measured interval, with RELAY_PID in its environment.
+    pub profile: Option<String>,
+}
+
+/// The `--profile` command of a run: started at the release, stopped (SIGINT, then waited for) when
+/// the measurement ends, so a profiler sees exactly the measured interval.
+struct Profiler(Option<std::process::Child>);
+
+impl Profiler {
+    fn start(cmd: Option<&str>, pid: Option<u32>) -> Result<Self, String> {
+        let (Some(cmd), Some(pid)) = (cmd, pid) else {
+            return Ok(Profiler(None));
+        };
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg(cmd)
+            .env("RELAY_PID", pid.to_string())
+            .spawn()
+            .map(|c| Profiler(Some(c)))
+            .map_err(|e| format!("--profile {cmd:?}: {e}"))
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            // SAFETY: kill(2) with a pid of our own child, which has not been waited for yet (so
+            // the pid cannot have been reused), and a valid signal number.
+            unsafe {
+                libc::kill(c.id() as libc::pid_t, libc::SIGINT);
+            }
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Profiler {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }
 
 #[derive(Default)]
@@ -85,6 +123,9 @@ struct Counters {
     send_quota: AtomicU64,
     send_err: AtomicU64,
     ack_err: AtomicU64,
+    /// Blocks that carried ACKs, and the ACKs in them.
+    ack_blocks: AtomicU64,
+    acks_sent: AtomicU64,
     sub_err: AtomicU64,
     ends: AtomicU64,
     other: AtomicU64,
@@ -292,6 +333,9 @@ impl Recipient {
             self.acks.pop_front();
         }
         if !ids.is_empty() {
+            let c = &self.shared.c;
+            c.ack_blocks.fetch_add(1, Ordering::Relaxed);
+            c.acks_sent.fetch_add(ids.len() as u64, Ordering::Relaxed);
             self.send_block(&bw.content(), ids, false)?;
         }
         Ok(())
@@ -729,6 +773,11 @@ pub fn run_messages(
     let load1 = proc::load1();
     let r0 = target.sample();
     let g0 = proc::cpu_seconds("self").unwrap_or(f64::NAN);
+    // Other threads wait at `go`: a profiler that cannot start is reported, not fatal.
+    let mut profiler = Profiler::start(p.profile.as_deref(), target.pid).unwrap_or_else(|e| {
+        eprintln!("{e}");
+        Profiler(None)
+    });
     let t0 = Instant::now();
     go.wait();
     let deadline = t0 + p.timeout;
@@ -794,6 +843,7 @@ pub fn run_messages(
     let total = t0.elapsed();
     let r1 = target.sample();
     let g1 = proc::cpu_seconds("self").unwrap_or(f64::NAN);
+    profiler.stop();
     shared.stop_recv.store(true, Ordering::Relaxed);
     if p.progress {
         eprint!("\r{}   \r", " ".repeat(60));
@@ -867,6 +917,11 @@ pub fn run_messages(
         ("ends", c.ends.load(Ordering::Relaxed) as f64),
         ("sub_errors", c.sub_err.load(Ordering::Relaxed) as f64),
         ("ack_errors", c.ack_err.load(Ordering::Relaxed) as f64),
+        (
+            "acks_per_block",
+            c.acks_sent.load(Ordering::Relaxed) as f64
+                / c.ack_blocks.load(Ordering::Relaxed).max(1) as f64,
+        ),
         (
             "send_errors",
             (c.send_err.load(Ordering::Relaxed) + c.send_quota.load(Ordering::Relaxed)) as f64,

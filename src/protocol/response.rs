@@ -139,6 +139,16 @@ pub fn encode_msg(msg_id: &[u8], body: &[u8], out: &mut Vec<u8>) {
 }
 
 impl BrokerMsg {
+    /// About how many bytes `encode` writes: exact enough for one allocation of a MSG or a
+    /// forwarded answer, 64 for the small ones.
+    pub fn encoded_len_hint(&self) -> usize {
+        match self {
+            BrokerMsg::Msg { msg_id, body } => 8 + msg_id.len() + body.len(),
+            BrokerMsg::Rres(b) | BrokerMsg::Pres(b) => 8 + b.len(),
+            _ => 64,
+        }
+    }
+
     /// Encodes in the form of version `v`. Which entity id goes with it is the caller's concern.
     pub fn encode(&self, v: Version, out: &mut Vec<u8>) {
         match self {

@@ -414,19 +414,20 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     }
 }
 
-/// Encodes one server transmission for `session`.
+/// Encodes one server transmission for `session`, in one allocation.
 pub fn encode(session: &Session, corr_id: &[u8], entity_id: &[u8], msg: &BrokerMsg) -> Vec<u8> {
-    let mut body = Vec::with_capacity(64);
-    msg.encode(session.version, &mut body);
-    let mut t = Vec::with_capacity(body.len() + corr_id.len() + entity_id.len() + 40);
+    let mut t = Vec::with_capacity(
+        msg.encoded_len_hint() + session.session_id.len() + corr_id.len() + entity_id.len() + 8,
+    );
     encode_server_transmission(
         session.version,
         &session.session_id,
         corr_id,
         entity_id,
-        &body,
+        b"",
         &mut t,
     );
+    msg.encode(session.version, &mut t);
     t
 }
 

@@ -11,10 +11,12 @@ use std::rc::Rc;
 use super::{err, now_secs, random_id, store_error};
 use crate::crypto::sxbox;
 use crate::protocol::command::Command;
-use crate::protocol::encoding::put_int64;
+use crate::protocol::encoding::put_short_unchecked;
 use crate::protocol::error::CommandError;
 use crate::protocol::error::ErrorType;
+use crate::protocol::pad::PAD_BYTE;
 use crate::protocol::response::BrokerMsg;
+use crate::protocol::transmission::encode_server_transmission;
 use crate::protocol::version::max_message_length;
 use crate::server::owner::{encode, Owner, Subscriber, Turn, T1_RACE_VARIANT, T1_VARIANT_DELAY};
 use crate::server::router::{Group, Request, Session, ShardMsg};
@@ -23,8 +25,11 @@ use crate::store::{Message, MessageStore, MsgId, QueueStatus, QueueStore, WriteO
 /// MSG bodies are always padded to this before sealing: `MaxRcvMessageLen + 2`
 /// (`reference/smp-wire.md` §6.2).
 const RCV_MSG_PADDED_LEN: usize = 16106;
+/// A sealed MSG body: tag and padded ciphertext.
+const SEALED_MSG_BODY_LEN: usize = sxbox::TAG_LEN + RCV_MSG_PADDED_LEN;
 
-/// The MSG transmission for `m` on queue `rid`, sealed for its recipient.
+/// The MSG transmission for `m` on queue `rid`, sealed for its recipient: built in one allocation,
+/// the message body copied once, into the place where it is sealed.
 pub fn msg_transmission(
     session: &Session,
     corr_id: &[u8],
@@ -32,13 +37,50 @@ pub fn msg_transmission(
     rcv_dh_secret: &[u8; 32],
     m: &Message,
 ) -> Vec<u8> {
-    encode(session, corr_id, rid, &msg_response(rcv_dh_secret, m))
+    let mut t = Vec::with_capacity(
+        64 + session.session_id.len() + corr_id.len() + rid.len() + SEALED_MSG_BODY_LEN,
+    );
+    encode_server_transmission(
+        session.version,
+        &session.session_id,
+        corr_id,
+        rid,
+        b"",
+        &mut t,
+    );
+    t.extend_from_slice(b"MSG ");
+    put_short_unchecked(&mut t, m.msg_id());
+    seal_msg_body_into(rcv_dh_secret, m, &mut t);
+    t
 }
 
-/// `MSG msgId body` with the body sealed as `reference/smp-wire.md` §6.2: the plaintext is
-/// `ts flags SP body` (or `QUOTA SP ts` for the marker), padded to 16106 bytes.
+/// `MSG msgId body` with the body sealed as `reference/smp-wire.md` §6.2 (for answers that go
+/// through `encode`: ACK's next message, GET).
 pub fn msg_response(rcv_dh_secret: &[u8; 32], m: &Message) -> BrokerMsg {
-    let mut plain = Vec::with_capacity(32);
+    let mut body = Vec::with_capacity(SEALED_MSG_BODY_LEN);
+    seal_msg_body_into(rcv_dh_secret, m, &mut body);
+    BrokerMsg::Msg {
+        msg_id: m.msg_id().to_vec(),
+        body,
+    }
+}
+
+/// The sealed MSG body: tag ‖ SXbox of `pad(ts flags SP body)` (or `pad(QUOTA SP ts)` for the
+/// marker) to 16106 bytes, appended to `out`. The plaintext is written straight into its padded
+/// place and sealed there.
+fn seal_msg_body_into(rcv_dh_secret: &[u8; 32], m: &Message, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.resize(start + SEALED_MSG_BODY_LEN, PAD_BYTE);
+    let (tag, padded) = out[start..].split_at_mut(sxbox::TAG_LEN);
+    let (len_bytes, rest) = padded.split_at_mut(2);
+    let mut w = 0;
+    let mut put = |bytes: &[u8]| {
+        // A stored body is at most the largest SEND any version accepts, which always fits; the
+        // bound keeps a bad record from panicking.
+        let n = bytes.len().min(rest.len() - w);
+        rest[w..w + n].copy_from_slice(&bytes[..n]);
+        w += n;
+    };
     match m {
         Message::Message {
             ts,
@@ -46,23 +88,17 @@ pub fn msg_response(rcv_dh_secret: &[u8; 32], m: &Message) -> BrokerMsg {
             body,
             ..
         } => {
-            put_int64(&mut plain, *ts);
-            plain.push(if *notification { b'T' } else { b'F' });
-            plain.push(b' ');
-            plain.extend_from_slice(body);
+            put(&ts.to_be_bytes());
+            put(if *notification { b"T " } else { b"F " });
+            put(body);
         }
         Message::Quota { ts, .. } => {
-            plain.extend_from_slice(b"QUOTA ");
-            put_int64(&mut plain, *ts);
+            put(b"QUOTA ");
+            put(&ts.to_be_bytes());
         }
     }
-    // A stored body is at most the largest SEND any version accepts, which always fits.
-    let body = sxbox::seal_padded(rcv_dh_secret, m.msg_id(), &plain, RCV_MSG_PADDED_LEN)
-        .unwrap_or_default();
-    BrokerMsg::Msg {
-        msg_id: m.msg_id().to_vec(),
-        body,
-    }
+    len_bytes.copy_from_slice(&(w as u16).to_be_bytes());
+    tag.copy_from_slice(&sxbox::seal_in_place(rcv_dh_secret, m.msg_id(), padded));
 }
 
 impl<S: QueueStore + MessageStore> Owner<S> {
