@@ -37,7 +37,8 @@ pub struct TlsStream<C = ServerConnection> {
     scratch: ReadScratch,
     /// Ciphertext read from the socket that rustls could not take yet (usually empty).
     pending: Vec<u8>,
-    /// Ciphertext rustls produced, and how much of it the socket took.
+    /// Ciphertext rustls produced while reading (alerts, key updates), and how much of it the
+    /// socket took; application records are written from rustls to the socket directly.
     out: Vec<u8>,
     out_pos: usize,
 }
@@ -48,7 +49,11 @@ impl<C, D> TlsStream<C>
 where
     C: DerefMut<Target = ConnectionCommon<D>>,
 {
-    pub fn new(sock: TcpStream, tls: C, scratch: ReadScratch) -> Self {
+    pub fn new(sock: TcpStream, mut tls: C, scratch: ReadScratch) -> Self {
+        // Records stay in rustls until the socket takes them (no copy into a buffer of ours);
+        // what a connection may have queued is bounded by its output limit (`conn.rs`), so
+        // rustls' own 64 KB limit would only turn a full buffer into a write error.
+        tls.set_buffer_limit(None);
         TlsStream {
             sock,
             tls,
@@ -138,10 +143,9 @@ where
         io::Error::new(io::ErrorKind::InvalidData, e)
     }
 
-    /// Encrypts `data` into the output buffer; a flush sends it.
+    /// Encrypts `data` into rustls' record buffer; a flush sends it.
     pub fn queue(&mut self, data: &[u8]) -> io::Result<()> {
-        self.tls.writer().write_all(data)?;
-        self.drain_tls()
+        self.tls.writer().write_all(data)
     }
 
     fn drain_tls(&mut self) -> io::Result<()> {
@@ -152,9 +156,10 @@ where
     }
 
     pub fn has_output(&self) -> bool {
-        self.out_pos < self.out.len()
+        self.out_pos < self.out.len() || self.tls.wants_write()
     }
 
+    /// Writes `out` (it is older), then rustls' records straight from rustls to the socket.
     fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while self.out_pos < self.out.len() {
             match Pin::new(&mut self.sock).poll_write(cx, &self.out[self.out_pos..]) {
@@ -164,13 +169,54 @@ where
                 Poll::Pending => return Poll::Pending,
             }
         }
-        self.out = Vec::new();
-        self.out_pos = 0;
+        if !self.out.is_empty() {
+            self.out = Vec::new();
+            self.out_pos = 0;
+        }
+        while self.tls.wants_write() {
+            let mut sock = SocketWriter {
+                sock: &mut self.sock,
+                cx,
+            };
+            match self.tls.write_tls(&mut sock) {
+                Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Poll::Pending,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
         Poll::Ready(Ok(()))
     }
 
     fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.sock).poll_close(cx)
+    }
+}
+
+/// The socket as a synchronous writer for rustls' `write_tls`, within one poll: "would block"
+/// when the socket is full (the task is then woken by the socket, as for any poll).
+struct SocketWriter<'a, 'b> {
+    sock: &'a mut TcpStream,
+    cx: &'a mut Context<'b>,
+}
+
+impl Write for SocketWriter<'_, '_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match Pin::new(&mut *self.sock).poll_write(self.cx, buf) {
+            Poll::Ready(r) => r,
+            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match Pin::new(&mut *self.sock).poll_write_vectored(self.cx, bufs) {
+            Poll::Ready(r) => r,
+            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 
