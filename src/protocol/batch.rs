@@ -34,6 +34,43 @@ pub fn parse_batch(content: &[u8]) -> Result<Vec<&[u8]>, DecodeError> {
     Ok(items)
 }
 
+/// How many of `ts` (from the first) the next block takes: as many as fit the count and byte
+/// limits, in order, as `BatchWriter::try_push` decides. 0 means the first does not fit even alone.
+pub fn batch_prefix_len<T: AsRef<[u8]>>(ts: &[T]) -> usize {
+    let mut bytes = 0usize;
+    let mut n = 0;
+    for t in ts {
+        let next = bytes + 2 + t.as_ref().len();
+        if n >= MAX_BATCH_TRANSMISSIONS || next > MAX_BATCH_BYTES {
+            break;
+        }
+        bytes = next;
+        n += 1;
+    }
+    n
+}
+
+/// Writes the block content of `ts` (count byte, then each `Large` item) at the start of `out`;
+/// returns its length. `ts` must be a batch `batch_prefix_len` accepted and `out` at least
+/// `1 + MAX_BATCH_BYTES` long; `None` (nothing meaningful written) otherwise.
+pub fn write_batch<T: AsRef<[u8]>>(ts: &[T], out: &mut [u8]) -> Option<usize> {
+    if ts.is_empty() || ts.len() > MAX_BATCH_TRANSMISSIONS {
+        return None;
+    }
+    *out.first_mut()? = ts.len() as u8;
+    let mut w: usize = 1;
+    for t in ts {
+        let t = t.as_ref();
+        let end = w
+            .checked_add(2 + t.len())
+            .filter(|&e| e <= 1 + MAX_BATCH_BYTES)?;
+        out.get_mut(w..end)?[..2].copy_from_slice(&(t.len() as u16).to_be_bytes());
+        out[w + 2..end].copy_from_slice(t);
+        w = end;
+    }
+    Some(w)
+}
+
 /// Accumulates transmissions for one block.
 #[derive(Debug, Clone, Default)]
 pub struct BatchWriter {
@@ -300,5 +337,45 @@ mod packing {
             &send.to_bytes(20),
         );
         assert_eq!(batch_transmissions(&[signed_sub(20, 1), t]), Err(LargeMsg));
+    }
+
+    #[test]
+    fn write_batch_equals_the_batch_writer_and_splits_alike() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        for _ in 0..200 {
+            let ts: Vec<Vec<u8>> = (0..rng.gen_range(1..300))
+                .map(|_| {
+                    let len = if rng.gen_bool(0.05) {
+                        rng.gen_range(0..16_400)
+                    } else {
+                        rng.gen_range(0..200)
+                    };
+                    vec![rng.gen::<u8>(); len]
+                })
+                .collect();
+            let mut rest = &ts[..];
+            while !rest.is_empty() {
+                let n = batch_prefix_len(rest);
+                let mut w = BatchWriter::new();
+                let mut m = 0;
+                while m < rest.len() && w.try_push(&rest[m]) {
+                    m += 1;
+                }
+                assert_eq!(n, m);
+                if n == 0 {
+                    assert!(rest[0].len() > MAX_TRANSMISSION_BYTES);
+                    rest = &rest[1..];
+                    continue;
+                }
+                let mut out = vec![0u8; 1 + MAX_BATCH_BYTES];
+                let len = write_batch(&rest[..n], &mut out).unwrap();
+                assert_eq!(&out[..len], &w.content()[..]);
+                rest = &rest[n..];
+            }
+        }
+        let mut small = [0u8; 10];
+        assert_eq!(write_batch(&[vec![1u8; 20]], &mut small), None);
+        assert_eq!(write_batch::<Vec<u8>>(&[], &mut small), None);
     }
 }

@@ -30,6 +30,7 @@ use crate::limits::{
     MAX_BLOCKS_IN_FLIGHT, MAX_PROXIED_IN_FLIGHT, OUTPUT_HIGH_WATER_BYTES, OUTPUT_LOW_WATER_BYTES,
     REDELIVER_BATCH,
 };
+use crate::protocol::batch;
 use crate::protocol::error::{HandshakeError, TransportError};
 use crate::protocol::handshake::{CertChainPubKey, ClientHello, ServerHello, ServiceResponse};
 use crate::protocol::pad;
@@ -381,11 +382,25 @@ fn queue_groups(
     let mut codec = codec.borrow_mut();
     let mut tls = tls.borrow_mut();
     for g in groups {
-        for content in dispatch::pack(&g.transmissions) {
+        // Each block's batch is written straight into the block (`reference/smp-wire.md` §3.2).
+        let mut rest = &g.transmissions[..];
+        while !rest.is_empty() {
+            let n = batch::batch_prefix_len(rest);
+            if n == 0 {
+                // A response too large for a block of its own cannot be produced by this relay;
+                // drop it loudly rather than poison the connection.
+                tracing::error!(
+                    len = rest[0].len(),
+                    "response transmission does not fit a block"
+                );
+                rest = &rest[1..];
+                continue;
+            }
             codec
-                .encode(&content, &mut out_block)
+                .encode_with(&mut out_block, |out| batch::write_batch(&rest[..n], out))
                 .map_err(|_| ConnError::Handshake("response block too large"))?;
             tls.queue(&out_block[..])?;
+            rest = &rest[n..];
         }
     }
     Ok(())

@@ -9,7 +9,7 @@ use super::directory::{Directory, IdSpace};
 use super::forward::{self, Decoded};
 use super::proxy::ProxyJob;
 use super::router::{Mesh, Request, Session};
-use crate::protocol::batch::{parse_batch, BatchWriter};
+use crate::protocol::batch::parse_batch;
 use crate::protocol::command::{check_credentials, parse_command, Command};
 use crate::protocol::error::{ErrorType, NameError};
 use crate::protocol::response::BrokerMsg;
@@ -221,28 +221,4 @@ fn request(
         forward: None,
         batch_verified: None,
     }
-}
-
-/// Packs encoded transmissions into block contents: as many per block as fit (`reference/smp-wire.md`
-/// §3.2), in order.
-pub fn pack(transmissions: &[Vec<u8>]) -> Vec<Vec<u8>> {
-    let mut blocks = Vec::new();
-    let mut w = BatchWriter::new();
-    for t in transmissions {
-        if !w.try_push(t) {
-            if !w.is_empty() {
-                blocks.push(w.content());
-                w.clear();
-            }
-            // A response too large for a block of its own cannot be produced by this relay; drop
-            // it loudly rather than poison the connection.
-            if !w.try_push(t) {
-                tracing::error!(len = t.len(), "response transmission does not fit a block");
-            }
-        }
-    }
-    if !w.is_empty() {
-        blocks.push(w.content());
-    }
-    blocks
 }
