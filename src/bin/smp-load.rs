@@ -342,12 +342,14 @@ impl RunRelay {
 fn print_floor(f: &Floor, out: &mut dyn std::io::Write) {
     let _ = writeln!(
         out,
-        "crypto floor (in-process, this machine): Ed25519 verify {:.1} µs alone, {:.1} µs batched, \
+        "crypto floor (in-process, this machine): Ed25519 verify {:.1} µs alone, {:.1} µs batched \
+         ({:.1} µs with keys first seen), \
          MSG sxbox {:.1} µs, \
          block enc/dec {:.1}/{:.1} µs, TLS seal/open {:.1}/{:.1} µs\n  per SUB {:.1} µs; per \
          delivery {:.1} µs + per SEND {:.1} µs = per message {:.1} µs",
         f.verify_us,
         f.verify_batched_us,
+        f.verify_batched_cold_us,
         f.sxbox_us,
         f.block_enc_us,
         f.block_dec_us,

@@ -99,6 +99,11 @@ thread_local! {
     static KEYS: RefCell<KeyCache> = RefCell::new(KeyCache::default());
 }
 
+/// Empties this thread's key cache (benchmarks of first-use verification).
+pub fn clear_key_cache() {
+    KEYS.with(|c| *c.borrow_mut() = KeyCache::default());
+}
+
 /// `point(key)` through the per-thread cache; only valid keys are kept.
 fn key_point(key: &[u8; 32]) -> Option<EdwardsPoint> {
     if let Some(p) = KEYS.with(|c| c.borrow_mut().get(key)) {

@@ -7,7 +7,10 @@
 //! - `verify`: one Ed25519 verification of a signed SUB transmission (`crypto::auth`), the same
 //!   check a SEND costs (senders send one SEND per block);
 //! - `verify_batched`: the same check per signature when a block carries 135 of them, verified in
-//!   one batch (`crypto::ed25519::verify_batch`) as the owner does for a block of SUBs or ACKs;
+//!   one batch (`crypto::ed25519::verify_batch`) as the owner does for a block of ACKs, whose keys
+//!   were decompressed (and cached) by the SUB before;
+//! - `verify_batched_cold`: the same for keys not seen since the relay started, as in a SUB storm
+//!   (each key decompressed once more);
 //! - `sxbox`: SXbox sealing (libsodium's XSalsa20-Poly1305) of a MSG body padded to 16106 bytes (`crypto::sxbox::seal_padded`);
 //! - `block_enc` / `block_dec`: a full 16 KB block through `transport::block::BlockCodec`;
 //! - `tls_seal` / `tls_open`: one 16 KB TLS 1.3 record with ChaCha20-Poly1305 (the suite the relay
@@ -101,6 +104,12 @@ impl Fixture {
         auth::ed25519_verify(&self.key, black_box(&self.signed), &self.sig)
     }
 
+    /// `verify_batch` with keys not in the shard's key cache (a SUB storm after a start).
+    pub fn verify_batch_cold(&self) -> bool {
+        crate::crypto::ed25519::clear_key_cache();
+        self.verify_batch()
+    }
+
     /// A block of 135 SUB signatures verified in one batch, as the owner does it.
     pub fn verify_batch(&self) -> bool {
         let items: Vec<Item> = self
@@ -191,8 +200,9 @@ impl Fixture {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Floor {
     pub verify_us: f64,
-    /// Per signature, in a batch of 135.
+    /// Per signature, in a batch of 135: keys seen before, and keys first seen.
     pub verify_batched_us: f64,
+    pub verify_batched_cold_us: f64,
     pub sxbox_us: f64,
     pub block_enc_us: f64,
     pub block_dec_us: f64,
@@ -201,10 +211,10 @@ pub struct Floor {
 }
 
 impl Floor {
-    /// One batched signature check, plus a 1/135 share of the SUB block in and the response block
-    /// out.
+    /// One batched signature check of a key first seen, plus a 1/135 share of the SUB block in and
+    /// the response block out.
     pub fn per_sub_us(&self) -> f64 {
-        self.verify_batched_us
+        self.verify_batched_cold_us
             + (self.block_dec_us + self.tls_open_us + self.block_enc_us + self.tls_seal_us)
                 / SUBS_PER_BLOCK
     }
@@ -242,6 +252,7 @@ impl Floor {
         let mut floor = Floor {
             verify_us: f64::MAX,
             verify_batched_us: f64::MAX,
+            verify_batched_cold_us: f64::MAX,
             sxbox_us: f64::MAX,
             block_enc_us: f64::MAX,
             block_dec_us: f64::MAX,
@@ -257,6 +268,11 @@ impl Floor {
             floor.verify_batched_us = floor.verify_batched_us.min(
                 time_us(N / 20, || {
                     black_box(fx.verify_batch());
+                }) / SUBS_PER_BLOCK,
+            );
+            floor.verify_batched_cold_us = floor.verify_batched_cold_us.min(
+                time_us(N / 20, || {
+                    black_box(fx.verify_batch_cold());
                 }) / SUBS_PER_BLOCK,
             );
             floor.sxbox_us = floor.sxbox_us.min(time_us(N, || {
@@ -304,6 +320,7 @@ mod tests {
         let mut fx = Fixture::new();
         assert!(fx.verify());
         assert!(fx.verify_batch());
+        assert!(fx.verify_batch_cold());
         assert_eq!(fx.sxbox().len(), MSG_BODY_PADDED_LEN + sxbox::TAG_LEN);
         let (mut rx, mut b) = fx.block_for_decode();
         assert_eq!(
