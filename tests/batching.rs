@@ -103,3 +103,73 @@ fn a_block_of_135_subs_over_two_shards_makes_at_most_two_store_calls() {
     assert!(many >= 1, "the batch read is counted");
     assert_eq!(single, 0, "no SUB of the block read its queue alone");
 }
+
+/// Ed25519 batch verification over real TLS (`crypto::ed25519`, `Owner::batch_verify`): a block of
+/// 135 signed SUBs over 2 shards is verified in one batch per owner part, with no fallback; a block
+/// holding a wrong key and a missing queue among 133 good SUBs gets exactly those two AUTH answers
+/// while the 133 subscribe, and its failed batches are counted.
+#[test]
+fn a_block_of_subs_is_batch_verified_and_bad_signatures_cost_only_their_own_auth() {
+    let relay = Relay::start_with(RelayOptions {
+        cores: 2,
+        extra_args: vec!["--metrics-interval".into(), "1".into()],
+    });
+    let mut creator = relay.client();
+    let queues: Vec<Queue> = (0..SUBS_PER_BLOCK)
+        .map(|_| create_only(&mut creator))
+        .collect();
+    let sub = |rid: &[u8], key: &smp_relay::client::Signer| {
+        ClientTransmission::new(&new_corr_id(), rid, Command::Sub).signed(key.clone())
+    };
+
+    let mut first = relay.client();
+    let subs: Vec<ClientTransmission> = queues.iter().map(|q| sub(q.rid(), q.key())).collect();
+    first.send_batch(&subs).expect("send the SUB block");
+    for _ in 0..SUBS_PER_BLOCK {
+        let t = next(&mut first);
+        assert!(matches!(t.msg, Ok(BrokerMsg::Sok(None))), "{:?}", t.msg);
+    }
+    let m = metrics_after(&relay, SUBS_PER_BLOCK as u64);
+    let batches = m["smprelay_verify_batches_total"];
+    assert!(
+        (1..=2).contains(&batches),
+        "one batch per owner part: {batches}"
+    );
+    assert_eq!(m["smprelay_verify_batch_fallbacks_total"], 0);
+
+    // A second connection: 133 good SUBs, one signed with another key, one for no queue.
+    let wrong = smp_relay::client::Signer::Ed25519(ed25519_dalek::SigningKey::from_bytes(&[7; 32]));
+    let missing = [9u8; 24];
+    let mut second = relay.client();
+    let mut subs: Vec<ClientTransmission> = queues[..SUBS_PER_BLOCK - 2]
+        .iter()
+        .map(|q| sub(q.rid(), q.key()))
+        .collect();
+    subs.insert(40, sub(queues[SUBS_PER_BLOCK - 2].rid(), &wrong));
+    subs.insert(90, sub(&missing, queues[0].key()));
+    let bad: Vec<Vec<u8>> = vec![subs[40].corr_id.clone(), subs[90].corr_id.clone()];
+    second.send_batch(&subs).expect("send the second SUB block");
+    let mut auth = Vec::new();
+    let mut soks = 0;
+    while soks + auth.len() < SUBS_PER_BLOCK {
+        let t = next(&mut second);
+        match t.msg {
+            Ok(BrokerMsg::Sok(None)) => soks += 1,
+            Ok(BrokerMsg::Err(smp_relay::protocol::error::ErrorType::Auth)) => {
+                auth.push(t.corr_id.clone())
+            }
+            other => panic!("unexpected answer to a SUB: {other:?}"),
+        }
+    }
+    auth.sort();
+    let mut expected = bad;
+    expected.sort();
+    assert_eq!(auth, expected, "AUTH for exactly the two bad SUBs");
+    assert_eq!(soks, SUBS_PER_BLOCK - 2);
+    let m = metrics_after(&relay, 2 * SUBS_PER_BLOCK as u64 - 2);
+    let fallbacks = m["smprelay_verify_batch_fallbacks_total"];
+    assert!(
+        (1..=2).contains(&fallbacks),
+        "the failed batches: {fallbacks}"
+    );
+}

@@ -247,23 +247,14 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// missing or the key is of another algorithm), or `None` when the command verifies nothing or
     /// is not batched (NEW, SKEY/LKEY/LGET, SEND to a queue without a sender key).
     fn batch_key(&self, r: &Request) -> Option<[u8; 32]> {
-        use crate::protocol::command::Command as C;
-        let recipient = matches!(
-            r.command,
-            C::Sub
-                | C::Get
-                | C::Ack(_)
-                | C::Key(_)
-                | C::RKey(_)
-                | C::LSet { .. }
-                | C::LDel
-                | C::NKey { .. }
-                | C::NDel
-                | C::Off
-                | C::Del
-                | C::Que
-        );
-        if !recipient && !matches!(r.command, C::Send { .. } | C::NSub) {
+        use crate::protocol::command::{Command, Party};
+        let party = r.command.party();
+        let batched = match party {
+            Party::Recipient | Party::Notifier => true,
+            Party::Sender => matches!(r.command, Command::Send { .. }),
+            _ => false,
+        };
+        if !batched {
             return None;
         }
         let dummy = *auth::ed25519_dummy_key();
@@ -274,9 +265,9 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         else {
             return Some(dummy);
         };
-        let key = match r.command {
-            C::Send { .. } => Some(q.sender_key.as_ref()?),
-            C::NSub => q.notifier.as_ref().map(|n| &n.notifier_key),
+        let key = match party {
+            Party::Sender => Some(q.sender_key.as_ref()?),
+            Party::Notifier => q.notifier.as_ref().map(|n| &n.notifier_key),
             _ => q.recipient_keys.first(),
         };
         Some(match key {
