@@ -64,6 +64,14 @@ pub const BATCH_VERIFY_MIN: usize = 2;
 /// so a client that keeps sending bad signatures costs no more than unbatched verification.
 pub const BATCH_OFF_BLOCKS: u32 = 64;
 
+/// The same guard shard-wide, against bad signatures from ever new connections: a failed batch adds
+/// this to the owner's score and a passed one takes 1 off; over `BATCH_FAIL_LIMIT` the owner verifies
+/// one by one for its next `BATCH_OFF_BLOCKS` block parts. If every batch fails, that is 9 failed
+/// batches (each ~0.4 of its signatures' unbatched cost) per 73 parts: ~5% over unbatched. Honest
+/// traffic only gets there when more than 1 batch in 9 fails.
+pub const BATCH_FAIL_WEIGHT: u32 = 8;
+pub const BATCH_FAIL_LIMIT: u32 = 64;
+
 /// Whether a test build moves SUB registration after the first-message read (`t1-race-variant`),
 /// to prove that the race test can fail.
 pub const T1_RACE_VARIANT: bool = cfg!(feature = "t1-race-variant");
@@ -86,6 +94,9 @@ pub struct Owner<S> {
     pub stats: OwnerStats,
     /// Connections whose recent batch failed: block parts left before they are batched again.
     batch_off: HashMap<ConnRef, u32>,
+    /// The shard-wide guard: failure score, and block parts left to verify one by one.
+    batch_fail_score: u32,
+    batch_off_all: u32,
     /// Source of subscription epochs.
     next_epoch: u64,
 }
@@ -126,6 +137,8 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             by_conn: HashMap::new(),
             stats: OwnerStats::default(),
             batch_off: HashMap::new(),
+            batch_fail_score: 0,
+            batch_off_all: 0,
             next_epoch: 0,
         }
     }
@@ -209,6 +222,10 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             }
             return;
         }
+        if self.batch_off_all > 0 {
+            self.batch_off_all -= 1;
+            return;
+        }
         let mut chosen: Vec<(usize, [u8; 32])> = Vec::new();
         for (i, r) in requests.iter().enumerate() {
             if r.forward.is_some() || r.service_sig || r.authorization.len() != 64 {
@@ -237,9 +254,15 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             for (i, key) in chosen {
                 requests[i].batch_verified = Some(key);
             }
+            self.batch_fail_score = self.batch_fail_score.saturating_sub(1);
         } else {
             self.stats.verify_batch_fallbacks += 1;
             self.batch_off.insert(session.conn, BATCH_OFF_BLOCKS);
+            self.batch_fail_score += BATCH_FAIL_WEIGHT;
+            if self.batch_fail_score > BATCH_FAIL_LIMIT {
+                self.batch_fail_score = 0;
+                self.batch_off_all = BATCH_OFF_BLOCKS;
+            }
         }
     }
 
@@ -670,5 +693,49 @@ mod tests {
             (4, 2)
         );
         assert_eq!(auths(&inboxes[0]), [false, false, false]);
+    }
+
+    /// Bad batches from ever new connections turn batching off for the whole owner for a while,
+    /// then it comes back.
+    #[test]
+    fn failing_batches_from_new_connections_turn_batching_off_shard_wide_for_a_while() {
+        let (mut o, inboxes) = owner();
+        let keys: Vec<SigningKey> = (0..2u8)
+            .map(|i| SigningKey::from_bytes(&[60 + i; 32]))
+            .collect();
+        let rids: Vec<Vec<u8>> = (0..2u8).map(|i| vec![70 + i; 24]).collect();
+        for (k, rid) in keys.iter().zip(&rids) {
+            let pk = PublicAuthKey::Ed25519(k.verifying_key().to_bytes());
+            futures_lite::future::block_on(o.store.create(queue(rid, pk))).unwrap();
+        }
+        let wrong = SigningKey::from_bytes(&[99; 32]);
+        let mut conn = 100;
+        let mut part = |o: &mut Owner<MemoryStore>, good: bool| {
+            conn += 1;
+            let s = session_on(conn);
+            let second = if good { &keys[1] } else { &wrong };
+            let reqs = vec![
+                signed_sub(&s, &rids[0], &keys[0]),
+                signed_sub(&s, &rids[1], second),
+            ];
+            futures_lite::future::block_on(o.process(s, 1, reqs));
+            while inboxes[0].try_recv().is_ok() {}
+        };
+        let failures_to_trip = BATCH_FAIL_LIMIT / BATCH_FAIL_WEIGHT + 1;
+        for _ in 0..failures_to_trip {
+            part(&mut o, false);
+        }
+        assert_eq!(o.stats.verify_batch_fallbacks, failures_to_trip as u64);
+        let batches = o.stats.verify_batches;
+        for _ in 0..BATCH_OFF_BLOCKS {
+            part(&mut o, true);
+        }
+        assert_eq!(
+            o.stats.verify_batches, batches,
+            "no batch while the guard is on"
+        );
+        part(&mut o, true);
+        assert_eq!(o.stats.verify_batches, batches + 1, "batching is back");
+        assert_eq!(o.stats.verify_batch_fallbacks, failures_to_trip as u64);
     }
 }
