@@ -31,6 +31,11 @@ pub const IO_MEMORY_BYTES: usize = 1 << 20;
 /// a small marker and handed again when it has drained (one slow reader never grows the relay).
 pub const OUTPUT_HIGH_WATER_BYTES: usize = 1 << 20;
 
+/// Events that cannot be dropped and asked again (NMSG, END, DELD) stop here: one that would take a
+/// connection's queued output past this ends the connection (the client stopped reading; it
+/// reconnects and subscribes again), instead of growing its output until the slow-reader close.
+pub const OUTPUT_HARD_LIMIT_BYTES: usize = 4 * OUTPUT_HIGH_WATER_BYTES;
+
 /// Below this the connection asks the owners for the deliveries it dropped.
 pub const OUTPUT_LOW_WATER_BYTES: usize = 256 * 1024;
 

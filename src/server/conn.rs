@@ -27,8 +27,8 @@ use super::shard::ShardContext;
 use super::tls_stream::{self, SharedTls, TlsStream};
 use crate::crypto::{signed_key, sxbox};
 use crate::limits::{
-    MAX_BLOCKS_IN_FLIGHT, MAX_PROXIED_IN_FLIGHT, OUTPUT_HIGH_WATER_BYTES, OUTPUT_LOW_WATER_BYTES,
-    REDELIVER_BATCH,
+    MAX_BLOCKS_IN_FLIGHT, MAX_PROXIED_IN_FLIGHT, OUTPUT_HARD_LIMIT_BYTES, OUTPUT_HIGH_WATER_BYTES,
+    OUTPUT_LOW_WATER_BYTES, REDELIVER_BATCH,
 };
 use crate::protocol::batch;
 use crate::protocol::error::{HandshakeError, TransportError};
@@ -76,6 +76,8 @@ pub struct OutputState {
     pub queued_bytes: Cell<usize>,
     pub dropped: RefCell<Vec<Delivery>>,
     pub over_since: Cell<Option<Instant>>,
+    /// An event was refused at `OUTPUT_HARD_LIMIT_BYTES`: the writer ends the connection.
+    pub doomed: Cell<bool>,
 }
 
 impl OutputState {
@@ -83,12 +85,20 @@ impl OutputState {
     /// and redeliveries) become markers; the answers to a block are always kept, since the blocks
     /// in flight already bound them (`MAX_BLOCKS_IN_FLIGHT`), and dropping a SUB's message would
     /// only have it sealed again later.
+    /// Other events (NMSG, END, DELD) are kept up to `OUTPUT_HARD_LIMIT_BYTES`; one past it dooms
+    /// the connection, whose writer then ends it (a lost event must not go unnoticed).
     pub fn admit(&self, groups: Vec<Group>, is_event: bool) -> Vec<Group> {
         let mut kept = Vec::with_capacity(groups.len());
         for g in groups {
             let over = self.queued_bytes.get() > OUTPUT_HIGH_WATER_BYTES;
             match g.delivery {
                 Some(d) if over && is_event => self.dropped.borrow_mut().push(d),
+                _ if is_event
+                    && (self.doomed.get()
+                        || self.queued_bytes.get() + g.bytes() > OUTPUT_HARD_LIMIT_BYTES) =>
+                {
+                    self.doomed.set(true);
+                }
                 _ => {
                     self.queued_bytes.set(self.queued_bytes.get() + g.bytes());
                     kept.push(g);
@@ -311,6 +321,9 @@ async fn write_loop(
 ) -> Result<(), ConnError> {
     let slow_reader_close = ctx.config.slow_reader_close;
     while let Some(item) = out.recv().await {
+        if state.doomed.get() {
+            return Err(ConnError::SlowReader);
+        }
         let bytes: usize = item.groups.iter().map(Group::bytes).sum();
         queue_groups(tls, codec, &item.groups)?;
         drop(item.groups);
@@ -363,6 +376,9 @@ fn ask_again(ctx: &ShardContext, conn: ConnRef, state: &OutputState) {
 async fn slow_reader_watchdog(state: &OutputState, limit: Duration) -> Result<(), ConnError> {
     loop {
         glommio::timer::Timer::new(Duration::from_secs(1)).await;
+        if state.doomed.get() {
+            return Err(ConnError::SlowReader);
+        }
         if let Some(since) = state.over_since.get() {
             if since.elapsed() >= limit {
                 return Err(ConnError::SlowReader);
@@ -519,4 +535,59 @@ async fn write_plain_block(tls: &SharedTls, content: &[u8]) -> Result<(), ConnEr
     tls.borrow_mut().queue(&block)?;
     tls_stream::flush(tls).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(bytes: usize) -> Group {
+        Group::plain(vec![vec![0u8; bytes]])
+    }
+
+    fn msg_delivery(bytes: usize) -> Group {
+        Group {
+            transmissions: vec![vec![0u8; bytes]],
+            delivery: Some(Delivery {
+                owner: 0,
+                recipient_id: vec![1; 24],
+                msg_id: [2; 24],
+                epoch: 1,
+            }),
+        }
+    }
+
+    /// Every kind of output has a bound: MSG pushes become markers over the high water mark, other
+    /// events doom the connection past the hard limit (and are not queued), answers to blocks are
+    /// kept (the blocks in flight bound them).
+    #[test]
+    fn admit_bounds_every_kind_of_output() {
+        let s = OutputState::default();
+        let chunk = 64 * 1024;
+        let mut queued = 0;
+        while queued + chunk <= OUTPUT_HARD_LIMIT_BYTES {
+            assert_eq!(s.admit(vec![event(chunk)], true).len(), 1);
+            queued += chunk;
+            // Over the high water mark a pushed MSG is only a marker.
+            if queued > OUTPUT_HIGH_WATER_BYTES {
+                assert!(s.admit(vec![msg_delivery(16_000)], true).is_empty());
+            }
+        }
+        assert!(!s.doomed.get());
+        assert_eq!(s.queued_bytes.get(), queued);
+        let dropped = s.dropped.borrow().len();
+        assert!(dropped > 0);
+
+        // The event that would cross the hard limit is refused and dooms the connection; so is
+        // every later one, however small.
+        assert!(s.admit(vec![event(chunk)], true).is_empty());
+        assert!(s.doomed.get());
+        assert!(s.admit(vec![event(10)], true).is_empty());
+        assert_eq!(s.queued_bytes.get(), queued);
+
+        // Answers are still kept.
+        assert_eq!(s.admit(vec![event(100)], false).len(), 1);
+        assert_eq!(s.queued_bytes.get(), queued + 100);
+        assert_eq!(s.dropped.borrow().len(), dropped);
+    }
 }
