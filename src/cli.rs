@@ -183,6 +183,8 @@ impl StartArgs {
             metrics_interval: self.metrics_interval,
             // Applied after the file by `apply_proxy`, so the flag wins.
             socks_proxy: None,
+            // The ini file only, as the reference.
+            own_server_domains: None,
         }
     }
 }

@@ -97,6 +97,9 @@ pub struct ProxySettings {
     pub idle_close: Duration,
     /// Destination sessions per shard, connecting or open.
     pub max_sessions_per_shard: usize,
+    /// `[PROXY] own_server_domains`: destinations on these domains (or their subdomains) are
+    /// counted again as "own" in the proxy statistics.
+    pub own_server_domains: Vec<String>,
 }
 
 impl Default for ProxySettings {
@@ -111,6 +114,7 @@ impl Default for ProxySettings {
             persist_error: Duration::from_secs(30),
             idle_close: Duration::from_secs(10 * 60),
             max_sessions_per_shard: 1024,
+            own_server_domains: Vec::new(),
         }
     }
 }

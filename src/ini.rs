@@ -65,6 +65,8 @@ pub struct StartOptions {
     pub metrics_interval: Option<Duration>,
     /// `[PROXY] socks_proxy`: where `.onion` destinations of the proxy role are reached.
     pub socks_proxy: Option<std::net::SocketAddr>,
+    /// `[PROXY] own_server_domains`: counted as "own" in the proxy statistics.
+    pub own_server_domains: Option<Vec<String>>,
 }
 
 impl StartOptions {
@@ -78,6 +80,7 @@ impl StartOptions {
             handshake_timeout: self.handshake_timeout.or(lower.handshake_timeout),
             slow_reader_close: self.slow_reader_close.or(lower.slow_reader_close),
             socks_proxy: self.socks_proxy.or(lower.socks_proxy),
+            own_server_domains: self.own_server_domains.or(lower.own_server_domains),
             quota: self.quota.or(lower.quota),
             message_ttl: self.message_ttl.or(lower.message_ttl),
             expire_interval: self.expire_interval.or(lower.expire_interval),
@@ -112,6 +115,9 @@ impl StartOptions {
         }
         if let Some(v) = self.socks_proxy {
             s.proxy.socks_proxy = Some(v);
+        }
+        if let Some(v) = self.own_server_domains {
+            s.proxy.own_server_domains = v;
         }
         if let Some(v) = self.quota {
             s.quota = v;
@@ -300,8 +306,6 @@ const DB: Rule = Rule::Unsupported("this relay has no PostgreSQL store yet");
 const NO_CONTROL_PORT: Rule = Rule::Unsupported(
     "this relay has no control port (block and unblock queues with `smp-relay block`/`unblock` while it is stopped)",
 );
-const NO_PROXY_STATS: Rule =
-    Rule::Unsupported("this relay keeps no proxy statistics by destination domain");
 const NO_NAMES: Rule = Rule::Unsupported("this relay has no name resolver role");
 const NO_INACTIVE: Rule = Rule::Unsupported("this relay does not disconnect inactive clients yet");
 const NO_INFO: Rule = Rule::Unsupported(
@@ -391,7 +395,7 @@ const KEYS: &[KeySpec] = &[
         "required_host_mode",
         Rule::Only("off", "the proxy does not require a host mode"),
     ),
-    k("PROXY", "own_server_domains", NO_PROXY_STATS),
+    k("PROXY", "own_server_domains", Rule::Applied),
     k(
         "PROXY",
         "client_concurrency",
@@ -554,6 +558,10 @@ fn apply(config: &mut IniConfig, section: &str, key: &str, value: &str) -> Resul
                 .and_then(|mut a| a.next())
                 .ok_or_else(|| format!("{value:?} is not a HOST:PORT that resolves"))?;
             o.socks_proxy = Some(addr);
+            Ok(())
+        }
+        ("PROXY", "own_server_domains") => {
+            o.own_server_domains = Some(value.split_whitespace().map(str::to_string).collect());
             Ok(())
         }
         ("STORE_LOG", "store_messages") => store_kind(value, &["memory", "journal", "database"]),
@@ -800,6 +808,7 @@ mod tests {
              slow_reader_close_secs = 8\n\
              [PROXY]\n\
              socks_proxy = 127.0.0.1:9050\n\
+             own_server_domains = example.com relays.example.net\n\
              socks_mode = onion\n\
              client_concurrency = 32\n\
              [WEB]\n",
@@ -823,6 +832,10 @@ mod tests {
                 create_password: Some(b"s3cret".to_vec()),
                 metrics_interval: Some(Duration::from_secs(60)),
                 socks_proxy: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 9050))),
+                own_server_domains: Some(vec![
+                    "example.com".to_string(),
+                    "relays.example.net".to_string()
+                ]),
             }
         );
     }

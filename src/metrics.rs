@@ -23,6 +23,35 @@ pub fn metrics_path(data_dir: &Path) -> PathBuf {
     data_dir.join(METRICS_FILE)
 }
 
+/// One family of the reference's proxy statistics (`ProxyStatsData`): requests, and how they ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProxyStats {
+    pub requests: u64,
+    pub successes: u64,
+    /// Network errors and timeouts (the reference's `temporaryClientError`).
+    pub errors_connect: u64,
+    /// A destination whose version this relay cannot proxy.
+    pub errors_compat: u64,
+    pub errors_other: u64,
+}
+
+impl ProxyStats {
+    pub fn add(&mut self, o: &ProxyStats) {
+        let ProxyStats {
+            requests,
+            successes,
+            errors_connect,
+            errors_compat,
+            errors_other,
+        } = o;
+        self.requests = self.requests.saturating_add(*requests);
+        self.successes = self.successes.saturating_add(*successes);
+        self.errors_connect = self.errors_connect.saturating_add(*errors_connect);
+        self.errors_compat = self.errors_compat.saturating_add(*errors_compat);
+        self.errors_other = self.errors_other.saturating_add(*errors_other);
+    }
+}
+
 /// Plain numbers, per shard or summed over shards. Counters only grow while the relay runs;
 /// gauges are current values.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -57,6 +86,14 @@ pub struct MetricsSnapshot {
     pub subscriptions: u64,
     /// Gauge: open client connections.
     pub connections: u64,
+    /// Proxy role: sessions asked for with PRXY (`pRelays`) and messages forwarded with PFWD
+    /// (`pMsgFwds`), all and to `own_server_domains`; destination role: RFWDs answered
+    /// (`pMsgFwdsRecv`).
+    pub p_relays: ProxyStats,
+    pub p_relays_own: ProxyStats,
+    pub p_msg_fwds: ProxyStats,
+    pub p_msg_fwds_own: ProxyStats,
+    pub p_msg_fwds_recv: u64,
 }
 
 impl MetricsSnapshot {
@@ -110,7 +147,16 @@ impl MetricsSnapshot {
             msg_count,
             subscriptions,
             connections,
+            p_relays,
+            p_relays_own,
+            p_msg_fwds,
+            p_msg_fwds_own,
+            p_msg_fwds_recv,
         } = other;
+        self.p_relays.add(p_relays);
+        self.p_relays_own.add(p_relays_own);
+        self.p_msg_fwds.add(p_msg_fwds);
+        self.p_msg_fwds_own.add(p_msg_fwds_own);
         // Destructured so that a new field cannot be forgotten here.
         for (sum, n) in [
             (&mut self.queues_created, queues_created),
@@ -138,6 +184,7 @@ impl MetricsSnapshot {
             (&mut self.msg_count, msg_count),
             (&mut self.subscriptions, subscriptions),
             (&mut self.connections, connections),
+            (&mut self.p_msg_fwds_recv, p_msg_fwds_recv),
         ] {
             *sum = sum.saturating_add(*n);
         }
@@ -156,6 +203,18 @@ struct Family<'a> {
     kind: Kind,
     help: &'static str,
     samples: &'a [(&'static str, u64)],
+}
+
+/// The six error samples of a proxy family, as the reference labels them.
+fn proxy_errors(all: &ProxyStats, own: &ProxyStats) -> [(&'static str, u64); 6] {
+    [
+        ("{source=\"all\",type=\"connect\"}", all.errors_connect),
+        ("{source=\"all\",type=\"compat\"}", all.errors_compat),
+        ("{source=\"all\",type=\"other\"}", all.errors_other),
+        ("{source=\"own\",type=\"connect\"}", own.errors_connect),
+        ("{source=\"own\",type=\"compat\"}", own.errors_compat),
+        ("{source=\"own\",type=\"other\"}", own.errors_other),
+    ]
 }
 
 /// The Prometheus text for `s`, every sample stamped with `now_ms` (milliseconds since the epoch).
@@ -266,6 +325,60 @@ pub fn render(s: &MetricsSnapshot, now_ms: u64) -> String {
             kind: Kind::Counter,
             help: "Store reads of the first messages of a batch of queues (one per SUB batch).",
             samples: &[("", s.store_peek_first_many_calls)],
+        },
+        Family {
+            name: "simplex_smp_relay_sessions_requests",
+            kind: Kind::Counter,
+            help: "Session requests through relay.",
+            samples: &[
+                ("{source=\"all\"}", s.p_relays.requests),
+                ("{source=\"own\"}", s.p_relays_own.requests),
+            ],
+        },
+        Family {
+            name: "simplex_smp_relay_sessions_successes",
+            kind: Kind::Counter,
+            help: "Successful session events through relay.",
+            samples: &[
+                ("{source=\"all\"}", s.p_relays.successes),
+                ("{source=\"own\"}", s.p_relays_own.successes),
+            ],
+        },
+        Family {
+            name: "simplex_smp_relay_sessions_errors",
+            kind: Kind::Counter,
+            help: "Error session events through relay.",
+            samples: &proxy_errors(&s.p_relays, &s.p_relays_own),
+        },
+        Family {
+            name: "simplex_smp_relay_messages_requests",
+            kind: Kind::Counter,
+            help: "Message requests sent through relay.",
+            samples: &[
+                ("{source=\"all\"}", s.p_msg_fwds.requests),
+                ("{source=\"own\"}", s.p_msg_fwds_own.requests),
+            ],
+        },
+        Family {
+            name: "simplex_smp_relay_messages_successes",
+            kind: Kind::Counter,
+            help: "Successful messages sent through relay.",
+            samples: &[
+                ("{source=\"all\"}", s.p_msg_fwds.successes),
+                ("{source=\"own\"}", s.p_msg_fwds_own.successes),
+            ],
+        },
+        Family {
+            name: "simplex_smp_relay_messages_errors",
+            kind: Kind::Counter,
+            help: "Error events with messages sent through relay.",
+            samples: &proxy_errors(&s.p_msg_fwds, &s.p_msg_fwds_own),
+        },
+        Family {
+            name: "simplex_smp_relay_messages_received",
+            kind: Kind::Counter,
+            help: "Relay messages statistics.",
+            samples: &[("", s.p_msg_fwds_recv)],
         },
         Family {
             name: "smprelay_verify_batches_total",
@@ -387,6 +500,21 @@ mod tests {
             msg_count: 18,
             subscriptions: 19,
             connections: 20,
+            p_relays: proxy(23),
+            p_relays_own: proxy(28),
+            p_msg_fwds: proxy(33),
+            p_msg_fwds_own: proxy(38),
+            p_msg_fwds_recv: 43,
+        }
+    }
+
+    fn proxy(from: u64) -> ProxyStats {
+        ProxyStats {
+            requests: from,
+            successes: from + 1,
+            errors_connect: from + 2,
+            errors_compat: from + 3,
+            errors_other: from + 4,
         }
     }
 
@@ -417,6 +545,37 @@ mod tests {
             ("simplex_smp_messages_total", 18),
             ("simplex_smp_subscribtion_total", 19),
             ("simplex_smp_clients_total", 20),
+            ("simplex_smp_relay_sessions_requests{source=\"all\"}", 23),
+            ("simplex_smp_relay_sessions_successes{source=\"all\"}", 24),
+            (
+                "simplex_smp_relay_sessions_errors{source=\"all\",type=\"connect\"}",
+                25,
+            ),
+            (
+                "simplex_smp_relay_sessions_errors{source=\"all\",type=\"compat\"}",
+                26,
+            ),
+            (
+                "simplex_smp_relay_sessions_errors{source=\"all\",type=\"other\"}",
+                27,
+            ),
+            ("simplex_smp_relay_sessions_requests{source=\"own\"}", 28),
+            (
+                "simplex_smp_relay_sessions_errors{source=\"own\",type=\"other\"}",
+                32,
+            ),
+            ("simplex_smp_relay_messages_requests{source=\"all\"}", 33),
+            ("simplex_smp_relay_messages_successes{source=\"all\"}", 34),
+            (
+                "simplex_smp_relay_messages_errors{source=\"all\",type=\"other\"}",
+                37,
+            ),
+            ("simplex_smp_relay_messages_successes{source=\"own\"}", 39),
+            (
+                "simplex_smp_relay_messages_errors{source=\"own\",type=\"connect\"}",
+                40,
+            ),
+            ("simplex_smp_relay_messages_received", 43),
         ] {
             let line = format!("{sample} {value} 1700000000123");
             assert_eq!(
@@ -431,10 +590,15 @@ mod tests {
                     l.starts_with(&format!("{name} ")) || l.starts_with(&format!("{name}{{"))
                 })
                 .count();
-            let expected = if name == "simplex_smp_messages_sent_errors" {
-                3
-            } else {
-                1
+            let expected = match name {
+                "simplex_smp_messages_sent_errors" => 3,
+                "simplex_smp_relay_sessions_errors" | "simplex_smp_relay_messages_errors" => 6,
+                n if n.starts_with("simplex_smp_relay_")
+                    && n != "simplex_smp_relay_messages_received" =>
+                {
+                    2
+                }
+                _ => 1,
             };
             assert_eq!(samples, expected, "samples of {name}");
             assert_eq!(
@@ -479,6 +643,8 @@ mod tests {
         assert_eq!(total.queues_created, 2);
         assert_eq!(total.connections, 40);
         assert_eq!(total.store_peek_first_many_calls, 28);
+        assert_eq!(total.p_msg_fwds_own.errors_other, 84);
+        assert_eq!(total.p_msg_fwds_recv, 86);
         let mut max = MetricsSnapshot {
             msg_sent: u64::MAX,
             ..MetricsSnapshot::default()

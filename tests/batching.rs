@@ -6,7 +6,7 @@ mod common;
 mod support;
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{Relay, RelayOptions};
 use smp_relay::client::{new_corr_id, ClientTransmission};
@@ -18,37 +18,15 @@ use support::*;
 /// The most Ed25519-signed SUBs one block holds at v16+ (`reference/smp-wire.md` §8.1 item 8).
 const SUBS_PER_BLOCK: usize = 135;
 
-fn metrics(relay: &Relay) -> HashMap<String, u64> {
-    let text = std::fs::read_to_string(relay.dir.path().join("smp-server-metrics.txt"))
-        .unwrap_or_default();
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let mut parts = l.split_whitespace();
-            let name = parts.next()?.to_string();
-            let value = parts.next()?.parse().ok()?;
-            Some((name, value))
-        })
-        .collect()
-}
-
 /// Waits (bounded) until the metrics file shows `successes` SUBs from every shard.
 fn metrics_after(relay: &Relay, successes: u64) -> HashMap<String, u64> {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let m = metrics(relay);
-        if m.get("simplex_smp_subscribtion_successes").copied() == Some(successes) {
-            // Shard 0 writes the sum of every shard's latest report: wait one more interval so
-            // that the other shard's report of the same moment is in.
-            std::thread::sleep(Duration::from_millis(1200));
-            return metrics(relay);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "metrics never showed {successes} subscriptions: {m:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    relay.metrics_until(&format!("{successes} subscriptions"), |m| {
+        m.get("simplex_smp_subscribtion_successes").copied() == Some(successes)
+    });
+    // Shard 0 writes the sum of every shard's latest report: wait one more interval so that the
+    // other shard's report of the same moment is in.
+    std::thread::sleep(Duration::from_millis(1200));
+    relay.metrics()
 }
 
 #[test]

@@ -372,6 +372,78 @@ fn a_destination_that_is_down_is_a_network_error() {
     proxy.assert_serves();
 }
 
+/// The reference's proxy statistics (`pRelays`, `pMsgFwds`, `pMsgFwdsRecv`) in the metrics file,
+/// counted as the reference counts them: a session and a forwarded SEND that succeed, a
+/// destination that is down and a PFWD without a session ("connect" errors), and the RFWD the
+/// destination answered. (Nothing is "own" without `own_server_domains`; its matching is a unit
+/// test of `server::proxy`.)
+#[test]
+fn proxy_statistics_count_sessions_and_forwarded_messages() {
+    let dest = Relay::start_with(RelayOptions {
+        cores: 1,
+        extra_args: vec!["--metrics-interval".into(), "1".into()],
+    });
+    let proxy = Relay::start_with(RelayOptions {
+        cores: 1,
+        extra_args: vec![
+            ALLOW_PRIVATE.into(),
+            "--metrics-interval".into(),
+            "1".into(),
+        ],
+    });
+    let mut r = dest.client();
+    let mut c = proxy.client();
+    let pr = prxy(&mut c, &dest);
+    let q = create(&mut r);
+    assert_eq!(
+        pfwd_ok(
+            &mut c,
+            &pr,
+            q.sid(),
+            send_cmd(b"counted"),
+            Authorization::None
+        ),
+        BrokerMsg::Ok
+    );
+    expect_body(&mut r, &q, b"counted");
+    let down = common::free_port();
+    assert_eq!(
+        prxy_raw(&mut c, server_of("localhost", down, &[1; 32]), None),
+        network_err()
+    );
+    let no_session = ProxiedRelay {
+        session_id: vec![3; 32],
+        ..pr
+    };
+    let (_, t) = pfwd_transmission(&no_session, q.sid(), send_cmd(b"lost"), Authorization::None);
+    c.send_batch(&[t]).expect("send PFWD");
+    let answer = c.recv_block().expect("answer")[0].msg.clone();
+    assert_eq!(answer, Ok(proxy_err(ProxyError::NoSession)));
+
+    let all = |name: &str| format!("simplex_smp_relay_{name}{{source=\"all\"}}");
+    let err = |name: &str, src: &str, ty: &str| {
+        format!("simplex_smp_relay_{name}{{source=\"{src}\",type=\"{ty}\"}}")
+    };
+    let m = proxy.metrics_until("the proxy statistics", |m| {
+        m.get(&all("messages_requests")).copied() == Some(2)
+            && m.get(&all("sessions_requests")).copied() == Some(2)
+    });
+    assert_eq!(m[&all("sessions_successes")], 1);
+    assert_eq!(m[&err("sessions_errors", "all", "connect")], 1);
+    assert_eq!(m[&err("sessions_errors", "all", "other")], 0);
+    assert_eq!(m[&all("messages_successes")], 1);
+    assert_eq!(m[&err("messages_errors", "all", "connect")], 1);
+    assert_eq!(m["simplex_smp_relay_sessions_requests{source=\"own\"}"], 0);
+    assert_eq!(
+        m["simplex_smp_relay_messages_received"], 0,
+        "the proxy answered no RFWD"
+    );
+    let d = dest.metrics_until("the RFWD answered", |m| {
+        m.get("simplex_smp_relay_messages_received").copied() == Some(1)
+    });
+    assert_eq!(d[&all("sessions_requests")], 0);
+}
+
 #[test]
 fn a_wrong_key_hash_is_a_network_error() {
     let dest = Relay::start();

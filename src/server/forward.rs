@@ -299,6 +299,17 @@ pub fn seal_response(
     Some(sxbox::seal(&fwd.sess_secret, &reverse_nonce(&n2), &fr))
 }
 
+thread_local! {
+    /// RRES answers sealed on this thread (shard): the reference's `pMsgFwdsRecv`, which counts a
+    /// forwarded command once its answer is sealed, whatever that answer is.
+    static RECEIVED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// `pMsgFwdsRecv` of this shard so far.
+pub fn received_count() -> u64 {
+    RECEIVED.with(std::cell::Cell::get)
+}
+
 /// The transmission answering the `RFWD` on the proxy's own session: `RRES` with the `RFWD`'s
 /// corrId and an empty entity, or a plain `ERR BLOCK` when the inner answer is too large.
 pub fn respond(
@@ -309,7 +320,10 @@ pub fn respond(
     msg: &BrokerMsg,
 ) -> Vec<u8> {
     let answer = match seal_response(fwd, corr_id, entity_id, msg) {
-        Some(efr) => BrokerMsg::Rres(efr),
+        Some(efr) => {
+            RECEIVED.with(|n| n.set(n.get() + 1));
+            BrokerMsg::Rres(efr)
+        }
         None => BrokerMsg::Err(ErrorType::Block),
     };
     encode(outer, &fwd.outer_corr_id, b"", &answer)

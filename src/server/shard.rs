@@ -193,6 +193,12 @@ fn publish_metrics(ctx: &ShardContext, owner: &Owner<MemoryStore>) {
     m.msg_count = owner.store.total_messages() as u64;
     m.subscriptions = owner.subs.len() as u64;
     m.connections = ctx.connections.get() as u64;
+    let p = ctx.proxy.stats();
+    m.p_relays = p.relays;
+    m.p_relays_own = p.relays_own;
+    m.p_msg_fwds = p.msg_fwds;
+    m.p_msg_fwds_own = p.msg_fwds_own;
+    m.p_msg_fwds_recv = super::forward::received_count();
     let total = {
         let Ok(mut all) = ctx.metrics.lock() else {
             return;

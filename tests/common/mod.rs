@@ -281,6 +281,42 @@ impl Relay {
             .unwrap_or_else(|e| panic!("connect: {e}\nrelay log:\n{}", self.log_text()))
     }
 
+    /// The samples of the metrics file (`--metrics-interval`), by name with labels; empty before
+    /// the first write.
+    pub fn metrics(&self) -> std::collections::HashMap<String, u64> {
+        let text = std::fs::read_to_string(self.dir.path().join("smp-server-metrics.txt"))
+            .unwrap_or_default();
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| {
+                let mut parts = l.split_whitespace();
+                let name = parts.next()?.to_string();
+                let value = parts.next()?.parse().ok()?;
+                Some((name, value))
+            })
+            .collect()
+    }
+
+    /// Waits (at most 15 s) until the metrics file satisfies `done`; returns its samples.
+    pub fn metrics_until(
+        &self,
+        what: &str,
+        done: impl Fn(&std::collections::HashMap<String, u64>) -> bool,
+    ) -> std::collections::HashMap<String, u64> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            let m = self.metrics();
+            if done(&m) {
+                return m;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "metrics never showed {what}: {m:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Connects, PINGs and expects PONG: the relay still serves clients.
     pub fn assert_serves(&self) {
         let mut c = self.client();

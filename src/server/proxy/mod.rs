@@ -27,6 +27,7 @@ use session::{timed, Connector, DestSession};
 pub use session::{DestError, DestKey, PROXY_CLIENT_VERSIONS};
 
 use crate::config::Settings;
+use crate::metrics::ProxyStats;
 use crate::protocol::command::{Command, SmpServer};
 use crate::protocol::error::{ErrorType, ProxyError};
 use crate::protocol::response::BrokerMsg;
@@ -69,6 +70,56 @@ struct Inner {
     dests: RefCell<HashMap<DestKey, Slot>>,
     /// Open sessions by their session ID, for PFWD.
     sessions: RefCell<HashMap<Vec<u8>, Rc<DestSession>>>,
+    /// `[PROXY] own_server_domains`: destinations counted again as "own" in the statistics.
+    own_domains: Vec<String>,
+    stats: RefCell<ProxyAgentStats>,
+}
+
+/// The reference's proxy statistics of one shard (`pRelays*`, `pMsgFwds*`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProxyAgentStats {
+    pub relays: ProxyStats,
+    pub relays_own: ProxyStats,
+    pub msg_fwds: ProxyStats,
+    pub msg_fwds_own: ProxyStats,
+}
+
+/// How a proxied request ended, for the statistics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    Success,
+    Connect,
+    Compat,
+    Other,
+}
+
+impl Ended {
+    /// The reference's `temporaryClientError` split: network errors and timeouts are "connect".
+    fn of_error(e: &DestError) -> Ended {
+        match e {
+            DestError::Network(_) | DestError::Timeout => Ended::Connect,
+            _ => Ended::Other,
+        }
+    }
+}
+
+fn count(stats: &mut ProxyStats, ended: Ended) {
+    stats.requests += 1;
+    match ended {
+        Ended::Success => stats.successes += 1,
+        Ended::Connect => stats.errors_connect += 1,
+        Ended::Compat => stats.errors_compat += 1,
+        Ended::Other => stats.errors_other += 1,
+    }
+}
+
+/// The reference's `isOwnServer`: the first host equals a listed domain or ends with `.domain`.
+fn is_own(domains: &[String], hosts: &[String]) -> bool {
+    hosts.first().is_some_and(|h| {
+        domains
+            .iter()
+            .any(|d| h == d || h.strip_suffix(d.as_str()).is_some_and(|p| p.ends_with('.')))
+    })
 }
 
 /// The shard's proxy: its sessions to destination relays.
@@ -98,6 +149,8 @@ impl ProxyAgent {
                 connector,
                 dests: RefCell::new(HashMap::new()),
                 sessions: RefCell::new(HashMap::new()),
+                own_domains: p.own_server_domains.clone(),
+                stats: RefCell::new(ProxyAgentStats::default()),
             }),
         }
     }
@@ -127,10 +180,22 @@ impl ProxyAgent {
         if !allowed {
             return BrokerMsg::Err(ErrorType::Proxy(ProxyError::BasicAuth));
         }
-        let result = session_for(inner, server).await.and_then(|s| {
-            s.touch();
-            s.pkey()
-        });
+        // As the reference counts them: a session that connected but cannot be proxied (its
+        // version) is "compat"; a failure to connect is "connect" or "other".
+        let (result, ended) = match session_for(inner, server).await {
+            Ok(s) => {
+                s.touch();
+                match s.pkey() {
+                    Ok(pkey) => (Ok(pkey), Ended::Success),
+                    Err(e) => (Err(e), Ended::Compat),
+                }
+            }
+            Err(e) => {
+                let ended = Ended::of_error(&e);
+                (Err(e), ended)
+            }
+        };
+        self.count_relay(&server.hosts, ended);
         match result {
             Ok(pkey) => pkey,
             Err(e) => {
@@ -138,6 +203,27 @@ impl ProxyAgent {
                 BrokerMsg::Err(e.to_error())
             }
         }
+    }
+
+    fn count_relay(&self, hosts: &[String], ended: Ended) {
+        let mut st = self.inner.stats.borrow_mut();
+        count(&mut st.relays, ended);
+        if is_own(&self.inner.own_domains, hosts) {
+            count(&mut st.relays_own, ended);
+        }
+    }
+
+    fn count_fwd(&self, hosts: Option<&[String]>, ended: Ended) {
+        let mut st = self.inner.stats.borrow_mut();
+        count(&mut st.msg_fwds, ended);
+        if hosts.is_some_and(|h| is_own(&self.inner.own_domains, h)) {
+            count(&mut st.msg_fwds_own, ended);
+        }
+    }
+
+    /// This shard's proxy statistics so far.
+    pub fn stats(&self) -> ProxyAgentStats {
+        *self.inner.stats.borrow()
     }
 
     async fn pfwd(
@@ -150,10 +236,20 @@ impl ProxyAgent {
     ) -> BrokerMsg {
         let s = self.inner.sessions.borrow().get(session_id).cloned();
         let Some(s) = s.filter(|s| !s.is_closed()) else {
+            self.count_fwd(None, Ended::Connect);
             return BrokerMsg::Err(ErrorType::Proxy(ProxyError::NoSession));
         };
         s.touch();
-        match s.forward(corr_id, version, key, et).await {
+        // As the reference counts them: an ERR from the destination is still a success of the
+        // forwarding; a destination below v8 is "compat".
+        let result = s.forward(corr_id, version, key, et).await;
+        let ended = match &result {
+            Ok(_) | Err(DestError::Protocol(_)) => Ended::Success,
+            Err(_) if !s.can_forward() => Ended::Compat,
+            Err(_) => Ended::Other,
+        };
+        self.count_fwd(Some(&s.key.hosts), ended);
+        match result {
             Ok(r2) => BrokerMsg::Pres(r2),
             Err(e) => {
                 tracing::debug!(hosts = ?s.key.hosts, error = ?e, "proxy: forwarding failed");
@@ -283,5 +379,57 @@ async fn connect_and_run(inner: Rc<Inner>, server: SmpServer) {
     let mut dests = inner.dests.borrow_mut();
     if matches!(dests.get(&key), Some(Slot::Ready(cur)) if Rc::ptr_eq(cur, &s)) {
         dests.remove(&key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_servers_are_the_domains_and_their_subdomains() {
+        let d = vec!["simplex.im".to_string(), "example.net".to_string()];
+        let own = |h: &str| is_own(&d, &[h.to_string(), "other.org".to_string()]);
+        assert!(own("simplex.im"));
+        assert!(own("smp4.simplex.im"));
+        assert!(own("a.b.example.net"));
+        assert!(!own("notsimplex.im"), "a suffix that is not a subdomain");
+        assert!(!own("simplex.im.evil.org"));
+        assert!(
+            !is_own(&d, &["other.org".to_string(), "simplex.im".to_string()]),
+            "first host only"
+        );
+        assert!(!is_own(&[], &["simplex.im".to_string()]));
+    }
+
+    #[test]
+    fn every_request_is_counted_once_with_how_it_ended() {
+        let mut s = ProxyStats::default();
+        for e in [
+            Ended::Success,
+            Ended::Connect,
+            Ended::Compat,
+            Ended::Other,
+            Ended::Success,
+        ] {
+            count(&mut s, e);
+        }
+        assert_eq!(
+            (
+                s.requests,
+                s.successes,
+                s.errors_connect,
+                s.errors_compat,
+                s.errors_other
+            ),
+            (5, 2, 1, 1, 1)
+        );
+        assert_eq!(Ended::of_error(&DestError::Timeout), Ended::Connect);
+        assert_eq!(
+            Ended::of_error(&DestError::Network("x".into())),
+            Ended::Connect
+        );
+        assert_eq!(Ended::of_error(&DestError::Host("x".into())), Ended::Other);
+        assert_eq!(Ended::of_error(&DestError::Crypto), Ended::Other);
     }
 }

@@ -222,6 +222,12 @@ impl DestSession {
         }
     }
 
+    /// Whether this destination's version takes forwarded commands (v8+); below it `forward`
+    /// answers `TRANSPORT VERSION`.
+    pub fn can_forward(&self) -> bool {
+        self.version >= SENDING_PROXY
+    }
+
     /// Forwards a client's `PFWD` as `RFWD` with a fresh nonce and opens the `RRES` (§5.5 steps
     /// 3 and 6): returns `r2`, for `PRES`.
     pub async fn forward(
@@ -231,7 +237,7 @@ impl DestSession {
         key: [u8; 32],
         et: &[u8],
     ) -> Result<Vec<u8>, DestError> {
-        if self.version < SENDING_PROXY {
+        if !self.can_forward() {
             return Err(DestError::Transport(TransportError::Version));
         }
         let secret = self
