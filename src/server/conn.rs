@@ -320,13 +320,28 @@ async fn write_loop(
     out: LocalReceiver<Output>,
 ) -> Result<(), ConnError> {
     let slow_reader_close = ctx.config.slow_reader_close;
-    while let Some(item) = out.recv().await {
+    while let Some(first) = out.recv().await {
         if state.doomed.get() {
             return Err(ConnError::SlowReader);
         }
-        let bytes: usize = item.groups.iter().map(Group::bytes).sum();
-        queue_groups(tls, codec, &item.groups)?;
-        drop(item.groups);
+        // Whatever else is already waiting goes out with it: small answers and events of several
+        // outputs share blocks (an NMSG stream, ACK answers, ENDs), in their order.
+        let mut items = vec![first];
+        while items.len() < MAX_COALESCED_OUTPUTS {
+            match futures_lite::future::poll_once(out.recv()).await {
+                Some(Some(item)) => items.push(item),
+                _ => break,
+            }
+        }
+        let bytes: usize = items
+            .iter()
+            .flat_map(|i| i.groups.iter())
+            .map(Group::bytes)
+            .sum();
+        let seqs: Vec<u64> = items.iter().filter_map(|i| i.block_seq).collect();
+        let groups = coalesce(items.into_iter().flat_map(|i| i.groups));
+        queue_groups(tls, codec, &groups)?;
+        drop(groups);
         // The slow-reader clock is only looked at while the socket refuses output, so an idle
         // connection runs no timer.
         futures_lite::future::or(
@@ -337,7 +352,7 @@ async fn write_loop(
         state
             .queued_bytes
             .set(state.queued_bytes.get().saturating_sub(bytes));
-        if let Some(seq) = item.block_seq {
+        for seq in seqs {
             let mut parts = in_flight.parts.borrow_mut();
             if let Some(n) = parts.get_mut(&seq) {
                 *n -= 1;
@@ -370,6 +385,24 @@ fn ask_again(ctx: &ShardContext, conn: ConnRef, state: &OutputState) {
         ctx.mesh
             .send(owner, ShardMsg::Redeliver { conn, deliveries });
     }
+}
+
+/// Outputs a writer takes at once from its channel to share blocks.
+const MAX_COALESCED_OUTPUTS: usize = 64;
+
+/// Merges consecutive plain groups into one, so that their transmissions share blocks; a MSG
+/// delivery stays a group of its own (16 KB: a block anyway). Order is kept.
+fn coalesce(groups: impl Iterator<Item = Group>) -> Vec<Group> {
+    let mut out: Vec<Group> = Vec::new();
+    for g in groups {
+        match out.last_mut() {
+            Some(last) if last.delivery.is_none() && g.delivery.is_none() => {
+                last.transmissions.extend(g.transmissions)
+            }
+            _ => out.push(g),
+        }
+    }
+    out
 }
 
 /// Ends a connection whose output has stayed over its bound for `limit` (`SLOW_READER_CLOSE`).
@@ -555,6 +588,33 @@ mod tests {
                 epoch: 1,
             }),
         }
+    }
+
+    #[test]
+    fn coalesce_merges_plain_neighbours_and_keeps_order() {
+        let plain = |ts: &[&[u8]]| Group::plain(ts.iter().map(|t| t.to_vec()).collect());
+        let groups = vec![
+            plain(&[b"a", b"b"]),
+            plain(&[b"c"]),
+            msg_delivery(3),
+            plain(&[b"d"]),
+            plain(&[b"e"]),
+            msg_delivery(4),
+            msg_delivery(5),
+        ];
+        let out = coalesce(groups.into_iter());
+        let shape: Vec<(usize, bool)> = out
+            .iter()
+            .map(|g| (g.transmissions.len(), g.delivery.is_some()))
+            .collect();
+        assert_eq!(
+            shape,
+            [(3, false), (1, true), (2, false), (1, true), (1, true)]
+        );
+        let flat: Vec<Vec<u8>> = out.into_iter().flat_map(|g| g.transmissions).collect();
+        assert_eq!(flat[..3], [b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]);
+        assert_eq!(flat[4..6], [b"d".to_vec(), b"e".to_vec()]);
+        assert_eq!(flat[6].len(), 4);
     }
 
     /// Every kind of output has a bound: MSG pushes become markers over the high water mark, other

@@ -53,8 +53,9 @@ pub struct Request {
     pub batch_verified: Option<[u8; 32]>,
 }
 
-/// A group of encoded transmissions packed into as few blocks as they fit; groups never share a
-/// block (a pushed MSG is a group of its own, `DESIGN.md` O4).
+/// A group of encoded transmissions packed into as few blocks as they fit. A MSG delivery is a group
+/// of its own and never shares a block (`DESIGN.md` O4); plain groups the writer finds queued
+/// together are merged, in order, so that they share blocks (`conn::coalesce`).
 pub struct Group {
     pub transmissions: Vec<Vec<u8>>,
     /// Set when the group is one MSG delivery: a connection whose output is over its bound drops
