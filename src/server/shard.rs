@@ -150,39 +150,87 @@ async fn inbox_loop(
     mut owner: Owner<MemoryStore>,
     inbox: flume::Receiver<ShardMsg>,
 ) -> MemoryStore {
-    while let Ok(msg) = inbox.recv_async().await {
-        match msg {
-            ShardMsg::Work {
-                session,
-                block_seq,
-                requests,
-            } => {
-                if let Some((shard, delay)) = ctx.config.test_owner_delay {
-                    if shard == ctx.shard_id {
-                        glommio::timer::Timer::new(delay).await;
+    // Test hook (`--test-owner-delay SHARD:MS`): this shard's owner takes each block part that
+    // long later, while answers and events for this shard's connections flow on. Owner messages
+    // wait behind the delayed work, in order.
+    let delay = ctx
+        .config
+        .test_owner_delay
+        .filter(|(shard, _)| *shard == ctx.shard_id)
+        .map(|(_, d)| d);
+    let mut deferred: std::collections::VecDeque<(std::time::Instant, ShardMsg)> =
+        std::collections::VecDeque::new();
+    loop {
+        let due = deferred.front().map(|(at, _)| *at);
+        let msg = match due {
+            Some(at) => {
+                let wait = at.saturating_duration_since(std::time::Instant::now());
+                let next =
+                    futures_lite::future::or(async { Some(inbox.recv_async().await) }, async {
+                        glommio::timer::Timer::new(wait).await;
+                        None
+                    })
+                    .await;
+                match next {
+                    Some(Ok(m)) => m,
+                    Some(Err(_)) => break,
+                    None => {
+                        if let Some((_, m)) = deferred.pop_front() {
+                            owner_msg(&mut owner, m).await;
+                        }
+                        continue;
                     }
                 }
-                owner.process(session, block_seq, requests).await
             }
+            None => match inbox.recv_async().await {
+                Ok(m) => m,
+                Err(_) => break,
+            },
+        };
+        match msg {
             ShardMsg::Reply {
                 conn,
                 block_seq,
                 groups,
             } => ctx.deliver(conn, groups, Some(block_seq)),
             ShardMsg::Event { conn, groups } => ctx.deliver(conn, groups, None),
-            ShardMsg::Closed { conn } => owner.connection_closed(conn),
-            ShardMsg::Redeliver { conn, deliveries } => owner.redeliver(conn, deliveries).await,
-            ShardMsg::RegisterSub {
-                session,
-                recipient_id,
-                epoch,
-            } => owner.register_sub(&session, &recipient_id, epoch),
-            ShardMsg::Tick => owner.expire().await,
             ShardMsg::Metrics => publish_metrics(ctx, &owner),
             ShardMsg::Stop => break,
+            m @ ShardMsg::Work { .. } if delay.is_some() => {
+                let at = std::time::Instant::now() + delay.unwrap_or_default();
+                deferred.push_back((at, m));
+            }
+            m if !deferred.is_empty() => {
+                let at = deferred
+                    .back()
+                    .map_or_else(std::time::Instant::now, |(t, _)| *t);
+                deferred.push_back((at, m));
+            }
+            m => owner_msg(&mut owner, m).await,
         }
     }
     owner.store
+}
+
+/// The owner's messages of the inbox.
+async fn owner_msg(owner: &mut Owner<MemoryStore>, msg: ShardMsg) {
+    match msg {
+        ShardMsg::Work {
+            session,
+            block_seq,
+            requests,
+        } => owner.process(session, block_seq, requests).await,
+        ShardMsg::Closed { conn } => owner.connection_closed(conn),
+        ShardMsg::Redeliver { conn, deliveries } => owner.redeliver(conn, deliveries).await,
+        ShardMsg::RegisterSub {
+            session,
+            recipient_id,
+            epoch,
+        } => owner.register_sub(&session, &recipient_id, epoch),
+        ShardMsg::Tick => owner.expire().await,
+        // Connection output, metrics and stop are the loop's own.
+        ShardMsg::Reply { .. } | ShardMsg::Event { .. } | ShardMsg::Metrics | ShardMsg::Stop => {}
+    }
 }
 
 /// Records this shard's numbers; shard 0 also writes the sum of every shard's latest numbers to
