@@ -34,41 +34,49 @@ pub fn parse_batch(content: &[u8]) -> Result<Vec<&[u8]>, DecodeError> {
     Ok(items)
 }
 
+/// The item bytes of a batch of `count` transmissions and `bytes` item bytes after one more
+/// transmission of `len` bytes, or `None` when that would break the count or the byte limit. The
+/// one rule for `BatchWriter::try_push`, `batch_prefix_len` and `write_batch`.
+fn grown(count: usize, bytes: usize, len: usize) -> Option<usize> {
+    let total = bytes.checked_add(2)?.checked_add(len)?;
+    (count < MAX_BATCH_TRANSMISSIONS && total <= MAX_BATCH_BYTES).then_some(total)
+}
+
 /// How many of `ts` (from the first) the next block takes: as many as fit the count and byte
 /// limits, in order, as `BatchWriter::try_push` decides. 0 means the first does not fit even alone.
 pub fn batch_prefix_len<T: AsRef<[u8]>>(ts: &[T]) -> usize {
-    let mut bytes = 0usize;
+    let mut bytes = 0;
     let mut n = 0;
     for t in ts {
-        let next = bytes + 2 + t.as_ref().len();
-        if n >= MAX_BATCH_TRANSMISSIONS || next > MAX_BATCH_BYTES {
-            break;
+        match grown(n, bytes, t.as_ref().len()) {
+            Some(b) => bytes = b,
+            None => break,
         }
-        bytes = next;
         n += 1;
     }
     n
 }
 
 /// Writes the block content of `ts` (count byte, then each `Large` item) at the start of `out`;
-/// returns its length. `ts` must be a batch `batch_prefix_len` accepted and `out` at least
-/// `1 + MAX_BATCH_BYTES` long; `None` (nothing meaningful written) otherwise.
+/// returns its length. `None` (nothing meaningful written) when `ts` is empty, breaks a limit, or
+/// `out` is too short.
 pub fn write_batch<T: AsRef<[u8]>>(ts: &[T], out: &mut [u8]) -> Option<usize> {
-    if ts.is_empty() || ts.len() > MAX_BATCH_TRANSMISSIONS {
+    if ts.is_empty() {
         return None;
     }
-    *out.first_mut()? = ts.len() as u8;
-    let mut w: usize = 1;
-    for t in ts {
+    let mut bytes = 0;
+    for (i, t) in ts.iter().enumerate() {
         let t = t.as_ref();
-        let end = w
-            .checked_add(2 + t.len())
-            .filter(|&e| e <= 1 + MAX_BATCH_BYTES)?;
-        out.get_mut(w..end)?[..2].copy_from_slice(&(t.len() as u16).to_be_bytes());
-        out[w + 2..end].copy_from_slice(t);
-        w = end;
+        let start = 1 + bytes;
+        bytes = grown(i, bytes, t.len())?;
+        // `grown` keeps the total under MAX_BATCH_BYTES < 65536, so the length fits a Word16.
+        let item = out.get_mut(start..1 + bytes)?;
+        item[..2].copy_from_slice(&(t.len() as u16).to_be_bytes());
+        item[2..].copy_from_slice(t);
     }
-    Some(w)
+    // At most MAX_BATCH_TRANSMISSIONS (255) items passed `grown`.
+    *out.first_mut()? = ts.len() as u8;
+    Some(1 + bytes)
 }
 
 /// Accumulates transmissions for one block.
@@ -90,13 +98,10 @@ impl BatchWriter {
     /// Adds one transmission (unencoded bytes); `false`, leaving the batch unchanged, when it
     /// would exceed the count or byte limit.
     pub fn try_push(&mut self, t: &[u8]) -> bool {
-        let Some(total) = self.items.len().checked_add(2 + t.len()) else {
-            return false;
-        };
-        if self.count >= MAX_BATCH_TRANSMISSIONS || total > MAX_BATCH_BYTES {
+        if grown(self.count, self.items.len(), t.len()).is_none() {
             return false;
         }
-        // total <= MAX_BATCH_BYTES < 65536, so the length fits a Word16.
+        // Within MAX_BATCH_BYTES < 65536, so the length fits a Word16.
         self.items
             .extend_from_slice(&(t.len() as u16).to_be_bytes());
         self.items.extend_from_slice(t);
