@@ -226,13 +226,17 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             self.batch_off_all -= 1;
             return;
         }
-        let mut chosen: Vec<(usize, [u8; 32])> = Vec::new();
+        // (request index, key, signature): each request the batch will speak for.
+        let mut chosen: Vec<(usize, [u8; 32], [u8; 64])> = Vec::new();
         for (i, r) in requests.iter().enumerate() {
-            if r.forward.is_some() || r.service_sig || r.authorization.len() != 64 {
+            if r.forward.is_some() || r.service_sig {
                 continue;
             }
+            let Ok(sig) = <[u8; 64]>::try_from(r.authorization.as_slice()) else {
+                continue;
+            };
             if let Some(key) = self.batch_key(r) {
-                chosen.push((i, key));
+                chosen.push((i, key, sig));
             }
         }
         if chosen.len() < BATCH_VERIFY_MIN {
@@ -240,18 +244,15 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         }
         let items: Vec<crate::crypto::ed25519::Item> = chosen
             .iter()
-            .filter_map(|(i, key)| {
-                let r = &requests[*i];
-                Some(crate::crypto::ed25519::Item {
-                    key,
-                    msg: &r.authorized,
-                    sig: r.authorization.as_slice().try_into().ok()?,
-                })
+            .map(|(i, key, sig)| crate::crypto::ed25519::Item {
+                key,
+                msg: &requests[*i].authorized,
+                sig,
             })
             .collect();
         self.stats.verify_batches += 1;
         if auth::ed25519_verify_batch(&items) {
-            for (i, key) in chosen {
+            for (i, key, _) in chosen {
                 requests[i].batch_verified = Some(key);
             }
             self.batch_fail_score = self.batch_fail_score.saturating_sub(1);
