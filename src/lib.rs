@@ -4,6 +4,7 @@
 //! shards; `client` is the SMP client library used by the tests and the load generator.
 
 pub mod client;
+pub mod clock;
 pub mod config;
 pub mod crypto;
 pub mod ini;

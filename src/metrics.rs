@@ -407,7 +407,11 @@ pub fn render(s: &MetricsSnapshot, now_ms: u64) -> String {
     ];
     let mut out = String::with_capacity(4096);
     // `fmt::Write` for a String cannot fail.
-    let _ = writeln!(out, "# Recorded at: {}\n", iso8601_ms(now_ms));
+    let _ = writeln!(
+        out,
+        "# Recorded at: {}\n",
+        crate::clock::utc_time_ms(now_ms)
+    );
     for f in &families {
         let kind = match f.kind {
             Kind::Counter => "counter",
@@ -421,29 +425,6 @@ pub fn render(s: &MetricsSnapshot, now_ms: u64) -> String {
         out.push('\n');
     }
     out
-}
-
-/// `YYYY-MM-DDTHH:MM:SS.mmmZ` for milliseconds since the Unix epoch (UTC).
-fn iso8601_ms(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (days, rem) = (secs / 86400, secs % 86400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm, for years ≥ 1970).
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z % 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        ms % 1000
-    )
 }
 
 /// Milliseconds since the Unix epoch, for [`render`].
@@ -673,13 +654,6 @@ mod tests {
         assert_eq!(s.sub_batches, 2);
         assert_eq!(s.store_peek_first_calls, 1);
         assert_eq!(s.store_peek_first_many_calls, 2);
-    }
-
-    #[test]
-    fn iso8601_dates() {
-        assert_eq!(iso8601_ms(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(iso8601_ms(951_782_400_000), "2000-02-29T00:00:00.000Z");
-        assert_eq!(iso8601_ms(4_102_444_799_999), "2099-12-31T23:59:59.999Z");
     }
 
     #[test]

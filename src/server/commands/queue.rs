@@ -330,41 +330,10 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             json.push_str(&format!(
                 ",\"qiMsg\":{{\"msgId\":\"{}\",\"msgTs\":\"{}\",\"msgType\":\"{msg_type}\"}}",
                 b64.encode(m.msg_id()),
-                utc_time(m.ts())
+                crate::clock::utc_time(m.ts())
             ));
         }
         json.push('}');
         BrokerMsg::Info(json)
-    }
-}
-
-/// Unix seconds as aeson encodes a whole-second `UTCTime`: `YYYY-MM-DDTHH:MM:SSZ`.
-fn utc_time(secs: i64) -> String {
-    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
-    // Days since the epoch to a proleptic Gregorian date (H. Hinnant's `civil_from_days`).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn utc_time_of_known_instants() {
-        assert_eq!(super::utc_time(0), "1970-01-01T00:00:00Z");
-        assert_eq!(super::utc_time(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(super::utc_time(1_700_000_000), "2023-11-14T22:13:20Z");
     }
 }
