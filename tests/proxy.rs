@@ -626,31 +626,10 @@ fn fake_destination_with(versions: VersionRange, lie: Lie) -> FakeDestination {
     }
 }
 
-#[test]
-fn a_destination_below_v8_is_a_transport_version_error() {
-    let fake = fake_destination(VersionRange { min: 6, max: 7 });
-    let proxy = proxy_relay(&[ALLOW_PRIVATE]);
-    let mut c = proxy.client();
-    assert_eq!(
-        prxy_raw(
-            &mut c,
-            server_of("127.0.0.1", fake.port, &fake.key_hash),
-            None
-        ),
-        broker_err(BrokerError::Transport(TransportError::Version))
-    );
-    let hello = fake
-        .hello
-        .join()
-        .expect("fake thread")
-        .expect("client hello");
-    assert_eq!(hello.version, 7, "the highest common version");
-    assert!(hello.client_key.is_some(), "the proxy sends its key");
-}
-
-#[test]
-fn a_destination_below_v14_is_capped_at_v10() {
-    let fake = fake_destination(VersionRange { min: 6, max: 13 });
+/// PRXY to a fake destination offering `offered`: the proxy's answer, and the hello the proxy
+/// sent the destination.
+fn prxy_fake(offered: VersionRange) -> (BrokerMsg, ClientHello) {
+    let fake = fake_destination(offered);
     let proxy = proxy_relay(&[ALLOW_PRIVATE]);
     let mut c = proxy.client();
     let msg = prxy_raw(
@@ -658,15 +637,38 @@ fn a_destination_below_v14_is_capped_at_v10() {
         server_of("127.0.0.1", fake.port, &fake.key_hash),
         None,
     );
-    let BrokerMsg::Pkey { versions, .. } = msg else {
-        panic!("PKEY expected, got {msg:?}");
-    };
-    assert_eq!(versions, VersionRange { min: 8, max: 10 });
     let hello = fake
         .hello
         .join()
         .expect("fake thread")
         .expect("client hello");
+    (msg, hello)
+}
+
+/// The versions of a PKEY answer.
+fn pkey_versions(msg: BrokerMsg) -> VersionRange {
+    match msg {
+        BrokerMsg::Pkey { versions, .. } => versions,
+        other => panic!("PKEY expected, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_destination_below_v8_is_a_transport_version_error() {
+    let (msg, hello) = prxy_fake(VersionRange { min: 6, max: 7 });
+    assert_eq!(
+        msg,
+        broker_err(BrokerError::Transport(TransportError::Version))
+    );
+    assert_eq!(hello.version, 7, "the highest common version");
+    assert!(hello.client_key.is_some(), "the proxy sends its key");
+    assert_eq!(hello.service, None);
+}
+
+#[test]
+fn a_destination_below_v14_is_capped_at_v10() {
+    let (msg, hello) = prxy_fake(VersionRange { min: 6, max: 13 });
+    assert_eq!(pkey_versions(msg), VersionRange { min: 8, max: 10 });
     assert_eq!(
         hello.version, 10,
         "capped so that no block encryption starts"
@@ -677,23 +679,8 @@ fn a_destination_below_v14_is_capped_at_v10() {
 
 #[test]
 fn a_proxy_announces_itself_to_a_current_destination() {
-    let fake = fake_destination(VersionRange { min: 6, max: 20 });
-    let proxy = proxy_relay(&[ALLOW_PRIVATE]);
-    let mut c = proxy.client();
-    let msg = prxy_raw(
-        &mut c,
-        server_of("127.0.0.1", fake.port, &fake.key_hash),
-        None,
-    );
-    let BrokerMsg::Pkey { versions, .. } = msg else {
-        panic!("PKEY expected, got {msg:?}");
-    };
-    assert_eq!(versions, VersionRange { min: 8, max: 20 });
-    let hello = fake
-        .hello
-        .join()
-        .expect("fake thread")
-        .expect("client hello");
+    let (msg, hello) = prxy_fake(VersionRange { min: 6, max: 20 });
+    assert_eq!(pkey_versions(msg), VersionRange { min: 8, max: 20 });
     assert_eq!(hello.version, 20);
     assert!(hello.proxy_server, "proxyServer = T");
     assert!(hello.client_key.is_some());
