@@ -128,6 +128,8 @@ fn main() {
                     authorized: signed,
                     forward: None,
                     batch_verified: None,
+                    pre_verified: None,
+                    undelivered: None,
                 }
             };
             let mut time_path = |entity: &[u8]| {

@@ -102,6 +102,10 @@ struct StartArgs {
     /// Test hook: the owner on shard SHARD waits MS milliseconds before each block of work.
     #[arg(long, hide = true, value_name = "SHARD:MS", value_parser = owner_delay)]
     test_owner_delay: Option<(usize, Duration)>,
+    /// Test hook: each connection's output high water mark in bytes (the low water mark, hard
+    /// limit and re-ask batch follow from it as the defaults do from 1 MiB).
+    #[arg(long, hide = true, value_parser = clap::value_parser!(u64).range(1024..=1 << 30))]
+    test_output_high_water_bytes: Option<u64>,
     /// Seconds a connection may leave its output over the bound (1 MiB) before it is closed
     /// (ini `[RELAY] slow_reader_close_secs`; default 60).
     #[arg(long, value_parser = ini::seconds)]
@@ -393,6 +397,9 @@ fn start(data_dir: &Path, args: &StartArgs) -> Result<(), String> {
     c.shards = std::thread::available_parallelism().map_or(1, |n| n.get());
     c.request_client_cert = args.test_request_client_cert;
     c.test_owner_delay = args.test_owner_delay;
+    if let Some(b) = args.test_output_high_water_bytes {
+        c.output_limits = smp_relay::limits::OutputLimits::from_high_water(b as usize);
+    }
     cli.or(file.options).apply_to(&mut c);
     args.apply_proxy(&mut c.settings.proxy);
     smp_relay::server::run(c).map_err(|e| e.to_string())

@@ -37,6 +37,8 @@ pub struct StartConfig {
     pub slow_reader_close: Duration,
     /// Test hook: the owner on shard `.0` waits `.1` before each block of work (ordering tests).
     pub test_owner_delay: Option<(usize, Duration)>,
+    /// Each connection's output bounds (`limits::OutputLimits`).
+    pub output_limits: limits::OutputLimits,
 }
 
 impl StartConfig {
@@ -53,6 +55,7 @@ impl StartConfig {
             metrics_interval: None,
             slow_reader_close: limits::SLOW_READER_CLOSE,
             test_owner_delay: None,
+            output_limits: limits::OutputLimits::default(),
         }
     }
 }

@@ -43,5 +43,72 @@ pub const OUTPUT_LOW_WATER_BYTES: usize = 256 * 1024;
 /// fits between the low and the high water mark and none of it is dropped (and sealed) again.
 pub const REDELIVER_BATCH: usize = (OUTPUT_HIGH_WATER_BYTES - OUTPUT_LOW_WATER_BYTES) / (17 * 1024);
 
+/// What a connection may hold to ask its owners for again (dropped MSGs, the rest of stored
+/// notifications): at most one per subscription, so this is also a bound on the subscriptions of
+/// a connection that stops reading; past it the connection is closed (its messages stay queued).
+pub const MAX_PENDING_PER_CONNECTION: usize = 1 << 20;
+
+/// A connection over its output bound must have its socket take at least this many bytes every
+/// `SLOW_READER_CLOSE`; a reader that keeps reading, however slowly, is never closed for it.
+pub const SLOW_READER_MIN_PROGRESS_BYTES: usize = 64 * 1024;
+
+/// Stored notifications an NSUB (or a connection asking for more) gets at once; the rest follow as
+/// the connection's output drains, like dropped MSGs.
+pub const NTFS_PER_PART: usize = 64;
+
+/// Failed signature verifications one connection may cause an owner at once (a queue may have up
+/// to 255 recipient keys, each tried), refilled at `FAILED_VERIFY_REFILL_PER_SEC`; a connection
+/// that needs more is closed, so that it cannot take more than its share of the shard.
+pub const FAILED_VERIFY_BUDGET: u32 = 4096;
+pub const FAILED_VERIFY_REFILL_PER_SEC: u32 = 1024;
+
+/// The output bounds of one connection. The defaults are the constants above; tests shrink them
+/// (`--test-output-high-water-bytes`) so that drops and re-asks happen on every run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputLimits {
+    pub high_water_bytes: usize,
+    pub low_water_bytes: usize,
+    pub hard_limit_bytes: usize,
+    pub redeliver_batch: usize,
+}
+
+impl OutputLimits {
+    /// The bounds derived from a high water mark as the defaults are.
+    pub fn from_high_water(high_water_bytes: usize) -> Self {
+        let low_water_bytes = high_water_bytes / 4;
+        OutputLimits {
+            high_water_bytes,
+            low_water_bytes,
+            hard_limit_bytes: 4 * high_water_bytes,
+            redeliver_batch: ((high_water_bytes - low_water_bytes) / (17 * 1024)).max(1),
+        }
+    }
+}
+
+impl Default for OutputLimits {
+    fn default() -> Self {
+        OutputLimits {
+            high_water_bytes: OUTPUT_HIGH_WATER_BYTES,
+            low_water_bytes: OUTPUT_LOW_WATER_BYTES,
+            hard_limit_bytes: OUTPUT_HARD_LIMIT_BYTES,
+            redeliver_batch: REDELIVER_BATCH,
+        }
+    }
+}
+
 /// PRXY/PFWD of one connection being answered at once (the reference's `client_concurrency`, 32).
 pub const MAX_PROXIED_IN_FLIGHT: usize = 32;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_limits_derive_as_the_defaults() {
+        assert_eq!(
+            OutputLimits::from_high_water(OUTPUT_HIGH_WATER_BYTES),
+            OutputLimits::default()
+        );
+        assert_eq!(OutputLimits::from_high_water(4096).redeliver_batch, 1);
+    }
+}

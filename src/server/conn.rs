@@ -22,19 +22,23 @@ use rand::rngs::OsRng;
 use x25519_dalek::{PublicKey as X25519Public, StaticSecret};
 
 use super::dispatch::{self, RouteCtx};
-use super::router::{ConnRef, Delivery, Group, SessionInfo, ShardMsg};
+use super::router::{
+    ConnRef, Delivery, Group, GroupKind, NtfReturn, Pending, SessionInfo, ShardMsg,
+};
 use super::shard::ShardContext;
 use super::tls_stream::{self, SharedTls, TlsStream};
 use crate::crypto::{signed_key, sxbox};
 use crate::limits::{
-    MAX_BLOCKS_IN_FLIGHT, MAX_PROXIED_IN_FLIGHT, OUTPUT_HARD_LIMIT_BYTES, OUTPUT_HIGH_WATER_BYTES,
-    OUTPUT_LOW_WATER_BYTES, REDELIVER_BATCH,
+    OutputLimits, MAX_BLOCKS_IN_FLIGHT, MAX_PENDING_PER_CONNECTION, MAX_PROXIED_IN_FLIGHT,
+    SLOW_READER_MIN_PROGRESS_BYTES,
 };
 use crate::protocol::batch;
+use crate::protocol::command::Command;
 use crate::protocol::error::{HandshakeError, TransportError};
 use crate::protocol::handshake::{CertChainPubKey, ClientHello, ServerHello, ServiceResponse};
 use crate::protocol::pad;
 use crate::protocol::version::{self, VersionRange};
+use crate::store::EntityId;
 use crate::transport::block::{BlockCodec, BLOCK_SIZE};
 use crate::transport::tls::{alpn_versions, AcceptState};
 
@@ -69,46 +73,125 @@ pub struct ConnHandle {
     pub state: Rc<OutputState>,
 }
 
-/// The connection's output bound (`DESIGN.md` §1 back-pressure): bytes queued for the socket, the
-/// MSG deliveries dropped while over the bound, and since when it has been over.
-#[derive(Default)]
+/// The connection's output bound (`DESIGN.md` §1 back-pressure): bytes queued for the socket,
+/// what the connection holds to ask its owners for again, and the slow-reader clock.
 pub struct OutputState {
+    pub limits: OutputLimits,
+    /// Bytes of every kind queued for the socket: over the high water mark MSG deliveries that are
+    /// events become markers, and below the low water mark held items are asked for again.
     pub queued_bytes: Cell<usize>,
-    pub dropped: RefCell<Vec<Delivery>>,
-    pub over_since: Cell<Option<Instant>>,
-    /// An event was refused at `OUTPUT_HARD_LIMIT_BYTES`: the writer ends the connection.
+    /// Of those, the bytes of events that cannot be dropped (NMSG, END, DELD), bounded by the hard
+    /// limit. Answers are not counted: the blocks in flight bound them, and a client that sends
+    /// blocks and reads their answers must not lose its events for it.
+    pub event_bytes: Cell<usize>,
+    /// Dropped MSG deliveries and "more notifications" markers, at most one per queue and kind
+    /// (`MAX_PENDING_PER_CONNECTION`).
+    pub pending: RefCell<HashMap<(bool, EntityId), Pending>>,
+    /// Owners asked for held items that have not answered yet: no new ask before they all have.
+    pub asking: Cell<usize>,
+    /// Since when the output has been over the high water mark, and how many bytes the socket had
+    /// taken then (moved on whenever the reader makes progress).
+    pub stall_mark: Cell<Option<(Instant, u64)>>,
+    /// An event was refused at the hard limit (or the owner asked for a close): the writer ends
+    /// the connection (a lost event must not go unnoticed).
     pub doomed: Cell<bool>,
 }
 
+/// What `OutputState::admit` took, and the notifications it could not take (they go back to their
+/// owner, to be stored).
+pub struct Admitted {
+    pub kept: Vec<Group>,
+    pub returned: Vec<NtfReturn>,
+    /// MSG deliveries dropped to markers.
+    pub dropped: usize,
+}
+
 impl OutputState {
+    pub fn new(limits: OutputLimits) -> Self {
+        OutputState {
+            limits,
+            queued_bytes: Cell::new(0),
+            event_bytes: Cell::new(0),
+            pending: RefCell::new(HashMap::new()),
+            asking: Cell::new(0),
+            stall_mark: Cell::new(None),
+            doomed: Cell::new(false),
+        }
+    }
+
     /// Takes `groups` into the output. While over the bound, MSG deliveries that are events (pushes
     /// and redeliveries) become markers; the answers to a block are always kept, since the blocks
     /// in flight already bound them (`MAX_BLOCKS_IN_FLIGHT`), and dropping a SUB's message would
     /// only have it sealed again later.
-    /// Other events (NMSG, END, DELD) are kept up to `OUTPUT_HARD_LIMIT_BYTES`; one past it dooms
-    /// the connection, whose writer then ends it (a lost event must not go unnoticed).
-    pub fn admit(&self, groups: Vec<Group>, is_event: bool) -> Vec<Group> {
-        let mut kept = Vec::with_capacity(groups.len());
+    /// Other events (NMSG, END, DELD) are kept up to the hard limit of undroppable event bytes;
+    /// one past it dooms the connection, whose writer then ends it.
+    pub fn admit(&self, groups: Vec<Group>, is_event: bool) -> Admitted {
+        let mut a = Admitted {
+            kept: Vec::with_capacity(groups.len()),
+            returned: Vec::new(),
+            dropped: 0,
+        };
+        let limits = &self.limits;
         for g in groups {
-            let over = self.queued_bytes.get() > OUTPUT_HIGH_WATER_BYTES;
-            match g.delivery {
-                Some(d) if over && is_event => self.dropped.borrow_mut().push(d),
+            let over = self.queued_bytes.get() > limits.high_water_bytes;
+            match g.kind {
+                GroupKind::More(p) => self.hold(p),
+                GroupKind::Msg(d) if over && is_event => {
+                    a.dropped += 1;
+                    self.hold(Pending::Msg(d));
+                }
+                GroupKind::Msg(_) => {
+                    self.queued_bytes.set(self.queued_bytes.get() + g.bytes());
+                    a.kept.push(g);
+                }
                 _ if is_event
                     && (self.doomed.get()
-                        || self.queued_bytes.get() + g.bytes() > OUTPUT_HARD_LIMIT_BYTES) =>
+                        || self.event_bytes.get() + g.bytes() > limits.hard_limit_bytes) =>
                 {
                     self.doomed.set(true);
+                    if let GroupKind::Ntfs(r) = g.kind {
+                        a.returned.push(r);
+                    }
                 }
                 _ => {
-                    self.queued_bytes.set(self.queued_bytes.get() + g.bytes());
-                    kept.push(g);
+                    let n = g.bytes();
+                    self.queued_bytes.set(self.queued_bytes.get() + n);
+                    if is_event {
+                        self.event_bytes.set(self.event_bytes.get() + n);
+                    }
+                    a.kept.push(g);
                 }
             }
         }
-        if self.queued_bytes.get() > OUTPUT_HIGH_WATER_BYTES && self.over_since.get().is_none() {
-            self.over_since.set(Some(Instant::now()));
+        a
+    }
+
+    /// Keeps `p` to ask for later; a newer item for the same queue replaces the older.
+    fn hold(&self, p: Pending) {
+        let mut pending = self.pending.borrow_mut();
+        pending.insert(p.key(), p);
+        if pending.len() > MAX_PENDING_PER_CONNECTION {
+            self.doomed.set(true);
         }
-        kept
+    }
+
+    /// Starts the slow-reader clock when the output goes over its bound.
+    fn note_level(&self, written: u64) {
+        if self.queued_bytes.get() > self.limits.high_water_bytes {
+            if self.stall_mark.get().is_none() {
+                self.stall_mark.set(Some((Instant::now(), written)));
+            }
+        } else {
+            self.stall_mark.set(None);
+        }
+    }
+
+    /// The dropped delivery held for queue `rid`, if any: an ACK of it deletes nothing.
+    pub fn held_delivery(&self, rid: &[u8]) -> Option<Delivery> {
+        match self.pending.borrow().get(&(true, rid.to_vec())) {
+            Some(Pending::Msg(d)) => Some(d.clone()),
+            _ => None,
+        }
     }
 }
 
@@ -183,7 +266,7 @@ async fn session(ctx: &Rc<ShardContext>, tls: &SharedTls, hs: Handshake) -> Resu
     let codec = RefCell::new(codec);
     let (out_tx, out_rx) = local_channel::new_unbounded::<Output>();
     let out_tx = Rc::new(out_tx);
-    let state = Rc::new(OutputState::default());
+    let state = Rc::new(OutputState::new(ctx.config.output_limits));
     ctx.connections_table.borrow_mut().insert(
         conn.id,
         ConnHandle {
@@ -218,9 +301,19 @@ async fn session(ctx: &Rc<ShardContext>, tls: &SharedTls, hs: Handshake) -> Resu
         .await;
         r
     };
-    let writer = write_loop(ctx, conn, tls, &codec, &in_flight, &state, out_rx);
+    let writer = write_loop(ctx, conn, tls, &codec, &in_flight, &state, &out_rx);
     let result = futures_lite::future::or(reader, writer).await;
+    if matches!(result, Err(ConnError::SlowReader)) {
+        ctx.conn_stats
+            .slow_reader_closes
+            .set(ctx.conn_stats.slow_reader_closes.get() + 1);
+    }
     ctx.connections_table.borrow_mut().remove(&conn.id);
+    // Notifications still waiting for the socket go back to their owners, to be stored for the
+    // next NSUB (the connection is out of the table, so nothing more is sent to this channel).
+    while let Some(Some(o)) = futures_lite::future::poll_once(out_rx.recv()).await {
+        ctx.return_ntfs(o.groups);
+    }
     // Owners drop this connection's subscriptions; only shards it sent work to hold any.
     for shard in 0..ctx.mesh.shards() {
         if touched.get() & (1u64 << (shard % 64)) != 0 {
@@ -274,7 +367,7 @@ async fn read_loop(
         in_flight.parts.borrow_mut().insert(seq, parts);
         if !routed.local.is_empty() {
             let _ = out.try_send(Output {
-                groups: state.admit(vec![Group::plain(routed.local)], false),
+                groups: state.admit(vec![Group::plain(routed.local)], false).kept,
                 block_seq: Some(seq),
             });
         }
@@ -289,14 +382,15 @@ async fn read_loop(
                 let (entity, msg) = ctx.proxy.handle(&info, &job).await;
                 let t = super::owner::encode(&info, &job.corr_id, &entity, &msg);
                 let _ = out.try_send(Output {
-                    groups: state.admit(vec![Group::plain(vec![t])], false),
+                    groups: state.admit(vec![Group::plain(vec![t])], false).kept,
                     block_seq: Some(seq),
                 });
                 drop(slot);
             })
             .detach();
         }
-        for (shard, requests) in routed.by_owner {
+        for (shard, mut requests) in routed.by_owner {
+            mark_undelivered_acks(state, &mut requests);
             touched.set(touched.get() | (1u64 << (shard % 64)));
             ctx.mesh.send(
                 shard,
@@ -310,6 +404,20 @@ async fn read_loop(
     }
 }
 
+/// An ACK for a queue whose MSG this connection dropped unsent carries that delivery, so that
+/// the owner answers it as the reference does a message not yet queued for sending (`NO_MSG`)
+/// instead of deleting a message the client never got.
+fn mark_undelivered_acks(state: &OutputState, requests: &mut [super::router::Request]) {
+    if state.pending.borrow().is_empty() {
+        return;
+    }
+    for r in requests.iter_mut() {
+        if matches!(r.command, Command::Ack(_)) && r.forward.is_none() {
+            r.undelivered = state.held_delivery(&r.entity_id);
+        }
+    }
+}
+
 async fn write_loop(
     ctx: &ShardContext,
     conn: ConnRef,
@@ -317,7 +425,7 @@ async fn write_loop(
     codec: &RefCell<BlockCodec>,
     in_flight: &InFlight,
     state: &OutputState,
-    out: LocalReceiver<Output>,
+    out: &LocalReceiver<Output>,
 ) -> Result<(), ConnError> {
     let slow_reader_close = ctx.config.slow_reader_close;
     while let Some(first) = out.recv().await {
@@ -338,6 +446,13 @@ async fn write_loop(
             .flat_map(|i| i.groups.iter())
             .map(Group::bytes)
             .sum();
+        let event_bytes: usize = items
+            .iter()
+            .filter(|i| i.block_seq.is_none())
+            .flat_map(|i| i.groups.iter())
+            .filter(|g| !matches!(g.kind, GroupKind::Msg(_)))
+            .map(Group::bytes)
+            .sum();
         let seqs: Vec<u64> = items.iter().filter_map(|i| i.block_seq).collect();
         let groups = coalesce(items.into_iter().flat_map(|i| i.groups));
         queue_groups(tls, codec, &groups)?;
@@ -346,12 +461,16 @@ async fn write_loop(
         // connection runs no timer.
         futures_lite::future::or(
             async { Ok(tls_stream::flush(tls).await?) },
-            slow_reader_watchdog(state, slow_reader_close),
+            slow_reader_watchdog(tls, state, slow_reader_close),
         )
         .await?;
         state
             .queued_bytes
             .set(state.queued_bytes.get().saturating_sub(bytes));
+        state
+            .event_bytes
+            .set(state.event_bytes.get().saturating_sub(event_bytes));
+        state.note_level(tls.borrow().written_bytes());
         for seq in seqs {
             let mut parts = in_flight.parts.borrow_mut();
             if let Some(n) = parts.get_mut(&seq) {
@@ -362,28 +481,41 @@ async fn write_loop(
                 }
             }
         }
-        if state.queued_bytes.get() <= OUTPUT_LOW_WATER_BYTES {
-            state.over_since.set(None);
-            ask_again(ctx, conn, state);
-        }
+        ask_again(ctx, conn, state);
     }
     Ok(())
 }
 
-/// Asks the owners for deliveries dropped while the output was over its bound, a batch at a time.
-fn ask_again(ctx: &ShardContext, conn: ConnRef, state: &OutputState) {
-    let mut dropped = state.dropped.borrow_mut();
-    if dropped.is_empty() {
+/// Asks the owners for what this connection holds (dropped MSGs, the rest of stored
+/// notifications), a batch at a time, once its output is under the low water mark and every
+/// earlier ask was answered. Each owner answers with `Redelivered` even when it has nothing to
+/// send, and that answer asks again (`ShardContext::redelivered`), so stale items never leave live
+/// ones behind them unasked.
+pub fn ask_again(ctx: &ShardContext, conn: ConnRef, state: &OutputState) {
+    if state.asking.get() > 0 || state.queued_bytes.get() > state.limits.low_water_bytes {
         return;
     }
-    let n = dropped.len().min(REDELIVER_BATCH);
-    let mut by_owner: HashMap<usize, Vec<Delivery>> = HashMap::new();
-    for d in dropped.drain(..n) {
-        by_owner.entry(d.owner).or_default().push(d);
+    let mut pending = state.pending.borrow_mut();
+    if pending.is_empty() {
+        return;
     }
-    for (owner, deliveries) in by_owner {
-        ctx.mesh
-            .send(owner, ShardMsg::Redeliver { conn, deliveries });
+    let keys: Vec<(bool, EntityId)> = pending
+        .keys()
+        .take(state.limits.redeliver_batch)
+        .cloned()
+        .collect();
+    let mut by_owner: HashMap<usize, Vec<Pending>> = HashMap::new();
+    for k in keys {
+        if let Some(p) = pending.remove(&k) {
+            by_owner.entry(p.owner()).or_default().push(p);
+        }
+    }
+    state.asking.set(by_owner.len());
+    ctx.conn_stats
+        .output_reasks
+        .set(ctx.conn_stats.output_reasks.get() + 1);
+    for (owner, items) in by_owner {
+        ctx.mesh.send(owner, ShardMsg::Redeliver { conn, items });
     }
 }
 
@@ -396,7 +528,7 @@ fn coalesce(groups: impl Iterator<Item = Group>) -> Vec<Group> {
     let mut out: Vec<Group> = Vec::new();
     for g in groups {
         match out.last_mut() {
-            Some(last) if last.delivery.is_none() && g.delivery.is_none() => {
+            Some(last) if last.is_plain() && g.is_plain() => {
                 last.transmissions.extend(g.transmissions)
             }
             _ => out.push(g),
@@ -405,17 +537,26 @@ fn coalesce(groups: impl Iterator<Item = Group>) -> Vec<Group> {
     out
 }
 
-/// Ends a connection whose output has stayed over its bound for `limit` (`SLOW_READER_CLOSE`).
-async fn slow_reader_watchdog(state: &OutputState, limit: Duration) -> Result<(), ConnError> {
+/// Ends a connection whose output has stayed over its bound for `limit` while its socket took
+/// less than `SLOW_READER_MIN_PROGRESS_BYTES`: a reader that reads, however slowly, stays.
+async fn slow_reader_watchdog(
+    tls: &SharedTls,
+    state: &OutputState,
+    limit: Duration,
+) -> Result<(), ConnError> {
     loop {
         glommio::timer::Timer::new(Duration::from_secs(1)).await;
         if state.doomed.get() {
             return Err(ConnError::SlowReader);
         }
-        if let Some(since) = state.over_since.get() {
-            if since.elapsed() >= limit {
-                return Err(ConnError::SlowReader);
+        let written = tls.borrow().written_bytes();
+        match state.stall_mark.get() {
+            None => state.note_level(written),
+            Some((_, mark)) if written - mark >= SLOW_READER_MIN_PROGRESS_BYTES as u64 => {
+                state.stall_mark.set(Some((Instant::now(), written)));
             }
+            Some((since, _)) if since.elapsed() >= limit => return Err(ConnError::SlowReader),
+            Some(_) => {}
         }
     }
 }
@@ -573,21 +714,51 @@ async fn write_plain_block(tls: &SharedTls, content: &[u8]) -> Result<(), ConnEr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::{OUTPUT_HARD_LIMIT_BYTES, OUTPUT_HIGH_WATER_BYTES};
+    use crate::store::MsgNtf;
 
     fn event(bytes: usize) -> Group {
         Group::plain(vec![vec![0u8; bytes]])
     }
 
+    fn delivery(rid: u8) -> Delivery {
+        Delivery {
+            owner: 0,
+            recipient_id: vec![rid; 24],
+            msg_id: [2; 24],
+            epoch: 1,
+        }
+    }
+
     fn msg_delivery(bytes: usize) -> Group {
+        msg_delivery_for(1, bytes)
+    }
+
+    fn msg_delivery_for(rid: u8, bytes: usize) -> Group {
         Group {
             transmissions: vec![vec![0u8; bytes]],
-            delivery: Some(Delivery {
-                owner: 0,
-                recipient_id: vec![1; 24],
-                msg_id: [2; 24],
-                epoch: 1,
+            kind: GroupKind::Msg(delivery(rid)),
+        }
+    }
+
+    fn ntfs(n: u8) -> Group {
+        Group {
+            transmissions: vec![vec![0u8; 200]],
+            kind: GroupKind::Ntfs(NtfReturn {
+                owner: 1,
+                notifier_id: vec![n; 24],
+                ntfs: vec![MsgNtf {
+                    msg_id: [n; 24],
+                    ts: 1,
+                    nonce: [0; 24],
+                    enc_meta: vec![0; 144],
+                }],
             }),
         }
+    }
+
+    fn state() -> OutputState {
+        OutputState::new(OutputLimits::default())
     }
 
     #[test]
@@ -605,7 +776,7 @@ mod tests {
         let out = coalesce(groups.into_iter());
         let shape: Vec<(usize, bool)> = out
             .iter()
-            .map(|g| (g.transmissions.len(), g.delivery.is_some()))
+            .map(|g| (g.transmissions.len(), !g.is_plain()))
             .collect();
         assert_eq!(
             shape,
@@ -622,32 +793,99 @@ mod tests {
     /// kept (the blocks in flight bound them).
     #[test]
     fn admit_bounds_every_kind_of_output() {
-        let s = OutputState::default();
+        let s = state();
         let chunk = 64 * 1024;
         let mut queued = 0;
+        let mut rid = 0u8;
         while queued + chunk <= OUTPUT_HARD_LIMIT_BYTES {
-            assert_eq!(s.admit(vec![event(chunk)], true).len(), 1);
+            assert_eq!(s.admit(vec![event(chunk)], true).kept.len(), 1);
             queued += chunk;
             // Over the high water mark a pushed MSG is only a marker.
             if queued > OUTPUT_HIGH_WATER_BYTES {
-                assert!(s.admit(vec![msg_delivery(16_000)], true).is_empty());
+                rid = rid.wrapping_add(1);
+                let a = s.admit(vec![msg_delivery_for(rid, 16_000)], true);
+                assert!(a.kept.is_empty());
+                assert_eq!(a.dropped, 1);
             }
         }
         assert!(!s.doomed.get());
         assert_eq!(s.queued_bytes.get(), queued);
-        let dropped = s.dropped.borrow().len();
-        assert!(dropped > 0);
+        let held = s.pending.borrow().len();
+        assert!(held > 0);
 
         // The event that would cross the hard limit is refused and dooms the connection; so is
         // every later one, however small.
-        assert!(s.admit(vec![event(chunk)], true).is_empty());
+        assert!(s.admit(vec![event(chunk)], true).kept.is_empty());
         assert!(s.doomed.get());
-        assert!(s.admit(vec![event(10)], true).is_empty());
+        assert!(s.admit(vec![event(10)], true).kept.is_empty());
         assert_eq!(s.queued_bytes.get(), queued);
 
         // Answers are still kept.
-        assert_eq!(s.admit(vec![event(100)], false).len(), 1);
+        assert_eq!(s.admit(vec![event(100)], false).kept.len(), 1);
         assert_eq!(s.queued_bytes.get(), queued + 100);
-        assert_eq!(s.dropped.borrow().len(), dropped);
+        assert_eq!(s.pending.borrow().len(), held);
+    }
+
+    /// Unread answers do not count against the hard limit of undroppable events: a connection
+    /// with megabytes of answers waiting still gets its DELD (issue: three unread SUB blocks and
+    /// one DELD used to close it).
+    #[test]
+    fn unread_answers_do_not_doom_a_connection_that_gets_an_event() {
+        let s = state();
+        for _ in 0..7 {
+            assert_eq!(s.admit(vec![event(1 << 20)], false).kept.len(), 1);
+        }
+        assert!(s.queued_bytes.get() > OUTPUT_HARD_LIMIT_BYTES);
+        assert_eq!(s.admit(vec![event(100)], true).kept.len(), 1);
+        assert!(!s.doomed.get());
+        assert_eq!(s.event_bytes.get(), 100);
+        // Pushed MSGs are still dropped to markers while the answers wait.
+        assert_eq!(s.admit(vec![msg_delivery(16_000)], true).dropped, 1);
+    }
+
+    /// Notifications that cannot be queued (the connection is being closed) come back to be
+    /// stored, never dropped.
+    #[test]
+    fn refused_notifications_are_returned() {
+        let s = state();
+        s.doomed.set(true);
+        let a = s.admit(vec![ntfs(3), event(10), ntfs(4)], true);
+        assert!(a.kept.is_empty());
+        let ids: Vec<u8> = a.returned.iter().map(|r| r.notifier_id[0]).collect();
+        assert_eq!(ids, [3, 4]);
+        assert_eq!(a.returned[0].ntfs.len(), 1);
+    }
+
+    /// A held delivery is found for an ACK of its queue, and a newer one replaces it; a "more
+    /// notifications" marker is held without transmissions and is no delivery.
+    #[test]
+    fn held_items_are_one_per_queue_and_kind() {
+        let s = state();
+        s.queued_bytes.set(OUTPUT_HIGH_WATER_BYTES + 1);
+        let mut newer = delivery(7);
+        newer.epoch = 2;
+        s.admit(vec![msg_delivery_for(7, 100)], true);
+        s.admit(
+            vec![Group {
+                transmissions: vec![vec![1; 100]],
+                kind: GroupKind::Msg(newer.clone()),
+            }],
+            true,
+        );
+        let more = Pending::Ntfs {
+            owner: 0,
+            notifier_id: vec![7; 24],
+        };
+        let a = s.admit(
+            vec![Group {
+                transmissions: Vec::new(),
+                kind: GroupKind::More(more),
+            }],
+            false,
+        );
+        assert!(a.kept.is_empty());
+        assert_eq!(s.pending.borrow().len(), 2);
+        assert_eq!(s.held_delivery(&[7; 24]), Some(newer));
+        assert_eq!(s.held_delivery(&[8; 24]), None);
     }
 }

@@ -199,6 +199,8 @@ fn route_forwarded(ctx: &RouteCtx<'_>, corr_id: &[u8], body: &[u8], routed: &mut
                 authorized: r.authorized,
                 forward: Some(fwd),
                 batch_verified: None,
+                pre_verified: None,
+                undelivered: None,
             });
         }
     }
@@ -220,5 +222,7 @@ fn request(
         authorized: authorized_bytes(session.version, &session.session_id, t.signed),
         forward: None,
         batch_verified: None,
+        pre_verified: None,
+        undelivered: None,
     }
 }

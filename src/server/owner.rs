@@ -11,13 +11,16 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use super::directory::Directory;
-use super::router::{ConnRef, Delivery, Group, Mesh, Request, Session, ShardMsg};
+use super::router::{
+    ConnRef, Delivery, Group, GroupKind, Mesh, NtfReturn, Pending, Request, Session, ShardMsg,
+};
 use crate::config::Settings;
 use crate::crypto::auth::{self, Authorization};
 use crate::crypto::keys::PublicAuthKey;
+use crate::limits::{FAILED_VERIFY_BUDGET, FAILED_VERIFY_REFILL_PER_SEC, NTFS_PER_PART};
 use crate::protocol::response::BrokerMsg;
 use crate::protocol::transmission::encode_server_transmission;
-use crate::store::{EntityId, MessageStore, MsgId, QueueStore};
+use crate::store::{EntityId, MessageStore, MsgId, MsgNtf, QueueStore};
 
 /// The SUB-mode subscriber of a queue: at most one connection, with at most one message delivered
 /// and not acknowledged.
@@ -55,6 +58,32 @@ pub struct OwnerStats {
     /// (their requests were then verified one by one).
     pub verify_batches: u64,
     pub verify_batch_fallbacks: u64,
+    /// Connections closed for spending their failed-verification budget.
+    pub verify_budget_closes: u64,
+}
+
+/// A connection's allowance of failed signature verifications on one owner: a token bucket.
+struct VerifyBudget {
+    left: u32,
+    at: std::time::Instant,
+}
+
+impl VerifyBudget {
+    fn new() -> Self {
+        VerifyBudget {
+            left: FAILED_VERIFY_BUDGET,
+            at: std::time::Instant::now(),
+        }
+    }
+
+    fn refill(&mut self) {
+        let secs = self.at.elapsed().as_secs_f64();
+        let add = (secs * f64::from(FAILED_VERIFY_REFILL_PER_SEC)) as u32;
+        if add > 0 {
+            self.left = self.left.saturating_add(add).min(FAILED_VERIFY_BUDGET);
+            self.at = std::time::Instant::now();
+        }
+    }
 }
 
 /// The fewest Ed25519 signatures in a block part worth a batch: below it, single verification.
@@ -86,8 +115,17 @@ pub struct Owner<S> {
     pub mesh: Mesh,
     pub settings: Rc<Settings>,
     pub subs: HashMap<EntityId, Subscriber>,
-    /// GET-mode state per (queue, connection): the message a GET returned and not yet acknowledged.
-    pub gets: HashMap<(EntityId, ConnRef), Option<MsgId>>,
+    /// GET-mode state per queue and connection: the message a GET returned and not yet
+    /// acknowledged. Keyed by queue first, so that DEL finds a queue's entries without a scan.
+    pub gets: HashMap<EntityId, HashMap<ConnRef, Option<MsgId>>>,
+    /// Notifiers whose subscriber has more stored notifications coming (`limits::NTFS_PER_PART`
+    /// at a time): new ones are stored behind them rather than sent ahead.
+    pub ntf_backlog: HashSet<EntityId>,
+    /// The index of the recipient key that verified last, for queues with several keys: it is
+    /// tried first.
+    last_key: HashMap<EntityId, usize>,
+    /// Failed verifications each connection may still cause (`limits::FAILED_VERIFY_BUDGET`).
+    verify_budget: HashMap<ConnRef, VerifyBudget>,
     /// Notifier ID → the connection subscribed to its notifications.
     pub ntf_subs: HashMap<EntityId, Session>,
     pub by_conn: HashMap<ConnRef, ConnEntries>,
@@ -133,6 +171,9 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             settings,
             subs: HashMap::new(),
             gets: HashMap::new(),
+            ntf_backlog: HashSet::new(),
+            last_key: HashMap::new(),
+            verify_budget: HashMap::new(),
             ntf_subs: HashMap::new(),
             by_conn: HashMap::new(),
             stats: OwnerStats::default(),
@@ -147,6 +188,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     pub async fn process(&mut self, session: Session, block_seq: u64, mut requests: Vec<Request>) {
         let mut turn = Turn::default();
         self.batch_verify(&session, &mut requests);
+        self.pre_verify_subs(&session, &mut requests);
         let prefetched = self.prefetch_subs(&requests).await;
         let mut prefetched = prefetched;
         for (i, mut req) in requests.into_iter().enumerate() {
@@ -178,8 +220,97 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         );
     }
 
-    /// One `peek_first_many` call for every SUB of the block whose queue exists (DESIGN §2), so that
-    /// a block of 135 SUBs costs this owner one store call.
+    /// SUBs of a part that was not batch-verified are verified before the part's heads are read, so
+    /// that only verified SUBs cause a store read (a wrong key then costs what an unknown queue
+    /// costs). The outcome stands at execution unless a request of the part changes recipient keys.
+    fn pre_verify_subs(&mut self, session: &Session, requests: &mut [Request]) {
+        use crate::protocol::command::Command;
+        if requests
+            .iter()
+            .any(|r| matches!(r.command, Command::RKey(_)))
+        {
+            return;
+        }
+        for r in requests.iter_mut() {
+            if !matches!(r.command, Command::Sub) || r.batch_verified.is_some() || r.service_sig {
+                continue;
+            }
+            let Some((rid, keys)) = r
+                .recipient_id
+                .as_deref()
+                .and_then(|rid| self.store.get(rid))
+                .map(|q| (q.recipient_id.clone(), q.recipient_keys.clone()))
+            else {
+                continue;
+            };
+            let ok = self.verify_recipient(session, r, &rid, &keys);
+            r.pre_verified = Some(ok);
+        }
+    }
+
+    /// Checks a recipient command against the queue's recipient keys, the one that verified last
+    /// first. Each failed verification is taken from the connection's budget; a connection that
+    /// would need more than is left is closed (its request is answered AUTH), so a queue with 255
+    /// keys cannot make one connection cost the shard more than its share.
+    pub fn verify_recipient(
+        &mut self,
+        session: &Session,
+        req: &Request,
+        rid: &[u8],
+        keys: &[PublicAuthKey],
+    ) -> bool {
+        if let Some(ok) = req.pre_verified {
+            return ok;
+        }
+        let first = self
+            .last_key
+            .get(rid)
+            .copied()
+            .filter(|i| *i < keys.len())
+            .unwrap_or(0);
+        let order = std::iter::once(first).chain((0..keys.len()).filter(|i| *i != first));
+        let mut found = None;
+        for (n, i) in order.enumerate() {
+            // The first key costs what an unknown queue costs; each further one is counted.
+            if n > 0 && !self.spend_verify_budget(session.conn) {
+                self.stats.verify_budget_closes += 1;
+                self.mesh
+                    .send(session.conn.shard, ShardMsg::Close { conn: session.conn });
+                return false;
+            }
+            if self.verify_with(session, req, &keys[i]) {
+                found = Some(i);
+                break;
+            }
+        }
+        match found {
+            Some(0) => {
+                self.last_key.remove(rid);
+            }
+            Some(i) => {
+                self.last_key.insert(rid.to_vec(), i);
+            }
+            None => {}
+        }
+        found.is_some()
+    }
+
+    /// Takes one verification beyond the first key from `conn`'s budget; false when it has run out.
+    fn spend_verify_budget(&mut self, conn: ConnRef) -> bool {
+        let b = self
+            .verify_budget
+            .entry(conn)
+            .or_insert_with(VerifyBudget::new);
+        b.refill();
+        if b.left == 0 {
+            return false;
+        }
+        b.left -= 1;
+        true
+    }
+
+    /// One `peek_first_many` call for every verified SUB of the block whose queue exists (DESIGN
+    /// §2), so that a block of 135 SUBs costs this owner one store call.
     async fn prefetch_subs(
         &mut self,
         requests: &[Request],
@@ -188,6 +319,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             .iter()
             .enumerate()
             .filter(|(_, r)| matches!(r.command, crate::protocol::command::Command::Sub))
+            .filter(|(_, r)| r.batch_verified.is_some() || r.pre_verified == Some(true))
             .filter_map(|(i, r)| {
                 r.recipient_id
                     .as_deref()
@@ -292,7 +424,10 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         let key = match party {
             Party::Sender => Some(q.sender_key.as_ref()?),
             Party::Notifier => q.notifier.as_ref().map(|n| &n.notifier_key),
-            _ => q.recipient_keys.first(),
+            _ => {
+                let i = self.last_key.get(&q.recipient_id).copied().unwrap_or(0);
+                q.recipient_keys.get(i).or(q.recipient_keys.first())
+            }
         };
         Some(match key {
             Some(PublicAuthKey::Ed25519(k)) => *k,
@@ -331,7 +466,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     pub fn send_delivery(&self, conn: ConnRef, t: Vec<u8>, delivery: Delivery) {
         let groups = vec![Group {
             transmissions: vec![t],
-            delivery: Some(delivery),
+            kind: GroupKind::Msg(delivery),
         }];
         self.mesh.send(conn.shard, ShardMsg::Event { conn, groups });
     }
@@ -359,33 +494,129 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         }
     }
 
-    /// A connection's output was over its bound and these deliveries never reached its socket:
-    /// hand each queue's head again, if it is still that subscription's outstanding delivery.
-    pub async fn redeliver(&mut self, conn: ConnRef, deliveries: Vec<Delivery>) {
-        for d in deliveries {
-            let rid = d.recipient_id.clone();
-            let current = match self.subs.get(&rid) {
-                Some(s) => {
-                    s.session.conn == conn && s.epoch == d.epoch && s.delivered == Some(d.msg_id)
+    /// A connection asks for what it held: MSGs it dropped while its output was over its bound
+    /// (each queue's head is handed again if that is still the subscription's outstanding
+    /// delivery), and the next notifications of a notifier it subscribes to. Always answered, even
+    /// with nothing, so that the connection asks for its next items (I2).
+    pub async fn redeliver(&mut self, conn: ConnRef, items: Vec<Pending>) {
+        let mut groups = Vec::new();
+        for item in items {
+            match item {
+                Pending::Msg(d) => {
+                    if let Some(g) = self.redeliver_msg(conn, d).await {
+                        groups.push(g);
+                    }
                 }
-                None => false,
-            };
-            if !current {
-                continue;
+                Pending::Ntfs { notifier_id, .. } => {
+                    let Some(session) = self
+                        .ntf_subs
+                        .get(&notifier_id)
+                        .filter(|s| s.conn == conn)
+                        .cloned()
+                    else {
+                        continue;
+                    };
+                    groups.extend(self.ntf_part(&session, &notifier_id).await);
+                }
             }
-            let head = self.store.peek_first(&rid).await.ok().flatten();
-            let Some(secret) = self.store.get(&rid).map(|q| q.rcv_dh_secret) else {
-                continue;
-            };
-            let Some(s) = self.subs.get_mut(&rid) else {
-                continue;
-            };
-            s.delivered = head.as_ref().map(|m| *m.msg_id());
-            if let Some(m) = head {
-                let session = s.session.clone();
-                let t = super::commands::msg_transmission(&session, b"", &rid, &secret, &m);
-                let delivery = self.delivery(&rid, m.msg_id());
-                self.send_delivery(conn, t, delivery);
+        }
+        self.mesh
+            .send(conn.shard, ShardMsg::Redelivered { conn, groups });
+    }
+
+    async fn redeliver_msg(&mut self, conn: ConnRef, d: Delivery) -> Option<Group> {
+        let rid = d.recipient_id.clone();
+        if !self.is_outstanding(conn, &d) {
+            return None;
+        }
+        let head = self.store.peek_first(&rid).await.ok().flatten();
+        let secret = self.store.get(&rid).map(|q| q.rcv_dh_secret)?;
+        let s = self.subs.get_mut(&rid)?;
+        s.delivered = head.as_ref().map(|m| *m.msg_id());
+        let m = head?;
+        let session = s.session.clone();
+        let t = super::commands::msg_transmission(&session, b"", &rid, &secret, &m);
+        Some(Group {
+            transmissions: vec![t],
+            kind: GroupKind::Msg(self.delivery(&rid, m.msg_id())),
+        })
+    }
+
+    /// The next `NTFS_PER_PART` stored notifications of `nid` for its subscriber `session`, and a
+    /// marker to ask for more when more are stored.
+    pub async fn ntf_part(&mut self, session: &Session, nid: &[u8]) -> Vec<Group> {
+        let (part, more) = self
+            .store
+            .take_ntfs(nid, NTFS_PER_PART)
+            .await
+            .unwrap_or_default();
+        let mut groups = Vec::new();
+        if !part.is_empty() {
+            self.stats.msg_ntfs += part.len() as u64;
+            groups.push(self.ntf_group(session, nid, part));
+        }
+        if more {
+            self.ntf_backlog.insert(nid.to_vec());
+            groups.push(Group {
+                transmissions: Vec::new(),
+                kind: GroupKind::More(Pending::Ntfs {
+                    owner: self.shard,
+                    notifier_id: nid.to_vec(),
+                }),
+            });
+        } else {
+            self.ntf_backlog.remove(nid);
+        }
+        groups
+    }
+
+    /// NMSGs for `ntfs`, kept with them so that a connection that cannot take them returns them.
+    pub fn ntf_group(&self, session: &Session, nid: &[u8], ntfs: Vec<MsgNtf>) -> Group {
+        Group {
+            transmissions: ntfs
+                .iter()
+                .map(|n| super::commands::nmsg(session, nid, n))
+                .collect(),
+            kind: GroupKind::Ntfs(NtfReturn {
+                owner: self.shard,
+                notifier_id: nid.to_vec(),
+                ntfs,
+            }),
+        }
+    }
+
+    /// Notifications a connection could not take (it closed before they were written): stored
+    /// again, ahead of any stored since, for the next NSUB.
+    pub async fn store_ntfs(&mut self, nid: &[u8], ntfs: Vec<MsgNtf>) {
+        self.stats.msg_ntfs = self.stats.msg_ntfs.saturating_sub(ntfs.len() as u64);
+        // A notifier deleted meanwhile keeps nothing.
+        if self
+            .directory
+            .lookup(super::directory::IdSpace::Notifier, nid)
+            .is_none()
+        {
+            return;
+        }
+        let _ = self.store.return_ntfs(nid, ntfs).await;
+    }
+
+    /// The GET-mode state of `conn` on `rid`.
+    pub fn get_state(&self, rid: &[u8], conn: ConnRef) -> Option<Option<MsgId>> {
+        self.gets.get(rid).and_then(|m| m.get(&conn)).copied()
+    }
+
+    pub fn set_get_state(&mut self, rid: &[u8], conn: ConnRef, delivered: Option<MsgId>) {
+        self.gets
+            .entry(rid.to_vec())
+            .or_default()
+            .insert(conn, delivered);
+    }
+
+    pub fn remove_get_state(&mut self, rid: &[u8], conn: ConnRef) {
+        if let Some(m) = self.gets.get_mut(rid) {
+            m.remove(&conn);
+            if m.is_empty() {
+                self.gets.remove(rid);
             }
         }
     }
@@ -410,6 +641,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// A connection closed: drop its subscriptions here. Nobody is told (the reference sends no END).
     pub fn connection_closed(&mut self, conn: ConnRef) {
         self.batch_off.remove(&conn);
+        self.verify_budget.remove(&conn);
         let Some(e) = self.by_conn.remove(&conn) else {
             return;
         };
@@ -419,11 +651,12 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             }
         }
         for rid in e.gets {
-            self.gets.remove(&(rid, conn));
+            self.remove_get_state(&rid, conn);
         }
         for nid in e.ntf_subs {
             if self.ntf_subs.get(&nid).map(|s| s.conn) == Some(conn) {
                 self.ntf_subs.remove(&nid);
+                self.ntf_backlog.remove(&nid);
             }
         }
     }
@@ -468,7 +701,7 @@ fn pack_turn(turn: Turn) -> Vec<Group> {
         groups.push(Group::plain(responses));
         groups.extend(sub_msgs.into_iter().map(|(m, d)| Group {
             transmissions: vec![m],
-            delivery: Some(d),
+            kind: GroupKind::Msg(d),
         }));
     }
     groups.extend(trailing);
@@ -546,6 +779,8 @@ mod tests {
             authorized: signed,
             forward: None,
             batch_verified: None,
+            pre_verified: None,
+            undelivered: None,
         }
     }
 

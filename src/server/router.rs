@@ -13,7 +13,7 @@ use x25519_dalek::StaticSecret;
 use super::forward::Forwarded;
 use crate::protocol::command::Command;
 use crate::protocol::version::Version;
-use crate::store::{group_of, EntityId, MsgId, PARTITION_GROUPS};
+use crate::store::{group_of, EntityId, MsgId, MsgNtf, PARTITION_GROUPS};
 
 /// A connection, named by the shard that holds it and a number unique on that shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -51,6 +51,14 @@ pub struct Request {
     /// The Ed25519 key this request's signature was verified with in its block's batch
     /// (`Owner::batch_verify`); set only by the owner, before execution.
     pub batch_verified: Option<[u8; 32]>,
+    /// For a SUB whose block part could not be batch-verified: the outcome of verifying it before
+    /// the part's heads are read, so that a wrong key causes no store read (as an unknown queue).
+    /// Set only by the owner, and only for parts whose recipient keys no request changes.
+    pub pre_verified: Option<bool>,
+    /// For an ACK: the message the connection dropped unsent for this queue (its output was over
+    /// its bound). The reference marks a message delivered only once it is queued for sending, so
+    /// an ACK of it is `NO_MSG` and deletes nothing.
+    pub undelivered: Option<Delivery>,
 }
 
 /// A group of encoded transmissions packed into as few blocks as they fit. A MSG delivery is a group
@@ -58,21 +66,40 @@ pub struct Request {
 /// together are merged, in order, so that they share blocks (`conn::coalesce`).
 pub struct Group {
     pub transmissions: Vec<Vec<u8>>,
-    /// Set when the group is one MSG delivery: a connection whose output is over its bound drops
-    /// the 16 KB transmission and keeps only this, asking the owner again when it has drained.
-    pub delivery: Option<Delivery>,
+    pub kind: GroupKind,
+}
+
+/// What a connection may do with a group it cannot queue now.
+pub enum GroupKind {
+    /// Answers and events that are queued whatever the bound (the blocks in flight bound answers;
+    /// `OUTPUT_HARD_LIMIT_BYTES` bounds events).
+    Plain,
+    /// One MSG delivery: a connection whose output is over its bound drops the 16 KB transmission
+    /// and keeps only this, asking the owner again when it has drained.
+    Msg(Delivery),
+    /// NMSGs of one notifier. If they cannot be queued (the connection is gone or being closed),
+    /// they go back to their owner, which stores them for the next NSUB: a notification is never
+    /// dropped unsent.
+    Ntfs(NtfReturn),
+    /// No transmissions: the owner holds more for this connection (the rest of an NSUB's stored
+    /// notifications) and hands the next part when the connection asks, under the same bound.
+    More(Pending),
 }
 
 impl Group {
     pub fn plain(transmissions: Vec<Vec<u8>>) -> Self {
         Group {
             transmissions,
-            delivery: None,
+            kind: GroupKind::Plain,
         }
     }
 
     pub fn bytes(&self) -> usize {
         self.transmissions.iter().map(|t| t.len()).sum()
+    }
+
+    pub fn is_plain(&self) -> bool {
+        matches!(self.kind, GroupKind::Plain)
     }
 }
 
@@ -84,6 +111,38 @@ pub struct Delivery {
     pub msg_id: MsgId,
     /// The subscription it was for: a re-SUB starts a new one, and a stale request is ignored.
     pub epoch: u64,
+}
+
+/// Notifications on their way to a notifier's subscriber, kept so that they can be stored again.
+pub struct NtfReturn {
+    pub owner: usize,
+    pub notifier_id: EntityId,
+    pub ntfs: Vec<MsgNtf>,
+}
+
+/// Something a connection holds to ask its owner for when it has room again: a MSG it dropped,
+/// or the rest of a notifier's stored notifications.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pending {
+    Msg(Delivery),
+    Ntfs { owner: usize, notifier_id: EntityId },
+}
+
+impl Pending {
+    pub fn owner(&self) -> usize {
+        match self {
+            Pending::Msg(d) => d.owner,
+            Pending::Ntfs { owner, .. } => *owner,
+        }
+    }
+
+    /// At most one pending item per queue and kind: a newer one replaces the older.
+    pub fn key(&self) -> (bool, EntityId) {
+        match self {
+            Pending::Msg(d) => (true, d.recipient_id.clone()),
+            Pending::Ntfs { notifier_id, .. } => (false, notifier_id.clone()),
+        }
+    }
 }
 
 pub enum ShardMsg {
@@ -103,12 +162,20 @@ pub enum ShardMsg {
     Event { conn: ConnRef, groups: Vec<Group> },
     /// The connection is gone: drop its subscriptions.
     Closed { conn: ConnRef },
-    /// A connection dropped these deliveries unsent (its output was over its bound) and has room
-    /// again: hand each queue's head to it if the subscription is still the same.
-    Redeliver {
-        conn: ConnRef,
-        deliveries: Vec<Delivery>,
+    /// A connection dropped these deliveries unsent (its output was over its bound), or was told
+    /// there is more for it, and has room again: hand each queue's head (or the next notifications)
+    /// to it if the subscription is still the same. Always answered with `Redelivered`.
+    Redeliver { conn: ConnRef, items: Vec<Pending> },
+    /// The owner's answer to `Redeliver`, possibly empty: the connection then asks for the next
+    /// items it holds, so that stale items never leave live ones unasked (I2).
+    Redelivered { conn: ConnRef, groups: Vec<Group> },
+    /// Notifications that could not be queued for their connection: store them again.
+    ReturnNtfs {
+        notifier_id: EntityId,
+        ntfs: Vec<MsgNtf>,
     },
+    /// An owner asks a connection's shard to close it (it spent its verification budget).
+    Close { conn: ConnRef },
     /// Registers a subscriber after its SUB was answered: only the test build `t1-race-variant`
     /// sends this, to show that the race test catches the reference's late registration.
     RegisterSub {

@@ -14,7 +14,7 @@ use glommio::net::TcpListener;
 use super::conn::{self, ConnHandle, Output};
 use super::directory::Directory;
 use super::owner::Owner;
-use super::router::{ConnRef, Group, Mesh, ShardMsg};
+use super::router::{ConnRef, Group, GroupKind, Mesh, ShardMsg};
 use crate::config::StartConfig;
 use crate::metrics::{self, MetricsSnapshot};
 use crate::store::memory::MemoryStore;
@@ -42,6 +42,16 @@ pub struct ShardContext {
     /// Each shard's latest numbers; shard 0 writes their sum to the metrics file. Touched once per
     /// metrics interval, never on a request's path.
     pub metrics: Arc<Mutex<Vec<MetricsSnapshot>>>,
+    /// Back-pressure counters of this shard's connections, exported as metrics.
+    pub conn_stats: ConnStats,
+}
+
+/// Counters of what back-pressure did to this shard's connections.
+#[derive(Default)]
+pub struct ConnStats {
+    pub output_drops: Cell<u64>,
+    pub output_reasks: Cell<u64>,
+    pub slow_reader_closes: Cell<u64>,
 }
 
 impl ShardContext {
@@ -71,6 +81,7 @@ impl ShardContext {
             next_conn: Cell::new(0),
             proxy,
             metrics,
+            conn_stats: ConnStats::default(),
         }
     }
 
@@ -80,12 +91,70 @@ impl ShardContext {
         id
     }
 
-    /// Hands groups to a connection of this shard; a connection that has gone drops them (its
-    /// owners are told by `Closed` and forget it).
+    /// Hands groups to a connection of this shard. A connection that has gone drops them (its
+    /// owners are told by `Closed` and forget it), except notifications, which go back to their
+    /// owners to be stored.
     fn deliver(&self, conn: ConnRef, groups: Vec<Group>, block_seq: Option<u64>) {
+        let table = self.connections_table.borrow();
+        let Some(h) = table.get(&conn.id) else {
+            drop(table);
+            self.return_ntfs(groups);
+            return;
+        };
+        let admitted = h.state.admit(groups, block_seq.is_none());
+        let stats = &self.conn_stats;
+        stats
+            .output_drops
+            .set(stats.output_drops.get() + admitted.dropped as u64);
+        // An empty output still wakes the writer: it releases the block's permit, or ends a
+        // connection that was just doomed.
+        let _ = h.out.try_send(Output {
+            groups: admitted.kept,
+            block_seq,
+        });
+        drop(table);
+        for r in admitted.returned {
+            self.return_ntfs(vec![Group {
+                transmissions: Vec::new(),
+                kind: GroupKind::Ntfs(r),
+            }]);
+        }
+    }
+
+    /// Sends the notifications among `groups` back to their owners.
+    pub fn return_ntfs(&self, groups: Vec<Group>) {
+        for g in groups {
+            if let GroupKind::Ntfs(r) = g.kind {
+                self.mesh.send(
+                    r.owner,
+                    ShardMsg::ReturnNtfs {
+                        notifier_id: r.notifier_id,
+                        ntfs: r.ntfs,
+                    },
+                );
+            }
+        }
+    }
+
+    /// An owner answered a connection's ask (`conn::ask_again`): queue what it sent, and ask for
+    /// the next items once every owner asked has answered.
+    fn redelivered(&self, conn: ConnRef, groups: Vec<Group>) {
+        self.deliver(conn, groups, None);
+        let table = self.connections_table.borrow();
+        if let Some(h) = table.get(&conn.id) {
+            h.state.asking.set(h.state.asking.get().saturating_sub(1));
+            conn::ask_again(self, conn, &h.state);
+        }
+    }
+
+    /// Ends a connection at its owner's request.
+    fn close(&self, conn: ConnRef) {
         if let Some(h) = self.connections_table.borrow().get(&conn.id) {
-            let groups = h.state.admit(groups, block_seq.is_none());
-            let _ = h.out.try_send(Output { groups, block_seq });
+            h.state.doomed.set(true);
+            let _ = h.out.try_send(Output {
+                groups: Vec::new(),
+                block_seq: None,
+            });
         }
     }
 }
@@ -194,6 +263,8 @@ async fn inbox_loop(
                 groups,
             } => ctx.deliver(conn, groups, Some(block_seq)),
             ShardMsg::Event { conn, groups } => ctx.deliver(conn, groups, None),
+            ShardMsg::Redelivered { conn, groups } => ctx.redelivered(conn, groups),
+            ShardMsg::Close { conn } => ctx.close(conn),
             ShardMsg::Metrics => publish_metrics(ctx, &owner),
             ShardMsg::Stop => break,
             m @ ShardMsg::Work { .. } if delay.is_some() => {
@@ -221,7 +292,8 @@ async fn owner_msg(owner: &mut Owner<MemoryStore>, msg: ShardMsg) {
             requests,
         } => owner.process(session, block_seq, requests).await,
         ShardMsg::Closed { conn } => owner.connection_closed(conn),
-        ShardMsg::Redeliver { conn, deliveries } => owner.redeliver(conn, deliveries).await,
+        ShardMsg::Redeliver { conn, items } => owner.redeliver(conn, items).await,
+        ShardMsg::ReturnNtfs { notifier_id, ntfs } => owner.store_ntfs(&notifier_id, ntfs).await,
         ShardMsg::RegisterSub {
             session,
             recipient_id,
@@ -229,7 +301,12 @@ async fn owner_msg(owner: &mut Owner<MemoryStore>, msg: ShardMsg) {
         } => owner.register_sub(&session, &recipient_id, epoch),
         ShardMsg::Tick => owner.expire().await,
         // Connection output, metrics and stop are the loop's own.
-        ShardMsg::Reply { .. } | ShardMsg::Event { .. } | ShardMsg::Metrics | ShardMsg::Stop => {}
+        ShardMsg::Reply { .. }
+        | ShardMsg::Event { .. }
+        | ShardMsg::Redelivered { .. }
+        | ShardMsg::Close { .. }
+        | ShardMsg::Metrics
+        | ShardMsg::Stop => {}
     }
 }
 
@@ -241,6 +318,9 @@ fn publish_metrics(ctx: &ShardContext, owner: &Owner<MemoryStore>) {
     m.msg_count = owner.store.total_messages() as u64;
     m.subscriptions = owner.subs.len() as u64;
     m.connections = ctx.connections.get() as u64;
+    m.output_drops = ctx.conn_stats.output_drops.get();
+    m.output_reasks = ctx.conn_stats.output_reasks.get();
+    m.slow_reader_closes = ctx.conn_stats.slow_reader_closes.get();
     let p = ctx.proxy.stats();
     m.p_relays = p.relays;
     m.p_relays_own = p.relays_own;

@@ -41,6 +41,9 @@ pub struct TlsStream<C = ServerConnection> {
     /// socket took; application records are written from rustls to the socket directly.
     out: Vec<u8>,
     out_pos: usize,
+    /// Bytes the socket has taken so far: how the slow-reader watchdog tells a slow reader from
+    /// one that does not read.
+    written: u64,
 }
 
 pub type SharedTls<C = ServerConnection> = Rc<RefCell<TlsStream<C>>>;
@@ -61,6 +64,7 @@ where
             pending: Vec::new(),
             out: Vec::new(),
             out_pos: 0,
+            written: 0,
         }
     }
 
@@ -155,6 +159,10 @@ where
         Ok(())
     }
 
+    pub fn written_bytes(&self) -> u64 {
+        self.written
+    }
+
     pub fn has_output(&self) -> bool {
         self.out_pos < self.out.len() || self.tls.wants_write()
     }
@@ -164,7 +172,10 @@ where
         while self.out_pos < self.out.len() {
             match Pin::new(&mut self.sock).poll_write(cx, &self.out[self.out_pos..]) {
                 Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-                Poll::Ready(Ok(n)) => self.out_pos += n,
+                Poll::Ready(Ok(n)) => {
+                    self.out_pos += n;
+                    self.written += n as u64;
+                }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => return Poll::Pending,
             }
@@ -180,7 +191,7 @@ where
             };
             match self.tls.write_tls(&mut sock) {
                 Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-                Ok(_) => {}
+                Ok(n) => self.written += n as u64,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Poll::Pending,
                 Err(e) => return Poll::Ready(Err(e)),
             }

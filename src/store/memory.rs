@@ -277,12 +277,36 @@ impl MessageStore for MemoryStore {
         Ok(())
     }
 
-    async fn take_ntfs(&mut self, notifier_id: &[u8]) -> Result<Vec<MsgNtf>, StoreError> {
-        Ok(self
-            .ntfs
-            .remove(notifier_id)
-            .map(Vec::from)
-            .unwrap_or_default())
+    async fn take_ntfs(
+        &mut self,
+        notifier_id: &[u8],
+        max: usize,
+    ) -> Result<(Vec<MsgNtf>, bool), StoreError> {
+        let Some(list) = self.ntfs.get_mut(notifier_id) else {
+            return Ok((Vec::new(), false));
+        };
+        let n = list.len().min(max);
+        let part: Vec<MsgNtf> = list.drain(..n).collect();
+        let more = !list.is_empty();
+        if !more {
+            self.ntfs.remove(notifier_id);
+        }
+        Ok((part, more))
+    }
+
+    async fn return_ntfs(
+        &mut self,
+        notifier_id: &[u8],
+        ntfs: Vec<MsgNtf>,
+    ) -> Result<(), StoreError> {
+        let list = self.ntfs.entry(notifier_id.to_vec()).or_default();
+        for n in ntfs.into_iter().rev() {
+            if list.len() >= MAX_NTFS_PER_NOTIFIER {
+                break;
+            }
+            list.push_front(n);
+        }
+        Ok(())
     }
 
     async fn delete_ntfs(&mut self, notifier_id: &[u8]) -> Result<usize, StoreError> {
@@ -616,11 +640,14 @@ pub(crate) mod tests {
         assert_eq!(s.ntf_ids(), vec![n1.to_vec()]);
 
         block_on(s.add_ntf(n1, ntf(4, 400))).unwrap();
-        let taken = block_on(s.take_ntfs(n1)).unwrap();
+        let taken = block_on(s.take_ntfs(n1, usize::MAX)).unwrap().0;
         let order: Vec<u8> = taken.iter().map(|n| n.msg_id[0]).collect();
         assert_eq!(order, vec![2, 3, 4], "oldest first");
         assert_eq!(taken[0], ntf(2, 200));
-        assert!(block_on(s.take_ntfs(n1)).unwrap().is_empty(), "taken");
+        assert!(
+            block_on(s.take_ntfs(n1, usize::MAX)).unwrap().0.is_empty(),
+            "taken"
+        );
         assert!(s.ntf_ids().is_empty());
 
         block_on(s.add_ntf(n2, ntf(5, 500))).unwrap();
@@ -636,7 +663,7 @@ pub(crate) mod tests {
         for i in 0..MAX_NTFS_PER_NOTIFIER + 2 {
             block_on(s.add_ntf(b"n", ntf((i % 256) as u8, i as i64))).unwrap();
         }
-        let taken = block_on(s.take_ntfs(b"n")).unwrap();
+        let taken = block_on(s.take_ntfs(b"n", usize::MAX)).unwrap().0;
         assert_eq!(taken.len(), MAX_NTFS_PER_NOTIFIER);
         assert_eq!(taken[0].ts, 2, "the oldest were dropped");
     }

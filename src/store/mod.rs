@@ -238,8 +238,20 @@ pub trait MessageStore {
 
     /// Appends a notification for `notifier_id` (kept in arrival order).
     async fn add_ntf(&mut self, notifier_id: &[u8], ntf: MsgNtf) -> Result<(), StoreError>;
-    /// Takes every pending notification of `notifier_id`, oldest first.
-    async fn take_ntfs(&mut self, notifier_id: &[u8]) -> Result<Vec<MsgNtf>, StoreError>;
+    /// Takes up to `max` pending notifications of `notifier_id`, oldest first, and whether more
+    /// are left.
+    async fn take_ntfs(
+        &mut self,
+        notifier_id: &[u8],
+        max: usize,
+    ) -> Result<(Vec<MsgNtf>, bool), StoreError>;
+    /// Puts back notifications taken but not delivered, ahead of those stored since (the per
+    /// notifier bound still applies: the oldest go first).
+    async fn return_ntfs(
+        &mut self,
+        notifier_id: &[u8],
+        ntfs: Vec<MsgNtf>,
+    ) -> Result<(), StoreError>;
     /// Drops the notifications of `notifier_id` (NDEL, NKEY replacing a notifier, DEL).
     async fn delete_ntfs(&mut self, notifier_id: &[u8]) -> Result<usize, StoreError>;
     /// Notifier IDs with pending notifications.

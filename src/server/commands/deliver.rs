@@ -19,7 +19,7 @@ use crate::protocol::response::BrokerMsg;
 use crate::protocol::transmission::encode_server_transmission;
 use crate::protocol::version::max_message_length;
 use crate::server::owner::{encode, Owner, Subscriber, Turn, T1_RACE_VARIANT, T1_VARIANT_DELAY};
-use crate::server::router::{Group, Request, Session, ShardMsg};
+use crate::server::router::{Delivery, Group, GroupKind, Request, Session, ShardMsg};
 use crate::store::{Message, MessageStore, MsgId, QueueStatus, QueueStore, WriteOutcome};
 
 /// MSG bodies are always padded to this before sealing: `MaxRcvMessageLen + 2`
@@ -112,7 +112,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         turn: &mut Turn,
     ) -> BrokerMsg {
         let conn = session.conn;
-        if self.gets.contains_key(&(rid.to_vec(), conn)) {
+        if self.get_state(rid, conn).is_some() {
             return err(ErrorType::Cmd(CommandError::Prohibited));
         }
         self.stats.subs += 1;
@@ -206,7 +206,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         };
         self.entries(conn).gets.insert(rid.to_vec());
         let delivered = head.as_ref().map(|m| *m.msg_id());
-        self.gets.insert((rid.to_vec(), conn), delivered);
+        self.set_get_state(rid, conn, delivered);
         match head {
             Some(m) => {
                 let secret = self
@@ -221,15 +221,21 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     }
 
     /// ACK: acknowledges the delivered message (an empty ID acknowledges whatever was delivered);
-    /// in SUB mode the next message is the response.
+    /// in SUB mode the next message is the response. A delivery the connection dropped unsent
+    /// (`undelivered`, still this subscription's outstanding one) was never queued for sending,
+    /// so, as in the reference, nothing is delivered yet: `NO_MSG`, and the message stays.
     pub(super) async fn ack(
         &mut self,
         session: &Session,
         rid: &[u8],
         msg_id: &[u8],
+        undelivered: Option<&Delivery>,
         turn: &mut Turn,
     ) -> BrokerMsg {
         let conn = session.conn;
+        if undelivered.is_some_and(|d| self.is_outstanding(conn, d)) {
+            return err(ErrorType::NoMsg);
+        }
         let matches = |d: &Option<MsgId>| match d {
             Some(d) => msg_id.is_empty() || msg_id == &d[..],
             None => false,
@@ -264,15 +270,14 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 None => BrokerMsg::Ok,
             };
         }
-        let key = (rid.to_vec(), conn);
-        if let Some(d) = self.gets.get(&key) {
-            if !matches(d) {
+        if let Some(d) = self.get_state(rid, conn) {
+            if !matches(&d) {
                 return err(ErrorType::NoMsg);
             }
-            let Some(delivered) = *d else {
+            let Some(delivered) = d else {
                 return err(ErrorType::NoMsg);
             };
-            self.gets.insert(key, None);
+            self.set_get_state(rid, conn, None);
             // GET mode deletes only a matching head; OK either way.
             match self.store.try_del(rid, &delivered).await {
                 Ok(Some(Message::Message { .. })) => self.stats.msg_recv += 1,
@@ -416,7 +421,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         if conn == session.conn {
             turn.pushes.push(Group {
                 transmissions: vec![t],
-                delivery: Some(delivery),
+                kind: GroupKind::Msg(delivery),
             });
         } else {
             self.send_delivery(conn, t, delivery);

@@ -10,6 +10,7 @@ mod deliver;
 pub use deliver::msg_transmission;
 mod link;
 mod notify;
+pub(crate) use notify::nmsg;
 mod queue;
 
 use super::owner::{Owner, Turn};
@@ -95,11 +96,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         if req.service_sig {
             return err(ErrorType::Service);
         }
-        if !q
-            .recipient_keys
-            .iter()
-            .any(|k| self.verify_with(session, req, k))
-        {
+        if !self.verify_recipient(session, req, &q.recipient_id, &q.recipient_keys) {
             return err(ErrorType::Auth);
         }
         let rid = q.recipient_id.clone();
@@ -117,7 +114,10 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         match &req.command {
             Command::Sub => self.sub(session, &rid, head, turn).await,
             Command::Get => self.get(session, &rid).await,
-            Command::Ack(msg_id) => self.ack(session, &rid, msg_id, turn).await,
+            Command::Ack(msg_id) => {
+                self.ack(session, &rid, msg_id, req.undelivered.as_ref(), turn)
+                    .await
+            }
             Command::Key(k) => self.key(q, k.clone()).await,
             Command::RKey(keys) => self.rkey(q, keys.clone()).await,
             Command::LSet {

@@ -12,7 +12,7 @@ use crate::protocol::error::ErrorType;
 use crate::protocol::response::BrokerMsg;
 use crate::server::directory::IdSpace;
 use crate::server::owner::{encode, Owner, Turn};
-use crate::server::router::{Group, Request, Session};
+use crate::server::router::{Request, Session};
 use crate::store::{Message, MessageStore, MsgNtf, NotifierCreds, QueueRec, QueueStore};
 
 /// Attempts at a free notifier ID (the reference's 3).
@@ -78,6 +78,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// unless that is the connection that removed it.
     pub(super) async fn notifier_gone(&mut self, session: &Session, notifier_id: &[u8]) {
         let _ = self.store.delete_ntfs(notifier_id).await;
+        self.ntf_backlog.remove(notifier_id);
         if let Some(s) = self.ntf_subs.remove(notifier_id) {
             if let Some(e) = self.by_conn.get_mut(&s.conn) {
                 e.ntf_subs.remove(notifier_id);
@@ -121,15 +122,10 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             let end = encode(&prev, b"", &nid, &BrokerMsg::End);
             self.send_event(prev.conn, vec![vec![end]]);
         }
-        // Notifications that waited for a subscriber follow the response.
-        if let Ok(pending) = self.store.take_ntfs(&nid).await {
-            if !pending.is_empty() {
-                self.stats.msg_ntfs += pending.len() as u64;
-                turn.trailing.push(Group::plain(
-                    pending.iter().map(|p| nmsg(session, &nid, p)).collect(),
-                ));
-            }
-        }
+        // Notifications that waited for a subscriber follow the response, a part at a time: the
+        // rest when the connection has room for them (`Owner::redeliver`).
+        let part = self.ntf_part(session, &nid).await;
+        turn.trailing.extend(part);
         BrokerMsg::Sok(None)
     }
 
@@ -151,12 +147,23 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             nonce,
             enc_meta,
         };
-        match self.ntf_subs.get(&n.notifier_id) {
+        // Stored while earlier ones are still coming to the subscriber, so they keep their order.
+        let subscriber = self
+            .ntf_subs
+            .get(&n.notifier_id)
+            .filter(|_| !self.ntf_backlog.contains(&n.notifier_id));
+        match subscriber {
             Some(s) => {
-                let t = nmsg(s, &n.notifier_id, &ntf);
                 let conn = s.conn;
+                let g = self.ntf_group(s, &n.notifier_id, vec![ntf]);
                 self.stats.msg_ntfs += 1;
-                self.send_event(conn, vec![vec![t]]);
+                self.mesh.send(
+                    conn.shard,
+                    crate::server::router::ShardMsg::Event {
+                        conn,
+                        groups: vec![g],
+                    },
+                );
             }
             None => {
                 let _ = self.store.add_ntf(&n.notifier_id, ntf).await;
@@ -165,7 +172,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     }
 }
 
-fn nmsg(session: &Session, nid: &[u8], n: &MsgNtf) -> Vec<u8> {
+pub(crate) fn nmsg(session: &Session, nid: &[u8], n: &MsgNtf) -> Vec<u8> {
     encode(
         session,
         b"",

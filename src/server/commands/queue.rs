@@ -273,14 +273,12 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 e.subs.remove(&rid);
             }
         }
-        let get_conns: Vec<_> = self
+        for c in self
             .gets
-            .keys()
-            .filter(|(r, _)| *r == rid)
-            .map(|(_, c)| *c)
-            .collect();
-        for c in get_conns {
-            self.gets.remove(&(rid.clone(), c));
+            .remove(&rid)
+            .into_iter()
+            .flat_map(|m| m.into_keys())
+        {
             if let Some(e) = self.by_conn.get_mut(&c) {
                 e.gets.remove(&rid);
             }
@@ -308,11 +306,13 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             q.notifier.is_some()
         );
         let sub = match self.subs.get(rid) {
-            Some(s) if s.session.conn == session.conn => Some(("subThread", s.delivered)),
+            // The reference's subscription is `noSub` unless a delivery thread waits on a full
+            // send queue (`Server.hs`, `getQueueInfo`); here a waiting delivery is the
+            // connection's, so the owner always reports `noSub`.
+            Some(s) if s.session.conn == session.conn => Some(("noSub", s.delivered)),
             _ => self
-                .gets
-                .get(&(rid.clone(), session.conn))
-                .map(|d| ("prohibitSub", *d)),
+                .get_state(rid, session.conn)
+                .map(|d| ("prohibitSub", d)),
         };
         if let Some((state, delivered)) = sub {
             json.push_str(&format!(",\"qiSub\":{{\"qSubThread\":\"{state}\""));

@@ -755,7 +755,7 @@ mod tests {
         let nid = [&full[..], b"-ntf"].concat();
         assert_eq!(l.ntf_ids(), vec![nid.clone()]);
         assert_eq!(
-            block_on(l.take_ntfs(&nid)).unwrap(),
+            block_on(l.take_ntfs(&nid, usize::MAX)).unwrap().0,
             vec![ntf(1, 1001), ntf(2, 1002)]
         );
         assert_eq!(
@@ -812,7 +812,10 @@ mod tests {
         assert_eq!(l.size(&full), 3);
         assert_eq!(l.total_messages(), 3);
         let nid = [&full[..], b"-ntf"].concat();
-        assert_eq!(block_on(l.take_ntfs(&nid)).unwrap(), vec![ntf(2, 1002)]);
+        assert_eq!(
+            block_on(l.take_ntfs(&nid, usize::MAX)).unwrap().0,
+            vec![ntf(2, 1002)]
+        );
         assert_eq!(block_on(l.peek_first(&full)).unwrap(), Some(msg(2, 1002)));
 
         // Everything expired but the marker: the queue stays closed to writes.
@@ -1000,7 +1003,7 @@ mod tests {
         assert_eq!(l.size(&full), 4);
         assert_eq!(l.size(&off), 1);
         let nid = [&full[..], b"-ntf"].concat();
-        assert_eq!(block_on(l.take_ntfs(&nid)).unwrap().len(), 2);
+        assert_eq!(block_on(l.take_ntfs(&nid, usize::MAX)).unwrap().0.len(), 2);
     }
 
     #[test]
