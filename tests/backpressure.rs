@@ -26,6 +26,7 @@ use smp_relay::client::{
 use smp_relay::crypto::{auth, sxbox};
 use smp_relay::protocol::batch::{parse_batch, BatchWriter};
 use smp_relay::protocol::command::Command;
+use smp_relay::protocol::error::ErrorType;
 use smp_relay::protocol::handshake::{ClientHello, ServerHello};
 use smp_relay::protocol::pad;
 use smp_relay::protocol::response::BrokerMsg;
@@ -50,7 +51,7 @@ const STALL: Duration = Duration::from_millis(1500);
 /// Bound on waiting for any one phase.
 const PHASE_LIMIT: Duration = Duration::from_secs(60);
 /// Bound on receiving everything once the paused reader resumes. The relay hands the messages it
-/// dropped to markers back 64 at a time (`REDELIVER_BATCH`) as the output drains; on a loaded
+/// dropped to markers back 45 at a time (`REDELIVER_BATCH`) as the output drains; on a loaded
 /// 2-core host that ran at 300-1000 MSGs/s where a reading connection gets 3000/s.
 const RESUME_LIMIT: Duration = Duration::from_secs(120);
 /// RssAnon the relay may grow by while one connection has 10,000 MSGs (160 MB) to send and reads
@@ -617,6 +618,8 @@ fn b_a_reader_paused_past_the_slow_reader_limit_is_closed_and_loses_nothing() {
         extra_args: vec![
             "--slow-reader-close-secs".into(),
             SLOW_READER_CLOSE_SECS.to_string(),
+            "--metrics-interval".into(),
+            "1".into(),
         ],
     });
     // Enough MSG bytes to fill both socket buffers and still leave the relay's output over its
@@ -652,6 +655,9 @@ fn b_a_reader_paused_past_the_slow_reader_limit_is_closed_and_loses_nothing() {
         }
     };
     eprintln!("closed after the pause ({blocks} blocks were in the socket): {why}");
+    relay.metrics_until("one slow-reader close", |m| {
+        m.get("smprelay_slow_reader_closes_total") == Some(&1)
+    });
     let _ = rd.sock.shutdown(Shutdown::Both);
     writer.join().expect("writer thread");
 
@@ -705,4 +711,328 @@ fn take_msg(
     );
     ClientTransmission::new(&new_corr_id(), qs[i].rid(), Command::Ack(m.msg_id))
         .signed(qs[i].key().clone())
+}
+
+/// Reads blocks until `done` holds for what was read, giving up after `limit` of silence-free
+/// waiting; returns every transmission read.
+fn read_all_until(
+    rd: &mut SplitReader,
+    limit: Duration,
+    mut done: impl FnMut(&ServerTransmission) -> bool,
+) -> Result<Vec<ServerTransmission>, String> {
+    let started = Instant::now();
+    let mut seen = Vec::new();
+    rd.set_timeout(Duration::from_secs(1));
+    loop {
+        if started.elapsed() > limit {
+            return Err(format!("{} transmissions read, then not done", seen.len()));
+        }
+        match rd.recv_block() {
+            Ok(block) => {
+                for t in block {
+                    let finished = done(&t);
+                    seen.push(t);
+                    if finished {
+                        return Ok(seen);
+                    }
+                }
+            }
+            Err(ReadError::Timeout) => continue,
+            Err(ReadError::Closed(why)) => {
+                return Err(format!("closed after {} transmissions: {why}", seen.len()))
+            }
+        }
+    }
+}
+
+/// Enough queues that their MSGs fill both socket buffers and leave the relay's output over its
+/// 1 MiB bound by `extra_bytes`.
+fn queues_beyond_sockets(extra_bytes: usize) -> usize {
+    ((socket_capacity_bytes() + extra_bytes) / BLOCK_SIZE).max(300)
+}
+
+/// Subscribes `qs` on the split connection and reads every SOK (the queues are empty).
+fn subscribe_empty(w: &mut SplitWriter, rd: &mut SplitReader, qs: &[Queue]) {
+    w.send(&qs.iter().map(sub_t).collect::<Vec<_>>())
+        .expect("SUBs");
+    let mut soks = 0;
+    read_all_until(rd, PHASE_LIMIT, |t| {
+        assert_eq!(t.msg, Ok(BrokerMsg::Sok(None)), "{}", queue::describe(t));
+        soks += 1;
+        soks == qs.len()
+    })
+    .expect("every SOK");
+}
+
+/// (c) Issue: a dropped delivery could stall for good (I2). A connection holds many empty queues
+/// and stops reading; one SEND to each fills its output, and the later pushes are dropped to
+/// markers. Another connection then GETs and ACKs the messages of all but the last few queues, so
+/// the markers asked for first are stale. When the first connection reads again, each queue that
+/// still has its message gets its MSG, although the connection sends nothing.
+#[test]
+fn c_stale_held_deliveries_do_not_stall_the_live_ones() {
+    const KEPT: usize = 20;
+    // A small output bound: more markers, each asked for one at a time.
+    let relay = Relay::start_with(RelayOptions {
+        cores: 2,
+        extra_args: vec![
+            "--metrics-interval".into(),
+            "1".into(),
+            "--test-output-high-water-bytes".into(),
+            "16384".into(),
+        ],
+    });
+    let n = queues_beyond_sockets(4 << 20);
+    let mut setup = relay.client();
+    let qs = create_many(&mut setup, n, PIPELINE);
+    let (mut w, mut rd) = split_connect(&relay);
+    subscribe_empty(&mut w, &mut rd, &qs);
+
+    // The reader pauses; every queue gets one message, pushed to it.
+    send_each(&mut setup, &qs, 0);
+    relay.metrics_until("dropped MSG deliveries", |m| {
+        m.get("smprelay_output_drops_total").copied().unwrap_or(0) > 0
+    });
+
+    // Another connection GETs and ACKs the message of every queue but the last KEPT: the paused
+    // connection's markers for them are stale (nothing to send, and no event reaches it).
+    let (taken, kept) = qs.split_at(n - KEPT);
+    let mut other = relay.client();
+    for chunk in taken.chunks(PIPELINE) {
+        let gets: Vec<ClientTransmission> = chunk
+            .iter()
+            .map(|q| {
+                ClientTransmission::new(&new_corr_id(), q.rid(), Command::Get)
+                    .signed(q.key().clone())
+            })
+            .collect();
+        other.send_batch(&gets).expect("GETs");
+        let mut acks = Vec::new();
+        for (t, q) in gets.iter().zip(chunk) {
+            let r = other.recv_for(&t.corr_id).expect("GET answer");
+            let m = support::msg_of(q, r.msg.expect("a MSG"));
+            acks.push(
+                ClientTransmission::new(&new_corr_id(), q.rid(), Command::Ack(m.msg_id))
+                    .signed(q.key().clone()),
+            );
+        }
+        other.send_batch(&acks).expect("ACKs");
+        for t in &acks {
+            let r = other.recv_for(&t.corr_id).expect("ACK answer");
+            assert_eq!(r.msg, Ok(BrokerMsg::Ok), "{}", queue::describe(&r));
+        }
+    }
+
+    // The paused connection reads again and sends nothing: the kept queues' MSGs all come.
+    let idx = index(&qs);
+    let mut got: HashSet<usize> = HashSet::new();
+    let read = read_all_until(&mut rd, PHASE_LIMIT, |t| {
+        if let Ok(BrokerMsg::Msg { .. }) = &t.msg {
+            let i = idx[&t.entity_id];
+            if i >= n - KEPT {
+                assert!(got.insert(i), "queue {i}: one MSG");
+            }
+        }
+        got.len() == KEPT
+    });
+    if let Err(e) = read {
+        panic!(
+            "the kept queues' MSGs stalled: {} of {KEPT} arrived ({e})",
+            got.len()
+        );
+    }
+    assert_eq!(kept.len(), KEPT);
+    let m = relay.metrics_until("re-asks", |m| {
+        m.get("smprelay_output_reasks_total").copied().unwrap_or(0) > 0
+    });
+    eprintln!(
+        "{n} queues: {} drops, {} re-asks",
+        m["smprelay_output_drops_total"], m["smprelay_output_reasks_total"]
+    );
+}
+
+/// (d) Issue: an ACK could delete a message that was never sent. A push dropped to a marker is not
+/// delivered (the reference marks a message delivered only once it is queued for sending), so an
+/// ACK of its ID (learnt here through GET on another connection) is NO_MSG and the message stays,
+/// to be delivered when the connection reads again.
+#[test]
+fn d_an_ack_of_a_dropped_delivery_deletes_nothing() {
+    let relay = Relay::start_with(RelayOptions {
+        cores: 1,
+        extra_args: vec!["--metrics-interval".into(), "1".into()],
+    });
+    let n = queues_beyond_sockets(4 << 20);
+    let mut setup = relay.client();
+    let qs = create_many(&mut setup, n, PIPELINE);
+    let (mut w, mut rd) = split_connect(&relay);
+    subscribe_empty(&mut w, &mut rd, &qs);
+    send_each(&mut setup, &qs, 0);
+    relay.metrics_until("dropped MSG deliveries", |m| {
+        m.get("smprelay_output_drops_total").copied().unwrap_or(0) > 0
+    });
+    // The last queue's push came after the output was full: it was dropped.
+    let last = &qs[n - 1];
+    let mut getter = relay.client();
+    let got = support::signed(&mut getter, last.key(), last.rid(), Command::Get);
+    let m = support::msg_of(last, got);
+    assert_eq!(m.msg.body(), Some(&body(n - 1)[..]));
+
+    let ack = ClientTransmission::new(&new_corr_id(), last.rid(), Command::Ack(m.msg_id.clone()))
+        .signed(last.key().clone());
+    w.send(std::slice::from_ref(&ack)).expect("ACK");
+    let idx = index(&qs);
+    let mut answer = None;
+    let mut delivered = false;
+    let read = read_all_until(&mut rd, PHASE_LIMIT, |t| {
+        if t.corr_id == ack.corr_id {
+            answer = Some(t.msg.clone());
+        } else if let Ok(BrokerMsg::Msg { msg_id, .. }) = &t.msg {
+            if idx[&t.entity_id] == n - 1 {
+                assert_eq!(msg_id, &m.msg_id, "the last queue's message");
+                delivered = true;
+            }
+        }
+        answer.is_some() && delivered
+    });
+    read.unwrap_or_else(|e| {
+        panic!("answer {answer:?}, last queue's MSG delivered: {delivered} ({e})")
+    });
+    assert_eq!(
+        answer,
+        Some(Ok(BrokerMsg::Err(ErrorType::NoMsg))),
+        "the ACK of an unsent message"
+    );
+}
+
+/// (e) Issue: answers counted as unread output, so a client that reads steadily while draining a
+/// backlog stayed over the bound and was closed as a slow reader. Reading at ~1 MB/s through
+/// more MSGs than the sockets hold, with a 2 s slow-reader limit, it stays and gets everything.
+#[test]
+fn e_a_steady_slow_reader_is_not_closed() {
+    const RATE_BYTES_PER_SEC: f64 = 1_000_000.0;
+    let relay = Relay::start_with(RelayOptions {
+        cores: 2,
+        extra_args: vec![
+            "--slow-reader-close-secs".into(),
+            "2".into(),
+            "--metrics-interval".into(),
+            "1".into(),
+        ],
+    });
+    let n = queues_beyond_sockets(4 << 20);
+    let mut setup = relay.client();
+    let qs = create_many(&mut setup, n, PIPELINE);
+    send_each(&mut setup, &qs, 0);
+    let (mut w, mut rd) = split_connect(&relay);
+    let subs = w.blocks(&qs.iter().map(sub_t).collect::<Vec<_>>());
+    let (ack_tx, ack_rx) = mpsc::channel::<Vec<ClientTransmission>>();
+    let writer = std::thread::spawn(move || {
+        for b in &subs {
+            w.send_content(b).expect("SUB block");
+        }
+        for acks in ack_rx {
+            w.send(&acks).expect("ACKs");
+        }
+    });
+    let idx = index(&qs);
+    let started = Instant::now();
+    let mut bytes = 0f64;
+    let (mut soks, mut acked) = (0, 0);
+    let mut msgs = HashSet::new();
+    rd.set_timeout(Duration::from_secs(5));
+    while !(soks == n && msgs.len() == n && acked == n) {
+        assert!(started.elapsed() < RESUME_LIMIT, "not done in time");
+        // Keep to the rate: never ahead of it.
+        let due = Duration::from_secs_f64(bytes / RATE_BYTES_PER_SEC);
+        if let Some(wait) = due.checked_sub(started.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        let block = match rd.recv_block() {
+            Ok(b) => b,
+            Err(ReadError::Timeout) => continue,
+            Err(ReadError::Closed(why)) => panic!(
+                "a reader at {RATE_BYTES_PER_SEC} B/s was closed after {:.1?}: {why} \
+                 ({soks} SOKs, {} MSGs)",
+                started.elapsed(),
+                msgs.len()
+            ),
+        };
+        bytes += BLOCK_SIZE as f64;
+        let mut batch = Vec::new();
+        for t in block {
+            match &t.msg {
+                Ok(BrokerMsg::Sok(None)) => soks += 1,
+                Ok(BrokerMsg::Ok) => acked += 1,
+                Ok(BrokerMsg::Msg { msg_id, .. }) => {
+                    let i = idx[&t.entity_id];
+                    assert!(msgs.insert(i), "queue {i}: one MSG");
+                    batch.push(
+                        ClientTransmission::new(
+                            &new_corr_id(),
+                            qs[i].rid(),
+                            Command::Ack(msg_id.clone()),
+                        )
+                        .signed(qs[i].key().clone()),
+                    );
+                }
+                _ => panic!("unexpected {}", queue::describe(&t)),
+            }
+        }
+        if !batch.is_empty() {
+            ack_tx.send(batch).expect("ACK writer");
+        }
+    }
+    drop(ack_tx);
+    writer.join().expect("writer");
+    eprintln!(
+        "{n} MSGs at {RATE_BYTES_PER_SEC} B/s in {:.1?}",
+        started.elapsed()
+    );
+    let m = relay.metrics_until("the closes counted", |m| {
+        m.contains_key("smprelay_slow_reader_closes_total")
+    });
+    assert_eq!(m["smprelay_slow_reader_closes_total"], 0);
+}
+
+/// (f) Issue: unread answers counted against the hard limit of undroppable events, so a DEL from
+/// another connection while megabytes of SUB answers waited closed the subscriber at once. Now the
+/// DELD is queued, the connection stays, and everything arrives.
+#[test]
+fn f_deld_reaches_a_connection_with_megabytes_of_unread_answers() {
+    let relay = Relay::start_with(RelayOptions {
+        cores: 1,
+        ..RelayOptions::default()
+    });
+    let n = queues_beyond_sockets(6 << 20);
+    let mut setup = relay.client();
+    let qs = create_many(&mut setup, n, PIPELINE);
+    send_each(&mut setup, &qs, 0);
+    let (mut w, mut rd) = split_connect(&relay);
+    w.send(&qs.iter().map(sub_t).collect::<Vec<_>>())
+        .expect("SUBs");
+    // The relay answers the SUB blocks and holds what the sockets do not take: over 4 MiB.
+    std::thread::sleep(STALL);
+    let gone = &qs[0];
+    assert_eq!(
+        support::signed(&mut setup, gone.key(), gone.rid(), Command::Del),
+        BrokerMsg::Ok
+    );
+    let (mut soks, mut msgs, mut deld) = (0, 0, false);
+    let read = read_all_until(&mut rd, RESUME_LIMIT, |t| {
+        match &t.msg {
+            Ok(BrokerMsg::Sok(None)) => soks += 1,
+            Ok(BrokerMsg::Msg { .. }) => msgs += 1,
+            Ok(BrokerMsg::Deld) => {
+                assert_eq!(t.entity_id, gone.rid());
+                deld = true;
+            }
+            _ => panic!("unexpected {}", queue::describe(t)),
+        }
+        soks == n && msgs == n && deld
+    });
+    read.unwrap_or_else(|e| panic!("{soks} SOKs, {msgs} MSGs, DELD {deld}: {e}"));
+    let ping = ClientTransmission::new(&new_corr_id(), b"", Command::Ping);
+    w.send(std::slice::from_ref(&ping)).expect("PING");
+    read_all_until(&mut rd, PHASE_LIMIT, |t| t.msg == Ok(BrokerMsg::Pong))
+        .expect("the connection still serves");
 }

@@ -51,6 +51,8 @@ const MAX_OPS_PER_BLOCK: usize = 7;
 const MAX_SENDS_PER_BLOCK: usize = 8;
 /// How long a fenced connection must stay silent before its log is taken as complete.
 const QUIET: Duration = Duration::from_millis(100);
+/// The relay's output high water mark in these runs (`--test-output-high-water-bytes`).
+const OUTPUT_HIGH_WATER_BYTES: usize = 4096;
 /// Violations printed per failing seed.
 const MAX_REPORTED: usize = 12;
 
@@ -1149,9 +1151,16 @@ fn randomized_concurrent_operations_keep_the_delivery_invariants() {
         Some(s) => vec![s],
         None => (1..=env_num("INVARIANT_SEEDS").unwrap_or(DEFAULT_SEEDS)).collect(),
     };
+    // Output bounds small enough that pushes are dropped to markers and asked for again on every
+    // run: a single queued MSG (~16 KB) is over the high water mark.
     let relay = Relay::start_with(RelayOptions {
         cores: SHARDS,
-        ..RelayOptions::default()
+        extra_args: vec![
+            "--test-output-high-water-bytes".into(),
+            OUTPUT_HIGH_WATER_BYTES.to_string(),
+            "--metrics-interval".into(),
+            "1".into(),
+        ],
     });
     let started = Instant::now();
     let mut failed = Vec::new();
@@ -1196,6 +1205,19 @@ fn randomized_concurrent_operations_keep_the_delivery_invariants() {
         failed.is_empty(),
         "invariants violated for seeds {failed:?} (replay one with INVARIANT_SEED=<n>)"
     );
+    let m = relay.metrics_until("the back-pressure counters", |m| {
+        m.contains_key("smprelay_output_drops_total")
+    });
+    eprintln!(
+        "back-pressure: {} MSGs dropped to markers, {} re-asks",
+        m["smprelay_output_drops_total"], m["smprelay_output_reasks_total"]
+    );
+    if seeds.len() > 1 {
+        assert!(
+            m["smprelay_output_drops_total"] > 0 && m["smprelay_output_reasks_total"] > 0,
+            "the run never dropped and re-asked a delivery: the bounds are not small enough"
+        );
+    }
 }
 
 // ------------------------------------------------------------------------------------------------
