@@ -66,6 +66,9 @@ pub struct OwnerStats {
 struct VerifyBudget {
     left: u32,
     at: std::time::Instant,
+    /// The connection's shard was asked to close it: its requests still in flight are answered
+    /// AUTH without another close (or count).
+    closing: bool,
 }
 
 impl VerifyBudget {
@@ -73,6 +76,7 @@ impl VerifyBudget {
         VerifyBudget {
             left: FAILED_VERIFY_BUDGET,
             at: std::time::Instant::now(),
+            closing: false,
         }
     }
 
@@ -273,9 +277,6 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         for (n, i) in order.enumerate() {
             // The first key costs what an unknown queue costs; each further one is counted.
             if n > 0 && !self.spend_verify_budget(session.conn) {
-                self.stats.verify_budget_closes += 1;
-                self.mesh
-                    .send(session.conn.shard, ShardMsg::Close { conn: session.conn });
                 return false;
             }
             if self.verify_with(session, req, &keys[i]) {
@@ -295,7 +296,8 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         found.is_some()
     }
 
-    /// Takes one verification beyond the first key from `conn`'s budget; false when it has run out.
+    /// Takes one verification beyond the first key from `conn`'s budget; false when it has run out,
+    /// and then, the first time, asks the connection's shard to close it.
     fn spend_verify_budget(&mut self, conn: ConnRef) -> bool {
         let b = self
             .verify_budget
@@ -303,6 +305,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             .or_insert_with(VerifyBudget::new);
         b.refill();
         if b.left == 0 {
+            if !b.closing {
+                b.closing = true;
+                self.stats.verify_budget_closes += 1;
+                self.mesh.send(conn.shard, ShardMsg::Close { conn });
+            }
             return false;
         }
         b.left -= 1;
