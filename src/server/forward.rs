@@ -171,6 +171,11 @@ pub fn decode_rfwd(
     let Ok(ft) = FwdTransmission::parse(&fwd_bytes) else {
         return Decoded::Plain(ErrorType::Cmd(CommandError::Syntax));
     };
+    // The forwarded version selects the inner codecs: one this relay does not serve is as
+    // unparseable as a malformed FwdTransmission.
+    if !crate::protocol::version::SERVER_VERSIONS.contains(ft.version) {
+        return Decoded::Plain(ErrorType::Cmd(CommandError::Syntax));
+    }
     let server_key = session.server_key.to_bytes();
     let cmd_secret = sxbox::dh(&server_key, &ft.key);
     let nonce = cb_nonce(ft.corr_id);
@@ -470,7 +475,7 @@ mod tests {
 
     #[test]
     fn round_trip_send_at_each_version() {
-        for v in [6u16, 7, 8, 11, 16, 18, 20] {
+        for v in [6u16, 7, 8, 11, 16, 18] {
             let (session, secret, dest) = sessions(18);
             let fc = ForwardedCommand::new(v, &dest);
             let signer = ed25519();
@@ -528,6 +533,34 @@ mod tests {
                 },
                 "v{v}"
             );
+        }
+    }
+
+    /// The forwarded version must be one this relay serves (`SERVER_VERSIONS`, 6..=18): outside
+    /// it the RFWD is a plain syntax error, as an unparseable FwdTransmission; the bounds route.
+    #[test]
+    fn forwarded_version_outside_the_server_range_is_a_syntax_error() {
+        let (session, secret, dest) = sessions(18);
+        for v in [5u16, 19] {
+            let fc = ForwardedCommand::new(v, &dest);
+            let b = one(&dest, &fc, b"sender-id", send(b"x"), Authorization::None);
+            let (n2, body) = rfwd(&dest, &fc, &b);
+            assert_eq!(
+                plain_of(decode_rfwd(&session, Some(&secret), &n2, &body)),
+                ErrorType::Cmd(CommandError::Syntax),
+                "v{v}"
+            );
+        }
+        for v in [6u16, 18] {
+            let fc = ForwardedCommand::new(v, &dest);
+            let b = one(&dest, &fc, b"sender-id", send(b"x"), Authorization::None);
+            let (n2, body) = rfwd(&dest, &fc, &b);
+            let Decoded::Route { fwd, request } = decode_rfwd(&session, Some(&secret), &n2, &body)
+            else {
+                panic!("v{v}: not routed");
+            };
+            assert_eq!(fwd.inner.version, v);
+            assert_eq!(request.command, send(b"x"), "v{v}");
         }
     }
 
@@ -702,9 +735,9 @@ mod tests {
     #[test]
     fn largest_send_fits_the_padded_length() {
         let (session, secret, dest) = sessions(18);
-        let fc = ForwardedCommand::new(20, &dest);
+        let fc = ForwardedCommand::new(18, &dest);
         let signer = Signer::Ed448([8u8; 57]);
-        let body = vec![b'm'; crate::protocol::version::max_message_length(20)];
+        let body = vec![b'm'; crate::protocol::version::max_message_length(18)];
         assert_eq!(body.len(), 16048);
         let b = one(
             &dest,

@@ -66,6 +66,9 @@ pub struct OwnerStats {
 struct VerifyBudget {
     left: u32,
     at: std::time::Instant,
+    /// The connection's shard was asked to close it: its requests still in flight are answered
+    /// AUTH without another close (or count).
+    closing: bool,
 }
 
 impl VerifyBudget {
@@ -73,6 +76,7 @@ impl VerifyBudget {
         VerifyBudget {
             left: FAILED_VERIFY_BUDGET,
             at: std::time::Instant::now(),
+            closing: false,
         }
     }
 
@@ -273,9 +277,6 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         for (n, i) in order.enumerate() {
             // The first key costs what an unknown queue costs; each further one is counted.
             if n > 0 && !self.spend_verify_budget(session.conn) {
-                self.stats.verify_budget_closes += 1;
-                self.mesh
-                    .send(session.conn.shard, ShardMsg::Close { conn: session.conn });
                 return false;
             }
             if self.verify_with(session, req, &keys[i]) {
@@ -295,7 +296,8 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         found.is_some()
     }
 
-    /// Takes one verification beyond the first key from `conn`'s budget; false when it has run out.
+    /// Takes one verification beyond the first key from `conn`'s budget; false when it has run out,
+    /// and then, the first time, asks the connection's shard to close it.
     fn spend_verify_budget(&mut self, conn: ConnRef) -> bool {
         let b = self
             .verify_budget
@@ -303,6 +305,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             .or_insert_with(VerifyBudget::new);
         b.refill();
         if b.left == 0 {
+            if !b.closing {
+                b.closing = true;
+                self.stats.verify_budget_closes += 1;
+                self.mesh.send(conn.shard, ShardMsg::Close { conn });
+            }
             return false;
         }
         b.left -= 1;
@@ -717,15 +724,19 @@ mod tests {
     use std::sync::Arc;
 
     use ed25519_dalek::SigningKey;
+    use futures_lite::future::block_on;
     use x25519_dalek::StaticSecret;
 
     use super::*;
     use crate::crypto::auth::{self, verify_count_by_alg, VerifyCounts};
-    use crate::protocol::command::Command;
-    use crate::protocol::transmission::client_signed_bytes;
+    use crate::limits::{self, FAILED_VERIFY_REFILL_PER_SEC};
+    use crate::protocol::command::{Command, MsgFlags};
+    use crate::protocol::error::ErrorType;
+    use crate::protocol::transmission::{client_signed_bytes, parse_transmission};
+    use crate::server::directory::IdSpace;
     use crate::server::router::{ConnRef, Mesh, Request, SessionInfo};
     use crate::store::memory::MemoryStore;
-    use crate::store::{QueueRec, QueueStatus};
+    use crate::store::{Message, MsgNtf, NotifierCreds, QueueRec, QueueStatus};
 
     fn owner() -> (Owner<MemoryStore>, Vec<flume::Receiver<ShardMsg>>) {
         let (mesh, inboxes) = Mesh::new(1);
@@ -973,5 +984,615 @@ mod tests {
         part(&mut o, true);
         assert_eq!(o.stats.verify_batches, batches + 1, "batching is back");
         assert_eq!(o.stats.verify_batch_fallbacks, failures_to_trip as u64);
+    }
+
+    // ---- Back-pressure, notifier backlogs, multi-key verification (commit 74ea7ec) ----
+
+    fn pk(k: &SigningKey) -> PublicAuthKey {
+        PublicAuthKey::Ed25519(k.verifying_key().to_bytes())
+    }
+
+    /// `cmd` for `rid` (named by `entity`), signed by `signer` over what a client signs, or unsigned.
+    fn request(
+        s: &Session,
+        entity: &[u8],
+        rid: &[u8],
+        cmd: Command,
+        signer: Option<&SigningKey>,
+    ) -> Request {
+        let corr = [6u8; 24];
+        let signed = client_signed_bytes(
+            s.version,
+            &s.session_id,
+            &corr,
+            entity,
+            &cmd.to_bytes(s.version),
+        );
+        let authorization = signer.map_or(Vec::new(), |k| auth::sign_ed25519(k, &signed).to_vec());
+        Request {
+            corr_id: corr.to_vec(),
+            entity_id: entity.to_vec(),
+            recipient_id: Some(rid.to_vec()),
+            command: cmd,
+            authorization,
+            service_sig: false,
+            authorized: signed,
+            forward: None,
+            batch_verified: None,
+            pre_verified: None,
+            undelivered: None,
+        }
+    }
+
+    /// An unsigned SEND (the queue has no sender key), with or without the notification flag.
+    fn send_req(s: &Session, rid: &[u8], notification: bool) -> Request {
+        let cmd = Command::Send {
+            flags: MsgFlags::new(notification),
+            body: b"hello".to_vec(),
+        };
+        request(s, &[2; 24], rid, cmd, None)
+    }
+
+    fn message(i: u8) -> Message {
+        Message::Message {
+            msg_id: [i; 24],
+            ts: 1_700_000_000 + i64::from(i),
+            notification: false,
+            body: Rc::from(&b"body"[..]),
+        }
+    }
+
+    /// The `i`th stored notification: its msg_id and nonce name it.
+    fn ntf(i: u32) -> MsgNtf {
+        let mut id = [0u8; 24];
+        id[..4].copy_from_slice(&i.to_be_bytes());
+        MsgNtf {
+            msg_id: id,
+            ts: i64::from(i),
+            nonce: id,
+            enc_meta: vec![0xee; 144],
+        }
+    }
+
+    /// A queue with recipient key `rkey` and a notifier `nid` with key `nkey`, known to the directory.
+    fn notifier_queue(
+        o: &mut Owner<MemoryStore>,
+        rid: &[u8],
+        rkey: &SigningKey,
+        nid: &[u8],
+        nkey: &SigningKey,
+    ) {
+        let mut q = queue(rid, pk(rkey));
+        q.notifier = Some(NotifierCreds {
+            notifier_id: nid.to_vec(),
+            notifier_key: pk(nkey),
+            rcv_ntf_dh_secret: [3; 32],
+            ntf_service_id: None,
+        });
+        block_on(o.store.create(q)).unwrap();
+        assert!(o.directory.insert(IdSpace::Notifier, nid, rid));
+    }
+
+    fn decode(t: &[u8]) -> (Vec<u8>, BrokerMsg) {
+        let raw = parse_transmission(18, t).unwrap();
+        let m = BrokerMsg::parse(18, raw.command).unwrap();
+        (raw.entity_id.to_vec(), m)
+    }
+
+    /// Every transmission of `groups`, decoded, in order.
+    fn decoded(groups: &[Group]) -> Vec<BrokerMsg> {
+        groups
+            .iter()
+            .flat_map(|g| g.transmissions.iter().map(|t| decode(t).1))
+            .collect()
+    }
+
+    fn what(m: &ShardMsg) -> &'static str {
+        match m {
+            ShardMsg::Reply { .. } => "Reply",
+            ShardMsg::Event { .. } => "Event",
+            ShardMsg::Redelivered { .. } => "Redelivered",
+            ShardMsg::Close { .. } => "Close",
+            _ => "other",
+        }
+    }
+
+    /// The inbox holds exactly one message, the Reply to `conn`: its groups.
+    fn only_reply(inbox: &flume::Receiver<ShardMsg>, conn: u64) -> Vec<Group> {
+        let all: Vec<ShardMsg> = inbox.try_iter().collect();
+        let kinds: Vec<_> = all.iter().map(what).collect();
+        assert_eq!(kinds, ["Reply"], "exactly one Reply");
+        match all.into_iter().next() {
+            Some(ShardMsg::Reply {
+                conn: c, groups, ..
+            }) => {
+                assert_eq!(c.id, conn);
+                groups
+            }
+            _ => unreachable!(),
+        }
+    }
+
+    /// The answers of `requests` from `conn` (the first group of its Reply), and the Reply's groups.
+    fn run(
+        o: &mut Owner<MemoryStore>,
+        inbox: &flume::Receiver<ShardMsg>,
+        conn: u64,
+        requests: Vec<Request>,
+    ) -> Vec<BrokerMsg> {
+        block_on(o.process(session_on(conn), 1, requests));
+        decoded(&only_reply(inbox, conn))
+    }
+
+    /// The notifications of `nid` carried by `groups` (each NMSG checked against the stored one it
+    /// stands for), and the marker for more, if any.
+    fn ntfs_of(groups: Vec<Group>, nid: &[u8]) -> (Vec<MsgNtf>, Option<Pending>) {
+        let mut ntfs = Vec::new();
+        let mut more = None;
+        for g in groups {
+            match g.kind {
+                GroupKind::Ntfs(r) => {
+                    assert_eq!((r.owner, &r.notifier_id[..]), (0, nid));
+                    assert!(r.ntfs.len() <= limits::NTFS_PER_PART, "{}", r.ntfs.len());
+                    assert_eq!(g.transmissions.len(), r.ntfs.len());
+                    for (t, n) in g.transmissions.iter().zip(&r.ntfs) {
+                        let (entity, m) = decode(t);
+                        assert_eq!(entity, nid);
+                        assert_eq!(
+                            m,
+                            BrokerMsg::Nmsg {
+                                nonce: n.nonce,
+                                enc_meta: n.enc_meta.clone()
+                            }
+                        );
+                    }
+                    ntfs.extend(r.ntfs);
+                }
+                GroupKind::More(p) => {
+                    assert!(more.is_none(), "one More marker");
+                    assert!(g.transmissions.is_empty());
+                    more = Some(p);
+                }
+                GroupKind::Plain => {}
+                GroupKind::Msg(_) => panic!("a MSG among notifications"),
+            }
+        }
+        (ntfs, more)
+    }
+
+    /// Guards the NSUB output bound: 1,000 stored notifications go out NTFS_PER_PART at a time,
+    /// each exactly once and in stored order, and one arriving meanwhile queues behind them.
+    #[test]
+    fn nsub_delivers_a_stored_backlog_in_bounded_parts_in_order_with_new_ones_behind() {
+        let (mut o, inboxes) = owner();
+        let inbox = &inboxes[0];
+        let (rkey, nkey) = (
+            SigningKey::from_bytes(&[1; 32]),
+            SigningKey::from_bytes(&[2; 32]),
+        );
+        let (rid, nid) = (vec![10u8; 24], vec![11u8; 24]);
+        notifier_queue(&mut o, &rid, &rkey, &nid, &nkey);
+        let stored: Vec<MsgNtf> = (0..1000).map(ntf).collect();
+        assert!(stored.len() <= crate::store::memory::MAX_NTFS_PER_NOTIFIER);
+        for n in &stored {
+            block_on(o.store.add_ntf(&nid, n.clone())).unwrap();
+        }
+
+        let s = session_on(1);
+        let nsub = request(&s, &nid, &rid, Command::NSub, Some(&nkey));
+        block_on(o.process(s.clone(), 1, vec![nsub]));
+        let groups = only_reply(inbox, 1);
+        assert!(groups[0].is_plain());
+        assert_eq!(decoded(&groups[..1]), [BrokerMsg::Sok(None)]);
+        assert!(matches!(groups[1].kind, GroupKind::Ntfs(_)));
+        assert_eq!(groups.len(), 3, "SOK, one part, the More marker");
+        let (mut got, mut more) = ntfs_of(groups, &nid);
+        assert_eq!(got.len(), limits::NTFS_PER_PART);
+        assert_eq!(
+            more,
+            Some(Pending::Ntfs {
+                owner: 0,
+                notifier_id: nid.clone()
+            })
+        );
+        assert!(o.ntf_backlog.contains(&nid));
+
+        let mut asks = 0;
+        let mut new_id = None;
+        while let Some(p) = more.take() {
+            asks += 1;
+            assert!(asks <= 1000 / limits::NTFS_PER_PART + 1, "too many parts");
+            if asks == 2 {
+                // A notification arriving while the backlog is pending: stored, not sent ahead.
+                let sender = session_on(2);
+                let answers = run(&mut o, inbox, 2, vec![send_req(&sender, &rid, true)]);
+                assert_eq!(answers, [BrokerMsg::Ok]);
+                new_id = block_on(o.store.peek_first(&rid))
+                    .unwrap()
+                    .map(|m| *m.msg_id());
+            }
+            block_on(o.redeliver(s.conn, vec![p]));
+            let all: Vec<ShardMsg> = inbox.try_iter().collect();
+            assert_eq!(all.iter().map(what).collect::<Vec<_>>(), ["Redelivered"]);
+            let Some(ShardMsg::Redelivered { conn, groups }) = all.into_iter().next() else {
+                unreachable!()
+            };
+            assert_eq!(conn, s.conn);
+            let (part, m) = ntfs_of(groups, &nid);
+            assert!(!part.is_empty());
+            got.extend(part);
+            more = m;
+        }
+        assert!(!o.ntf_backlog.contains(&nid));
+        let new_id = new_id.expect("the SEND's message");
+        assert_eq!(got.len(), 1001, "the 1,000 stored, then the new one");
+        assert_eq!(&got[..1000], &stored[..], "each once, in stored order");
+        assert_eq!(got[1000].msg_id, new_id, "the new one behind the backlog");
+        assert!(block_on(o.store.take_ntfs(&nid, usize::MAX))
+            .unwrap()
+            .0
+            .is_empty());
+
+        // With the backlog delivered, the next notification goes to the subscriber at once.
+        let sender = session_on(2);
+        block_on(o.process(sender.clone(), 2, vec![send_req(&sender, &rid, true)]));
+        let all: Vec<ShardMsg> = inbox.try_iter().collect();
+        assert_eq!(all.iter().map(what).collect::<Vec<_>>(), ["Event", "Reply"]);
+        let Some(ShardMsg::Event { conn, groups }) = all.into_iter().next() else {
+            unreachable!()
+        };
+        assert_eq!(conn, s.conn);
+        let (live, m) = ntfs_of(groups, &nid);
+        assert_eq!((live.len(), m), (1, None));
+    }
+
+    /// Guards ReturnNtfs: notifications a connection could not take are stored again ahead of later
+    /// ones and come with the next NSUB; a notifier deleted meanwhile keeps none.
+    #[test]
+    fn returned_notifications_are_stored_ahead_of_later_ones_or_dropped_with_their_notifier() {
+        let (mut o, inboxes) = owner();
+        let inbox = &inboxes[0];
+        let (rkey, nkey) = (
+            SigningKey::from_bytes(&[1; 32]),
+            SigningKey::from_bytes(&[2; 32]),
+        );
+        let (rid, nid) = (vec![20u8; 24], vec![21u8; 24]);
+        notifier_queue(&mut o, &rid, &rkey, &nid, &nkey);
+        for i in 0..2 {
+            block_on(o.store.add_ntf(&nid, ntf(i))).unwrap();
+        }
+
+        // Connection 1 subscribes and is handed both, then closes before writing them.
+        let s1 = session_on(1);
+        block_on(o.process(
+            s1.clone(),
+            1,
+            vec![request(&s1, &nid, &rid, Command::NSub, Some(&nkey))],
+        ));
+        let (handed, more) = ntfs_of(only_reply(inbox, 1), &nid);
+        assert_eq!((handed.clone(), more), (vec![ntf(0), ntf(1)], None));
+        assert_eq!(o.stats.msg_ntfs, 2);
+        o.connection_closed(s1.conn);
+        block_on(o.store.add_ntf(&nid, ntf(2))).unwrap();
+        block_on(o.store_ntfs(&nid, handed));
+        assert_eq!(o.stats.msg_ntfs, 0, "returned ones were not delivered");
+
+        let s2 = session_on(2);
+        block_on(o.process(
+            s2.clone(),
+            1,
+            vec![request(&s2, &nid, &rid, Command::NSub, Some(&nkey))],
+        ));
+        let (again, more) = ntfs_of(only_reply(inbox, 2), &nid);
+        assert_eq!((again, more), (vec![ntf(0), ntf(1), ntf(2)], None));
+        assert_eq!(o.stats.msg_ntfs, 3);
+
+        // NDEL removes the notifier; notifications returned for it afterwards are dropped.
+        let s3 = session_on(3);
+        let ndel = request(&s3, &rid, &rid, Command::NDel, Some(&rkey));
+        block_on(o.process(s3.clone(), 1, vec![ndel]));
+        let all: Vec<ShardMsg> = inbox.try_iter().collect();
+        assert_eq!(all.iter().map(what).collect::<Vec<_>>(), ["Event", "Reply"]);
+        let mut all = all.into_iter();
+        let Some(ShardMsg::Event { conn, groups }) = all.next() else {
+            unreachable!()
+        };
+        assert_eq!((conn, decoded(&groups)), (s2.conn, vec![BrokerMsg::Deld]));
+        let Some(ShardMsg::Reply { groups, .. }) = all.next() else {
+            unreachable!()
+        };
+        assert_eq!(decoded(&groups), [BrokerMsg::Ok]);
+        assert_eq!(o.directory.lookup(IdSpace::Notifier, &nid), None);
+        block_on(o.store_ntfs(&nid, vec![ntf(3)]));
+        assert!(block_on(o.store.take_ntfs(&nid, usize::MAX))
+            .unwrap()
+            .0
+            .is_empty());
+        assert!(!o.store.ntf_ids().contains(&nid));
+    }
+
+    /// Guards multi-key verification (item 6): the key that verified last is tried first, and a
+    /// connection signing with none of 255 keys is closed once its failed-verification budget is
+    /// spent. Before the fix each such SUB cost 255 verifications, without bound.
+    #[test]
+    fn many_recipient_keys_try_the_last_good_key_first_and_bound_a_bad_signers_cost() {
+        let (mut o, inboxes) = owner();
+        let inbox = &inboxes[0];
+        let keys: Vec<SigningKey> = (0..255u32)
+            .map(|i| {
+                let mut seed = [0x40u8; 32];
+                seed[..4].copy_from_slice(&i.to_be_bytes());
+                SigningKey::from_bytes(&seed)
+            })
+            .collect();
+        let rid = vec![30u8; 24];
+        let mut q = queue(&rid, pk(&keys[0]));
+        q.recipient_keys = keys.iter().map(pk).collect();
+        block_on(o.store.create(q)).unwrap();
+
+        let a = session_on(1);
+        let before = verify_count_by_alg();
+        let answers = run(&mut o, inbox, 1, vec![signed_sub(&a, &rid, &keys[200])]);
+        let first = delta(before).ed25519;
+        assert!((1..=201).contains(&first), "{first} verifications");
+        assert_eq!(answers, [BrokerMsg::Sok(None)]);
+        let before = verify_count_by_alg();
+        let answers = run(&mut o, inbox, 1, vec![signed_sub(&a, &rid, &keys[200])]);
+        assert_eq!(delta(before).ed25519, 1, "the last good key is tried first");
+        assert_eq!(answers, [BrokerMsg::Sok(None)]);
+
+        // Connection B signs with a key the queue does not have, 4 SUBs a block.
+        let b = session_on(2);
+        let bad = SigningKey::from_bytes(&[0xbb; 32]);
+        let started = std::time::Instant::now();
+        let before = verify_count_by_alg();
+        let (mut requests, mut closes) = (0u64, 0);
+        for block in 0..100 {
+            let subs = (0..4).map(|_| signed_sub(&b, &rid, &bad)).collect();
+            requests += 4;
+            block_on(o.process(b.clone(), block, subs));
+            for m in inbox.try_iter() {
+                match m {
+                    ShardMsg::Reply { conn, groups, .. } => {
+                        assert_eq!(conn, b.conn);
+                        assert_eq!(decoded(&groups), vec![BrokerMsg::Err(ErrorType::Auth); 4]);
+                    }
+                    ShardMsg::Close { conn } => {
+                        assert_eq!(conn, b.conn);
+                        closes += 1;
+                    }
+                    other => panic!("unexpected {}", what(&other)),
+                }
+            }
+            if closes > 0 {
+                break;
+            }
+        }
+        // A block already on its way when the close was asked for: answered, no second close.
+        block_on(o.process(b.clone(), 100, vec![signed_sub(&b, &rid, &bad)]));
+        requests += 1;
+        assert_eq!(
+            decoded(&only_reply(inbox, 2)),
+            [BrokerMsg::Err(ErrorType::Auth)]
+        );
+        let spent = delta(before).ed25519;
+        let refilled = (started.elapsed().as_secs_f64() * f64::from(FAILED_VERIFY_REFILL_PER_SEC))
+            .ceil() as u64;
+        assert_eq!(closes, 1, "B is closed once");
+        assert_eq!(o.stats.verify_budget_closes, 1);
+        assert!(
+            spent > u64::from(limits::FAILED_VERIFY_BUDGET),
+            "the budget was spent first ({spent})"
+        );
+        // Each request's first key is free; the first block was also tried as a batch of 4.
+        assert!(
+            spent <= u64::from(limits::FAILED_VERIFY_BUDGET) + refilled + requests + 4,
+            "{spent} verifications for {requests} requests (refilled {refilled})"
+        );
+        o.connection_closed(b.conn);
+        assert!(!o.verify_budget.contains_key(&b.conn));
+
+        // C, with a right key, is served; A's subscription ends.
+        let c = session_on(3);
+        block_on(o.process(c.clone(), 1, vec![signed_sub(&c, &rid, &keys[254])]));
+        let all: Vec<ShardMsg> = inbox.try_iter().collect();
+        assert_eq!(all.iter().map(what).collect::<Vec<_>>(), ["Event", "Reply"]);
+        let Some(ShardMsg::Reply { groups, .. }) = all.into_iter().nth(1) else {
+            unreachable!()
+        };
+        assert_eq!(decoded(&groups), [BrokerMsg::Sok(None)]);
+        assert_eq!(o.subs[&rid].session.conn, c.conn);
+    }
+
+    /// Guards item 7: a SUB that fails verification (or names no queue) reads nothing from the
+    /// store; verified SUBs of a part share one `peek_first_many`, also when the part's batch
+    /// verification failed.
+    #[test]
+    fn subs_failing_verification_cause_no_store_read() {
+        let (mut o, inboxes) = owner();
+        let inbox = &inboxes[0];
+        let keys: Vec<SigningKey> = (0..3u8)
+            .map(|i| SigningKey::from_bytes(&[50 + i; 32]))
+            .collect();
+        let rids: Vec<Vec<u8>> = (0..3u8).map(|i| vec![50 + i; 24]).collect();
+        for (i, (k, rid)) in keys.iter().zip(&rids).enumerate() {
+            block_on(o.store.create(queue(rid, pk(k)))).unwrap();
+            block_on(o.store.write(rid, message(i as u8 + 1), 128)).unwrap();
+        }
+        let wrong = SigningKey::from_bytes(&[99; 32]);
+        let reads = |o: &Owner<MemoryStore>| {
+            let c = o.store.counters();
+            (c.peek_first, c.peek_first_many)
+        };
+        let is_msg = |m: &BrokerMsg| matches!(m, BrokerMsg::Msg { .. });
+
+        let s = session_on(1);
+        for (path, req) in [
+            ("wrong key", signed_sub(&s, &rids[0], &wrong)),
+            ("unknown queue", signed_sub(&s, &[66; 24], &keys[0])),
+        ] {
+            let r0 = reads(&o);
+            let answers = run(&mut o, inbox, 1, vec![req]);
+            assert_eq!(answers, [BrokerMsg::Err(ErrorType::Auth)], "{path}");
+            assert_eq!(reads(&o), r0, "{path}: no store read");
+        }
+        assert!(o.subs.is_empty());
+
+        let r0 = reads(&o);
+        let answers = run(&mut o, inbox, 1, vec![signed_sub(&s, &rids[0], &keys[0])]);
+        assert_eq!(answers.len(), 2);
+        assert_eq!(answers[0], BrokerMsg::Sok(None));
+        assert!(is_msg(&answers[1]));
+        assert_eq!(reads(&o), (r0.0, r0.1 + 1), "one peek_first_many");
+
+        // A part of 3 with one wrong key: the batch fails, each SUB is verified alone, and the
+        // two verified ones are read in one call (their heads come from it: no peek_first).
+        let s2 = session_on(2);
+        let r0 = reads(&o);
+        let fallbacks = o.stats.verify_batch_fallbacks;
+        let answers = run(
+            &mut o,
+            inbox,
+            2,
+            vec![
+                signed_sub(&s2, &rids[1], &keys[1]),
+                signed_sub(&s2, &rids[0], &wrong),
+                signed_sub(&s2, &rids[2], &keys[2]),
+            ],
+        );
+        assert_eq!(o.stats.verify_batch_fallbacks, fallbacks + 1);
+        assert_eq!(answers.len(), 5);
+        assert_eq!(
+            answers[..3],
+            [
+                BrokerMsg::Sok(None),
+                BrokerMsg::Err(ErrorType::Auth),
+                BrokerMsg::Sok(None)
+            ]
+        );
+        assert!(answers[3..].iter().all(is_msg));
+        assert_eq!(reads(&o), (r0.0, r0.1 + 1));
+        assert_eq!(
+            o.subs[&rids[0]].session.conn, s.conn,
+            "the wrong key took nothing"
+        );
+        assert_eq!(o.subs[&rids[2]].session.conn, s2.conn);
+    }
+
+    /// Guards item 7: DEL drops the GET-mode state of the deleted queue, on every connection, and
+    /// leaves other queues' state alone.
+    #[test]
+    fn del_drops_the_get_mode_entries_of_that_queue_only() {
+        let (mut o, inboxes) = owner();
+        let inbox = &inboxes[0];
+        let (kx, ky) = (
+            SigningKey::from_bytes(&[1; 32]),
+            SigningKey::from_bytes(&[2; 32]),
+        );
+        let (x, y) = (vec![60u8; 24], vec![61u8; 24]);
+        block_on(o.store.create(queue(&x, pk(&kx)))).unwrap();
+        block_on(o.store.create(queue(&y, pk(&ky)))).unwrap();
+        for (conn, rid, k) in [(1, &x, &kx), (2, &x, &kx), (1, &y, &ky)] {
+            let get = request(&session_on(conn), rid, rid, Command::Get, Some(k));
+            assert_eq!(run(&mut o, inbox, conn, vec![get]), [BrokerMsg::Ok]);
+        }
+        assert_eq!(o.gets[&x].len(), 2);
+        let (c1, c2) = (session_on(1).conn, session_on(2).conn);
+
+        let del = request(&session_on(2), &x, &x, Command::Del, Some(&kx));
+        assert_eq!(run(&mut o, inbox, 2, vec![del]), [BrokerMsg::Ok]);
+        assert!(!o.gets.contains_key(&x));
+        assert_eq!(o.get_state(&y, c1), Some(None), "Y's entry stays");
+        assert_eq!(o.by_conn[&c1].gets, HashSet::from([y.clone()]));
+        assert!(o.by_conn[&c2].gets.is_empty());
+        assert!(o.store.get(&x).is_none());
+    }
+
+    /// Guards item 7: QUE reports the reference's `noSub` for the connection's own subscription
+    /// (no delivery thread waits here), `prohibitSub` for a GET-mode connection, nothing otherwise.
+    #[test]
+    fn que_reports_no_sub_for_the_subscriber_and_prohibit_sub_for_get_mode() {
+        use base64::Engine;
+        let (mut o, inboxes) = owner();
+        let inbox = &inboxes[0];
+        let k = SigningKey::from_bytes(&[1; 32]);
+        let rid = vec![70u8; 24];
+        block_on(o.store.create(queue(&rid, pk(&k)))).unwrap();
+        block_on(o.store.write(&rid, message(7), 128)).unwrap();
+        let delivered = base64::engine::general_purpose::STANDARD.encode([7u8; 24]);
+        let info = |o: &mut Owner<MemoryStore>, conn: u64| {
+            let que = request(&session_on(conn), &rid, &rid, Command::Que, Some(&k));
+            match &run(o, inbox, conn, vec![que])[..] {
+                [BrokerMsg::Info(json)] => json.clone(),
+                other => panic!("not INFO: {other:?}"),
+            }
+        };
+
+        let answers = run(&mut o, inbox, 1, vec![signed_sub(&session_on(1), &rid, &k)]);
+        assert_eq!(answers[0], BrokerMsg::Sok(None));
+        let json = info(&mut o, 1);
+        let sub = format!("\"qiSub\":{{\"qSubThread\":\"noSub\",\"qDelivered\":\"{delivered}\"}}");
+        assert!(json.contains(&sub), "{json}");
+
+        let get = request(&session_on(2), &rid, &rid, Command::Get, Some(&k));
+        assert!(matches!(
+            run(&mut o, inbox, 2, vec![get])[..],
+            [BrokerMsg::Msg { .. }]
+        ));
+        let json = info(&mut o, 2);
+        let sub =
+            format!("\"qiSub\":{{\"qSubThread\":\"prohibitSub\",\"qDelivered\":\"{delivered}\"}}");
+        assert!(json.contains(&sub), "{json}");
+
+        let json = info(&mut o, 3);
+        assert!(!json.contains("qiSub"), "{json}");
+    }
+
+    /// Guards item 5: an ACK of a MSG the connection dropped unsent (`undelivered`) is NO_MSG and
+    /// deletes nothing; the same ACK for a MSG it did send deletes it.
+    #[test]
+    fn ack_of_a_dropped_delivery_is_no_msg_and_keeps_the_message() {
+        let (mut o, inboxes) = owner();
+        let inbox = &inboxes[0];
+        let k = SigningKey::from_bytes(&[1; 32]);
+        let rid = vec![80u8; 24];
+        block_on(o.store.create(queue(&rid, pk(&k)))).unwrap();
+        let a = session_on(1);
+        assert_eq!(
+            run(&mut o, inbox, 1, vec![signed_sub(&a, &rid, &k)]),
+            [BrokerMsg::Sok(None)]
+        );
+
+        // A SEND from another connection pushes the message to A.
+        let sender = session_on(2);
+        block_on(o.process(sender.clone(), 1, vec![send_req(&sender, &rid, false)]));
+        let all: Vec<ShardMsg> = inbox.try_iter().collect();
+        assert_eq!(all.iter().map(what).collect::<Vec<_>>(), ["Event", "Reply"]);
+        let mut all = all.into_iter();
+        let Some(ShardMsg::Event { conn, mut groups }) = all.next() else {
+            unreachable!()
+        };
+        assert_eq!((conn, groups.len()), (a.conn, 1));
+        let GroupKind::Msg(d) = std::mem::replace(&mut groups[0].kind, GroupKind::Plain) else {
+            panic!("not a MSG delivery");
+        };
+        assert_eq!(o.store.size(&rid), 1);
+        assert!(o.is_outstanding(a.conn, &d));
+
+        let mut ack = request(&a, &rid, &rid, Command::Ack(d.msg_id.to_vec()), Some(&k));
+        ack.undelivered = Some(d.clone());
+        assert_eq!(
+            run(&mut o, inbox, 1, vec![ack]),
+            [BrokerMsg::Err(ErrorType::NoMsg)]
+        );
+        assert_eq!(o.store.size(&rid), 1, "the message stays");
+        assert!(
+            o.is_outstanding(a.conn, &d),
+            "still A's outstanding delivery"
+        );
+
+        let ack = request(&a, &rid, &rid, Command::Ack(d.msg_id.to_vec()), Some(&k));
+        assert_eq!(run(&mut o, inbox, 1, vec![ack]), [BrokerMsg::Ok]);
+        assert_eq!(o.store.size(&rid), 0);
     }
 }
