@@ -10,6 +10,7 @@ pub mod conn;
 pub mod directory;
 pub mod dispatch;
 pub mod forward;
+pub mod listen;
 pub mod lock;
 pub mod owner;
 pub mod proxy;
@@ -114,6 +115,7 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
                 fill_directory(&directory, &store);
                 // Every shard's IDs are in the directory before any shard accepts.
                 loaded.wait();
+                let config_ports = config.ports.clone();
                 let settings = Rc::new(config.settings.clone());
                 let ctx = Rc::new(shard::ShardContext::new(
                     shard_id,
@@ -126,8 +128,19 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
                     metrics,
                 ));
                 let owner = owner::Owner::new(shard_id, store, directory, mesh, settings);
+                let mut listeners = Vec::with_capacity(config_ports.len());
+                for port in &config_ports {
+                    match listen::shard_listener(*port) {
+                        Ok(l) => listeners.push(l),
+                        Err(e) => {
+                            let e = format!("cannot listen on port {port}: {e}");
+                            let _ = ready_tx.send(Err(e.clone()));
+                            return Err(e);
+                        }
+                    }
+                }
                 let ready_tx2 = ready_tx.clone();
-                let store = shard::run(ctx, owner, inbox, move || {
+                let store = shard::run(ctx, owner, inbox, listeners, move || {
                     let _ = ready_tx2.send(Ok(shard_id));
                 })
                 .await
@@ -187,12 +200,9 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
     result
 }
 
-/// Shards listen with SO_REUSEPORT, which would let this relay silently share a port with another
-/// process (another relay on another data directory) and get half its connections. A listener
-/// without SO_REUSEPORT is refused while anyone listens there, so one is tried first.
 fn check_ports_free(ports: &[u16]) -> Result<(), StartError> {
     for port in ports {
-        std::net::TcpListener::bind(("0.0.0.0", *port)).map_err(|e| {
+        listen::check_port_free(*port).map_err(|e| {
             StartError::Setup(format!(
                 "port {port} is in use by another process ({e}); stop it or choose another --port"
             ))

@@ -244,6 +244,31 @@ impl Relay {
         }
     }
 
+    /// A crash: SIGKILL, then waits for the process to end.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// One start on the same data directory, port and options, without `restart_with`'s retries:
+    /// for tests of what a supervisor restarting the relay at once gets.
+    pub fn restart_once(&mut self) -> Result<(), String> {
+        let (child, log) = spawn(self.dir.path(), self.port, &self.opts)?;
+        self.child = child;
+        self.log = log;
+        Ok(())
+    }
+
+    /// Runs `start` on this relay's data directory and port with `extra_args` to its end (the relay
+    /// must be stopped), for starts that must fail; killed after `COMMAND_TIMEOUT`.
+    pub fn failed_start(&self, extra_args: &[&str]) -> Output {
+        let port = self.port.to_string();
+        let cores = self.opts.cores.to_string();
+        let mut args = vec!["start", "--port", &port, "--cores", &cores];
+        args.extend_from_slice(extra_args);
+        run_cli(self.dir.path(), &args)
+    }
+
     /// Shards of the next `restart` (the saved store is split by partition group, not by shard).
     pub fn set_cores(&mut self, cores: usize) {
         self.opts.cores = cores;
