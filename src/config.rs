@@ -37,6 +37,17 @@ pub struct StartConfig {
     pub slow_reader_close: Duration,
     /// Test hook: the owner on shard `.0` waits `.1` before each block of work (ordering tests).
     pub test_owner_delay: Option<(usize, Duration)>,
+    /// Test hook: shard `.0` fails its start in the way `.1` names (failed-start tests).
+    pub test_fail_start: Option<(usize, StartFault)>,
+}
+
+/// How the start-up test hook makes a shard fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartFault {
+    /// Its listener cannot bind.
+    Bind,
+    /// Its thread ends before it reports anything, as when its executor cannot be built.
+    Exit,
 }
 
 impl StartConfig {
@@ -53,6 +64,7 @@ impl StartConfig {
             metrics_interval: None,
             slow_reader_close: limits::SLOW_READER_CLOSE,
             test_owner_delay: None,
+            test_fail_start: None,
         }
     }
 }

@@ -750,3 +750,47 @@ pub mod wire {
         }
     }
 }
+
+/// A tmpfs of a given size mounted on a directory (a full disk for save tests); unmounted on drop,
+/// also when the test fails. Mounting needs root, as CI runs.
+pub struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    pub fn mount(dir: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(dir).expect("create the mount point");
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "mounting a {size} tmpfs on {} failed (this test needs root, as CI runs): {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs(dir.to_path_buf())
+    }
+
+    /// Grows or shrinks the tmpfs, keeping its files.
+    pub fn resize(&self, size: &str) {
+        let out = Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.0)
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "resizing the tmpfs on {} to {size}: {}",
+            self.0.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        // Lazy, so that a relay still running in a failed test does not keep it mounted.
+        let _ = Command::new("umount").arg("-l").arg(&self.0).output();
+    }
+}
