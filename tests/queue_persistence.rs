@@ -2,7 +2,8 @@
 //! (SIGTERM) saves the memory store and a start on the same data directory restores queues,
 //! notifiers, messages, the quota marker and pending notifications; deleted queues stay deleted;
 //! messages older than the TTL are dropped at start. Checked at the message level (the reference
-//! also counts store-log lines, which this relay does not have).
+//! also counts store-log lines, which this relay does not have). Also what the README says a crash,
+//! a failed save and a failed start cost (`store/memory/persist.rs`, module comment).
 
 mod common;
 mod support;
