@@ -106,6 +106,9 @@ struct StartArgs {
     /// limit and re-ask batch follow from it as the defaults do from 1 MiB).
     #[arg(long, hide = true, value_parser = clap::value_parser!(u64).range(1024..=1 << 30))]
     test_output_high_water_bytes: Option<u64>,
+    /// Test hook: shard SHARD fails its start (`bind`: its listener; `exit`: its thread ends first).
+    #[arg(long, hide = true, value_name = "SHARD:bind|exit", value_parser = start_fault)]
+    test_fail_start: Option<(usize, config::StartFault)>,
     /// Seconds a connection may leave its output over the bound (1 MiB) before it is closed
     /// (ini `[RELAY] slow_reader_close_secs`; default 60).
     #[arg(long, value_parser = ini::seconds)]
@@ -203,6 +206,19 @@ fn owner_delay(s: &str) -> Result<(usize, Duration), String> {
         .parse()
         .map_err(|_| format!("bad milliseconds in {s:?}"))?;
     Ok((shard, Duration::from_millis(ms)))
+}
+
+fn start_fault(s: &str) -> Result<(usize, config::StartFault), String> {
+    let (shard, fault) = s
+        .split_once(':')
+        .ok_or_else(|| format!("expected SHARD:bind or SHARD:exit, got {s:?}"))?;
+    let shard = shard.parse().map_err(|_| format!("bad shard in {s:?}"))?;
+    let fault = match fault {
+        "bind" => config::StartFault::Bind,
+        "exit" => config::StartFault::Exit,
+        _ => return Err(format!("expected bind or exit in {s:?}")),
+    };
+    Ok((shard, fault))
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -400,6 +416,7 @@ fn start(data_dir: &Path, args: &StartArgs) -> Result<(), String> {
     if let Some(b) = args.test_output_high_water_bytes {
         c.output_limits = smp_relay::limits::OutputLimits::from_high_water(b as usize);
     }
+    c.test_fail_start = args.test_fail_start;
     cli.or(file.options).apply_to(&mut c);
     args.apply_proxy(&mut c.settings.proxy);
     smp_relay::server::run(c).map_err(|e| e.to_string())
@@ -487,34 +504,11 @@ fn describe(info: &BlockingInfo) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The saved record of the queue with this sender or link ID. The store files are read through
-/// hard links in a scratch directory, because loading renames what it loaded to `.bak`.
-// TODO: a read-only lookup in `store::memory::persist` would avoid the scratch directory.
+/// The saved record of the queue with this sender or link ID, read as a start would read it.
 fn saved_queue(store_dir: &Path, id: &[u8]) -> Result<Option<QueueRec>, String> {
-    let scratch = store_dir.join(format!(".inspect-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&scratch);
-    fs::create_dir(&scratch).map_err(|e| format!("cannot create {}: {e}", scratch.display()))?;
-    let loaded = (|| {
-        for g in 0..PARTITION_GROUPS {
-            let src = memory::group_file(store_dir, g);
-            if src.exists() {
-                let dst = memory::group_file(&scratch, g);
-                fs::hard_link(&src, &dst)
-                    .or_else(|_| fs::copy(&src, &dst).map(|_| ()))
-                    .map_err(|e| format!("cannot read {}: {e}", src.display()))?;
-            }
-        }
-        let groups: Vec<u32> = (0..PARTITION_GROUPS).collect();
-        MemoryStore::load_with_ntf_ttl(&scratch, &groups, None, None, 0).map_err(|e| {
-            // Name the operator's files, not the scratch links.
-            e.to_string().replace(
-                &scratch.display().to_string(),
-                &store_dir.display().to_string(),
-            )
-        })
-    })();
-    let _ = fs::remove_dir_all(&scratch);
-    let store = loaded?;
+    let groups: Vec<u32> = (0..PARTITION_GROUPS).collect();
+    let store = MemoryStore::load_with_ntf_ttl(store_dir, &groups, None, None, 0)
+        .map_err(|e| e.to_string())?;
     let found = store
         .all()
         .find(|r| r.sender_id == id || r.link.as_ref().is_some_and(|l| l.link_id == id))

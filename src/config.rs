@@ -39,6 +39,17 @@ pub struct StartConfig {
     pub test_owner_delay: Option<(usize, Duration)>,
     /// Each connection's output bounds (`limits::OutputLimits`).
     pub output_limits: limits::OutputLimits,
+    /// Test hook: shard `.0` fails its start in the way `.1` names (failed-start tests).
+    pub test_fail_start: Option<(usize, StartFault)>,
+}
+
+/// How the start-up test hook makes a shard fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartFault {
+    /// Its listener cannot bind.
+    Bind,
+    /// Its thread ends before it reports anything, as when its executor cannot be built.
+    Exit,
 }
 
 impl StartConfig {
@@ -56,6 +67,7 @@ impl StartConfig {
             slow_reader_close: limits::SLOW_READER_CLOSE,
             test_owner_delay: None,
             output_limits: limits::OutputLimits::default(),
+            test_fail_start: None,
         }
     }
 }

@@ -187,3 +187,29 @@ fn start_refuses_an_ed448_online_key() {
     let msg = format!("{}{}", text(&out.stdout), text(&out.stderr));
     assert!(msg.contains("Ed448"), "message should name Ed448:\n{msg}");
 }
+
+/// What a supervisor's restart-on-failure does: the relay ends (SIGKILL, or SIGTERM) while clients
+/// hold idle connections, and is started again at once on the same port, once. The old process's
+/// accepted sockets linger (FIN-WAIT-2, up to `tcp_fin_timeout`) and its listeners can outlive it
+/// for a moment; neither may keep the new relay from listening.
+#[test]
+fn restart_at_once_after_kill_or_stop_with_live_connections() {
+    for (how, cores) in [("SIGKILL", 1), ("SIGTERM", 2), ("SIGKILL", 2)] {
+        let mut relay = Relay::start_with(common::RelayOptions {
+            cores,
+            ..Default::default()
+        });
+        let idle: Vec<_> = (0..8).map(|_| relay.client()).collect();
+        if how == "SIGKILL" {
+            relay.kill();
+        } else {
+            let status = relay.stop();
+            assert!(status.success(), "{how}: clean stop: {status:?}");
+        }
+        if let Err(e) = relay.restart_once() {
+            panic!("{how}, {cores} shards: an immediate restart failed: {e}");
+        }
+        relay.assert_serves();
+        drop(idle);
+    }
+}

@@ -2,7 +2,8 @@
 //! (SIGTERM) saves the memory store and a start on the same data directory restores queues,
 //! notifiers, messages, the quota marker and pending notifications; deleted queues stay deleted;
 //! messages older than the TTL are dropped at start. Checked at the message level (the reference
-//! also counts store-log lines, which this relay does not have).
+//! also counts store-log lines, which this relay does not have). Also what the README says a crash,
+//! a failed save and a failed start cost (`store/memory/persist.rs`, module comment).
 
 mod common;
 mod support;
@@ -238,4 +239,282 @@ fn restart_with_another_number_of_cores_keeps_every_queue() {
             );
         }
     }
+}
+
+/// The relay's log once it contains `needle` (its stderr is read by another thread, which may lag
+/// behind the process's exit); the whole log if `needle` never comes within 10 s.
+fn log_with(relay: &Relay, needle: &str) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let text = relay.log_text();
+        if text.contains(needle) || std::time::Instant::now() > deadline {
+            return text;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+fn group_file_name(q: &Queue) -> String {
+    format!("group-{:02}.bin", smp_relay::store::group_of(q.rid()))
+}
+
+/// Every file of the saved store, by name, with its bytes.
+fn saved_files(relay: &Relay) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let dir = relay.dir.path().join("memory-store");
+    std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| {
+            let e = e.expect("dir entry");
+            let name = e.file_name().to_string_lossy().into_owned();
+            (name, std::fs::read(e.path()).expect("read a saved file"))
+        })
+        .collect()
+}
+
+/// A crash (SIGKILL) costs what changed since the last start, as the README says, and no more:
+/// what the clean stop before that start saved is loaded again, with a warning that names the
+/// files and says that messages acknowledged since may be delivered again.
+#[test]
+fn a_crash_keeps_what_the_last_clean_stop_saved() {
+    let mut relay = Relay::start();
+    let (s1, s2) = (auth_key(KeyAlg::Ed25519), auth_key(KeyAlg::Ed25519));
+    let q1 = {
+        let (mut h, mut rh) = (relay.client(), relay.client());
+        let q1 = create_secured(&mut rh, &s1);
+        drop(rh);
+        send_ok(&mut h, &q1, Some(&s1), b"one");
+        send_ok(&mut h, &q1, Some(&s1), b"two");
+        q1
+    };
+    stop_cleanly(&mut relay);
+    relay.restart();
+    let q2 = {
+        let mut h = relay.client();
+        let m1 = sub_with_msg(&mut h, &q1);
+        assert_eq!(m1.msg.body(), Some(&b"one"[..]));
+        let m2 = msg_of(&q1, ack(&mut h, &q1, &m1.msg_id));
+        assert_eq!(m2.msg.body(), Some(&b"two"[..]));
+        create_secured(&mut h, &s2)
+    };
+    relay.kill();
+    relay.restart();
+    let bak = format!("{}.bak", group_file_name(&q1));
+    let log = log_with(&relay, &bak);
+    assert!(
+        log.contains(&bak) && log.contains("delivered again"),
+        "a warning names {bak} and what loading it means:\n{log}"
+    );
+    {
+        let mut h = relay.client();
+        let m = sub_with_msg(&mut h, &q1);
+        assert_eq!(
+            m.msg.body(),
+            Some(&b"one"[..]),
+            "the queue saved at the last clean stop is back, with the message ACKed since"
+        );
+        assert_eq!(
+            signed(&mut h, q2.key(), q2.rid(), Command::Sub),
+            ERR_AUTH,
+            "the queue created since the last start is lost"
+        );
+    }
+    // A clean stop saves what is served now; the next start loads it without the warning.
+    stop_cleanly(&mut relay);
+    relay.restart();
+    let mut h = relay.client();
+    assert_eq!(sub_with_msg(&mut h, &q1).msg.body(), Some(&b"one"[..]));
+    assert!(
+        !relay.log_text().contains(".bak"),
+        "no warning after a clean stop:\n{}",
+        relay.log_text()
+    );
+}
+
+/// A start that fails after the store is loaded (the second shard's listener cannot bind, or its
+/// thread ends before it is ready, as when its executor cannot be built) exits with a message
+/// naming the shard, leaves every saved file as it was, and the next start has every queue.
+#[test]
+fn a_failed_start_leaves_the_saved_store_as_it_was() {
+    let mut relay = Relay::start_with(RelayOptions {
+        cores: 2,
+        ..Default::default()
+    });
+    let qs: Vec<Queue> = {
+        let (mut h, mut s) = (relay.client(), relay.client());
+        let qs: Vec<Queue> = (0..12).map(|_| create(&mut h)).collect();
+        for (i, q) in qs.iter().enumerate() {
+            send_ok(&mut s, q, None, format!("saved {i}").as_bytes());
+            expect_body(&mut h, q, format!("saved {i}").as_bytes());
+        }
+        qs
+    };
+    stop_cleanly(&mut relay);
+    let before = saved_files(&relay);
+    assert!(!before.is_empty(), "the clean stop saved the queues");
+    for fault in ["1:bind", "1:exit"] {
+        let out = relay.failed_start(&["--test-fail-start", fault]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "{fault}: the start must fail:\n{err}"
+        );
+        assert_eq!(
+            saved_files(&relay).keys().collect::<Vec<_>>(),
+            before.keys().collect::<Vec<_>>(),
+            "{fault}: the saved files are the same files"
+        );
+        assert!(
+            saved_files(&relay) == before,
+            "{fault}: the saved files are unchanged"
+        );
+        assert!(err.contains("shard 1"), "{fault}: names the shard:\n{err}");
+    }
+    relay.restart();
+    let mut h = relay.client();
+    for (i, q) in qs.iter().enumerate() {
+        let m = sub_with_msg(&mut h, q);
+        assert_eq!(m.msg.body(), Some(format!("saved {i}").as_bytes()));
+    }
+}
+
+/// `n` queues (no subscription) with one message each, `"{tag} {i}"`.
+fn queues_with_a_message(h: &mut smp_relay::client::Client, n: usize, tag: &str) -> Vec<Queue> {
+    (0..n)
+        .map(|i| {
+            let q = create_only(h);
+            send_ok(h, &q, None, format!("{tag} {i}").as_bytes());
+            q
+        })
+        .collect()
+}
+
+/// A new queue in partition group `group`, holding more than 2 MiB of messages.
+fn big_queue_in(h: &mut smp_relay::client::Client, group: u32) -> Queue {
+    let q = (0..2000)
+        .map(|_| create_only(h))
+        .find(|q| smp_relay::store::group_of(q.rid()) == group)
+        .expect("a queue in the group within 2000 NEWs");
+    let body = vec![b'x'; 15000];
+    for _ in 0..150 {
+        send_ok(h, &q, None, &body);
+    }
+    q
+}
+
+fn assert_message(h: &mut smp_relay::client::Client, q: &Queue, body: &str, what: &str) {
+    let r = signed(h, q.key(), q.rid(), Command::Get);
+    assert_eq!(body_of(q, r), body.as_bytes(), "{what}");
+}
+
+/// A clean stop on a full disk (a 2 MiB tmpfs): every shard keeps saving its other groups after a
+/// group fails, removes the temporary file of the failed write, keeps the group's previous saved
+/// state, and the relay exits non-zero naming every shard and group that failed. The next start,
+/// with space, loads the previous state of the failed groups (with a warning) and the new state of
+/// the others.
+#[test]
+fn a_failed_save_keeps_the_previous_state_and_names_every_shard() {
+    let mut relay = Relay::start_with(RelayOptions {
+        cores: 2,
+        extra_args: vec!["--quota".into(), "400".into()],
+    });
+    stop_cleanly(&mut relay);
+    let store = relay.dir.path().join("memory-store");
+    let disk = common::Tmpfs::mount(&store, "2m");
+    relay.restart();
+    let saved = queues_with_a_message(&mut relay.client(), 16, "saved");
+    stop_cleanly(&mut relay);
+    relay.restart();
+
+    // Both shards (groups are owned by `group % 2`) get a group that cannot fit the disk.
+    let mut big = Vec::new();
+    {
+        let mut h = relay.client();
+        for shard in 0..2 {
+            let q = saved
+                .iter()
+                .find(|q| smp_relay::store::group_of(q.rid()) % 2 == shard)
+                .expect("a saved queue on each shard");
+            big.push((q, big_queue_in(&mut h, smp_relay::store::group_of(q.rid()))));
+        }
+    }
+    let status = relay.stop();
+    assert!(!status.success(), "a failed save exits non-zero");
+    let log = log_with(&relay, "smp-relay:");
+    let last = log
+        .lines()
+        .find(|l| l.starts_with("smp-relay:"))
+        .unwrap_or_default()
+        .to_string();
+    for (shard, (q, _)) in big.iter().enumerate() {
+        assert!(
+            last.contains(&format!("shard {shard}")) && last.contains(&group_file_name(q)),
+            "the error names shard {shard} and {}:\n{log}",
+            group_file_name(q)
+        );
+    }
+    let tmp: Vec<String> = saved_files(&relay)
+        .into_keys()
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(tmp.is_empty(), "temporary files left: {tmp:?}");
+
+    disk.resize("64m");
+    relay.set_cores(1);
+    relay.restart();
+    for (q, _) in &big {
+        let bak = format!("{}.bak", group_file_name(q));
+        assert!(
+            log_with(&relay, &bak).contains(&bak),
+            "a warning names {bak}:\n{}",
+            relay.log_text()
+        );
+    }
+    let mut h = relay.client();
+    for (i, q) in saved.iter().enumerate() {
+        assert_message(
+            &mut h,
+            q,
+            &format!("saved {i}"),
+            "every saved queue is back",
+        );
+    }
+
+    // One shard, so that only this shard's writes compete for the disk: a group that fails is
+    // followed by groups that fit, and they are saved.
+    disk.resize("2m");
+    let (first, _) = big[0];
+    let group = smp_relay::store::group_of(first.rid());
+    let later: Vec<Queue> = (0..2000)
+        .map(|_| create_only(&mut h))
+        .filter(|q| smp_relay::store::group_of(q.rid()) > group)
+        .take(3)
+        .collect();
+    assert_eq!(later.len(), 3, "queues in later groups");
+    for (i, q) in later.iter().enumerate() {
+        send_ok(&mut h, q, None, format!("later {i}").as_bytes());
+    }
+    big_queue_in(&mut h, group);
+    drop(h);
+    let status = relay.stop();
+    assert!(!status.success(), "a failed save exits non-zero");
+    disk.resize("64m");
+    relay.restart();
+    let mut h = relay.client();
+    for (i, q) in later.iter().enumerate() {
+        assert_message(
+            &mut h,
+            q,
+            &format!("later {i}"),
+            "a group after the failed one is saved",
+        );
+    }
+    assert_message(
+        &mut h,
+        first,
+        &format!(
+            "saved {}",
+            saved.iter().position(|q| q.rid() == first.rid()).unwrap()
+        ),
+        "the failed group's previous state is loaded",
+    );
 }

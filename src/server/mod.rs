@@ -1,15 +1,18 @@
 //! The relay: one shard per configured core, each a pinned glommio executor that accepts and serves
 //! its own connections and owns the queues of its partition groups (`DESIGN.md` §1).
 //!
-//! Start-up: lock the data directory, load each shard's store and fill the shared ID directory, and
-//! only then accept connections, so no shard answers for a queue that is still loading. A clean stop
-//! (SIGINT or SIGTERM) tells every shard to stop, and each saves its store.
+//! Start-up: lock the data directory, load each shard's store, fill the shared ID directory and bind
+//! the listeners; only when every shard has done so are the loaded files set aside (`.bak`, see
+//! `store/memory/persist.rs`) and connections accepted, so no shard answers for a queue that is
+//! still loading and a start that fails leaves the saved store as it was. A clean stop (SIGINT or
+//! SIGTERM) tells every shard to stop, and each saves its store.
 
 pub mod commands;
 pub mod conn;
 pub mod directory;
 pub mod dispatch;
 pub mod forward;
+pub mod listen;
 pub mod lock;
 pub mod owner;
 pub mod proxy;
@@ -17,15 +20,16 @@ pub mod router;
 pub mod shard;
 pub mod tls_stream;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::rc::Rc;
-use std::sync::{Arc, Barrier};
+use std::sync::{mpsc, Arc};
 
 use glommio::{LocalExecutorBuilder, Placement};
 
-use crate::config::StartConfig;
+use crate::config::{StartConfig, StartFault};
 use crate::limits::IO_MEMORY_BYTES;
-use crate::store::memory::MemoryStore;
+use crate::store::memory::{self, MemoryStore};
 use crate::store::QueueStore;
 use crate::transport::{certs, tls};
 use directory::{Directory, IdSpace};
@@ -40,10 +44,13 @@ pub enum StartError {
     Lock(#[from] lock::LockError),
     #[error("{0}")]
     Setup(String),
-    #[error("cannot start shard {0}: {1}")]
-    Shard(usize, String),
-    #[error("shard {0} stopped: {1}")]
-    ShardFailed(usize, String),
+    /// The saved store is as it was: nothing is changed on disk before every shard can serve.
+    #[error("cannot start ({0}); the saved store is unchanged")]
+    Start(String),
+    #[error(
+        "saving failed at the stop: {0}. Free space or fix the permissions before the next start"
+    )]
+    Save(String),
 }
 
 pub fn memory_store_dir(config: &StartConfig) -> PathBuf {
@@ -82,38 +89,59 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
         crate::metrics::MetricsSnapshot::default();
         shards
     ]));
-    let loaded = Arc::new(Barrier::new(shards));
-    let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<Result<usize, String>>(shards);
+    let (report_tx, reports) = mpsc::channel::<Report>();
+    let mut gos = Vec::with_capacity(shards);
     let mut handles = Vec::with_capacity(shards);
+    // Why the start failed, by shard; the first reason of each shard is kept.
+    let mut failures: BTreeMap<usize, String> = BTreeMap::new();
     for (shard_id, inbox) in inboxes.into_iter().enumerate() {
         let cpu = cpus[shard_id % cpus.len()];
         let config = config.clone();
         let credentials = credentials.clone();
         let tls_config = tls_config.clone();
-        let ready_tx = ready_tx.clone();
+        let mut reporter = Reporter::new(shard_id, report_tx.clone());
+        let (go_tx, go_rx) = flume::bounded::<bool>(1);
         let mesh = mesh.clone();
         let directory = directory.clone();
         let metrics = metrics.clone();
-        let loaded = loaded.clone();
         let store_dir = store_dir.clone();
-        let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
+        let spawned = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("shard-{shard_id}"))
             .io_memory(IO_MEMORY_BYTES)
             .spawn(move || async move {
+                let fault = config
+                    .test_fail_start
+                    .filter(|(shard, _)| *shard == shard_id)
+                    .map(|(_, f)| f);
+                if fault == Some(StartFault::Exit) {
+                    return Err("test hook: the shard's thread ends before it is ready".into());
+                }
                 let groups = groups_of_shard(shard_id, shards);
                 let ttl = config.settings.message_ttl.as_secs() as i64;
-                let store = MemoryStore::load(&store_dir, &groups, Some(ttl), commands::now_secs());
-                let store = match store {
-                    Ok(s) => s,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e.to_string()));
-                        loaded.wait();
-                        return Err(e.to_string());
-                    }
-                };
+                let store = MemoryStore::load(&store_dir, &groups, Some(ttl), commands::now_secs())
+                    .map_err(|e| reporter.fail(e.to_string()))?;
                 fill_directory(&directory, &store);
-                // Every shard's IDs are in the directory before any shard accepts.
-                loaded.wait();
+                let mut listeners = Vec::with_capacity(config.ports.len());
+                for port in &config.ports {
+                    let bound = if fault == Some(StartFault::Bind) {
+                        Err(std::io::Error::new(
+                            std::io::ErrorKind::AddrInUse,
+                            "test hook",
+                        ))
+                    } else {
+                        listen::shard_listener(*port)
+                    };
+                    let l = bound
+                        .map_err(|e| reporter.fail(format!("cannot listen on port {port}: {e}")))?;
+                    listeners.push(l);
+                }
+                reporter.bound();
+                // Nothing is accepted until every shard has loaded (its IDs are in the directory)
+                // and bound, and `run` has set the loaded files aside; a start that fails before
+                // that has changed nothing on disk.
+                if go_rx.recv_async().await != Ok(true) {
+                    return Ok(());
+                }
                 let settings = Rc::new(config.settings.clone());
                 let ctx = Rc::new(shard::ShardContext::new(
                     shard_id,
@@ -126,36 +154,59 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
                     metrics,
                 ));
                 let owner = owner::Owner::new(shard_id, store, directory, mesh, settings);
-                let ready_tx2 = ready_tx.clone();
-                let store = shard::run(ctx, owner, inbox, move || {
-                    let _ = ready_tx2.send(Ok(shard_id));
-                })
-                .await
-                .map_err(|e| {
-                    let _ = ready_tx.send(Err(e.to_string()));
-                    e.to_string()
-                })?;
-                store
-                    .save(&store_dir, &groups)
-                    .map_err(|e| format!("saving the store: {e}"))
-            })
-            .map_err(|e| StartError::Shard(shard_id, e.to_string()))?;
-        handles.push(handle);
-    }
-    drop(ready_tx);
-    let mut ready = 0;
-    let mut failure = None;
-    while ready < shards {
-        match ready_rx.recv() {
-            Ok(Ok(_)) => ready += 1,
-            Ok(Err(e)) => {
-                failure = Some(e);
+                let store = shard::run(ctx, owner, inbox, listeners, move || reporter.serving())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                store.save(&store_dir, &groups).map_err(|e| e.to_string())
+            });
+        match spawned {
+            Ok(h) => {
+                handles.push((shard_id, h));
+                gos.push(go_tx);
+            }
+            Err(e) => {
+                failures.insert(shard_id, format!("cannot start its executor: {e}"));
                 break;
+            }
+        }
+    }
+    drop(report_tx);
+
+    let mut bound = 0;
+    while failures.is_empty() && bound < shards {
+        match reports.recv() {
+            Ok(Report::Bound) => bound += 1,
+            Ok(Report::Serving) => {}
+            Ok(Report::Failed(shard, e)) => {
+                failures.entry(shard).or_insert(e);
             }
             Err(_) => break,
         }
     }
-    if failure.is_none() && ready == shards {
+    let mut setup_failure = None;
+    if failures.is_empty() && bound == shards {
+        // From here a crash must not load these files as if nothing had been served since.
+        if let Err(e) = memory::set_aside_saved(&store_dir) {
+            setup_failure = Some(e.to_string());
+        }
+    }
+    let go = failures.is_empty() && setup_failure.is_none() && bound == shards;
+    for g in gos {
+        let _ = g.send(go);
+    }
+    let mut serving = 0;
+    while go && failures.is_empty() && serving < shards {
+        match reports.recv() {
+            Ok(Report::Serving) => serving += 1,
+            Ok(Report::Bound) => {}
+            Ok(Report::Failed(shard, e)) => {
+                failures.entry(shard).or_insert(e);
+            }
+            Err(_) => break,
+        }
+    }
+    let started = go && failures.is_empty() && serving == shards;
+    if started {
         tracing::info!(
             ports = ?config.ports,
             shards,
@@ -170,29 +221,95 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
     for shard in 0..shards {
         mesh.send(shard, ShardMsg::Stop);
     }
-    let mut result = Ok(());
-    for (shard_id, h) in handles.into_iter().enumerate() {
-        match h.join() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => result = Err(StartError::ShardFailed(shard_id, e)),
-            Err(e) => result = Err(StartError::ShardFailed(shard_id, e.to_string())),
+    let mut stop_failures = BTreeMap::new();
+    for (shard_id, h) in handles {
+        let e = match h.join() {
+            Ok(Ok(())) => continue,
+            Ok(Err(e)) => e,
+            Err(e) => e.to_string(),
+        };
+        if started {
+            tracing::error!(shard = shard_id, "{e}");
+            stop_failures.insert(shard_id, e);
+        } else {
+            failures.entry(shard_id).or_insert(e);
         }
     }
-    if let Some(e) = failure {
-        return Err(StartError::Shard(0, e));
+    if !started {
+        let mut reasons: Vec<String> = setup_failure.into_iter().collect();
+        reasons.extend(failures.iter().map(|(s, e)| format!("shard {s}: {e}")));
+        if reasons.is_empty() {
+            reasons.push("a shard ended before it was ready".into());
+        }
+        return Err(StartError::Start(reasons.join("; ")));
     }
-    if result.is_ok() {
-        tracing::info!("stopped");
+    if !stop_failures.is_empty() {
+        let each: Vec<String> = stop_failures
+            .iter()
+            .map(|(s, e)| format!("shard {s}: {e}"))
+            .collect();
+        return Err(StartError::Save(each.join("; ")));
     }
-    result
+    tracing::info!("stopped");
+    Ok(())
 }
 
-/// Shards listen with SO_REUSEPORT, which would let this relay silently share a port with another
-/// process (another relay on another data directory) and get half its connections. A listener
-/// without SO_REUSEPORT is refused while anyone listens there, so one is tried first.
+/// What a shard tells `run` while it starts.
+enum Report {
+    /// Loaded, its IDs in the directory and its listeners bound: it waits for the go.
+    Bound,
+    /// Accepting connections.
+    Serving,
+    Failed(usize, String),
+}
+
+/// A shard's side of the start-up reports. If the shard's thread ends before it serves (an error,
+/// a panic, an executor that could not be built and so never ran the shard), dropping this reports
+/// the failure, so that `run` never waits for a shard that is gone.
+struct Reporter {
+    shard: usize,
+    tx: mpsc::Sender<Report>,
+    done: bool,
+}
+
+impl Reporter {
+    fn new(shard: usize, tx: mpsc::Sender<Report>) -> Self {
+        Reporter {
+            shard,
+            tx,
+            done: false,
+        }
+    }
+
+    fn bound(&mut self) {
+        let _ = self.tx.send(Report::Bound);
+    }
+
+    fn serving(mut self) {
+        self.done = true;
+        let _ = self.tx.send(Report::Serving);
+    }
+
+    /// Reports `e` and returns it, for `map_err`.
+    fn fail(&mut self, e: String) -> String {
+        self.done = true;
+        let _ = self.tx.send(Report::Failed(self.shard, e.clone()));
+        e
+    }
+}
+
+impl Drop for Reporter {
+    fn drop(&mut self) {
+        if !self.done {
+            let e = "its thread ended before it was ready".to_string();
+            let _ = self.tx.send(Report::Failed(self.shard, e));
+        }
+    }
+}
+
 fn check_ports_free(ports: &[u16]) -> Result<(), StartError> {
     for port in ports {
-        std::net::TcpListener::bind(("0.0.0.0", *port)).map_err(|e| {
+        listen::check_port_free(*port).map_err(|e| {
             StartError::Setup(format!(
                 "port {port} is in use by another process ({e}); stop it or choose another --port"
             ))

@@ -1,10 +1,11 @@
 //! One shard: a glommio executor pinned to a core, its listeners on the SMP ports (SO_REUSEPORT, so
-//! every shard accepts on every port and the kernel spreads connections), the connections it
+//! every shard accepts on every port and the kernel spreads connections; see `listen.rs`), the connections it
 //! accepted, and the owner of its queues. One inbox task runs the owner and hands answers to the
 //! shard's connections, so the shard's work is done in the order it arrived.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::os::fd::{FromRawFd, IntoRawFd};
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -159,24 +160,20 @@ impl ShardContext {
     }
 }
 
-/// Binds every port, then runs the shard until it is told to stop; returns the owner's store so
-/// that the caller can save it.
+/// Accepts on `listeners` (bound by `super::listen::shard_listener`) and runs the shard until it
+/// is told to stop; returns the owner's store so that the caller can save it.
 pub async fn run(
     ctx: Rc<ShardContext>,
     owner: Owner<MemoryStore>,
     inbox: flume::Receiver<ShardMsg>,
+    listeners: Vec<std::net::TcpListener>,
     ready: impl FnOnce(),
 ) -> std::io::Result<MemoryStore> {
-    let mut listeners = Vec::new();
-    for port in &ctx.config.ports {
-        let l = TcpListener::bind(("0.0.0.0", *port)).map_err(|e| {
-            std::io::Error::new(
-                std::io::ErrorKind::AddrInUse,
-                format!("cannot listen on port {port}: {e}"),
-            )
-        })?;
-        listeners.push(l);
-    }
+    let listeners = listeners.into_iter().map(|l| {
+        // SAFETY: the descriptor is a bound, listening TCP socket that `into_raw_fd` gave up, so
+        // the glommio listener is its only owner.
+        unsafe { TcpListener::from_raw_fd(l.into_raw_fd()) }
+    });
     for l in listeners {
         glommio::spawn_local(accept_loop(l, ctx.clone())).detach();
     }

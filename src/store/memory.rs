@@ -10,8 +10,8 @@
 mod persist;
 
 pub use persist::{
-    group_file, group_files_present, set_status_offline, OfflineId, PersistError, FORMAT_VERSION,
-    NTF_TTL_SECS,
+    group_file, group_files_present, set_aside_saved, set_status_offline, OfflineId, PersistError,
+    SaveError, FORMAT_VERSION, NTF_TTL_SECS,
 };
 
 use std::collections::{HashMap, VecDeque};

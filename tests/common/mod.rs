@@ -244,6 +244,31 @@ impl Relay {
         }
     }
 
+    /// A crash: SIGKILL, then waits for the process to end.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// One start on the same data directory, port and options, without `restart_with`'s retries:
+    /// for tests of what a supervisor restarting the relay at once gets.
+    pub fn restart_once(&mut self) -> Result<(), String> {
+        let (child, log) = spawn(self.dir.path(), self.port, &self.opts)?;
+        self.child = child;
+        self.log = log;
+        Ok(())
+    }
+
+    /// Runs `start` on this relay's data directory and port with `extra_args` to its end (the relay
+    /// must be stopped), for starts that must fail; killed after `COMMAND_TIMEOUT`.
+    pub fn failed_start(&self, extra_args: &[&str]) -> Output {
+        let port = self.port.to_string();
+        let cores = self.opts.cores.to_string();
+        let mut args = vec!["start", "--port", &port, "--cores", &cores];
+        args.extend_from_slice(extra_args);
+        run_cli(self.dir.path(), &args)
+    }
+
     /// Shards of the next `restart` (the saved store is split by partition group, not by shard).
     pub fn set_cores(&mut self, cores: usize) {
         self.opts.cores = cores;
@@ -723,5 +748,49 @@ pub mod wire {
                 Err(_) => return Some(n),
             }
         }
+    }
+}
+
+/// A tmpfs of a given size mounted on a directory (a full disk for save tests); unmounted on drop,
+/// also when the test fails. Mounting needs root, as CI runs.
+pub struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    pub fn mount(dir: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(dir).expect("create the mount point");
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "mounting a {size} tmpfs on {} failed (this test needs root, as CI runs): {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs(dir.to_path_buf())
+    }
+
+    /// Grows or shrinks the tmpfs, keeping its files.
+    pub fn resize(&self, size: &str) {
+        let out = Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.0)
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "resizing the tmpfs on {} to {size}: {}",
+            self.0.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        // Lazy, so that a relay still running in a failed test does not keep it mounted.
+        let _ = Command::new("umount").arg("-l").arg(&self.0).output();
     }
 }

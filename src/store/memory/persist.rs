@@ -17,10 +17,18 @@
 //! ```
 //!
 //! The checksum covers everything before it. `can_write` is not stored: a queue whose last message
-//! is a marker is closed to writes. After a successful load every loaded file is renamed to
-//! `group-NN.bin.bak`, as the reference does with its message log: if the relay crashes later, the
-//! next start does not restore the same (by then stale) messages a second time; the `.bak` stays
-//! for the operator.
+//! is a marker is closed to writes.
+//!
+//! What a crash costs. Loading only reads. Once every shard of a start has loaded and can serve,
+//! the loaded files are renamed to `group-NN.bin.bak` ([`set_aside_saved`]), as the reference renames
+//! its message log once it has read it (`simplex-chat/simplexmq`, `src/Simplex/Messaging/Server.hs`,
+//! `restoreServerMessages`), so that a file is the state of the last clean stop only while no start has
+//! served since. A start that finds a group's `.bak` without its `group-NN.bin` (the relay crashed,
+//! or its save at the stop failed) loads the `.bak` and warns: the group is as the clean stop before
+//! that start saved it, so queues created and messages sent since that start are lost and messages
+//! acknowledged since are delivered again. A start that fails changes no file. A save writes each
+//! group to `.tmp`, syncs it and renames it over `group-NN.bin`; a group whose write fails keeps its
+//! previous saved state (its `.bak`), and the other groups are still saved.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs;
@@ -62,6 +70,12 @@ pub enum PersistError {
     },
     #[error("{} is unreadable ({reason}): restore {}.bak or remove it to start empty", path.display(), path.display())]
     Corrupt { path: PathBuf, reason: String },
+    #[error("{} is missing and {} is unreadable ({reason}): remove {} to start without that group's queues", saved.display(), path.display(), path.display())]
+    CorruptBackup {
+        path: PathBuf,
+        saved: PathBuf,
+        reason: String,
+    },
     #[error("partition group {0} does not exist (groups are 0..{PARTITION_GROUPS})")]
     NoSuchGroup(u32),
     #[error("no queue with {by} in the group files of {}; check the ID (base64url)", dir.display())]
@@ -95,10 +109,85 @@ pub fn group_file(dir: &Path, group: u32) -> PathBuf {
     dir.join(format!("group-{group:02}.bin"))
 }
 
-/// Whether any group file is waiting to be loaded (the relay refuses to start on another store
-/// type while they exist, so that saved messages are not silently ignored).
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut p = path.to_path_buf().into_os_string();
+    p.push(suffix);
+    PathBuf::from(p)
+}
+
+/// Where a start that served has set the group's file aside (see the module comment).
+pub fn backup_file(dir: &Path, group: u32) -> PathBuf {
+    with_suffix(&group_file(dir, group), ".bak")
+}
+
+/// Whether any group file, or a `.bak` a start would load instead, is waiting to be loaded.
 pub fn group_files_present(dir: &Path) -> bool {
-    (0..PARTITION_GROUPS).any(|g| group_file(dir, g).is_file())
+    (0..PARTITION_GROUPS).any(|g| group_file(dir, g).is_file() || backup_file(dir, g).is_file())
+}
+
+/// Renames every `group-NN.bin` in `dir` to `group-NN.bin.bak`, once a start has loaded them all
+/// and is about to serve (see the module comment). If one rename fails, those already done are
+/// undone, so that the start can fail with the saved store as it was.
+pub fn set_aside_saved(dir: &Path) -> Result<(), PersistError> {
+    let mut done = Vec::new();
+    for g in 0..PARTITION_GROUPS {
+        let (path, bak) = (group_file(dir, g), backup_file(dir, g));
+        if !path.is_file() {
+            continue;
+        }
+        if let Err(source) = fs::rename(&path, &bak) {
+            for (path, bak) in done.iter().rev() {
+                let _ = fs::rename(bak, path);
+            }
+            return Err(PersistError::Io {
+                path,
+                op: "rename to .bak",
+                source,
+            });
+        }
+        done.push((path, bak));
+    }
+    if done.is_empty() {
+        return Ok(());
+    }
+    sync_dir(dir)
+}
+
+/// Why a save failed: every group that could not be written (or removed), each with what is left
+/// of it.
+#[derive(Debug)]
+pub struct SaveError(pub Vec<(PersistError, String)>);
+
+impl std::fmt::Display for SaveError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (e, left)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{e}")?;
+            if !left.is_empty() {
+                write!(f, "; {left}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for SaveError {}
+
+/// What a group whose save failed is left with.
+fn left_after_failure(dir: &Path, group: u32) -> String {
+    let (path, bak) = (group_file(dir, group), backup_file(dir, group));
+    if path.is_file() {
+        format!("{} is kept as it was", path.display())
+    } else if bak.is_file() {
+        format!(
+            "its previous saved state {} is kept and the next start loads it (without what changed since the start that loaded it)",
+            bak.display()
+        )
+    } else {
+        format!("no earlier saved state of {} exists", path.display())
+    }
 }
 
 /// Sets the status of the queue named by `by` in the group files of a stopped relay and rewrites
@@ -110,7 +199,7 @@ pub fn set_status_offline(
 ) -> Result<EntityId, PersistError> {
     for group in 0..PARTITION_GROUPS {
         let path = group_file(dir, group);
-        let Some(mut queues) = read_group_file(&path, group)? else {
+        let Some((mut queues, _)) = read_group_or_backup(dir, group)? else {
             continue;
         };
         if let Some(q) = queues.iter_mut().find(|q| by.matches(&q.rec)) {
@@ -135,10 +224,12 @@ pub fn set_status_offline(
 
 impl MemoryStore {
     /// Writes one file per group in `groups` with the queues of this store in that group; a group
-    /// without queues has its file removed. Queues of other groups are not written (the shard that
-    /// owns them saves them).
-    pub fn save(&self, dir: &Path, groups: &[u32]) -> Result<(), PersistError> {
-        let groups = check_groups(groups)?;
+    /// without queues has its file and its `.bak` removed (a later start must not load queues
+    /// deleted since). Queues of other groups are not written (the shard that owns them saves
+    /// them). A group that fails does not stop the others; the error lists every failed group.
+    pub fn save(&self, dir: &Path, groups: &[u32]) -> Result<(), SaveError> {
+        let groups = check_groups(groups).map_err(|e| SaveError(vec![(e, String::new())]))?;
+        let mut failed = Vec::new();
         let mut by_group: HashMap<u32, Vec<&Queue>> = HashMap::new();
         for q in self.queues.values() {
             let g = group_of(&q.rec.recipient_id);
@@ -152,15 +243,18 @@ impl MemoryStore {
             let path = group_file(dir, g);
             let mut queues = by_group.remove(&g).unwrap_or_default();
             if queues.is_empty() {
-                match fs::remove_file(&path) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(source) => {
-                        return Err(PersistError::Io {
-                            path,
-                            op: "remove",
-                            source,
-                        })
+                for path in [path, backup_file(dir, g)] {
+                    match fs::remove_file(&path) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                        Err(source) => failed.push((
+                            PersistError::Io {
+                                path,
+                                op: "remove",
+                                source,
+                            },
+                            String::new(),
+                        )),
                     }
                 }
                 continue;
@@ -179,9 +273,18 @@ impl MemoryStore {
                     (&q.rec, q.msgs.iter(), ntfs.iter())
                 }),
             );
-            write_atomic(&path, &bytes)?;
+            if let Err(e) = write_atomic(&path, &bytes) {
+                failed.push((e, left_after_failure(dir, g)));
+            }
         }
-        sync_dir(dir)
+        if let Err(e) = sync_dir(dir) {
+            failed.push((e, String::new()));
+        }
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(SaveError(failed))
+        }
     }
 
     /// [`MemoryStore::load_with_ntf_ttl`] with the default notification lifetime of 24 h.
@@ -194,10 +297,9 @@ impl MemoryStore {
         Self::load_with_ntf_ttl(dir, groups, message_ttl_secs, Some(NTF_TTL_SECS), now)
     }
 
-    /// Reads the files of `groups` (a missing file is an empty group), skipping messages older than
-    /// `now − message_ttl_secs` (never the quota marker) and notifications older than
-    /// `now − ntf_ttl_secs`, then renames every loaded file to `.bak` (see the module comment).
-    /// Nothing is renamed unless every file loaded.
+    /// Reads the files of `groups` (a group without a file is loaded from its `.bak`, with a
+    /// warning, or else is empty), skipping messages older than `now − message_ttl_secs` (never the
+    /// quota marker) and notifications older than `now − ntf_ttl_secs`. Changes no file.
     pub fn load_with_ntf_ttl(
         dir: &Path,
         groups: &[u32],
@@ -209,12 +311,14 @@ impl MemoryStore {
         let msg_older_than = message_ttl_secs.map(|t| now.saturating_sub(t));
         let ntf_older_than = ntf_ttl_secs.map(|t| now.saturating_sub(t));
         let mut store = MemoryStore::new();
-        let mut loaded = Vec::new();
+        let mut from_backup = Vec::new();
         for &g in &groups {
-            let path = group_file(dir, g);
-            let Some(queues) = read_group_file(&path, g)? else {
+            let Some((queues, backup)) = read_group_or_backup(dir, g)? else {
                 continue;
             };
+            if backup {
+                from_backup.push(g);
+            }
             for SavedQueue {
                 rec,
                 mut msgs,
@@ -234,19 +338,20 @@ impl MemoryStore {
                 }
                 store.insert_loaded(rec, msgs);
             }
-            loaded.push(path);
         }
-        for path in &loaded {
-            let mut bak = path.clone().into_os_string();
-            bak.push(".bak");
-            fs::rename(path, &bak).map_err(|source| PersistError::Io {
-                path: path.clone(),
-                op: "rename to .bak",
-                source,
-            })?;
-        }
-        if !loaded.is_empty() {
-            sync_dir(dir)?;
+        if !from_backup.is_empty() {
+            let names = |f: fn(&Path, u32) -> PathBuf| {
+                from_backup
+                    .iter()
+                    .map(|&g| f(dir, g).display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            tracing::warn!(
+                "{} missing: loaded {} instead. The relay did not save these groups at its last stop (it crashed, or the save failed), so they are as the clean stop before the start that loaded them saved them: queues created and messages sent since that start are lost, and messages acknowledged since may be delivered again",
+                names(group_file),
+                names(backup_file)
+            );
         }
         Ok(store)
     }
@@ -275,6 +380,27 @@ struct SavedQueue {
     ntfs: Vec<MsgNtf>,
 }
 
+/// The group's saved file, or else its `.bak` (`true`); `None` if neither exists.
+fn read_group_or_backup(
+    dir: &Path,
+    group: u32,
+) -> Result<Option<(Vec<SavedQueue>, bool)>, PersistError> {
+    let path = group_file(dir, group);
+    if let Some(queues) = read_group_file(&path, group)? {
+        return Ok(Some((queues, false)));
+    }
+    let bak = backup_file(dir, group);
+    match read_group_file(&bak, group) {
+        Ok(found) => Ok(found.map(|q| (q, true))),
+        Err(PersistError::Corrupt { reason, .. }) => Err(PersistError::CorruptBackup {
+            path: bak,
+            saved: path,
+            reason,
+        }),
+        Err(e) => Err(e),
+    }
+}
+
 /// `None` if the file does not exist.
 fn read_group_file(path: &Path, group: u32) -> Result<Option<Vec<SavedQueue>>, PersistError> {
     let bytes = match fs::read(path) {
@@ -296,20 +422,26 @@ fn read_group_file(path: &Path, group: u32) -> Result<Option<Vec<SavedQueue>>, P
         })
 }
 
+/// Replaces `path` with `bytes` or leaves it as it was: on failure the temporary file is removed,
+/// so that it does not hold the space other groups need (on a full disk).
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), PersistError> {
-    let mut tmp = path.to_path_buf().into_os_string();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
+    let tmp = with_suffix(path, ".tmp");
     let io_err = |op, source| PersistError::Io {
         path: tmp.clone(),
         op,
         source,
     };
-    let mut f = fs::File::create(&tmp).map_err(|e| io_err("create", e))?;
-    f.write_all(bytes).map_err(|e| io_err("write", e))?;
-    f.sync_all().map_err(|e| io_err("fsync", e))?;
-    drop(f);
-    fs::rename(&tmp, path).map_err(|e| io_err("rename into place", e))
+    let written = (|| {
+        let mut f = fs::File::create(&tmp).map_err(|e| io_err("create", e))?;
+        f.write_all(bytes).map_err(|e| io_err("write", e))?;
+        f.sync_all().map_err(|e| io_err("fsync", e))?;
+        drop(f);
+        fs::rename(&tmp, path).map_err(|e| io_err("rename into place", e))
+    })();
+    if written.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// Makes renames and removals in `dir` durable.
@@ -777,12 +909,99 @@ mod tests {
             WriteOutcome::Written { was_empty: true }
         );
 
-        // Loaded files were moved aside so that a later crash does not restore them again.
-        assert!(!group_files_present(&dir.0));
-        assert!(dir.0.join("group-05.bin.bak").is_file());
-        assert!(dir.0.join("group-09.bin.bak").is_file());
+        // Loading changed no file.
+        assert!(group_file(&dir.0, 5).is_file() && group_file(&dir.0, 9).is_file());
+        assert!(!backup_file(&dir.0, 5).exists());
+    }
+
+    /// Once a start serves, its files become `.bak`; a start after a crash (no saved file) loads
+    /// the `.bak`; a save replaces the group file, and a group emptied since loses its `.bak` too.
+    #[test]
+    fn a_start_after_a_crash_loads_the_files_set_aside() {
+        let dir = TempDir::new("set-aside");
+        let (s, full, _, off) = sample();
+        s.save(&dir.0, &[5, 9]).unwrap();
+        let saved5 = fs::read(group_file(&dir.0, 5)).unwrap();
+        set_aside_saved(&dir.0).unwrap();
+        assert!(!group_file(&dir.0, 5).exists() && !group_file(&dir.0, 9).exists());
+        assert_eq!(fs::read(backup_file(&dir.0, 5)).unwrap(), saved5);
+        assert!(group_files_present(&dir.0));
+
+        let mut l = MemoryStore::load(&dir.0, &[5, 9], None, 2000).unwrap();
+        assert_eq!(l.queue_count(), 3, "loaded from the .bak files");
+        assert!(!group_file(&dir.0, 5).exists(), "loading wrote nothing");
+
+        // The Off queue (group 9) is deleted; the next save removes group 9's .bak as well, so
+        // that a later crash cannot bring the queue back.
+        block_on(l.delete(&off)).unwrap();
+        l.save(&dir.0, &[5, 9]).unwrap();
+        assert!(group_file(&dir.0, 5).is_file());
+        assert!(!group_file(&dir.0, 9).exists() && !backup_file(&dir.0, 9).exists());
+        set_aside_saved(&dir.0).unwrap();
         let again = MemoryStore::load(&dir.0, &[5, 9], None, 2000).unwrap();
-        assert_eq!(again.queue_count(), 0);
+        assert_eq!(again.queue_count(), 2);
+        assert!(again.get(&full).is_some() && again.get(&off).is_none());
+    }
+
+    /// A group that cannot be written keeps its previous state; the groups after it are saved; no
+    /// temporary file stays; the error names the group and what is kept.
+    #[test]
+    fn a_failed_group_write_keeps_its_previous_state_and_the_others_are_saved() {
+        let dir = TempDir::new("failed-write");
+        let (s, full, bare, off) = sample();
+        s.save(&dir.0, &[5, 9]).unwrap();
+        set_aside_saved(&dir.0).unwrap();
+        // Group 5's temporary file cannot be created: a directory is in its way.
+        let tmp5 = with_suffix(&group_file(&dir.0, 5), ".tmp");
+        fs::create_dir(&tmp5).unwrap();
+        fs::write(tmp5.join("x"), b"x").unwrap();
+        let mut l = MemoryStore::load(&dir.0, &[5, 9], None, 2000).unwrap();
+        block_on(l.write(&off, msg(21, 600), QUOTA)).unwrap();
+        let e = l.save(&dir.0, &[5, 9]).unwrap_err();
+        assert_eq!(e.0.len(), 1, "{e}");
+        let text = e.to_string();
+        assert!(text.contains("group-05.bin"), "{text}");
+        assert!(text.contains("group-05.bin.bak is kept"), "{text}");
+        assert!(group_file(&dir.0, 9).is_file(), "group 9 is still saved");
+        fs::remove_dir_all(&tmp5).unwrap();
+        let mut again = MemoryStore::load(&dir.0, &[5, 9], None, 2000).unwrap();
+        assert_eq!(again.size(&off), 2, "group 9's new state");
+        assert!(again.get(&full).is_some() && again.get(&bare).is_some());
+        assert_eq!(
+            drain(&mut again, &full).len(),
+            4,
+            "group 5's previous state"
+        );
+    }
+
+    #[test]
+    fn a_failed_write_removes_its_temporary_file() {
+        let dir = TempDir::new("tmp-removed");
+        let path = dir.0.join("group-07.bin");
+        fs::write(&path, b"before").unwrap();
+        // A rename over a non-empty directory fails after the temporary file was written.
+        fs::remove_file(&path).unwrap();
+        fs::create_dir(&path).unwrap();
+        fs::write(path.join("x"), b"x").unwrap();
+        assert!(write_atomic(&path, b"after").is_err());
+        assert!(!with_suffix(&path, ".tmp").exists());
+    }
+
+    #[test]
+    fn an_unreadable_backup_is_an_error_naming_it() {
+        let dir = TempDir::new("bad-bak");
+        let (s, ..) = sample();
+        s.save(&dir.0, &[9]).unwrap();
+        set_aside_saved(&dir.0).unwrap();
+        let bak = backup_file(&dir.0, 9);
+        let bytes = fs::read(&bak).unwrap();
+        fs::write(&bak, &bytes[..bytes.len() - 1]).unwrap();
+        let e = MemoryStore::load(&dir.0, &[9], None, 0).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!("remove {} to start", bak.display())),
+            "{text}"
+        );
     }
 
     #[test]
@@ -840,9 +1059,9 @@ mod tests {
         assert_eq!(l.queue_count(), 1);
         assert!(l.get(&off).is_some());
         assert!(l.get(&full).is_none() && l.get(&bare).is_none());
-        // The other shard's file is untouched.
+        // Loading changed no file.
         assert!(group_file(&dir.0, 5).is_file());
-        assert!(!group_file(&dir.0, 9).exists());
+        assert!(group_file(&dir.0, 9).is_file());
 
         // Saving only some groups writes only their queues.
         let dir2 = TempDir::new("some-save");
@@ -860,10 +1079,11 @@ mod tests {
     fn groups_outside_the_range_are_refused() {
         let dir = TempDir::new("range");
         let s = MemoryStore::new();
-        assert!(matches!(
-            s.save(&dir.0, &[64]),
-            Err(PersistError::NoSuchGroup(64))
-        ));
+        let e = s.save(&dir.0, &[64]).unwrap_err();
+        assert!(
+            matches!(e.0[..], [(PersistError::NoSuchGroup(64), _)]),
+            "{e}"
+        );
         assert!(matches!(
             MemoryStore::load(&dir.0, &[1, 99], None, 0),
             Err(PersistError::NoSuchGroup(99))
