@@ -139,7 +139,20 @@ enum ReadError {
 /// Connects as `Client::connect` does (v18 or the highest common version, encrypted blocks) and
 /// returns the two halves.
 fn split_connect(relay: &Relay) -> (SplitWriter, SplitReader) {
-    let mut sock = TcpStream::connect(relay.addr).expect("connect");
+    split_connect_with(relay, TcpStream::connect(relay.addr).expect("connect"))
+}
+
+/// `split_connect` over a socket whose receive buffer is only `bytes`, so that the relay's output
+/// backs up after a few blocks instead of after the kernel's megabytes.
+fn split_connect_small(relay: &Relay, bytes: usize) -> (SplitWriter, SplitReader) {
+    let s =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    s.set_recv_buffer_size(bytes).expect("SO_RCVBUF");
+    s.connect(&relay.addr.into()).expect("connect");
+    split_connect_with(relay, s.into())
+}
+
+fn split_connect_with(relay: &Relay, mut sock: TcpStream) -> (SplitWriter, SplitReader) {
     sock.set_nodelay(true).expect("nodelay");
     sock.set_read_timeout(Some(Duration::from_secs(30)))
         .expect("timeout");
@@ -849,6 +862,69 @@ fn c_stale_held_deliveries_do_not_stall_the_live_ones() {
         "{n} queues: {} drops, {} re-asks",
         m["smprelay_output_drops_total"], m["smprelay_output_reasks_total"]
     );
+}
+
+/// (c2) The issue's own scenario, with the default bounds: empty queues on a connection that stops
+/// reading (its socket takes little), one SEND to each; ~64 pushes fill its 1 MiB of output and
+/// the rest are dropped to markers. Another connection GETs and ACKs all but the last 20 queues'
+/// messages, so the first markers asked for are stale. Before the fix the owner answered such an
+/// ask with nothing, nothing more was written, and the last 50 queues' MSGs never came.
+#[test]
+fn c2_stale_markers_first_do_not_stall_the_rest_with_the_default_bounds() {
+    // The relay's socket may still buffer up to tcp_wmem's maximum whatever the client's window;
+    // past it and the 1 MiB bound, 300 more pushes are dropped, and all but the last 20 go stale.
+    let n = (tcp_mem("w")[2] + (1 << 20)) / BLOCK_SIZE + 300;
+    let taken = n - 20;
+    let relay = Relay::start_with(RelayOptions {
+        cores: 1,
+        ..RelayOptions::default()
+    });
+    let mut setup = relay.client();
+    let qs = create_many(&mut setup, n, PIPELINE);
+    let (mut w, mut rd) = split_connect_small(&relay, 4096);
+    subscribe_empty(&mut w, &mut rd, &qs);
+    send_each(&mut setup, &qs, 0);
+    std::thread::sleep(Duration::from_millis(500));
+    let mut other = relay.client();
+    let gets: Vec<ClientTransmission> = qs[..taken]
+        .iter()
+        .map(|q| {
+            ClientTransmission::new(&new_corr_id(), q.rid(), Command::Get).signed(q.key().clone())
+        })
+        .collect();
+    other.send_batch(&gets).expect("GETs");
+    let mut acks = Vec::new();
+    for (t, q) in gets.iter().zip(&qs) {
+        let r = other.recv_for(&t.corr_id).expect("GET answer");
+        let m = support::msg_of(q, r.msg.expect("a MSG"));
+        acks.push(
+            ClientTransmission::new(&new_corr_id(), q.rid(), Command::Ack(m.msg_id))
+                .signed(q.key().clone()),
+        );
+    }
+    other.send_batch(&acks).expect("ACKs");
+    for t in &acks {
+        let r = other.recv_for(&t.corr_id).expect("ACK answer");
+        assert_eq!(r.msg, Ok(BrokerMsg::Ok), "{}", queue::describe(&r));
+    }
+    let idx = index(&qs);
+    let mut got: HashSet<usize> = HashSet::new();
+    let read = read_all_until(&mut rd, Duration::from_secs(30), |t| {
+        if let Ok(BrokerMsg::Msg { .. }) = &t.msg {
+            let i = idx[&t.entity_id];
+            if i >= taken {
+                assert!(got.insert(i), "queue {i}: one MSG");
+            }
+        }
+        got.len() == n - taken
+    });
+    if let Err(e) = read {
+        panic!(
+            "the last queues' MSGs stalled: {} of {} arrived ({e})",
+            got.len(),
+            n - taken
+        );
+    }
 }
 
 /// (d) Issue: an ACK could delete a message that was never sent. A push dropped to a marker is not
