@@ -82,8 +82,8 @@ struct StartArgs {
     /// Port to listen on; repeat for several (ini `[TRANSPORT] port`; default 5223).
     #[arg(long = "port")]
     ports: Vec<u16>,
-    /// Number of shards, each pinned to its own core (ini `[RELAY] cores`; default: every online
-    /// core).
+    /// Number of shards, each pinned to its own core, 1 to 64 (ini `[RELAY] cores`; default:
+    /// every online core, at most 64).
     #[arg(long, value_parser = ini::cores)]
     cores: Option<usize>,
     /// Connections held at once, over all shards (ini `[RELAY] max_connections`; default 65536).
@@ -251,18 +251,26 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// What `init` writes.
+const INIT_FILES: [&str; 6] = [
+    config::CA_KEY_FILE,
+    config::CA_CERT_FILE,
+    config::SERVER_KEY_FILE,
+    config::SERVER_CERT_FILE,
+    config::FINGERPRINT_FILE,
+    config::INI_FILE,
+];
+
+/// The files of `INIT_FILES` present in `dir`.
+fn init_files_present(dir: &Path) -> Vec<&'static str> {
+    INIT_FILES
+        .into_iter()
+        .filter(|f| dir.join(f).exists())
+        .collect()
+}
+
 fn init(dir: &Path, host: &str, port: u16, no_password: bool) -> Result<(), String> {
-    let existing: Vec<&str> = [
-        config::CA_KEY_FILE,
-        config::CA_CERT_FILE,
-        config::SERVER_KEY_FILE,
-        config::SERVER_CERT_FILE,
-        config::FINGERPRINT_FILE,
-        config::INI_FILE,
-    ]
-    .into_iter()
-    .filter(|f| dir.join(f).exists())
-    .collect();
+    let existing = init_files_present(dir);
     if !existing.is_empty() {
         return Err(format!(
             "{} is already initialised ({} present); refusing to overwrite its keys. Remove the directory or choose another --data-dir",
@@ -373,7 +381,21 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
 
 fn start(data_dir: &Path, args: &StartArgs) -> Result<(), String> {
     let cli = args.options();
-    if !data_dir.join(config::SERVER_KEY_FILE).exists() {
+    let server_key = data_dir.join(config::SERVER_KEY_FILE);
+    let present = init_files_present(data_dir);
+    if !server_key.exists() && !present.is_empty() {
+        // An identity that lost its key: a new `init` here would refuse (or replace the identity
+        // clients know), so the missing file is named instead.
+        return Err(format!(
+            "{} is missing, but {} holds the rest of an identity ({}); restore server.key from a \
+             backup of this directory, or run `smp-relay init` in a fresh --data-dir (a new server \
+             address)",
+            server_key.display(),
+            data_dir.display(),
+            present.join(", ")
+        ));
+    }
+    if present.is_empty() {
         // The README's first command: a fresh checkout runs `start` and gets a working relay.
         eprintln!(
             "smp-relay: {} has no keys yet; initialising it (host 127.0.0.1, no password)",
@@ -390,7 +412,11 @@ fn start(data_dir: &Path, args: &StartArgs) -> Result<(), String> {
         .map_err(|e| e.to_string())?
         .unwrap_or_default();
     let mut c = StartConfig::new(data_dir);
-    c.shards = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // A default, not the operator's number: on a machine with more cores than shards allowed, it
+    // takes the most allowed (an explicit `--cores` beyond it is refused by `ini::cores`).
+    c.shards = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(smp_relay::limits::MAX_SHARDS);
     c.request_client_cert = args.test_request_client_cert;
     c.test_owner_delay = args.test_owner_delay;
     cli.or(file.options).apply_to(&mut c);

@@ -23,7 +23,7 @@
 //! | | `port` | comma-separated ports to listen on (default 5223) |
 //! | | `log_tls_errors`, `websockets` | accepted as `off` |
 //! | `[RELAY]` | `quota` | messages a queue holds before ERR QUOTA (reference: fixed 128) |
-//! | | `cores` | shards, one pinned core each (default: every online core) |
+//! | | `cores` | shards, one pinned core each, 1 to 64 (default: every online core, at most 64) |
 //! | | `max_connections` | connections held at once over all shards |
 //! | | `expire_interval_secs` | seconds between expiration runs (reference: fixed 2 h) |
 //! | | `tls_timeout_secs`, `handshake_timeout_secs` | TLS and SMP handshake deadlines |
@@ -40,8 +40,6 @@ use crate::config::StartConfig;
 
 /// The largest per-queue quota accepted: a full queue of maximum-size messages is then 64 MB.
 pub const MAX_QUOTA: usize = 4096;
-/// The most shards accepted.
-pub const MAX_CORES: usize = 1024;
 /// Longest TTL or interval accepted in any unit (10 years), so that conversions cannot overflow.
 pub const MAX_DURATION_SECS: u64 = 10 * 365 * 86400;
 
@@ -674,7 +672,7 @@ pub fn quota(value: &str) -> Result<usize, String> {
 }
 
 pub fn cores(value: &str) -> Result<usize, String> {
-    number(value, 1, MAX_CORES as u64).map(|n| n as usize)
+    number(value, 1, crate::limits::MAX_SHARDS as u64).map(|n| n as usize)
 }
 
 pub fn max_connections(value: &str) -> Result<usize, String> {

@@ -45,3 +45,8 @@ pub const REDELIVER_BATCH: usize = (OUTPUT_HIGH_WATER_BYTES - OUTPUT_LOW_WATER_B
 
 /// PRXY/PFWD of one connection being answered at once (the reference's `client_concurrency`, 32).
 pub const MAX_PROXIED_IN_FLIGHT: usize = 32;
+
+/// Shards (pinned cores) at most: a connection records the shards it sent work to in one `u64`
+/// (`server::conn`), and `--cores` / `[RELAY] cores` beyond it are refused, not cut.
+pub const MAX_SHARDS: usize = 64;
+const _: () = assert!(MAX_SHARDS <= u64::BITS as usize);

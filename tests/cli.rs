@@ -187,3 +187,109 @@ fn start_refuses_an_ed448_online_key() {
     let msg = format!("{}{}", text(&out.stdout), text(&out.stderr));
     assert!(msg.contains("Ed448"), "message should name Ed448:\n{msg}");
 }
+
+/// `start` on `dir` must fail at once; returns its stderr.
+fn start_fails(dir: &std::path::Path, extra: &[&str]) -> String {
+    let port = common::free_port().to_string();
+    let mut args = vec!["start", "--port", &port];
+    args.extend_from_slice(extra);
+    let out = run_cli(dir, &args);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "start must fail; stderr:\n{stderr}");
+    assert!(
+        !stderr.contains("smp-relay cert"),
+        "no advice to run a command that does not exist:\n{stderr}"
+    );
+    stderr
+}
+
+/// Two directories initialised separately: two identities.
+fn two_inits() -> (TempDir, TempDir) {
+    let (a, b) = (TempDir::new("cli-own"), TempDir::new("cli-other"));
+    common::init(a.path());
+    common::init(b.path());
+    (a, b)
+}
+
+fn copy_from(from: &TempDir, to: &TempDir, file: &str) {
+    std::fs::copy(from.path().join(file), to.path().join(file)).expect("copy");
+}
+
+#[test]
+fn start_refuses_a_ca_crt_that_did_not_issue_server_crt() {
+    let (dir, other) = two_inits();
+    copy_from(&other, &dir, "ca.crt");
+    let stderr = start_fails(dir.path(), &["--cores", "1"]);
+    for f in ["server.crt", "ca.crt"] {
+        let path = dir.path().join(f).display().to_string();
+        assert!(stderr.contains(&path), "names {path}:\n{stderr}");
+    }
+    assert!(stderr.contains("not issued by"), "says why:\n{stderr}");
+}
+
+#[test]
+fn start_refuses_a_fingerprint_that_is_not_the_ca_s() {
+    let (dir, other) = two_inits();
+    // A consistent identity from the other init, under this directory's fingerprint.
+    for f in ["ca.crt", "server.crt", "server.key"] {
+        copy_from(&other, &dir, f);
+    }
+    let stderr = start_fails(dir.path(), &["--cores", "1"]);
+    for f in ["fingerprint", "ca.crt"] {
+        let path = dir.path().join(f).display().to_string();
+        assert!(stderr.contains(&path), "names {path}:\n{stderr}");
+    }
+}
+
+#[test]
+fn start_names_both_files_when_server_key_does_not_match_server_crt() {
+    let (dir, other) = two_inits();
+    copy_from(&other, &dir, "server.key");
+    let stderr = start_fails(dir.path(), &["--cores", "1"]);
+    for f in ["server.key", "server.crt"] {
+        let path = dir.path().join(f).display().to_string();
+        assert!(stderr.contains(&path), "names {path}:\n{stderr}");
+    }
+    assert!(stderr.contains("init"), "says how to recover:\n{stderr}");
+}
+
+#[test]
+fn start_names_a_missing_server_key_instead_of_initialising() {
+    let dir = TempDir::new("cli-nokey");
+    common::init(dir.path());
+    std::fs::remove_file(dir.path().join("server.key")).expect("remove server.key");
+    let stderr = start_fails(dir.path(), &["--cores", "1"]);
+    let path = dir.path().join("server.key").display().to_string();
+    assert!(stderr.contains(&path), "names {path}:\n{stderr}");
+    assert!(stderr.contains("missing"), "{stderr}");
+    assert!(!stderr.contains("initialising"), "{stderr}");
+    assert!(
+        !dir.path().join("server.key").exists(),
+        "no new key written"
+    );
+}
+
+#[test]
+fn a_corrupt_group_file_is_reported_by_its_file_not_as_shard_0() {
+    let dir = TempDir::new("cli-group");
+    common::init(dir.path());
+    let store = dir.path().join("memory-store");
+    std::fs::create_dir_all(&store).expect("store dir");
+    // Group 63 is shard 1's with two shards (`router::groups_of_shard`).
+    std::fs::write(store.join("group-63.bin"), b"not a group file").expect("write");
+    let stderr = start_fails(dir.path(), &["--cores", "2"]);
+    let path = store.join("group-63.bin").display().to_string();
+    assert!(stderr.contains(&path), "names {path}:\n{stderr}");
+    assert!(!stderr.contains("shard 0"), "not shard 0's:\n{stderr}");
+}
+
+#[test]
+fn cores_over_the_shard_limit_is_an_error_not_cut() {
+    let dir = TempDir::new("cli-cores");
+    common::init(dir.path());
+    let max = smp_relay::limits::MAX_SHARDS.to_string();
+    let over = (smp_relay::limits::MAX_SHARDS + 1).to_string();
+    let stderr = start_fails(dir.path(), &["--cores", &over]);
+    assert!(stderr.contains("--cores"), "{stderr}");
+    assert!(stderr.contains(&format!("1 to {max}")), "{stderr}");
+}

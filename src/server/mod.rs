@@ -53,8 +53,9 @@ pub fn memory_store_dir(config: &StartConfig) -> PathBuf {
 /// Runs the relay until SIGINT or SIGTERM.
 pub fn run(config: StartConfig) -> Result<(), StartError> {
     let _lock = lock::lock_data_dir(&config.data_dir)?;
-    let credentials =
-        Arc::new(certs::load(&config.data_dir).map_err(|e| StartError::Setup(e.to_string()))?);
+    let credentials = Arc::new(
+        certs::load_for_start(&config.data_dir).map_err(|e| StartError::Setup(e.to_string()))?,
+    );
     let tls_config = tls::server_config(
         &credentials,
         &tls::TlsOptions {
@@ -74,7 +75,7 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
     .map_err(|e| StartError::Setup(format!("cannot handle signals: {e}")))?;
 
     let cpus = allowed_cpus();
-    let shards = config.shards.clamp(1, 64);
+    let shards = config.shards.clamp(1, crate::limits::MAX_SHARDS);
     let per_shard_connections = config.max_connections.div_ceil(shards);
     let (mesh, inboxes) = Mesh::new(shards);
     let directory = Directory::new();
@@ -179,7 +180,9 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
         }
     }
     if let Some(e) = failure {
-        return Err(StartError::Shard(0, e));
+        // The shard's own message names what failed (a group file names itself); the shard that
+        // sent it is not known here, so none is guessed.
+        return Err(StartError::Setup(e));
     }
     if result.is_ok() {
         tracing::info!("stopped");

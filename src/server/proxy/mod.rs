@@ -9,7 +9,7 @@
 //! `smpProxyError`), see `session::DestError`.
 
 mod address;
-mod identity;
+pub(crate) mod identity;
 mod resolve;
 mod session;
 mod socks;
