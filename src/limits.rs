@@ -50,3 +50,7 @@ pub const MAX_PROXIED_IN_FLIGHT: usize = 32;
 /// (`server::conn`), and `--cores` / `[RELAY] cores` beyond it are refused, not cut.
 pub const MAX_SHARDS: usize = 64;
 const _: () = assert!(MAX_SHARDS <= u64::BITS as usize);
+
+/// A warning a peer can cause (refused connection, failed accept, failed PRXY) is written at most
+/// once per this interval per kind; the rest are counted (`server::log_limit`).
+pub const WARNING_INTERVAL: Duration = Duration::from_secs(1);

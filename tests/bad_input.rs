@@ -341,3 +341,64 @@ fn half_open_connections_are_closed_by_the_setup_timeouts() {
         b"PONG"
     );
 }
+
+// --- warnings ------------------------------------------------------------------------------------
+
+fn relay_with(args: &[&str], cores: usize) -> Relay {
+    Relay::start_with(RelayOptions {
+        cores,
+        extra_args: args.iter().map(|a| a.to_string()).collect(),
+    })
+}
+
+/// Refusals the relay's warnings account for, from its log: each line about `what` stands for
+/// itself (unless it only reports a count) plus its `suppressed=N`. Returns (lines, refusals).
+fn warned(relay: &Relay, what: &str) -> (usize, u64) {
+    let lines: Vec<String> = relay
+        .log_lines()
+        .iter()
+        .map(|l| common::strip_ansi(l))
+        .filter(|l| l.contains(what))
+        .collect();
+    let refusals = lines
+        .iter()
+        .map(|l| {
+            let suppressed: u64 = l
+                .split_whitespace()
+                .find_map(|f| f.strip_prefix("suppressed="))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            let own = u64::from(!l.contains("were not logged"));
+            own + suppressed
+        })
+        .sum();
+    (lines.len(), refusals)
+}
+
+#[test]
+fn refused_connections_do_not_flood_the_log() {
+    const REFUSED: u64 = 2000;
+    let relay = relay_with(&["--max-connections", "1"], 1);
+    let mut held = relay.client();
+    let started = Instant::now();
+    for _ in 0..REFUSED {
+        drop(TcpStream::connect(relay.addr).expect("tcp"));
+    }
+    let what = "connection limit reached";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (lines, counted) = loop {
+        let (lines, counted) = warned(&relay, what);
+        if counted >= REFUSED || Instant::now() > deadline {
+            break (lines, counted);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let secs = started.elapsed().as_secs();
+    assert_eq!(counted, REFUSED, "every refusal is accounted for");
+    // One line a second, and one for the count of the last second.
+    assert!(
+        lines as u64 <= secs + 2,
+        "{lines} lines for {REFUSED} refusals in {secs} s"
+    );
+    assert_eq!(held.ping().expect("PING").command, b"PONG");
+}

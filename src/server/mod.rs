@@ -11,6 +11,7 @@ pub mod directory;
 pub mod dispatch;
 pub mod forward;
 pub mod lock;
+pub mod log_limit;
 pub mod owner;
 pub mod proxy;
 pub mod router;

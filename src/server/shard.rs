@@ -13,6 +13,7 @@ use glommio::net::TcpListener;
 
 use super::conn::{self, ConnHandle, Output};
 use super::directory::Directory;
+use super::log_limit::{self, RateLimited};
 use super::owner::Owner;
 use super::router::{ConnRef, Group, Mesh, ShardMsg};
 use crate::config::StartConfig;
@@ -269,22 +270,32 @@ fn publish_metrics(ctx: &ShardContext, owner: &Owner<MemoryStore>) {
     }
 }
 
+/// Warnings a peer causes at will, written at most once a second each (`log_limit`).
+static ACCEPT_FAILED: RateLimited = RateLimited::new("accept failed");
+static REFUSED_FULL: RateLimited = RateLimited::new("connection limit reached");
+
 async fn accept_loop(listener: TcpListener, ctx: Rc<ShardContext>) {
     loop {
         let sock = match listener.accept().await {
             Ok(s) => s,
             Err(e) => {
                 // Out of descriptors and similar: wait a little rather than spin on the error.
-                tracing::warn!(shard = ctx.shard_id, error = %e, "accept failed");
+                log_limit::warn(
+                    &ACCEPT_FAILED,
+                    |suppressed| tracing::warn!(shard = ctx.shard_id, error = %e, suppressed, "accept failed"),
+                );
                 glommio::timer::Timer::new(Duration::from_millis(50)).await;
                 continue;
             }
         };
         if ctx.connections.get() >= ctx.max_connections {
-            tracing::warn!(
-                shard = ctx.shard_id,
-                "connection limit reached, closing a new connection"
-            );
+            log_limit::warn(&REFUSED_FULL, |suppressed| {
+                tracing::warn!(
+                    shard = ctx.shard_id,
+                    suppressed,
+                    "connection limit reached, closing a new connection"
+                )
+            });
             drop(sock);
             continue;
         }

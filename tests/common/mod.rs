@@ -367,6 +367,25 @@ fn spawn(dir: &Path, port: u16, opts: &RelayOptions) -> Result<(Child, SharedLog
     smp_relay::load::proc::wait_listening(child, START_TIMEOUT)
 }
 
+/// A log line without its terminal colours.
+pub fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // ESC [ … letter
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Reads `D/<name>` PEM and returns the DER of its first certificate.
 pub fn cert_der(dir: &Path, name: &str) -> Vec<u8> {
     let pem = std::fs::read(dir.join(name)).expect("read cert");

@@ -40,6 +40,10 @@ const MAX_RESOLVES_IN_FLIGHT: usize = 16;
 /// own limit (the reference's `waitForSMPClient`: `PCEResponseTimeout`).
 const WAIT_MARGIN: Duration = Duration::from_secs(5);
 
+/// A PRXY whose destination could not be reached (`log_limit`).
+static PROXY_CONNECT_FAILED: super::log_limit::RateLimited =
+    super::log_limit::RateLimited::new("proxy: error connecting");
+
 /// A PRXY or PFWD from a client, to be answered by the proxy agent.
 pub struct ProxyJob {
     pub corr_id: Vec<u8>,
@@ -199,7 +203,12 @@ impl ProxyAgent {
         match result {
             Ok(pkey) => pkey,
             Err(e) => {
-                tracing::warn!(hosts = ?server.hosts, error = ?e, "proxy: error connecting");
+                // Any client can ask for any host: at most one line a second, so a client
+                // cannot flood the log with host names of its choosing.
+                super::log_limit::warn(
+                    &PROXY_CONNECT_FAILED,
+                    |suppressed| tracing::warn!(hosts = ?server.hosts, error = ?e, suppressed, "proxy: error connecting"),
+                );
                 BrokerMsg::Err(e.to_error())
             }
         }
