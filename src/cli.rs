@@ -86,9 +86,14 @@ struct StartArgs {
     /// every online core, at most 64).
     #[arg(long, value_parser = ini::cores)]
     cores: Option<usize>,
-    /// Connections held at once, over all shards (ini `[RELAY] max_connections`; default 65536).
+    /// Connections held at once, over all shards (ini `[RELAY] max_connections`; default 65536,
+    /// or what the open-file limit allows). The relay raises its soft RLIMIT_NOFILE to fit it.
     #[arg(long, value_parser = ini::max_connections)]
     max_connections: Option<usize>,
+    /// Connections of one IP address that may be in their TLS or SMP handshake at once; more are
+    /// closed at accept (ini `[RELAY] max_handshakes_per_address`; default 16).
+    #[arg(long, value_parser = ini::max_connections)]
+    max_handshakes_per_address: Option<usize>,
     /// Seconds a client has to complete TLS (ini `[RELAY] tls_timeout_secs`; default 60).
     #[arg(long, value_parser = ini::seconds)]
     tls_timeout_secs: Option<Duration>,
@@ -170,6 +175,7 @@ impl StartArgs {
             ports: (!self.ports.is_empty()).then(|| self.ports.clone()),
             shards: self.cores,
             max_connections: self.max_connections,
+            max_handshakes_per_address: self.max_handshakes_per_address,
             tls_timeout: self.tls_timeout_secs,
             handshake_timeout: self.handshake_timeout_secs,
             slow_reader_close: self.slow_reader_close_secs,
@@ -361,7 +367,10 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
          # quota = {quota}\n\
          # Shards, one pinned core each (default: every online core):\n\
          # cores = 1\n\
+         # Connections over all shards (the relay raises its open-file limit to fit them):\n\
          # max_connections = {max_connections}\n\
+         # Connections of one IP address in their TLS or SMP handshake at once:\n\
+         # max_handshakes_per_address = {per_address}\n\
          # expire_interval_secs = {expire_interval}\n\
          # tls_timeout_secs = {tls}\n\
          # handshake_timeout_secs = {handshake}\n\
@@ -372,6 +381,7 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
         new_queues = if d.new_queues { "on" } else { "off" },
         quota = d.quota,
         max_connections = smp_relay::limits::MAX_CONNECTIONS,
+        per_address = smp_relay::limits::MAX_HANDSHAKES_PER_ADDRESS,
         expire_interval = d.expire_interval.as_secs(),
         tls = smp_relay::limits::TLS_SETUP_TIMEOUT.as_secs(),
         handshake = smp_relay::limits::SMP_HANDSHAKE_TIMEOUT.as_secs(),

@@ -293,3 +293,143 @@ fn cores_over_the_shard_limit_is_an_error_not_cut() {
     assert!(stderr.contains("--cores"), "{stderr}");
     assert!(stderr.contains(&format!("1 to {max}")), "{stderr}");
 }
+
+// --- the open-file limit --------------------------------------------------------------------------
+
+/// `start` with the open-file limit set to `soft`/`hard` before it runs, as a shell's `ulimit -n`
+/// would.
+fn start_with_nofile(dir: &std::path::Path, soft: u64, hard: u64, extra: &[&str]) -> Command {
+    use std::os::unix::process::CommandExt;
+    let port = common::free_port().to_string();
+    let mut cmd = Command::new(common::BIN);
+    cmd.args([
+        "--data-dir",
+        dir.to_str().expect("utf-8"),
+        "start",
+        "--port",
+        &port,
+    ])
+    .args(["--cores", "1"])
+    .args(extra)
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
+    // SAFETY: setrlimit is async-signal-safe and touches only the child being started.
+    unsafe {
+        cmd.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: soft as libc::rlim_t,
+                rlim_max: hard as libc::rlim_t,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
+/// The soft and hard "Max open files" of a running process.
+fn open_file_limits(pid: u32) -> (u64, u64) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("Max open files");
+    let mut n = line
+        .split_whitespace()
+        .filter_map(|w| w.parse::<u64>().ok());
+    (n.next().expect("soft"), n.next().expect("hard"))
+}
+
+/// This process's hard open-file limit: children cannot go above it.
+fn own_hard_limit() -> u64 {
+    open_file_limits(std::process::id()).1
+}
+
+const SHELL_SOFT_LIMIT: u64 = 1024;
+
+#[test]
+fn start_raises_its_open_file_limit_to_fit_max_connections() {
+    let max_connections: u64 = 3000;
+    let hard = own_hard_limit();
+    assert!(
+        hard > max_connections * 2,
+        "this test needs a hard limit over {}",
+        max_connections * 2
+    );
+    let dir = TempDir::new("cli-nofile");
+    common::init(dir.path());
+    let cmd = start_with_nofile(
+        dir.path(),
+        SHELL_SOFT_LIMIT,
+        hard,
+        &["--max-connections", &max_connections.to_string()],
+    );
+    let (mut child, _log) = smp_relay::load::proc::wait_listening(
+        {
+            let mut cmd = cmd;
+            cmd.spawn().expect("spawn")
+        },
+        common::START_TIMEOUT,
+    )
+    .expect("relay starts");
+    let (soft, _) = open_file_limits(child.id());
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        soft >= max_connections,
+        "soft open-file limit {soft} below --max-connections {max_connections}"
+    );
+}
+
+#[test]
+fn start_refuses_max_connections_the_hard_limit_cannot_hold() {
+    let dir = TempDir::new("cli-nofile-low");
+    common::init(dir.path());
+    let hard = 2 * SHELL_SOFT_LIMIT;
+    let cmd = start_with_nofile(
+        dir.path(),
+        SHELL_SOFT_LIMIT,
+        hard,
+        &["--max-connections", "5000"],
+    );
+    let out = common::wait_output(
+        {
+            let mut cmd = cmd;
+            cmd.spawn().expect("spawn")
+        },
+        Duration::from_secs(30),
+    );
+    let msg = text(&out.stderr);
+    assert!(!out.status.success(), "start must fail:\n{msg}");
+    for what in ["--max-connections", "ulimit", "LimitNOFILE"] {
+        assert!(msg.contains(what), "names {what}:\n{msg}");
+    }
+}
+
+#[test]
+fn the_default_connection_limit_fits_a_low_hard_limit() {
+    let dir = TempDir::new("cli-nofile-default");
+    common::init(dir.path());
+    let hard = 4 * SHELL_SOFT_LIMIT;
+    let cmd = start_with_nofile(dir.path(), SHELL_SOFT_LIMIT, hard, &[]);
+    let (mut child, log) = smp_relay::load::proc::wait_listening(
+        {
+            let mut cmd = cmd;
+            cmd.spawn().expect("spawn")
+        },
+        common::START_TIMEOUT,
+    )
+    .expect("the default starts, with fewer connections");
+    let (soft, _) = open_file_limits(child.id());
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(soft, hard, "raised as far as the hard limit allows");
+    let log = log.lock().map(|l| l.join("\n")).unwrap_or_default();
+    assert!(
+        log.contains("RLIMIT_NOFILE"),
+        "says why it holds fewer:\n{log}"
+    );
+}

@@ -5,6 +5,7 @@
 //! only then accept connections, so no shard answers for a queue that is still loading. A clean stop
 //! (SIGINT or SIGTERM) tells every shard to stop, and each saves its store.
 
+pub mod admission;
 pub mod commands;
 pub mod conn;
 pub mod directory;
@@ -77,7 +78,10 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
 
     let cpus = allowed_cpus();
     let shards = config.shards.clamp(1, crate::limits::MAX_SHARDS);
-    let per_shard_connections = config.max_connections.div_ceil(shards);
+    // One limit over all shards: the kernel spreads connections unevenly over SO_REUSEPORT
+    // listeners, so a share per shard refused clients while others had room.
+    let max_connections = admission::fit_open_files(&config, shards).map_err(StartError::Setup)?;
+    let admission = admission::Admission::new(max_connections, config.max_handshakes_per_address);
     let (mesh, inboxes) = Mesh::new(shards);
     let directory = Directory::new();
     let metrics = Arc::new(std::sync::Mutex::new(vec![
@@ -96,6 +100,7 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
         let mesh = mesh.clone();
         let directory = directory.clone();
         let metrics = metrics.clone();
+        let admission = admission.clone();
         let loaded = loaded.clone();
         let store_dir = store_dir.clone();
         let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
@@ -122,7 +127,7 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
                     config,
                     credentials,
                     tls_config,
-                    per_shard_connections,
+                    admission,
                     directory.clone(),
                     mesh.clone(),
                     metrics,
