@@ -510,30 +510,6 @@ fn an_address_gets_its_handshake_places_back_when_handshakes_time_out() {
     }
 }
 
-/// Refusals the relay's warnings account for, from its log: each line about `what` stands for
-/// itself (unless it only reports a count) plus its `suppressed=N`. Returns (lines, refusals).
-fn warned(relay: &Relay, what: &str) -> (usize, u64) {
-    let lines: Vec<String> = relay
-        .log_lines()
-        .iter()
-        .map(|l| common::strip_ansi(l))
-        .filter(|l| l.contains(what))
-        .collect();
-    let refusals = lines
-        .iter()
-        .map(|l| {
-            let suppressed: u64 = l
-                .split_whitespace()
-                .find_map(|f| f.strip_prefix("suppressed="))
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0);
-            let own = u64::from(!l.contains("were not logged"));
-            own + suppressed
-        })
-        .sum();
-    (lines.len(), refusals)
-}
-
 #[test]
 fn refused_connections_do_not_flood_the_log() {
     const REFUSED: u64 = 2000;
@@ -546,7 +522,7 @@ fn refused_connections_do_not_flood_the_log() {
     let what = "connection limit reached";
     let deadline = Instant::now() + Duration::from_secs(20);
     let (lines, counted) = loop {
-        let (lines, counted) = warned(&relay, what);
+        let (lines, counted) = relay.warnings(what);
         if counted >= REFUSED || Instant::now() > deadline {
             break (lines, counted);
         }

@@ -335,6 +335,30 @@ impl Relay {
     pub fn log_text(&self) -> String {
         self.log_lines().join("\n")
     }
+
+    /// The relay's rate-limited warnings about `what` (`server::log_limit`): how many lines, and
+    /// how many warnings they stand for (each line itself, unless it only reports a count, plus
+    /// its `suppressed=N`).
+    pub fn warnings(&self, what: &str) -> (usize, u64) {
+        let lines: Vec<String> = self
+            .log_lines()
+            .iter()
+            .map(|l| strip_ansi(l))
+            .filter(|l| l.contains(what))
+            .collect();
+        let warnings = lines
+            .iter()
+            .map(|l| {
+                let suppressed: u64 = l
+                    .split_whitespace()
+                    .find_map(|f| f.strip_prefix("suppressed="))
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0);
+                u64::from(!l.contains("were not logged")) + suppressed
+            })
+            .sum();
+        (lines.len(), warnings)
+    }
 }
 
 impl Drop for Relay {
