@@ -393,6 +393,17 @@ fn start(data_dir: &Path, args: &StartArgs) -> Result<(), String> {
     let cli = args.options();
     let server_key = data_dir.join(config::SERVER_KEY_FILE);
     let present = init_files_present(data_dir);
+    if present == [config::INI_FILE] {
+        // A configuration written before any keys: `init` would refuse to overwrite it.
+        return Err(format!(
+            "{} has {} but no keys, and `smp-relay init` does not overwrite an existing \
+             configuration: move {} aside, run `smp-relay init` (or `start` again), then put your \
+             settings back into the new file",
+            data_dir.display(),
+            config::INI_FILE,
+            data_dir.join(config::INI_FILE).display()
+        ));
+    }
     if !server_key.exists() && !present.is_empty() {
         // An identity that lost its key: a new `init` here would refuse (or replace the identity
         // clients know), so the missing file is named instead.

@@ -433,3 +433,18 @@ fn the_default_connection_limit_fits_a_low_hard_limit() {
         "says why it holds fewer:\n{log}"
     );
 }
+
+#[test]
+fn start_on_a_directory_with_only_a_configuration_says_how_to_initialise() {
+    let dir = TempDir::new("cli-ini-only");
+    std::fs::write(dir.path().join("smp-server.ini"), "[RELAY]\nquota = 2\n").expect("write ini");
+    let stderr = start_fails(dir.path(), &["--cores", "1"]);
+    let ini = dir.path().join("smp-server.ini").display().to_string();
+    assert!(stderr.contains(&ini), "names {ini}:\n{stderr}");
+    assert!(stderr.contains("no keys"), "{stderr}");
+    assert!(!stderr.contains("initialising"), "{stderr}");
+    assert!(
+        !dir.path().join("ca.crt").exists(),
+        "nothing written besides the operator's file"
+    );
+}
