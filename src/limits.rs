@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-/// Connections the relay holds open at once, over all shards; each shard gets an equal share.
+/// Connections the relay holds open at once, over all shards as one number (`server::admission`).
 pub const MAX_CONNECTIONS: usize = 65536;
 
 /// TLS handshake must complete within this time after accept (reference: 60 s).
