@@ -448,3 +448,22 @@ fn start_on_a_directory_with_only_a_configuration_says_how_to_initialise() {
         "nothing written besides the operator's file"
     );
 }
+
+#[test]
+fn start_refuses_a_hard_limit_below_what_the_shards_need() {
+    let dir = TempDir::new("cli-nofile-tiny");
+    common::init(dir.path());
+    let cmd = start_with_nofile(dir.path(), SHELL_SOFT_LIMIT, SHELL_SOFT_LIMIT, &[]);
+    let out = common::wait_output(
+        {
+            let mut cmd = cmd;
+            cmd.spawn().expect("spawn")
+        },
+        Duration::from_secs(30),
+    );
+    let msg = text(&out.stderr);
+    assert!(!out.status.success(), "start must fail:\n{msg}");
+    for what in ["RLIMIT_NOFILE", "LimitNOFILE", "--cores"] {
+        assert!(msg.contains(what), "names {what}:\n{msg}");
+    }
+}

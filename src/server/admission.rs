@@ -183,7 +183,9 @@ pub fn fit_open_files(config: &StartConfig, shards: usize) -> Result<usize, Stri
         )),
         None if fits == 0 => Err(format!(
             "RLIMIT_NOFILE allows {now} open files, fewer than the {others} the relay needs \
-             besides connections: {raise}"
+             besides connections ({shards} shards, each with up to {} proxy sessions): {raise}, \
+             or start fewer shards with --cores",
+            config.settings.proxy.max_sessions_per_shard
         )),
         None => {
             tracing::warn!(
