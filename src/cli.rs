@@ -82,13 +82,18 @@ struct StartArgs {
     /// Port to listen on; repeat for several (ini `[TRANSPORT] port`; default 5223).
     #[arg(long = "port")]
     ports: Vec<u16>,
-    /// Number of shards, each pinned to its own core (ini `[RELAY] cores`; default: every online
-    /// core).
+    /// Number of shards, each pinned to its own core, 1 to 64 (ini `[RELAY] cores`; default:
+    /// every online core, at most 64).
     #[arg(long, value_parser = ini::cores)]
     cores: Option<usize>,
-    /// Connections held at once, over all shards (ini `[RELAY] max_connections`; default 65536).
+    /// Connections held at once, over all shards (ini `[RELAY] max_connections`; default 65536,
+    /// or what the open-file limit allows). The relay raises its soft RLIMIT_NOFILE to fit it.
     #[arg(long, value_parser = ini::max_connections)]
     max_connections: Option<usize>,
+    /// Connections of one IP address that may be in their TLS or SMP handshake at once; more are
+    /// closed at accept (ini `[RELAY] max_handshakes_per_address`; default 16).
+    #[arg(long, value_parser = ini::max_connections)]
+    max_handshakes_per_address: Option<usize>,
     /// Seconds a client has to complete TLS (ini `[RELAY] tls_timeout_secs`; default 60).
     #[arg(long, value_parser = ini::seconds)]
     tls_timeout_secs: Option<Duration>,
@@ -177,6 +182,7 @@ impl StartArgs {
             ports: (!self.ports.is_empty()).then(|| self.ports.clone()),
             shards: self.cores,
             max_connections: self.max_connections,
+            max_handshakes_per_address: self.max_handshakes_per_address,
             tls_timeout: self.tls_timeout_secs,
             handshake_timeout: self.handshake_timeout_secs,
             slow_reader_close: self.slow_reader_close_secs,
@@ -271,18 +277,26 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// What `init` writes.
+const INIT_FILES: [&str; 6] = [
+    config::CA_KEY_FILE,
+    config::CA_CERT_FILE,
+    config::SERVER_KEY_FILE,
+    config::SERVER_CERT_FILE,
+    config::FINGERPRINT_FILE,
+    config::INI_FILE,
+];
+
+/// The files of `INIT_FILES` present in `dir`.
+fn init_files_present(dir: &Path) -> Vec<&'static str> {
+    INIT_FILES
+        .into_iter()
+        .filter(|f| dir.join(f).exists())
+        .collect()
+}
+
 fn init(dir: &Path, host: &str, port: u16, no_password: bool) -> Result<(), String> {
-    let existing: Vec<&str> = [
-        config::CA_KEY_FILE,
-        config::CA_CERT_FILE,
-        config::SERVER_KEY_FILE,
-        config::SERVER_CERT_FILE,
-        config::FINGERPRINT_FILE,
-        config::INI_FILE,
-    ]
-    .into_iter()
-    .filter(|f| dir.join(f).exists())
-    .collect();
+    let existing = init_files_present(dir);
     if !existing.is_empty() {
         return Err(format!(
             "{} is already initialised ({} present); refusing to overwrite its keys. Remove the directory or choose another --data-dir",
@@ -373,7 +387,10 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
          # quota = {quota}\n\
          # Shards, one pinned core each (default: every online core):\n\
          # cores = 1\n\
+         # Connections over all shards (the relay raises its open-file limit to fit them):\n\
          # max_connections = {max_connections}\n\
+         # Connections of one IP address in their TLS or SMP handshake at once:\n\
+         # max_handshakes_per_address = {per_address}\n\
          # expire_interval_secs = {expire_interval}\n\
          # tls_timeout_secs = {tls}\n\
          # handshake_timeout_secs = {handshake}\n\
@@ -384,6 +401,7 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
         new_queues = if d.new_queues { "on" } else { "off" },
         quota = d.quota,
         max_connections = smp_relay::limits::MAX_CONNECTIONS,
+        per_address = smp_relay::limits::MAX_HANDSHAKES_PER_ADDRESS,
         expire_interval = d.expire_interval.as_secs(),
         tls = smp_relay::limits::TLS_SETUP_TIMEOUT.as_secs(),
         handshake = smp_relay::limits::SMP_HANDSHAKE_TIMEOUT.as_secs(),
@@ -393,7 +411,32 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
 
 fn start(data_dir: &Path, args: &StartArgs) -> Result<(), String> {
     let cli = args.options();
-    if !data_dir.join(config::SERVER_KEY_FILE).exists() {
+    let server_key = data_dir.join(config::SERVER_KEY_FILE);
+    let present = init_files_present(data_dir);
+    if present == [config::INI_FILE] {
+        // A configuration written before any keys: `init` would refuse to overwrite it.
+        return Err(format!(
+            "{} has {} but no keys, and `smp-relay init` does not overwrite an existing \
+             configuration: move {} aside, run `smp-relay init` (or `start` again), then put your \
+             settings back into the new file",
+            data_dir.display(),
+            config::INI_FILE,
+            data_dir.join(config::INI_FILE).display()
+        ));
+    }
+    if !server_key.exists() && !present.is_empty() {
+        // An identity that lost its key: a new `init` here would refuse (or replace the identity
+        // clients know), so the missing file is named instead.
+        return Err(format!(
+            "{} is missing, but {} holds the rest of an identity ({}); restore server.key from a \
+             backup of this directory, or run `smp-relay init` in a fresh --data-dir (a new server \
+             address)",
+            server_key.display(),
+            data_dir.display(),
+            present.join(", ")
+        ));
+    }
+    if present.is_empty() {
         // The README's first command: a fresh checkout runs `start` and gets a working relay.
         eprintln!(
             "smp-relay: {} has no keys yet; initialising it (host 127.0.0.1, no password)",
@@ -410,7 +453,11 @@ fn start(data_dir: &Path, args: &StartArgs) -> Result<(), String> {
         .map_err(|e| e.to_string())?
         .unwrap_or_default();
     let mut c = StartConfig::new(data_dir);
-    c.shards = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // A default, not the operator's number: on a machine with more cores than shards allowed, it
+    // takes the most allowed (an explicit `--cores` beyond it is refused by `ini::cores`).
+    c.shards = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(smp_relay::limits::MAX_SHARDS);
     c.request_client_cert = args.test_request_client_cert;
     c.test_owner_delay = args.test_owner_delay;
     if let Some(b) = args.test_output_high_water_bytes {

@@ -25,7 +25,11 @@ pub struct StartConfig {
     pub ports: Vec<u16>,
     /// Number of shards, one per pinned core.
     pub shards: usize,
-    pub max_connections: usize,
+    /// Connections held at once over all shards; `None`: `limits::MAX_CONNECTIONS`, or fewer if
+    /// the open-file limit cannot be raised that far (`server::admission::fit_open_files`).
+    pub max_connections: Option<usize>,
+    /// Connections of one IP address in their TLS or SMP handshake at once.
+    pub max_handshakes_per_address: usize,
     pub tls_timeout: Duration,
     pub handshake_timeout: Duration,
     /// Test-only for now: ask clients for a TLS certificate (the services issue makes it real).
@@ -58,7 +62,8 @@ impl StartConfig {
             data_dir: data_dir.to_path_buf(),
             ports: vec![DEFAULT_PORT],
             shards: 1,
-            max_connections: limits::MAX_CONNECTIONS,
+            max_connections: None,
+            max_handshakes_per_address: limits::MAX_HANDSHAKES_PER_ADDRESS,
             tls_timeout: limits::TLS_SETUP_TIMEOUT,
             handshake_timeout: limits::SMP_HANDSHAKE_TIMEOUT,
             request_client_cert: false,

@@ -23,8 +23,9 @@
 //! | | `port` | comma-separated ports to listen on (default 5223) |
 //! | | `log_tls_errors`, `websockets` | accepted as `off` |
 //! | `[RELAY]` | `quota` | messages a queue holds before ERR QUOTA (reference: fixed 128) |
-//! | | `cores` | shards, one pinned core each (default: every online core) |
-//! | | `max_connections` | connections held at once over all shards |
+//! | | `cores` | shards, one pinned core each, 1 to 64 (default: every online core, at most 64) |
+//! | | `max_connections` | connections held at once over all shards (default 65,536, or what the open-file limit allows) |
+//! | | `max_handshakes_per_address` | connections of one IP address in their TLS or SMP handshake at once (default 16) |
 //! | | `expire_interval_secs` | seconds between expiration runs (reference: fixed 2 h) |
 //! | | `tls_timeout_secs`, `handshake_timeout_secs` | TLS and SMP handshake deadlines |
 //! | | `slow_reader_close_secs` | seconds a connection may stay over its output bound before it is closed |
@@ -40,8 +41,6 @@ use crate::config::StartConfig;
 
 /// The largest per-queue quota accepted: a full queue of maximum-size messages is then 64 MB.
 pub const MAX_QUOTA: usize = 4096;
-/// The most shards accepted.
-pub const MAX_CORES: usize = 1024;
 /// Longest TTL or interval accepted in any unit (10 years), so that conversions cannot overflow.
 pub const MAX_DURATION_SECS: u64 = 10 * 365 * 86400;
 
@@ -52,6 +51,7 @@ pub struct StartOptions {
     pub ports: Option<Vec<u16>>,
     pub shards: Option<usize>,
     pub max_connections: Option<usize>,
+    pub max_handshakes_per_address: Option<usize>,
     pub tls_timeout: Option<Duration>,
     pub handshake_timeout: Option<Duration>,
     pub slow_reader_close: Option<Duration>,
@@ -76,6 +76,9 @@ impl StartOptions {
             ports: self.ports.or(lower.ports),
             shards: self.shards.or(lower.shards),
             max_connections: self.max_connections.or(lower.max_connections),
+            max_handshakes_per_address: self
+                .max_handshakes_per_address
+                .or(lower.max_handshakes_per_address),
             tls_timeout: self.tls_timeout.or(lower.tls_timeout),
             handshake_timeout: self.handshake_timeout.or(lower.handshake_timeout),
             slow_reader_close: self.slow_reader_close.or(lower.slow_reader_close),
@@ -102,7 +105,10 @@ impl StartOptions {
             c.shards = v;
         }
         if let Some(v) = self.max_connections {
-            c.max_connections = v;
+            c.max_connections = Some(v);
+        }
+        if let Some(v) = self.max_handshakes_per_address {
+            c.max_handshakes_per_address = v;
         }
         if let Some(v) = self.tls_timeout {
             c.tls_timeout = v;
@@ -444,6 +450,7 @@ const KEYS: &[KeySpec] = &[
     k("RELAY", "quota", Rule::Applied),
     k("RELAY", "cores", Rule::Applied),
     k("RELAY", "max_connections", Rule::Applied),
+    k("RELAY", "max_handshakes_per_address", Rule::Applied),
     k("RELAY", "expire_interval_secs", Rule::Applied),
     k("RELAY", "tls_timeout_secs", Rule::Applied),
     k("RELAY", "handshake_timeout_secs", Rule::Applied),
@@ -609,6 +616,10 @@ fn apply(config: &mut IniConfig, section: &str, key: &str, value: &str) -> Resul
             o.max_connections = Some(max_connections(value)?);
             Ok(())
         }
+        ("RELAY", "max_handshakes_per_address") => {
+            o.max_handshakes_per_address = Some(max_connections(value)?);
+            Ok(())
+        }
         ("RELAY", "expire_interval_secs") => {
             o.expire_interval = Some(duration(value, 1)?);
             Ok(())
@@ -674,7 +685,7 @@ pub fn quota(value: &str) -> Result<usize, String> {
 }
 
 pub fn cores(value: &str) -> Result<usize, String> {
-    number(value, 1, MAX_CORES as u64).map(|n| n as usize)
+    number(value, 1, crate::limits::MAX_SHARDS as u64).map(|n| n as usize)
 }
 
 pub fn max_connections(value: &str) -> Result<usize, String> {
@@ -802,6 +813,7 @@ mod tests {
              quota = 2\n\
              cores = 3\n\
              max_connections = 100\n\
+             max_handshakes_per_address = 4\n\
              expire_interval_secs = 30\n\
              tls_timeout_secs = 5\n\
              handshake_timeout_secs = 6\n\
@@ -820,6 +832,7 @@ mod tests {
                 ports: Some(vec![5223, 443]),
                 shards: Some(3),
                 max_connections: Some(100),
+                max_handshakes_per_address: Some(4),
                 tls_timeout: Some(Duration::from_secs(5)),
                 handshake_timeout: Some(Duration::from_secs(6)),
                 slow_reader_close: Some(Duration::from_secs(8)),

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-/// Connections the relay holds open at once, over all shards; each shard gets an equal share.
+/// Connections the relay holds open at once, over all shards as one number (`server::admission`).
 pub const MAX_CONNECTIONS: usize = 65536;
 
 /// TLS handshake must complete within this time after accept (reference: 60 s).
@@ -98,6 +98,29 @@ impl Default for OutputLimits {
 
 /// PRXY/PFWD of one connection being answered at once (the reference's `client_concurrency`, 32).
 pub const MAX_PROXIED_IN_FLIGHT: usize = 32;
+
+/// Shards (pinned cores) at most: a connection records the shards it sent work to in one `u64`
+/// (`server::conn`), and `--cores` / `[RELAY] cores` beyond it are refused, not cut.
+pub const MAX_SHARDS: usize = 64;
+const _: () = assert!(MAX_SHARDS <= u64::BITS as usize);
+
+/// A warning a peer can cause (refused connection, failed accept, failed PRXY) is written at most
+/// once per this interval per kind; the rest are counted (`server::log_limit`).
+pub const WARNING_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Connections from one IP address that may be in their TLS or SMP handshake at once; one more is
+/// closed at accept. Without it, one address holding idle sockets takes every connection slot for
+/// the whole setup timeout. Clients complete a handshake in a few round trips, so even many
+/// clients behind one NAT rarely have this many in flight.
+pub const MAX_HANDSHAKES_PER_ADDRESS: usize = 16;
+
+/// Open files the relay needs besides client connections, per shard: its io_uring rings, eventfds
+/// and timers (its listeners and proxy sessions are counted from the settings).
+pub const FILES_PER_SHARD: usize = 16;
+
+/// Open files the process needs besides the shards': standard streams, the data directory's lock,
+/// store, metrics and certificate files while they are read or written.
+pub const FILES_FIXED: usize = 64;
 
 #[cfg(test)]
 mod tests {

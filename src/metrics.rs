@@ -63,6 +63,7 @@ pub struct MetricsSnapshot {
     pub msg_sent_auth: u64,
     pub msg_sent_quota: u64,
     pub msg_sent_large: u64,
+    pub msg_sent_block: u64,
     pub msg_recv: u64,
     pub msg_expired: u64,
     /// Notifications sent to notification servers (`msgNtfs`).
@@ -114,6 +115,7 @@ impl MetricsSnapshot {
             msg_sent_auth: owner.msg_sent_auth,
             msg_sent_quota: owner.msg_sent_quota,
             msg_sent_large: owner.msg_sent_large,
+            msg_sent_block: owner.msg_sent_block,
             msg_recv: owner.msg_recv,
             msg_expired: owner.msg_expired,
             msg_ntfs: owner.msg_ntfs,
@@ -140,6 +142,7 @@ impl MetricsSnapshot {
             msg_sent_auth,
             msg_sent_quota,
             msg_sent_large,
+            msg_sent_block,
             msg_recv,
             msg_expired,
             msg_ntfs,
@@ -178,6 +181,7 @@ impl MetricsSnapshot {
             (&mut self.msg_sent_auth, msg_sent_auth),
             (&mut self.msg_sent_quota, msg_sent_quota),
             (&mut self.msg_sent_large, msg_sent_large),
+            (&mut self.msg_sent_block, msg_sent_block),
             (&mut self.msg_recv, msg_recv),
             (&mut self.msg_expired, msg_expired),
             (&mut self.msg_ntfs, msg_ntfs),
@@ -292,6 +296,7 @@ pub fn render(s: &MetricsSnapshot, now_ms: u64) -> String {
                 ("{type=\"auth\"}", s.msg_sent_auth),
                 ("{type=\"quota\"}", s.msg_sent_quota),
                 ("{type=\"large\"}", s.msg_sent_large),
+                ("{type=\"block\"}", s.msg_sent_block),
             ],
         },
         Family {
@@ -530,6 +535,7 @@ mod tests {
             p_msg_fwds: proxy(33),
             p_msg_fwds_own: proxy(38),
             p_msg_fwds_recv: 43,
+            msg_sent_block: 48,
         }
     }
 
@@ -554,6 +560,7 @@ mod tests {
             ("simplex_smp_messages_sent_errors{type=\"auth\"}", 5),
             ("simplex_smp_messages_sent_errors{type=\"quota\"}", 6),
             ("simplex_smp_messages_sent_errors{type=\"large\"}", 7),
+            ("simplex_smp_messages_sent_errors{type=\"block\"}", 48),
             ("simplex_smp_messages_received", 8),
             ("simplex_smp_messages_expired", 9),
             ("simplex_smp_messages_ntf_successes", 10),
@@ -620,7 +627,7 @@ mod tests {
                 })
                 .count();
             let expected = match name {
-                "simplex_smp_messages_sent_errors" => 3,
+                "simplex_smp_messages_sent_errors" => 4,
                 "simplex_smp_relay_sessions_errors" | "simplex_smp_relay_messages_errors" => 6,
                 n if n.starts_with("simplex_smp_relay_")
                     && n != "simplex_smp_relay_messages_received" =>

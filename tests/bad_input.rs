@@ -226,11 +226,20 @@ fn half_open_connections_cost_little_memory() {
         limit >= need,
         "RLIMIT_NOFILE {limit} is below the {need} this test needs"
     );
-    // Long setup timeouts here, so nothing is closed while memory is measured.
+    // Long setup timeouts here, so nothing is closed while memory is measured; every connection
+    // comes from 127.0.0.1, so the bound on handshakes per address is lifted.
+    let per_address = (2 * each + 200).to_string();
     let relay = Relay::start_with(RelayOptions {
-        extra_args: ["--tls-timeout-secs", "60", "--handshake-timeout-secs", "60"]
-            .map(String::from)
-            .to_vec(),
+        extra_args: [
+            "--tls-timeout-secs",
+            "60",
+            "--handshake-timeout-secs",
+            "60",
+            "--max-handshakes-per-address",
+            &per_address,
+        ]
+        .map(String::from)
+        .to_vec(),
         ..RelayOptions::default()
     });
     control_pings(&relay, 10);
@@ -265,10 +274,18 @@ fn half_open_connections_are_closed_by_the_setup_timeouts() {
     assert!(limit >= need, "RLIMIT_NOFILE {limit} below {need}");
     let tls_timeout = Duration::from_secs(2);
     let handshake_timeout = Duration::from_secs(3);
+    let per_address = need.to_string();
     let relay = Relay::start_with(RelayOptions {
-        extra_args: ["--tls-timeout-secs", "2", "--handshake-timeout-secs", "3"]
-            .map(String::from)
-            .to_vec(),
+        extra_args: [
+            "--tls-timeout-secs",
+            "2",
+            "--handshake-timeout-secs",
+            "3",
+            "--max-handshakes-per-address",
+            &per_address,
+        ]
+        .map(String::from)
+        .to_vec(),
         ..RelayOptions::default()
     });
     let started = Instant::now();
@@ -340,4 +357,183 @@ fn half_open_connections_are_closed_by_the_setup_timeouts() {
         active.ping().expect("PING on the active session").command,
         b"PONG"
     );
+}
+
+// --- connection limits ----------------------------------------------------------------------------
+
+fn relay_with(args: &[&str], cores: usize) -> Relay {
+    Relay::start_with(RelayOptions {
+        cores,
+        extra_args: args.iter().map(|a| a.to_string()).collect(),
+    })
+}
+
+/// Whether the relay closed `s` (EOF or reset), without waiting.
+fn closed_now(s: &mut TcpStream) -> bool {
+    s.set_nonblocking(true).expect("nonblocking");
+    let closed = match s.read(&mut [0u8; 64]) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+    };
+    s.set_nonblocking(false).expect("blocking");
+    closed
+}
+
+/// Waits (at most `within`) until `n` of `socks` are closed; returns how many are.
+fn wait_closed(socks: &mut [TcpStream], n: usize, within: Duration) -> usize {
+    let deadline = Instant::now() + within;
+    let mut closed = vec![false; socks.len()];
+    loop {
+        for (s, c) in socks.iter_mut().zip(closed.iter_mut()) {
+            *c = *c || closed_now(s);
+        }
+        let count = closed.iter().filter(|c| **c).count();
+        if count >= n || Instant::now() > deadline {
+            return count;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `n` TCP connections from `src` that send nothing.
+fn silent_from(src: std::net::Ipv4Addr, relay: &Relay, n: usize) -> Vec<TcpStream> {
+    (0..n)
+        .map(|_| common::tcp_from(src, relay.addr).expect("tcp from another loopback address"))
+        .collect()
+}
+
+/// TLS from `src`, then the server hello: the relay kept the connection.
+fn hello_from(src: std::net::Ipv4Addr, relay: &Relay) -> Result<(), String> {
+    let tcp = common::tcp_from(src, relay.addr).map_err(|e| e.to_string())?;
+    let mut s = wire::openssl_over(
+        tcp,
+        Some(&[b"smp/1"]),
+        false,
+        "TLS_CHACHA20_POLY1305_SHA256",
+        None,
+    )?;
+    wire::read_block(&mut s).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+const OTHER_ADDRESS: std::net::Ipv4Addr = std::net::Ipv4Addr::new(127, 0, 0, 2);
+
+#[test]
+fn the_connection_limit_is_one_number_over_the_shards() {
+    const MAX: usize = 5;
+    let relay = relay_with(&["--max-connections", &MAX.to_string()], 2);
+    // Connections from one address, one at a time: each finishes its handshake, so only the
+    // relay-wide limit applies. SO_REUSEPORT spreads them over both shards however it likes.
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for _ in 0..2 * MAX {
+        match relay.connect(ClientOptions::default()) {
+            Ok(c) => held.push(c),
+            Err(_) => refused += 1,
+        }
+    }
+    assert_eq!(
+        (held.len(), refused),
+        (MAX, MAX),
+        "exactly --max-connections held\n{}",
+        relay.log_text()
+    );
+    for c in &mut held {
+        assert_eq!(c.ping().expect("PING").command, b"PONG");
+    }
+    // A closed connection gives its place back (once the relay has seen the close).
+    drop(held.pop());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let again = loop {
+        match relay.connect(ClientOptions::default()) {
+            Ok(c) => break c,
+            Err(e) => assert!(Instant::now() < deadline, "no place freed: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    held.push(again);
+    assert!(
+        relay.connect(ClientOptions::default()).is_err(),
+        "full again"
+    );
+}
+
+#[test]
+fn idle_sockets_of_one_address_do_not_lock_out_other_clients() {
+    use smp_relay::limits::MAX_HANDSHAKES_PER_ADDRESS as PER_ADDRESS;
+    let max = PER_ADDRESS + 4;
+    let relay = relay_with(&["--max-connections", &max.to_string()], 1);
+    // As many idle sockets from one address as the relay holds connections.
+    let mut idle = silent_from(OTHER_ADDRESS, &relay, max);
+    // A client of another address still gets in, and is served.
+    relay.assert_serves();
+    let closed = wait_closed(&mut idle, max - PER_ADDRESS, Duration::from_secs(10));
+    assert_eq!(
+        closed,
+        max - PER_ADDRESS,
+        "the idle sockets over the bound are closed"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        wait_closed(&mut idle, max, Duration::ZERO),
+        max - PER_ADDRESS,
+        "the bound's worth of idle sockets stay open until their TLS timeout"
+    );
+}
+
+#[test]
+fn an_address_gets_its_handshake_places_back_when_handshakes_time_out() {
+    use smp_relay::limits::MAX_HANDSHAKES_PER_ADDRESS as PER_ADDRESS;
+    let relay = relay_with(&["--tls-timeout-secs", "2"], 1);
+    let mut idle = silent_from(OTHER_ADDRESS, &relay, PER_ADDRESS);
+    relay.assert_serves();
+    assert!(
+        hello_from(OTHER_ADDRESS, &relay).is_err(),
+        "one more from that address is closed at accept"
+    );
+    assert_eq!(
+        wait_closed(&mut idle, PER_ADDRESS, Duration::from_secs(15)),
+        PER_ADDRESS,
+        "the idle sockets are closed by the TLS timeout"
+    );
+    // Their places are free again: a handshake from that address gets its server hello.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while let Err(e) = hello_from(OTHER_ADDRESS, &relay) {
+        assert!(Instant::now() < deadline, "still refused: {e}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Finished handshakes hold no place: more sessions than the bound, all open at once.
+    let mut sessions: Vec<_> = (0..PER_ADDRESS + 2).map(|_| relay.client()).collect();
+    for c in &mut sessions {
+        assert_eq!(c.ping().expect("PING").command, b"PONG");
+    }
+}
+
+#[test]
+fn refused_connections_do_not_flood_the_log() {
+    const REFUSED: u64 = 2000;
+    let relay = relay_with(&["--max-connections", "1"], 1);
+    let mut held = relay.client();
+    let started = Instant::now();
+    for _ in 0..REFUSED {
+        drop(TcpStream::connect(relay.addr).expect("tcp"));
+    }
+    let what = "connection limit reached";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (lines, counted) = loop {
+        let (lines, counted) = relay.warnings(what);
+        if counted >= REFUSED || Instant::now() > deadline {
+            break (lines, counted);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let secs = started.elapsed().as_secs();
+    assert_eq!(counted, REFUSED, "every refusal is accounted for");
+    // One line a second, and one for the count of the last second.
+    assert!(
+        lines as u64 <= secs + 2,
+        "{lines} lines for {REFUSED} refusals in {secs} s"
+    );
+    assert_eq!(held.ping().expect("PING").command, b"PONG");
 }

@@ -213,3 +213,283 @@ fn restart_at_once_after_kill_or_stop_with_live_connections() {
         drop(idle);
     }
 }
+
+/// `start` on `dir` must fail at once; returns its stderr.
+fn start_fails(dir: &std::path::Path, extra: &[&str]) -> String {
+    let port = common::free_port().to_string();
+    let mut args = vec!["start", "--port", &port];
+    args.extend_from_slice(extra);
+    let out = run_cli(dir, &args);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "start must fail; stderr:\n{stderr}");
+    assert!(
+        !stderr.contains("smp-relay cert"),
+        "no advice to run a command that does not exist:\n{stderr}"
+    );
+    stderr
+}
+
+/// Two directories initialised separately: two identities.
+fn two_inits() -> (TempDir, TempDir) {
+    let (a, b) = (TempDir::new("cli-own"), TempDir::new("cli-other"));
+    common::init(a.path());
+    common::init(b.path());
+    (a, b)
+}
+
+fn copy_from(from: &TempDir, to: &TempDir, file: &str) {
+    std::fs::copy(from.path().join(file), to.path().join(file)).expect("copy");
+}
+
+#[test]
+fn start_refuses_a_ca_crt_that_did_not_issue_server_crt() {
+    let (dir, other) = two_inits();
+    copy_from(&other, &dir, "ca.crt");
+    let stderr = start_fails(dir.path(), &["--cores", "1"]);
+    for f in ["server.crt", "ca.crt"] {
+        let path = dir.path().join(f).display().to_string();
+        assert!(stderr.contains(&path), "names {path}:\n{stderr}");
+    }
+    assert!(stderr.contains("not issued by"), "says why:\n{stderr}");
+}
+
+#[test]
+fn start_refuses_a_fingerprint_that_is_not_the_ca_s() {
+    let (dir, other) = two_inits();
+    // A consistent identity from the other init, under this directory's fingerprint.
+    for f in ["ca.crt", "server.crt", "server.key"] {
+        copy_from(&other, &dir, f);
+    }
+    let stderr = start_fails(dir.path(), &["--cores", "1"]);
+    for f in ["fingerprint", "ca.crt"] {
+        let path = dir.path().join(f).display().to_string();
+        assert!(stderr.contains(&path), "names {path}:\n{stderr}");
+    }
+}
+
+#[test]
+fn start_names_both_files_when_server_key_does_not_match_server_crt() {
+    let (dir, other) = two_inits();
+    copy_from(&other, &dir, "server.key");
+    let stderr = start_fails(dir.path(), &["--cores", "1"]);
+    for f in ["server.key", "server.crt"] {
+        let path = dir.path().join(f).display().to_string();
+        assert!(stderr.contains(&path), "names {path}:\n{stderr}");
+    }
+    assert!(stderr.contains("init"), "says how to recover:\n{stderr}");
+}
+
+#[test]
+fn start_names_a_missing_server_key_instead_of_initialising() {
+    let dir = TempDir::new("cli-nokey");
+    common::init(dir.path());
+    std::fs::remove_file(dir.path().join("server.key")).expect("remove server.key");
+    let stderr = start_fails(dir.path(), &["--cores", "1"]);
+    let path = dir.path().join("server.key").display().to_string();
+    assert!(stderr.contains(&path), "names {path}:\n{stderr}");
+    assert!(stderr.contains("missing"), "{stderr}");
+    assert!(!stderr.contains("initialising"), "{stderr}");
+    assert!(
+        !dir.path().join("server.key").exists(),
+        "no new key written"
+    );
+}
+
+#[test]
+fn a_corrupt_group_file_is_reported_by_its_file_not_as_shard_0() {
+    let dir = TempDir::new("cli-group");
+    common::init(dir.path());
+    let store = dir.path().join("memory-store");
+    std::fs::create_dir_all(&store).expect("store dir");
+    // Group 63 is shard 1's with two shards (`router::groups_of_shard`).
+    std::fs::write(store.join("group-63.bin"), b"not a group file").expect("write");
+    let stderr = start_fails(dir.path(), &["--cores", "2"]);
+    let path = store.join("group-63.bin").display().to_string();
+    assert!(stderr.contains(&path), "names {path}:\n{stderr}");
+    assert!(!stderr.contains("shard 0"), "not shard 0's:\n{stderr}");
+}
+
+#[test]
+fn cores_over_the_shard_limit_is_an_error_not_cut() {
+    let dir = TempDir::new("cli-cores");
+    common::init(dir.path());
+    let max = smp_relay::limits::MAX_SHARDS.to_string();
+    let over = (smp_relay::limits::MAX_SHARDS + 1).to_string();
+    let stderr = start_fails(dir.path(), &["--cores", &over]);
+    assert!(stderr.contains("--cores"), "{stderr}");
+    assert!(stderr.contains(&format!("1 to {max}")), "{stderr}");
+}
+
+// --- the open-file limit --------------------------------------------------------------------------
+
+/// `start` with the open-file limit set to `soft`/`hard` before it runs, as a shell's `ulimit -n`
+/// would.
+fn start_with_nofile(dir: &std::path::Path, soft: u64, hard: u64, extra: &[&str]) -> Command {
+    use std::os::unix::process::CommandExt;
+    let port = common::free_port().to_string();
+    let mut cmd = Command::new(common::BIN);
+    cmd.args([
+        "--data-dir",
+        dir.to_str().expect("utf-8"),
+        "start",
+        "--port",
+        &port,
+    ])
+    .args(["--cores", "1"])
+    .args(extra)
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
+    // SAFETY: setrlimit is async-signal-safe and touches only the child being started.
+    unsafe {
+        cmd.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: soft as libc::rlim_t,
+                rlim_max: hard as libc::rlim_t,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
+/// The soft and hard "Max open files" of a running process.
+fn open_file_limits(pid: u32) -> (u64, u64) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("Max open files");
+    let mut n = line
+        .split_whitespace()
+        .filter_map(|w| w.parse::<u64>().ok());
+    (n.next().expect("soft"), n.next().expect("hard"))
+}
+
+/// This process's hard open-file limit: children cannot go above it.
+fn own_hard_limit() -> u64 {
+    open_file_limits(std::process::id()).1
+}
+
+const SHELL_SOFT_LIMIT: u64 = 1024;
+
+#[test]
+fn start_raises_its_open_file_limit_to_fit_max_connections() {
+    let max_connections: u64 = 3000;
+    let hard = own_hard_limit();
+    assert!(
+        hard > max_connections * 2,
+        "this test needs a hard limit over {}",
+        max_connections * 2
+    );
+    let dir = TempDir::new("cli-nofile");
+    common::init(dir.path());
+    let cmd = start_with_nofile(
+        dir.path(),
+        SHELL_SOFT_LIMIT,
+        hard,
+        &["--max-connections", &max_connections.to_string()],
+    );
+    let (mut child, _log) = smp_relay::load::proc::wait_listening(
+        {
+            let mut cmd = cmd;
+            cmd.spawn().expect("spawn")
+        },
+        common::START_TIMEOUT,
+    )
+    .expect("relay starts");
+    let (soft, _) = open_file_limits(child.id());
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        soft >= max_connections,
+        "soft open-file limit {soft} below --max-connections {max_connections}"
+    );
+}
+
+#[test]
+fn start_refuses_max_connections_the_hard_limit_cannot_hold() {
+    let dir = TempDir::new("cli-nofile-low");
+    common::init(dir.path());
+    let hard = 2 * SHELL_SOFT_LIMIT;
+    let cmd = start_with_nofile(
+        dir.path(),
+        SHELL_SOFT_LIMIT,
+        hard,
+        &["--max-connections", "5000"],
+    );
+    let out = common::wait_output(
+        {
+            let mut cmd = cmd;
+            cmd.spawn().expect("spawn")
+        },
+        Duration::from_secs(30),
+    );
+    let msg = text(&out.stderr);
+    assert!(!out.status.success(), "start must fail:\n{msg}");
+    for what in ["--max-connections", "ulimit", "LimitNOFILE"] {
+        assert!(msg.contains(what), "names {what}:\n{msg}");
+    }
+}
+
+#[test]
+fn the_default_connection_limit_fits_a_low_hard_limit() {
+    let dir = TempDir::new("cli-nofile-default");
+    common::init(dir.path());
+    let hard = 4 * SHELL_SOFT_LIMIT;
+    let cmd = start_with_nofile(dir.path(), SHELL_SOFT_LIMIT, hard, &[]);
+    let (mut child, log) = smp_relay::load::proc::wait_listening(
+        {
+            let mut cmd = cmd;
+            cmd.spawn().expect("spawn")
+        },
+        common::START_TIMEOUT,
+    )
+    .expect("the default starts, with fewer connections");
+    let (soft, _) = open_file_limits(child.id());
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(soft, hard, "raised as far as the hard limit allows");
+    let log = log.lock().map(|l| l.join("\n")).unwrap_or_default();
+    assert!(
+        log.contains("RLIMIT_NOFILE"),
+        "says why it holds fewer:\n{log}"
+    );
+}
+
+#[test]
+fn start_on_a_directory_with_only_a_configuration_says_how_to_initialise() {
+    let dir = TempDir::new("cli-ini-only");
+    std::fs::write(dir.path().join("smp-server.ini"), "[RELAY]\nquota = 2\n").expect("write ini");
+    let stderr = start_fails(dir.path(), &["--cores", "1"]);
+    let ini = dir.path().join("smp-server.ini").display().to_string();
+    assert!(stderr.contains(&ini), "names {ini}:\n{stderr}");
+    assert!(stderr.contains("no keys"), "{stderr}");
+    assert!(!stderr.contains("initialising"), "{stderr}");
+    assert!(
+        !dir.path().join("ca.crt").exists(),
+        "nothing written besides the operator's file"
+    );
+}
+
+#[test]
+fn start_refuses_a_hard_limit_below_what_the_shards_need() {
+    let dir = TempDir::new("cli-nofile-tiny");
+    common::init(dir.path());
+    let cmd = start_with_nofile(dir.path(), SHELL_SOFT_LIMIT, SHELL_SOFT_LIMIT, &[]);
+    let out = common::wait_output(
+        {
+            let mut cmd = cmd;
+            cmd.spawn().expect("spawn")
+        },
+        Duration::from_secs(30),
+    );
+    let msg = text(&out.stderr);
+    assert!(!out.status.success(), "start must fail:\n{msg}");
+    for what in ["RLIMIT_NOFILE", "LimitNOFILE", "--cores"] {
+        assert!(msg.contains(what), "names {what}:\n{msg}");
+    }
+}

@@ -155,3 +155,11 @@ fn a_reference_key_this_relay_lacks_stops_start_with_what_to_do() {
         start_fails(|d| edit_ini(d, "store_messages = memory", "store_messages = journal"));
     assert!(stderr.contains("not supported yet"), "{stderr}");
 }
+
+#[test]
+fn cores_over_the_shard_limit_in_the_file_stops_start() {
+    let (stderr, _) = start_fails(|d| append_ini(d, "\n[RELAY]\ncores = 1000\n"));
+    assert!(stderr.contains("cores"), "names the key:\n{stderr}");
+    let max = smp_relay::limits::MAX_SHARDS;
+    assert!(stderr.contains(&format!("1 to {max}")), "{stderr}");
+}

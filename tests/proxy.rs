@@ -372,6 +372,36 @@ fn a_destination_that_is_down_is_a_network_error() {
     proxy.assert_serves();
 }
 
+#[test]
+fn failed_prxy_warnings_do_not_flood_the_log() {
+    const FAILED: u64 = 500;
+    let proxy = proxy_relay(&[ALLOW_PRIVATE]);
+    let mut c = proxy.client();
+    let port = common::free_port();
+    let started = Instant::now();
+    for _ in 0..FAILED {
+        assert_eq!(
+            prxy_raw(&mut c, server_of("127.0.0.1", port, &[1; 32]), None),
+            network_err()
+        );
+    }
+    let what = "proxy: error connecting";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (lines, counted) = loop {
+        let (lines, counted) = proxy.warnings(what);
+        if counted >= FAILED || Instant::now() > deadline {
+            break (lines, counted);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let secs = started.elapsed().as_secs();
+    assert_eq!(counted, FAILED, "every failed PRXY is accounted for");
+    assert!(
+        lines as u64 <= secs + 2,
+        "{lines} lines for {FAILED} failed PRXY in {secs} s"
+    );
+}
+
 /// The reference's proxy statistics (`pRelays`, `pMsgFwds`, `pMsgFwdsRecv`) in the metrics file,
 /// counted as the reference counts them: a session and a forwarded SEND that succeed, a
 /// destination that is down and a PFWD without a session ("connect" errors), and the RFWD the

@@ -175,3 +175,27 @@ fn blocked_queue_answers_blocked_until_unblocked() {
     );
     assert_eq!(unsigned(&mut sc, &link, Command::LGet), ERR_AUTH, "deleted");
 }
+
+#[test]
+fn sends_refused_as_blocked_are_counted_in_the_metrics() {
+    let mut relay = Relay::start();
+    let q = {
+        let mut rc = relay.client();
+        create(&mut rc)
+    };
+    assert!(relay.stop().success());
+    cli_ok(&relay, &["block", &b64url(q.sid()), "--reason", "spam"]);
+    relay.restart_with(&["--metrics-interval", "1"]);
+    let mut sc = relay.client();
+    for i in 0..2 {
+        let r = send(&mut sc, &q, None, b"x");
+        assert!(blocked(&r).is_some(), "SEND {i}: {r:?}");
+    }
+    let sample = "simplex_smp_messages_sent_errors{type=\"block\"}";
+    let m = relay.metrics_until("two blocked SENDs", |m| m.get(sample) == Some(&2));
+    assert_eq!(
+        m.get("simplex_smp_messages_sent"),
+        Some(&0),
+        "none accepted"
+    );
+}

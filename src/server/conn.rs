@@ -21,6 +21,7 @@ use glommio::sync::Semaphore;
 use rand::rngs::OsRng;
 use x25519_dalek::{PublicKey as X25519Public, StaticSecret};
 
+use super::admission::Handshaking;
 use super::dispatch::{self, RouteCtx};
 use super::router::{
     ConnRef, Delivery, Group, GroupKind, NtfReturn, Pending, SessionInfo, ShardMsg,
@@ -208,15 +209,21 @@ struct InFlight {
     parts: RefCell<HashMap<u64, usize>>,
 }
 
-pub async fn serve(sock: TcpStream, ctx: Rc<ShardContext>) {
+/// Serves an accepted connection; `handshaking` counts it against its address until its SMP
+/// handshake is over (`admission`).
+pub async fn serve(sock: TcpStream, ctx: Rc<ShardContext>, handshaking: Handshaking) {
     let peer = sock.peer_addr().ok();
-    match run(sock, &ctx).await {
+    match run(sock, &ctx, handshaking).await {
         Ok(()) => tracing::debug!(?peer, "connection closed"),
         Err(e) => tracing::debug!(?peer, error = %e, "connection ended"),
     }
 }
 
-async fn run(mut sock: TcpStream, ctx: &Rc<ShardContext>) -> Result<(), ConnError> {
+async fn run(
+    mut sock: TcpStream,
+    ctx: &Rc<ShardContext>,
+    handshaking: Handshaking,
+) -> Result<(), ConnError> {
     // Small handshake blocks would otherwise wait for delayed ACKs.
     sock.set_nodelay(true)
         .map_err(|e| io::Error::other(e.to_string()))?;
@@ -242,6 +249,8 @@ async fn run(mut sock: TcpStream, ctx: &Rc<ShardContext>) -> Result<(), ConnErro
         smp_handshake(&tls, ctx, versions, session_id, conn_ref),
     )
     .await;
+    // Done with the handshake, well or not: the address may start another.
+    drop(handshaking);
     let handshake = match handshake {
         Ok(h) => h,
         Err(e) => {

@@ -7,6 +7,7 @@
 //! still loading and a start that fails leaves the saved store as it was. A clean stop (SIGINT or
 //! SIGTERM) tells every shard to stop, and each saves its store.
 
+pub mod admission;
 pub mod commands;
 pub mod conn;
 pub mod directory;
@@ -14,6 +15,7 @@ pub mod dispatch;
 pub mod forward;
 pub mod listen;
 pub mod lock;
+pub mod log_limit;
 pub mod owner;
 pub mod proxy;
 pub mod router;
@@ -60,8 +62,9 @@ pub fn memory_store_dir(config: &StartConfig) -> PathBuf {
 /// Runs the relay until SIGINT or SIGTERM.
 pub fn run(config: StartConfig) -> Result<(), StartError> {
     let _lock = lock::lock_data_dir(&config.data_dir)?;
-    let credentials =
-        Arc::new(certs::load(&config.data_dir).map_err(|e| StartError::Setup(e.to_string()))?);
+    let credentials = Arc::new(
+        certs::load_for_start(&config.data_dir).map_err(|e| StartError::Setup(e.to_string()))?,
+    );
     let tls_config = tls::server_config(
         &credentials,
         &tls::TlsOptions {
@@ -81,8 +84,11 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
     .map_err(|e| StartError::Setup(format!("cannot handle signals: {e}")))?;
 
     let cpus = allowed_cpus();
-    let shards = config.shards.clamp(1, 64);
-    let per_shard_connections = config.max_connections.div_ceil(shards);
+    let shards = config.shards.clamp(1, crate::limits::MAX_SHARDS);
+    // One limit over all shards: the kernel spreads connections unevenly over SO_REUSEPORT
+    // listeners, so a share per shard refused clients while others had room.
+    let max_connections = admission::fit_open_files(&config, shards).map_err(StartError::Setup)?;
+    let admission = admission::Admission::new(max_connections, config.max_handshakes_per_address);
     let (mesh, inboxes) = Mesh::new(shards);
     let directory = Directory::new();
     let metrics = Arc::new(std::sync::Mutex::new(vec![
@@ -104,6 +110,7 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
         let mesh = mesh.clone();
         let directory = directory.clone();
         let metrics = metrics.clone();
+        let admission = admission.clone();
         let store_dir = store_dir.clone();
         let spawned = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("shard-{shard_id}"))
@@ -148,7 +155,7 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
                     config,
                     credentials,
                     tls_config,
-                    per_shard_connections,
+                    admission,
                     directory.clone(),
                     mesh.clone(),
                     metrics,

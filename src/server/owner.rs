@@ -49,6 +49,8 @@ pub struct OwnerStats {
     pub msg_sent_auth: u64,
     pub msg_sent_quota: u64,
     pub msg_sent_large: u64,
+    /// SENDs refused with `ERR BLOCKED` (the reference's `msgSentBlock`).
+    pub msg_sent_block: u64,
     pub msg_recv: u64,
     pub msg_expired: u64,
     pub msg_ntfs: u64,

@@ -12,8 +12,10 @@ use std::time::Duration;
 
 use glommio::net::TcpListener;
 
+use super::admission::{Admission, Refused};
 use super::conn::{self, ConnHandle, Output};
 use super::directory::Directory;
+use super::log_limit::{self, RateLimited};
 use super::owner::Owner;
 use super::router::{ConnRef, Group, GroupKind, Mesh, ShardMsg};
 use crate::config::StartConfig;
@@ -28,9 +30,10 @@ pub struct ShardContext {
     pub config: StartConfig,
     pub credentials: Arc<ServerCredentials>,
     pub tls_config: Arc<rustls::ServerConfig>,
-    /// Connections this shard holds now, against `max_connections`.
+    /// Connections this shard holds now (its part of the metrics' count).
     pub connections: Cell<usize>,
-    pub max_connections: usize,
+    /// The relay's connection limits, shared by every shard.
+    pub admission: Arc<Admission>,
     /// Every socket read of this shard lands here first (see `tls_stream`).
     pub read_scratch: super::tls_stream::ReadScratch,
     pub directory: Arc<Directory>,
@@ -62,7 +65,7 @@ impl ShardContext {
         config: StartConfig,
         credentials: Arc<ServerCredentials>,
         tls_config: Arc<rustls::ServerConfig>,
-        max_connections: usize,
+        admission: Arc<Admission>,
         directory: Arc<Directory>,
         mesh: Mesh,
         metrics: Arc<Mutex<Vec<MetricsSnapshot>>>,
@@ -74,7 +77,7 @@ impl ShardContext {
             credentials,
             tls_config,
             connections: Cell::new(0),
-            max_connections,
+            admission,
             read_scratch: super::tls_stream::new_scratch(),
             directory,
             mesh,
@@ -346,30 +349,59 @@ fn publish_metrics(ctx: &ShardContext, owner: &Owner<MemoryStore>) {
     }
 }
 
+/// Warnings a peer causes at will, written at most once a second each (`log_limit`).
+static ACCEPT_FAILED: RateLimited = RateLimited::new("accept failed");
+static REFUSED_FULL: RateLimited = RateLimited::new("connection limit reached");
+static REFUSED_ADDRESS: RateLimited = RateLimited::new("too many handshakes from one address");
+
 async fn accept_loop(listener: TcpListener, ctx: Rc<ShardContext>) {
     loop {
         let sock = match listener.accept().await {
             Ok(s) => s,
             Err(e) => {
                 // Out of descriptors and similar: wait a little rather than spin on the error.
-                tracing::warn!(shard = ctx.shard_id, error = %e, "accept failed");
+                log_limit::warn(
+                    &ACCEPT_FAILED,
+                    |suppressed| tracing::warn!(shard = ctx.shard_id, error = %e, suppressed, "accept failed"),
+                );
                 glommio::timer::Timer::new(Duration::from_millis(50)).await;
                 continue;
             }
         };
-        if ctx.connections.get() >= ctx.max_connections {
-            tracing::warn!(
-                shard = ctx.shard_id,
-                "connection limit reached, closing a new connection"
-            );
-            drop(sock);
+        // A peer that reset before this accept has no address, and is gone anyway.
+        let Ok(peer) = sock.peer_addr() else {
             continue;
-        }
+        };
+        // A refused socket is dropped (closed) at the `continue`.
+        let (slot, handshaking) = match ctx.admission.admit(peer.ip()) {
+            Ok(admitted) => admitted,
+            Err(Refused::Full) => {
+                log_limit::warn(&REFUSED_FULL, |suppressed| {
+                    tracing::warn!(
+                        max_connections = ctx.admission.max_connections(),
+                        suppressed,
+                        "connection limit reached, closing a new connection"
+                    )
+                });
+                continue;
+            }
+            Err(Refused::AddressBusy) => {
+                log_limit::warn(&REFUSED_ADDRESS, |suppressed| {
+                    tracing::warn!(
+                        max_per_address = ctx.config.max_handshakes_per_address,
+                        suppressed,
+                        "too many connections of one address in their handshake, closing a new one"
+                    )
+                });
+                continue;
+            }
+        };
         ctx.connections.set(ctx.connections.get() + 1);
         let c = ctx.clone();
         glommio::spawn_local(async move {
-            conn::serve(sock, c.clone()).await;
+            conn::serve(sock, c.clone(), handshaking).await;
             c.connections.set(c.connections.get() - 1);
+            drop(slot);
         })
         .detach();
     }

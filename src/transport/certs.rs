@@ -57,14 +57,35 @@ pub enum CertError {
     NoCertificate { file: PathBuf },
     #[error("{} contains no private key", file.display())]
     NoKey { file: PathBuf },
-    #[error("{} holds an Ed448 key, and rustls cannot sign with Ed448: reissue the online certificate as Ed25519 with `smp-relay cert` (the CA, and so the server fingerprint, can stay Ed448)", file.display())]
+    #[error("{} holds an Ed448 key, and rustls cannot sign with Ed448: issue server.key and server.crt again as Ed25519 from ca.key (the CA, and so the server fingerprint, can stay Ed448), or run `smp-relay init` in a fresh --data-dir (a new server address)", file.display())]
     Ed448Key { file: PathBuf },
-    #[error("{} holds an unsupported key ({reason}); the online key must be Ed25519 (reissue it with `smp-relay cert`)", file.display())]
+    #[error("{} holds an unsupported key ({reason}); the online key must be Ed25519: issue server.key and server.crt again from ca.key, or run `smp-relay init` in a fresh --data-dir (a new server address)", file.display())]
     UnsupportedKey { file: PathBuf, reason: String },
     #[error("{} is not a valid X.509 certificate: {reason}", file.display())]
     BadCertificate { file: PathBuf, reason: String },
-    #[error("server.key does not match the public key of server.crt; reissue the online certificate with `smp-relay cert`")]
-    KeyMismatch,
+    #[error("{} does not hold the key of {}: they come from different `init`s. Restore the pair from the same backup, or run `smp-relay init` in a fresh --data-dir (a new server address)", key.display(), cert.display())]
+    KeyMismatch { key: PathBuf, cert: PathBuf },
+    #[error("{} is not issued by {} ({reason}), so every client would refuse this server. Restore ca.crt, server.crt, server.key and fingerprint from the same `init`, or run `smp-relay init` in a fresh --data-dir (a new server address)", cert.display(), ca.display())]
+    NotIssuedByCa {
+        cert: PathBuf,
+        ca: PathBuf,
+        reason: String,
+    },
+    #[error("the chain {} + {} would be refused by every client: {reason}", cert.display(), ca.display())]
+    BadChain {
+        cert: PathBuf,
+        ca: PathBuf,
+        reason: String,
+    },
+    #[error("{} is missing: it is the server's identity (the fingerprint in its address, the SHA-256 of ca.crt) that clients check. Restore it from a backup of this directory", file.display())]
+    NoFingerprint { file: PathBuf },
+    #[error("{} says the server's fingerprint is {saved}, but {} has fingerprint {actual}: clients with the address of {saved} would refuse this server. Restore the files of the same `init` (ca.crt, server.crt, server.key, fingerprint) or run `smp-relay init` in a fresh --data-dir (a new server address)", file.display(), ca.display())]
+    FingerprintMismatch {
+        file: PathBuf,
+        ca: PathBuf,
+        saved: String,
+        actual: String,
+    },
     #[error("the certificate chain from server.crt + ca.crt has {0} certificates; clients accept 2 to 4")]
     ChainLength(usize),
     #[error("certificate generation failed: {0}")]
@@ -260,15 +281,58 @@ pub fn load(dir: &Path) -> Result<ServerCredentials, CertError> {
     let leaf_key = read_ed25519_key(&server_key)?;
     let leaf_public = leaf_public_key(&chain_der[0], &server_crt)?;
     if leaf_public != leaf_key.verifying_key().to_bytes() {
-        return Err(CertError::KeyMismatch);
+        return Err(CertError::KeyMismatch {
+            key: server_key,
+            cert: server_crt,
+        });
     }
 
     let key_hash: [u8; 32] = Sha256::digest(&chain_der[1]).into();
+    // Clients check the whole chain (`server::proxy::identity`, as the reference client's
+    // `validateCertificateChain`): a ca.crt from another `init` would make every handshake fail,
+    // so it is refused here, once, with the files named.
+    if let Err(e) = crate::server::proxy::identity::verify_chain(&chain_der, &key_hash) {
+        use crate::server::proxy::identity::IdentityError;
+        let (cert, ca, reason) = (server_crt, ca_crt, e.to_string());
+        return Err(match e {
+            IdentityError::Signature(_) | IdentityError::NotCa(_) => {
+                CertError::NotIssuedByCa { cert, ca, reason }
+            }
+            _ => CertError::BadChain { cert, ca, reason },
+        });
+    }
     Ok(ServerCredentials {
         chain_der,
         leaf_key,
         key_hash,
     })
+}
+
+/// As `load`, and the `fingerprint` file must name the CA that was loaded, as the reference checks
+/// at start (`checkSavedFingerprint`, `simplex-chat/simplexmq`, `src/Simplex/Messaging/Server/CLI.hs`):
+/// the fingerprint is what clients were given, so a CA that does not match it locks them all out.
+pub fn load_for_start(dir: &Path) -> Result<ServerCredentials, CertError> {
+    let creds = load(dir)?;
+    let file = dir.join(crate::config::FINGERPRINT_FILE);
+    let saved = match fs::read_to_string(&file) {
+        Ok(s) => s.trim().to_string(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(CertError::NoFingerprint { file })
+        }
+        Err(source) => return Err(CertError::Io { file, source }),
+    };
+    let actual = fingerprint_b64url(&creds.key_hash);
+    // The reference writes it with padding; an operator may have copied it from an address
+    // without, so both spellings of the same hash are accepted.
+    if saved.trim_end_matches('=') != actual.trim_end_matches('=') {
+        return Err(CertError::FingerprintMismatch {
+            file,
+            ca: dir.join(CA_CERT_FILE),
+            saved,
+            actual,
+        });
+    }
+    Ok(creds)
 }
 
 fn read_bounded(file: &Path) -> Result<Vec<u8>, CertError> {
@@ -510,7 +574,7 @@ mod tests {
         generate("h").unwrap().write_files(&dir).unwrap();
         let other = generate("h").unwrap();
         fs::write(dir.join(SERVER_KEY_FILE), other.server_key_pem).unwrap();
-        assert!(matches!(load(&dir), Err(CertError::KeyMismatch)));
+        assert!(matches!(load(&dir), Err(CertError::KeyMismatch { .. })));
     }
 
     #[test]
@@ -533,7 +597,7 @@ mod tests {
         let msg = err.to_string();
         assert!(msg.contains("rustls cannot sign with Ed448"), "{msg}");
         assert!(
-            msg.contains("Ed25519") && msg.contains("smp-relay cert"),
+            msg.contains("Ed25519") && msg.contains("smp-relay init") && !msg.contains("cert`"),
             "{msg}"
         );
         assert!(msg.contains("server.key"), "{msg}");

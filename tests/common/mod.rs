@@ -360,6 +360,30 @@ impl Relay {
     pub fn log_text(&self) -> String {
         self.log_lines().join("\n")
     }
+
+    /// The relay's rate-limited warnings about `what` (`server::log_limit`): how many lines, and
+    /// how many warnings they stand for (each line itself, unless it only reports a count, plus
+    /// its `suppressed=N`).
+    pub fn warnings(&self, what: &str) -> (usize, u64) {
+        let lines: Vec<String> = self
+            .log_lines()
+            .iter()
+            .map(|l| strip_ansi(l))
+            .filter(|l| l.contains(what))
+            .collect();
+        let warnings = lines
+            .iter()
+            .map(|l| {
+                let suppressed: u64 = l
+                    .split_whitespace()
+                    .find_map(|f| f.strip_prefix("suppressed="))
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0);
+                u64::from(!l.contains("were not logged")) + suppressed
+            })
+            .sum();
+        (lines.len(), warnings)
+    }
 }
 
 impl Drop for Relay {
@@ -390,6 +414,61 @@ fn spawn(dir: &Path, port: u16, opts: &RelayOptions) -> Result<(Child, SharedLog
         .spawn()
         .map_err(|e| format!("spawn: {e}"))?;
     smp_relay::load::proc::wait_listening(child, START_TIMEOUT)
+}
+
+/// A TCP connection to `addr` from the loopback address `src` (127.0.0.2, …): the relay sees
+/// another client address, though every test runs on 127.0.0.1.
+pub fn tcp_from(src: std::net::Ipv4Addr, addr: SocketAddr) -> std::io::Result<std::net::TcpStream> {
+    use std::os::fd::FromRawFd;
+    let sockaddr = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(ip).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let SocketAddr::V4(dst) = addr else {
+        return Err(std::io::Error::other("an IPv4 relay address"));
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: a new socket whose descriptor is owned by the TcpStream made from it (closed on
+    // drop, or here on error); bind and connect read a sockaddr_in that lives for the call.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let stream = std::net::TcpStream::from_raw_fd(fd);
+        let from = sockaddr(src, 0);
+        if libc::bind(fd, &from as *const _ as *const libc::sockaddr, len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let to = sockaddr(*dst.ip(), dst.port());
+        if libc::connect(fd, &to as *const _ as *const libc::sockaddr, len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(stream)
+    }
+}
+
+/// A log line without its terminal colours.
+pub fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // ESC [ … letter
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Reads `D/<name>` PEM and returns the DER of its first certificate.
@@ -453,6 +532,18 @@ pub mod wire {
     ) -> Result<SslStream<TcpStream>, String> {
         let tcp = TcpStream::connect_timeout(&addr, Duration::from_secs(10))
             .map_err(|e| e.to_string())?;
+        openssl_over(tcp, alpn, tls12, suites, groups)
+    }
+
+    /// TLS as `openssl_connect_with`, over a TCP connection the caller opened (from another
+    /// source address, say).
+    pub fn openssl_over(
+        tcp: TcpStream,
+        alpn: Option<&[&[u8]]>,
+        tls12: bool,
+        suites: &str,
+        groups: Option<&str>,
+    ) -> Result<SslStream<TcpStream>, String> {
         tcp.set_read_timeout(Some(Duration::from_secs(10)))
             .map_err(|e| e.to_string())?;
         // A bare context: no CA store to load (the SMP layer checks the identity), no SNI.

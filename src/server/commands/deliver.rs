@@ -324,7 +324,10 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 self.stats.msg_sent_auth += 1;
                 return err(ErrorType::Auth);
             }
-            QueueStatus::Blocked(info) => return err(ErrorType::Blocked(info.clone())),
+            QueueStatus::Blocked(info) => {
+                self.stats.msg_sent_block += 1;
+                return err(ErrorType::Blocked(info.clone()));
+            }
             QueueStatus::Active => {}
         }
         let mut q = match self.touch(q).await {

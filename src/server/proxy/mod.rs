@@ -9,7 +9,7 @@
 //! `smpProxyError`), see `session::DestError`.
 
 mod address;
-mod identity;
+pub(crate) mod identity;
 mod resolve;
 mod session;
 mod socks;
@@ -39,6 +39,10 @@ const MAX_RESOLVES_IN_FLIGHT: usize = 16;
 /// A request waiting for another's connection attempt gives up a little after that attempt's
 /// own limit (the reference's `waitForSMPClient`: `PCEResponseTimeout`).
 const WAIT_MARGIN: Duration = Duration::from_secs(5);
+
+/// A PRXY whose destination could not be reached (`log_limit`).
+static PROXY_CONNECT_FAILED: super::log_limit::RateLimited =
+    super::log_limit::RateLimited::new("proxy: error connecting");
 
 /// A PRXY or PFWD from a client, to be answered by the proxy agent.
 pub struct ProxyJob {
@@ -199,7 +203,12 @@ impl ProxyAgent {
         match result {
             Ok(pkey) => pkey,
             Err(e) => {
-                tracing::warn!(hosts = ?server.hosts, error = ?e, "proxy: error connecting");
+                // Any client can ask for any host: at most one line a second, so a client
+                // cannot flood the log with host names of its choosing.
+                super::log_limit::warn(
+                    &PROXY_CONNECT_FAILED,
+                    |suppressed| tracing::warn!(hosts = ?server.hosts, error = ?e, suppressed, "proxy: error connecting"),
+                );
                 BrokerMsg::Err(e.to_error())
             }
         }
