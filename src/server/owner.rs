@@ -298,6 +298,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         found.is_some()
     }
 
+    /// A deleted queue's key hint goes with it.
+    pub fn forget_queue(&mut self, rid: &[u8]) {
+        self.last_key.remove(rid);
+    }
+
     /// Takes one verification beyond the first key from `conn`'s budget; false when it has run out,
     /// and then, the first time, asks the connection's shard to close it.
     fn spend_verify_budget(&mut self, conn: ConnRef) -> bool {

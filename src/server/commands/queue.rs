@@ -262,6 +262,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             return err(store_error(e));
         }
         self.release_ids(&q);
+        self.forget_queue(&rid);
         self.stats.queues_deleted += 1;
         turn.touched.insert(rid.clone());
         if let Some(sub) = self.subs.remove(&rid) {
