@@ -15,9 +15,10 @@ use smp_relay::config::{self, StartConfig};
 use smp_relay::crypto::hash;
 use smp_relay::ini::{self, StartOptions};
 use smp_relay::protocol::error::{BlockingInfo, BlockingReason};
-use smp_relay::server::{self, lock, lock::LockError};
-use smp_relay::store::memory::{self, MemoryStore, OfflineId};
-use smp_relay::store::{QueueRec, QueueStatus, QueueStore, PARTITION_GROUPS};
+use smp_relay::server::{lock, lock::LockError};
+use smp_relay::store::{
+    with_store, QueueRec, QueueStatus, ShardStore, StoreKind, StoreSettings, WithStore,
+};
 use smp_relay::transport::certs;
 
 #[derive(Parser)]
@@ -495,18 +496,18 @@ fn offline_edit(data_dir: &Path, id_text: &str, edit: Edit) -> Result<(), String
         ),
         e => e.to_string(),
     })?;
-    let store_dir = data_dir.join(server::MEMORY_STORE_DIR);
-    if !memory::group_files_present(&store_dir) {
-        return Err(format!(
-            "no queues are saved in {} (the relay saves its queues when it stops cleanly, on SIGTERM or SIGINT)",
-            store_dir.display()
-        ));
-    }
-    let rec = saved_queue(&store_dir, &id)?.ok_or_else(|| {
+    // The offline tools read the store a start would open (the memory store's saved files).
+    let settings = StoreSettings {
+        data_dir: data_dir.to_path_buf(),
+        message_ttl_secs: i64::MAX,
+        ntf_ttl_secs: i64::MAX,
+    };
+    let kind = StoreKind::default();
+    let rec = with_store(kind, FindOffline(&settings, &id))?.ok_or_else(|| {
         format!(
-            "no queue has the sender ID or link ID {} in {}; check the ID (base64url)",
+            "no queue has the sender ID or link ID {} in the store of {}; check the ID (base64url)",
             hash::b64url(&id),
-            store_dir.display()
+            data_dir.display()
         )
     })?;
     let rid = hash::b64url(&rec.recipient_id);
@@ -527,8 +528,7 @@ fn offline_edit(data_dir: &Path, id_text: &str, edit: Edit) -> Result<(), String
             ))
         }
     };
-    memory::set_status_offline(&store_dir, OfflineId::Sender(rec.sender_id), status)
-        .map_err(|e| e.to_string())?;
+    with_store(kind, SetStatusOffline(&settings, &rec.sender_id, status))?;
     match (edit, rec.status) {
         (Edit::Block(info), _) => {
             println!(
@@ -551,16 +551,24 @@ fn describe(info: &BlockingInfo) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The saved record of the queue with this sender or link ID, read as a start would read it.
-fn saved_queue(store_dir: &Path, id: &[u8]) -> Result<Option<QueueRec>, String> {
-    let groups: Vec<u32> = (0..PARTITION_GROUPS).collect();
-    let store = MemoryStore::load_with_ntf_ttl(store_dir, &groups, None, None, 0)
-        .map_err(|e| e.to_string())?;
-    let found = store
-        .all()
-        .find(|r| r.sender_id == id || r.link.as_ref().is_some_and(|l| l.link_id == id))
-        .cloned();
-    Ok(found)
+/// The record of the queue with this sender or link ID in a stopped relay's store.
+struct FindOffline<'a>(&'a StoreSettings, &'a [u8]);
+
+impl WithStore for FindOffline<'_> {
+    type Output = Result<Option<QueueRec>, String>;
+    fn run<S: ShardStore>(self) -> Self::Output {
+        S::find_offline(self.0, self.1)
+    }
+}
+
+/// Sets a queue's status in a stopped relay's store.
+struct SetStatusOffline<'a>(&'a StoreSettings, &'a [u8], QueueStatus);
+
+impl WithStore for SetStatusOffline<'_> {
+    type Output = Result<(), String>;
+    fn run<S: ShardStore>(self) -> Self::Output {
+        S::set_status_offline(self.0, self.1, self.2)
+    }
 }
 
 /// Longest block notice accepted, compacted: it travels inside an `ERR BLOCKED` response.

@@ -43,6 +43,8 @@ pub struct StartConfig {
     pub test_owner_delay: Option<(usize, Duration)>,
     /// Each connection's output bounds (`limits::OutputLimits`).
     pub output_limits: limits::OutputLimits,
+    /// The store the relay runs on.
+    pub store: crate::store::StoreKind,
     /// Test hook: shard `.0` fails its start in the way `.1` names (failed-start tests).
     pub test_fail_start: Option<(usize, StartFault)>,
 }
@@ -72,6 +74,7 @@ impl StartConfig {
             slow_reader_close: limits::SLOW_READER_CLOSE,
             test_owner_delay: None,
             output_limits: limits::OutputLimits::default(),
+            store: crate::store::StoreKind::default(),
             test_fail_start: None,
         }
     }

@@ -23,7 +23,6 @@ pub mod shard;
 pub mod tls_stream;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::{mpsc, Arc};
 
@@ -31,14 +30,10 @@ use glommio::{LocalExecutorBuilder, Placement};
 
 use crate::config::{StartConfig, StartFault};
 use crate::limits::IO_MEMORY_BYTES;
-use crate::store::memory::{self, MemoryStore};
-use crate::store::QueueStore;
+use crate::store::{with_store, ShardStore, StoreSettings, WithStore};
 use crate::transport::{certs, tls};
 use directory::{Directory, IdSpace};
 use router::{groups_of_shard, Mesh, ShardMsg};
-
-/// Where the memory store saves its partition groups at a clean stop.
-pub const MEMORY_STORE_DIR: &str = "memory-store";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -55,12 +50,28 @@ pub enum StartError {
     Save(String),
 }
 
-pub fn memory_store_dir(config: &StartConfig) -> PathBuf {
-    config.data_dir.join(MEMORY_STORE_DIR)
+/// What the store of each shard is opened with.
+pub fn store_settings(config: &StartConfig) -> StoreSettings {
+    StoreSettings {
+        data_dir: config.data_dir.clone(),
+        message_ttl_secs: config.settings.message_ttl.as_secs() as i64,
+        ntf_ttl_secs: config.settings.notification_ttl.as_secs() as i64,
+    }
 }
 
-/// Runs the relay until SIGINT or SIGTERM.
+/// Runs the relay until SIGINT or SIGTERM, on the store the configuration names.
 pub fn run(config: StartConfig) -> Result<(), StartError> {
+    struct Run(StartConfig);
+    impl WithStore for Run {
+        type Output = Result<(), StartError>;
+        fn run<S: ShardStore>(self) -> Self::Output {
+            run_on::<S>(self.0)
+        }
+    }
+    with_store(config.store, Run(config))
+}
+
+fn run_on<S: ShardStore>(config: StartConfig) -> Result<(), StartError> {
     let _lock = lock::lock_data_dir(&config.data_dir)?;
     let credentials = Arc::new(
         certs::load_for_start(&config.data_dir).map_err(|e| StartError::Setup(e.to_string()))?,
@@ -73,9 +84,7 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
     )
     .map_err(|e| StartError::Setup(e.to_string()))?;
     check_ports_free(&config.ports)?;
-    let store_dir = memory_store_dir(&config);
-    std::fs::create_dir_all(&store_dir)
-        .map_err(|e| StartError::Setup(format!("cannot create {}: {e}", store_dir.display())))?;
+    let store_settings = store_settings(&config);
     // Signals are taken before any shard runs, so a stop during start-up is not lost.
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
@@ -111,7 +120,7 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
         let directory = directory.clone();
         let metrics = metrics.clone();
         let admission = admission.clone();
-        let store_dir = store_dir.clone();
+        let store_settings = store_settings.clone();
         let spawned = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("shard-{shard_id}"))
             .io_memory(IO_MEMORY_BYTES)
@@ -124,9 +133,8 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
                     return Err("test hook: the shard's thread ends before it is ready".into());
                 }
                 let groups = groups_of_shard(shard_id, shards);
-                let ttl = config.settings.message_ttl.as_secs() as i64;
-                let store = MemoryStore::load(&store_dir, &groups, Some(ttl), commands::now_secs())
-                    .map_err(|e| reporter.fail(e.to_string()))?;
+                let store = S::open(&store_settings, &groups, commands::now_secs())
+                    .map_err(|e| reporter.fail(e))?;
                 fill_directory(&directory, &store);
                 let mut listeners = Vec::with_capacity(config.ports.len());
                 for port in &config.ports {
@@ -164,7 +172,7 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
                 let store = shard::run(ctx, owner, inbox, listeners, move || reporter.serving())
                     .await
                     .map_err(|e| e.to_string())?;
-                store.save(&store_dir, &groups).map_err(|e| e.to_string())
+                store.close(&store_settings, &groups)
             });
         match spawned {
             Ok(h) => {
@@ -192,9 +200,8 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
     }
     let mut setup_failure = None;
     if failures.is_empty() && bound == shards {
-        // From here a crash must not load these files as if nothing had been served since.
-        if let Err(e) = memory::set_aside_saved(&store_dir) {
-            setup_failure = Some(e.to_string());
+        if let Err(e) = S::all_opened(&store_settings) {
+            setup_failure = Some(e);
         }
     }
     let go = failures.is_empty() && setup_failure.is_none() && bound == shards;
@@ -325,7 +332,7 @@ fn check_ports_free(ports: &[u16]) -> Result<(), StartError> {
     Ok(())
 }
 
-fn fill_directory(directory: &Directory, store: &MemoryStore) {
+fn fill_directory<S: ShardStore>(directory: &Directory, store: &S) {
     for q in store.all() {
         let rid = &q.recipient_id;
         directory.insert(IdSpace::Sender, &q.sender_id, rid);

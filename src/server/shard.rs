@@ -20,8 +20,7 @@ use super::owner::Owner;
 use super::router::{ConnRef, Group, GroupKind, Mesh, ShardMsg};
 use crate::config::StartConfig;
 use crate::metrics::{self, MetricsSnapshot};
-use crate::store::memory::MemoryStore;
-use crate::store::{MessageStore, QueueStore};
+use crate::store::ShardStore;
 use crate::transport::certs::ServerCredentials;
 
 /// What every connection of a shard reads; built once per shard.
@@ -165,13 +164,13 @@ impl ShardContext {
 
 /// Accepts on `listeners` (bound by `super::listen::shard_listener`) and runs the shard until it
 /// is told to stop; returns the owner's store so that the caller can save it.
-pub async fn run(
+pub async fn run<S: ShardStore>(
     ctx: Rc<ShardContext>,
-    owner: Owner<MemoryStore>,
+    owner: Owner<S>,
     inbox: flume::Receiver<ShardMsg>,
     listeners: Vec<std::net::TcpListener>,
     ready: impl FnOnce(),
-) -> std::io::Result<MemoryStore> {
+) -> std::io::Result<S> {
     let listeners = listeners.into_iter().map(|l| {
         // SAFETY: the descriptor is a bound, listening TCP socket that `into_raw_fd` gave up, so
         // the glommio listener is its only owner.
@@ -214,11 +213,11 @@ pub async fn run(
 }
 
 /// The shard's single consumer: owner work, answers and events for this shard's connections.
-async fn inbox_loop(
+async fn inbox_loop<S: ShardStore>(
     ctx: &ShardContext,
-    mut owner: Owner<MemoryStore>,
+    mut owner: Owner<S>,
     inbox: flume::Receiver<ShardMsg>,
-) -> MemoryStore {
+) -> S {
     // Test hook (`--test-owner-delay SHARD:MS`): this shard's owner takes each block part that
     // long later, while answers and events for this shard's connections flow on. Owner messages
     // wait behind the delayed work, in order.
@@ -284,7 +283,7 @@ async fn inbox_loop(
 }
 
 /// The owner's messages of the inbox.
-async fn owner_msg(owner: &mut Owner<MemoryStore>, msg: ShardMsg) {
+async fn owner_msg<S: ShardStore>(owner: &mut Owner<S>, msg: ShardMsg) {
     match msg {
         ShardMsg::Work {
             session,
@@ -312,7 +311,7 @@ async fn owner_msg(owner: &mut Owner<MemoryStore>, msg: ShardMsg) {
 
 /// Records this shard's numbers; shard 0 also writes the sum of every shard's latest numbers to
 /// `<data-dir>/smp-server-metrics.txt`.
-fn publish_metrics(ctx: &ShardContext, owner: &Owner<MemoryStore>) {
+fn publish_metrics<S: ShardStore>(ctx: &ShardContext, owner: &Owner<S>) {
     let mut m = MetricsSnapshot::from_shard(&owner.stats, owner.store.counters());
     m.queue_count = owner.store.queue_count() as u64;
     m.msg_count = owner.store.total_messages() as u64;

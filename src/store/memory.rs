@@ -11,7 +11,7 @@ mod persist;
 
 pub use persist::{
     group_file, group_files_present, set_aside_saved, set_status_offline, OfflineId, PersistError,
-    SaveError, FORMAT_VERSION, NTF_TTL_SECS,
+    SaveError, FORMAT_VERSION, MEMORY_STORE_DIR, NTF_TTL_SECS,
 };
 
 use std::collections::{HashMap, VecDeque};

@@ -9,6 +9,7 @@
 
 pub mod memory;
 
+use std::path::PathBuf;
 use std::rc::Rc;
 
 use crate::crypto::keys::PublicAuthKey;
@@ -260,4 +261,56 @@ pub trait MessageStore {
     async fn expire_ntfs(&mut self, older_than: i64) -> Result<usize, StoreError>;
 
     fn counters(&self) -> &StoreCounters;
+}
+
+/// Which store a relay runs on (`start --store`, ini `[STORE_LOG] store_messages`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StoreKind {
+    /// Kept in memory, saved at a clean stop and loaded at start.
+    #[default]
+    Memory,
+}
+
+/// What every store kind is opened with.
+#[derive(Debug, Clone)]
+pub struct StoreSettings {
+    pub data_dir: PathBuf,
+    /// Messages older than this are not loaded (`[STORE_LOG] expire_messages_days`).
+    pub message_ttl_secs: i64,
+    /// Notifications older than this are not loaded (`[STORE_LOG] expire_ntfs_hours`).
+    pub ntf_ttl_secs: i64,
+}
+
+/// A store as a shard holds it: opened for the partition groups the shard owns, told when every
+/// shard has opened its own and the relay serves, and closed at a clean stop. The offline tools
+/// (`block`, `unblock`) reach a stopped relay's data through it too. The relay and its command line
+/// name a concrete store only in [`with_store`].
+pub trait ShardStore: QueueStore + MessageStore + Sized + 'static {
+    /// Opens (loads) the groups `groups`; changes nothing on disk that a failed start would need.
+    fn open(s: &StoreSettings, groups: &[u32], now: i64) -> Result<Self, String>;
+    /// Every shard opened its store and the relay is about to serve.
+    fn all_opened(s: &StoreSettings) -> Result<(), String>;
+    /// A clean stop: make everything of `groups` durable.
+    fn close(self, s: &StoreSettings, groups: &[u32]) -> Result<(), String>;
+    /// The record of the queue with this sender or link ID in a stopped relay's store.
+    fn find_offline(s: &StoreSettings, id: &[u8]) -> Result<Option<QueueRec>, String>;
+    /// Sets the status of the queue with this sender ID in a stopped relay's store.
+    fn set_status_offline(
+        s: &StoreSettings,
+        sender_id: &[u8],
+        status: QueueStatus,
+    ) -> Result<(), String>;
+}
+
+/// Work generic over the store kind, run by [`with_store`] with the kind's type.
+pub trait WithStore {
+    type Output;
+    fn run<S: ShardStore>(self) -> Self::Output;
+}
+
+/// The one place where a store kind becomes a type.
+pub fn with_store<W: WithStore>(kind: StoreKind, work: W) -> W::Output {
+    match kind {
+        StoreKind::Memory => work.run::<memory::MemoryStore>(),
+    }
 }

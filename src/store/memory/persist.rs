@@ -758,6 +758,69 @@ fn decode_ntf(r: &mut Reader<'_>) -> DResult<MsgNtf> {
     })
 }
 
+/// Where the memory store saves its partition groups at a clean stop, under the data directory.
+pub const MEMORY_STORE_DIR: &str = "memory-store";
+
+fn store_dir(s: &crate::store::StoreSettings) -> PathBuf {
+    s.data_dir.join(MEMORY_STORE_DIR)
+}
+
+impl crate::store::ShardStore for MemoryStore {
+    fn open(s: &crate::store::StoreSettings, groups: &[u32], now: i64) -> Result<Self, String> {
+        let dir = store_dir(s);
+        fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        Self::load_with_ntf_ttl(
+            &dir,
+            groups,
+            Some(s.message_ttl_secs),
+            Some(s.ntf_ttl_secs),
+            now,
+        )
+        .map_err(|e| e.to_string())
+    }
+
+    fn all_opened(s: &crate::store::StoreSettings) -> Result<(), String> {
+        // From here a crash must not load these files as if nothing had been served since.
+        set_aside_saved(&store_dir(s)).map_err(|e| e.to_string())
+    }
+
+    fn close(self, s: &crate::store::StoreSettings, groups: &[u32]) -> Result<(), String> {
+        self.save(&store_dir(s), groups).map_err(|e| e.to_string())
+    }
+
+    fn find_offline(
+        s: &crate::store::StoreSettings,
+        id: &[u8],
+    ) -> Result<Option<QueueRec>, String> {
+        let dir = store_dir(s);
+        if !group_files_present(&dir) {
+            return Err(format!(
+                "no queues are saved in {} (the relay saves its queues when it stops cleanly, on SIGTERM or SIGINT)",
+                dir.display()
+            ));
+        }
+        let groups: Vec<u32> = (0..PARTITION_GROUPS).collect();
+        let store =
+            Self::load_with_ntf_ttl(&dir, &groups, None, None, 0).map_err(|e| e.to_string())?;
+        Ok(store
+            .queues
+            .values()
+            .map(|q| &q.rec)
+            .find(|r| r.sender_id == id || r.link.as_ref().is_some_and(|l| l.link_id == id))
+            .cloned())
+    }
+
+    fn set_status_offline(
+        s: &crate::store::StoreSettings,
+        sender_id: &[u8],
+        status: QueueStatus,
+    ) -> Result<(), String> {
+        set_status_offline(&store_dir(s), OfflineId::Sender(sender_id.to_vec()), status)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
