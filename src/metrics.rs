@@ -14,7 +14,6 @@ use std::fs;
 use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
 
-use crate::server::owner::OwnerStats;
 use crate::store::StoreCounters;
 
 pub const METRICS_FILE: &str = "smp-server-metrics.txt";
@@ -50,6 +49,31 @@ impl ProxyStats {
         self.errors_compat = self.errors_compat.saturating_add(*errors_compat);
         self.errors_other = self.errors_other.saturating_add(*errors_other);
     }
+}
+
+/// Counters of an owner, exported as metrics.
+#[derive(Debug, Default, Clone)]
+pub struct OwnerStats {
+    pub queues_created: u64,
+    pub queues_secured: u64,
+    pub queues_deleted: u64,
+    pub msg_sent: u64,
+    pub msg_sent_auth: u64,
+    pub msg_sent_quota: u64,
+    pub msg_sent_large: u64,
+    /// SENDs refused with `ERR BLOCKED` (the reference's `msgSentBlock`).
+    pub msg_sent_block: u64,
+    pub msg_recv: u64,
+    pub msg_expired: u64,
+    pub msg_ntfs: u64,
+    pub sub_batches: u64,
+    pub subs: u64,
+    /// Blocks whose Ed25519 signatures were verified in one batch, and those whose batch failed
+    /// (their requests were then verified one by one).
+    pub verify_batches: u64,
+    pub verify_batch_fallbacks: u64,
+    /// Connections closed for spending their failed-verification budget.
+    pub verify_budget_closes: u64,
 }
 
 /// Plain numbers, per shard or summed over shards. Counters only grow while the relay runs;

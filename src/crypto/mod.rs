@@ -7,6 +7,7 @@ pub mod chain;
 pub mod ed25519;
 pub mod hash;
 pub mod keys;
+pub mod pad;
 pub mod signed_key;
 pub mod sodium;
 pub mod sxbox;

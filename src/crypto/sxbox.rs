@@ -8,8 +8,8 @@ use std::fmt;
 use salsa20::cipher::consts::U10;
 use salsa20::cipher::generic_array::GenericArray;
 
+use super::pad::{pad_into, unpad};
 use super::sodium;
-use crate::protocol::pad::{pad_into, unpad};
 
 pub const TAG_LEN: usize = 16;
 pub const NONCE_LEN: usize = 24;

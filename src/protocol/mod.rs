@@ -5,7 +5,9 @@ pub mod command;
 pub mod encoding;
 pub mod error;
 pub mod handshake;
-pub mod pad;
+/// Padding is the reference's `Crypto.hs` `pad`/`unPad`, kept in `crypto` (which sealing needs)
+/// and named here too, where the wire formats use it.
+pub use crate::crypto::pad;
 pub mod response;
 pub mod transmission;
 pub mod version;

@@ -39,30 +39,8 @@ pub struct ConnEntries {
     pub ntf_subs: HashSet<EntityId>,
 }
 
-/// Counters of an owner, exported as metrics.
-#[derive(Debug, Default, Clone)]
-pub struct OwnerStats {
-    pub queues_created: u64,
-    pub queues_secured: u64,
-    pub queues_deleted: u64,
-    pub msg_sent: u64,
-    pub msg_sent_auth: u64,
-    pub msg_sent_quota: u64,
-    pub msg_sent_large: u64,
-    /// SENDs refused with `ERR BLOCKED` (the reference's `msgSentBlock`).
-    pub msg_sent_block: u64,
-    pub msg_recv: u64,
-    pub msg_expired: u64,
-    pub msg_ntfs: u64,
-    pub sub_batches: u64,
-    pub subs: u64,
-    /// Blocks whose Ed25519 signatures were verified in one batch, and those whose batch failed
-    /// (their requests were then verified one by one).
-    pub verify_batches: u64,
-    pub verify_batch_fallbacks: u64,
-    /// Connections closed for spending their failed-verification budget.
-    pub verify_budget_closes: u64,
-}
+/// Counters of an owner, kept with the metrics that export them.
+pub use crate::metrics::OwnerStats;
 
 /// A connection's allowance of failed signature verifications on one owner: a token bucket.
 struct VerifyBudget {

@@ -291,8 +291,8 @@ pub fn load(dir: &Path) -> Result<ServerCredentials, CertError> {
     // Clients check the whole chain (`server::proxy::identity`, as the reference client's
     // `validateCertificateChain`): a ca.crt from another `init` would make every handshake fail,
     // so it is refused here, once, with the files named.
-    if let Err(e) = crate::server::proxy::identity::verify_chain(&chain_der, &key_hash) {
-        use crate::server::proxy::identity::IdentityError;
+    if let Err(e) = crate::transport::identity::verify_chain(&chain_der, &key_hash) {
+        use crate::transport::identity::IdentityError;
         let (cert, ca, reason) = (server_crt, ca_crt, e.to_string());
         return Err(match e {
             IdentityError::Signature(_) | IdentityError::NotCa(_) => {

@@ -2,5 +2,6 @@
 
 pub mod block;
 pub mod certs;
+pub mod identity;
 pub mod tls;
 pub mod tls_unique;

@@ -9,7 +9,6 @@
 //! `smpProxyError`), see `session::DestError`.
 
 mod address;
-pub(crate) mod identity;
 mod resolve;
 mod session;
 mod socks;

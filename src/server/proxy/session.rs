@@ -23,7 +23,6 @@ use rustls::ClientConfig;
 use x25519_dalek::{PublicKey as X25519Public, StaticSecret};
 
 use super::address::{self, Target};
-use super::identity;
 use super::resolve::Resolver;
 use super::socks;
 use super::stream::{self, ClientStream, SharedClient};
@@ -43,6 +42,7 @@ use crate::protocol::version::{
 };
 use crate::server::forward::{reverse_nonce, FwdResponse, FwdTransmission};
 use crate::transport::block::{BlockCodec, BLOCK_SIZE};
+use crate::transport::identity;
 
 /// What a proxy offers a destination (`supportedProxyClientSMPRelayVRange`).
 pub const PROXY_CLIENT_VERSIONS: VersionRange = VersionRange { min: 6, max: 20 };

@@ -1,5 +1,5 @@
-//! Length-prefixed padding (`pad`/`unPad`, `reference/smp-wire.md` §0): `Word16 len ‖ msg ‖ '#'…`.
-//! Used for blocks, handshake messages and encrypted bodies.
+//! Length-prefixed padding (`pad`/`unPad` of simplexmq's `src/Simplex/Messaging/Crypto.hs`):
+//! `Word16 len ‖ msg ‖ '#'…`. Used for blocks, handshake messages and encrypted bodies.
 
 use std::fmt;
 
