@@ -4,6 +4,7 @@ pub mod batch;
 pub mod command;
 pub mod encoding;
 pub mod error;
+pub mod forward;
 pub mod handshake;
 pub mod pad;
 pub mod response;
