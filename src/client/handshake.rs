@@ -188,3 +188,117 @@ fn leaf_public_key(der: &[u8]) -> Option<keys::PublicAuthKey> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
     keys::PublicAuthKey::from_spki(cert.public_key().raw).ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::error::HandshakeError as WireHandshakeError;
+
+    const SID: [u8; 32] = [0x5e; 32];
+
+    fn hello_block(versions: VersionRange, session_id: &[u8]) -> Vec<u8> {
+        let hello = ServerHello {
+            versions,
+            session_id: session_id.to_vec(),
+            cert_key: None,
+        };
+        pad::pad(&hello.encode(), BLOCK_SIZE).unwrap()
+    }
+
+    fn params(proxy_server: bool) -> HandshakeParams {
+        HandshakeParams {
+            key_hash: vec![0xab; 32],
+            versions: VersionRange::new(6, 20).unwrap(),
+            version: None,
+            send_key: true,
+            proxy_server,
+            service: None,
+            check_identity: false,
+        }
+    }
+
+    fn sent_hello(block: &[u8; BLOCK_SIZE]) -> ClientHello {
+        ClientHello::decode(pad::unpad(&block[..]).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn answers_with_the_highest_common_version() {
+        let block = hello_block(VersionRange::new(6, 18).unwrap(), &SID);
+        let (out, s) = answer(&block, &SID, &[], &params(false)).unwrap();
+        assert_eq!((s.version, s.versions), (18, VersionRange::new(6, 18)));
+        assert_eq!(s.session_id, SID);
+        // No session key in the hello: no secret, no block encryption.
+        assert_eq!((s.server_session_key, s.session_secret), (None, None));
+        assert!(!s.codec.is_encrypted());
+        assert!(!s.expects_service_response);
+        let ch = sent_hello(&out);
+        assert_eq!((ch.version, ch.key_hash), (18, vec![0xab; 32]));
+        assert!(ch.client_key.is_some());
+    }
+
+    #[test]
+    fn a_proxy_stays_at_v10_below_the_proxy_handshake() {
+        let block = hello_block(VersionRange::new(6, 13).unwrap(), &SID);
+        let (_, s) = answer(&block, &SID, &[], &params(true)).unwrap();
+        assert_eq!(s.version, 10);
+        let (_, s) = answer(&block, &SID, &[], &params(false)).unwrap();
+        assert_eq!(s.version, 13);
+        let block = hello_block(VersionRange::new(6, 14).unwrap(), &SID);
+        let (out, s) = answer(&block, &SID, &[], &params(true)).unwrap();
+        assert_eq!(s.version, 14);
+        assert!(sent_hello(&out).proxy_server);
+    }
+
+    #[test]
+    fn a_forced_version_is_sent_as_given() {
+        let block = hello_block(VersionRange::new(6, 18).unwrap(), &SID);
+        let p = HandshakeParams {
+            version: Some(21),
+            ..params(false)
+        };
+        let (out, s) = answer(&block, &SID, &[], &p).unwrap();
+        assert_eq!((s.version, sent_hello(&out).version), (21, 21));
+    }
+
+    #[test]
+    fn failed_checks() {
+        let block = hello_block(VersionRange::new(6, 18).unwrap(), &SID);
+        let err = |block: &[u8], sid: &[u8], p: &HandshakeParams| answer(block, sid, &[], p).err();
+        assert_eq!(
+            err(&block, &[1; 32], &params(false)),
+            Some(HandshakeError::BadSession)
+        );
+        assert_eq!(
+            err(&[0xff; BLOCK_SIZE], &SID, &params(false)),
+            Some(HandshakeError::Parse)
+        );
+        let checked = HandshakeParams {
+            check_identity: true,
+            ..params(false)
+        };
+        assert_eq!(err(&block, &SID, &checked), Some(HandshakeError::Identity));
+        let block = hello_block(VersionRange::new(21, 22).unwrap(), &SID);
+        assert_eq!(
+            err(&block, &SID, &params(false)),
+            Some(HandshakeError::Version)
+        );
+    }
+
+    #[test]
+    fn service_responses() {
+        let block = |r: ServiceResponse| pad::pad(&r.encode(), BLOCK_SIZE).unwrap();
+        assert_eq!(
+            service_response(&block(ServiceResponse::Ok(vec![4; 24]))),
+            Ok(vec![4; 24])
+        );
+        let refused = TransportError::Handshake(WireHandshakeError::BadAuth);
+        assert_eq!(
+            service_response(&block(ServiceResponse::Err(refused))),
+            Err(ServiceError::Refused(refused))
+        );
+        assert_eq!(
+            service_response(&pad::pad(b"X", BLOCK_SIZE).unwrap()),
+            Err(ServiceError::Parse)
+        );
+    }
+}
