@@ -7,8 +7,10 @@
 
 mod conn;
 mod error;
+pub mod handshake;
 pub mod proxy;
 pub mod queue;
+pub mod rfwd;
 #[cfg(test)]
 mod tests;
 
@@ -18,17 +20,18 @@ use std::time::Duration;
 
 pub use error::ClientError;
 
-use crate::crypto::{auth, keys, signed_key, sxbox};
+use crate::crypto::{auth, keys};
 use crate::protocol::batch::{parse_batch, BatchWriter};
 use crate::protocol::command::Command;
-use crate::protocol::handshake::{ClientHello, ClientService, ServerHello};
+use crate::protocol::handshake::ClientService;
 use crate::protocol::response::BrokerMsg;
 use crate::protocol::transmission::{
     client_signed_bytes, encode_client_transmission, parse_transmission,
 };
-use crate::protocol::version::{self, Version, VersionRange};
+use crate::protocol::version::{Version, VersionRange};
 use crate::transport::block::{BlockCodec, BLOCK_SIZE};
 use conn::TlsConn;
+use handshake::{HandshakeError, HandshakeParams, ServiceError};
 
 /// The versions this client speaks (the reference's `supportedClientSMPRelayVRange`).
 pub const CLIENT_VERSIONS: VersionRange = VersionRange { min: 6, max: 20 };
@@ -185,7 +188,8 @@ pub struct Client {
 }
 
 impl Client {
-    /// TLS, then the SMP handshake (§2): read the server hello, check it, answer with our hello.
+    /// TLS, then the SMP handshake (`handshake::answer`): read the server hello, check it, answer
+    /// with our hello.
     pub fn connect(
         addr: SocketAddr,
         key_hash: [u8; 32],
@@ -194,96 +198,54 @@ impl Client {
         let mut conn = TlsConn::connect(addr, opts.alpn.as_deref(), opts.timeout)?;
         let mut block = Box::new([0u8; BLOCK_SIZE]);
         conn.read_exact(&mut block[..])?;
-        let hello_bytes =
-            crate::protocol::pad::unpad(&block[..]).map_err(|_| ClientError::HandshakeParse)?;
-        let hello = ServerHello::decode(hello_bytes).map_err(|_| ClientError::HandshakeParse)?;
-        if hello.session_id != conn.tls_unique() {
-            return Err(ClientError::BadSession);
-        }
-
-        let peer_chain = conn.peer_certificates();
-        if opts.check_identity && !chain_matches(&peer_chain, &key_hash) {
-            return Err(ClientError::Identity);
-        }
-        let mut server_session_key = None;
-        if let Some(ck) = &hello.cert_key {
-            if opts.check_identity && !chain_matches(&ck.chain, &key_hash) {
-                return Err(ClientError::Identity);
-            }
-            let leaf = peer_chain.first().ok_or(ClientError::BadAuth)?;
-            let leaf_key = leaf_public_key(leaf).ok_or(ClientError::BadAuth)?;
-            let spki = signed_key::verify_signed_key(&ck.signed_key, &leaf_key)
-                .map_err(|_| ClientError::BadAuth)?;
-            server_session_key =
-                Some(keys::x25519_from_spki(&spki).map_err(|_| ClientError::BadAuth)?);
-        }
-
-        let version = match opts.version {
-            Some(v) => v,
-            None => hello
-                .versions
-                .intersect(&CLIENT_VERSIONS)
-                .map(|r| r.max)
-                .ok_or(ClientError::Version)?,
-        };
-        let client_secret = x25519_dalek::StaticSecret::random_from_rng(rand::rngs::OsRng);
-        let client_public = x25519_dalek::PublicKey::from(&client_secret).to_bytes();
-        let client_key = (opts.send_key && version >= version::AUTH_CMDS).then_some(client_public);
-        let client_hello = ClientHello {
-            version,
+        let params = HandshakeParams {
             key_hash: key_hash.to_vec(),
-            client_key,
+            versions: CLIENT_VERSIONS,
+            version: opts.version,
+            send_key: opts.send_key,
             proxy_server: opts.proxy_server,
-            service: opts.service.clone(),
+            service: opts.service,
+            check_identity: opts.check_identity,
         };
-        let mut codec = BlockCodec::plain();
-        let mut out = Box::new([0u8; BLOCK_SIZE]);
-        codec
-            .encode(&client_hello.encode(), &mut out)
-            .map_err(ClientError::Block)?;
-        conn.write_all(&out[..])?;
+        let (hello, session) = handshake::answer(
+            &block[..],
+            conn.tls_unique(),
+            &conn.peer_certificates(),
+            &params,
+        )
+        .map_err(|e| match e {
+            HandshakeError::Parse => ClientError::HandshakeParse,
+            HandshakeError::BadSession => ClientError::BadSession,
+            HandshakeError::Identity => ClientError::Identity,
+            HandshakeError::BadAuth => ClientError::BadAuth,
+            HandshakeError::Version => ClientError::Version,
+            HandshakeError::Block(e) => ClientError::Block(e),
+        })?;
+        conn.write_all(&hello[..])?;
 
         let mut service_id = None;
-        if opts.service.is_some() && version >= version::SERVICE_CERTS {
+        if session.expects_service_response {
             conn.read_exact(&mut block[..])?;
-            let resp =
-                crate::protocol::pad::unpad(&block[..]).map_err(|_| ClientError::HandshakeParse)?;
-            match resp.split_first() {
-                Some((b'R', rest)) => {
-                    let mut r = crate::protocol::encoding::Reader::new(rest);
-                    let id = r.short().map_err(|_| ClientError::HandshakeParse)?;
-                    service_id = Some(id.to_vec());
-                }
-                Some((b'E', rest)) => {
-                    return Err(ClientError::ServiceRefused(
-                        String::from_utf8_lossy(rest).into_owned(),
-                    ))
-                }
-                _ => return Err(ClientError::HandshakeParse),
-            }
+            service_id = Some(
+                handshake::service_response(&block[..]).map_err(|e| match e {
+                    ServiceError::Parse => ClientError::HandshakeParse,
+                    ServiceError::Refused(e) => {
+                        let mut text = Vec::new();
+                        e.encode(&mut text);
+                        ClientError::ServiceRefused(String::from_utf8_lossy(&text).into_owned())
+                    }
+                })?,
+            );
         }
-
-        let encrypt = version >= version::ENCRYPTED_BLOCK
-            && client_key.is_some()
-            && !opts.proxy_server
-            && server_session_key.is_some();
-        if encrypt {
-            let server_key = server_session_key.ok_or(ClientError::NoServerKey)?;
-            let secret = sxbox::dh(client_secret.as_bytes(), &server_key);
-            codec = BlockCodec::client(&hello.session_id, &secret);
-        }
-        let session_secret = client_key
-            .and(server_session_key)
-            .map(|k| sxbox::dh(client_secret.as_bytes(), &k));
         Ok(Client {
             conn,
-            version,
-            server_versions: hello.versions,
-            session_id: hello.session_id,
-            server_session_key,
-            session_secret,
+            version: session.version,
+            server_versions: session.server_versions,
+            session_id: session.session_id,
+            server_session_key: session.server_session_key,
+            session_secret: session.session_secret,
             service_id,
-            codec,
+            codec: session.codec,
             pending: VecDeque::new(),
             block,
         })
@@ -528,18 +490,7 @@ impl Client {
     }
 }
 
-/// 24 random bytes, as clients use.
+/// 24 random bytes, as clients use (also the proxy sessions' corrIds and `RFWD` nonces `n2`).
 pub fn new_corr_id() -> [u8; CORR_ID_BYTES] {
     rand::random()
-}
-
-/// The chain's identity certificate (the 2nd of 2–4) hashes to `key_hash` (§1.4).
-fn chain_matches(chain: &[Vec<u8>], key_hash: &[u8; 32]) -> bool {
-    (2..=4).contains(&chain.len()) && crate::crypto::hash::fingerprint(&chain[1]) == *key_hash
-}
-
-/// The leaf certificate's public key, as an SMP key (Ed25519 or Ed448).
-fn leaf_public_key(der: &[u8]) -> Option<keys::PublicAuthKey> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    keys::PublicAuthKey::from_spki(cert.public_key().raw).ok()
 }

@@ -12,18 +12,19 @@ use std::fmt;
 
 use rand::RngCore;
 
+use super::rfwd::{open_rres, seal_rfwd, RresError};
 use super::{Authorization, Client, ClientError, CommandBody, ServerTransmission, Signer};
 use crate::crypto::{auth, sxbox};
 use crate::protocol::batch::parse_batch;
 use crate::protocol::command::Command;
 use crate::protocol::encoding::{put_large, EncodeError};
 use crate::protocol::error::ErrorType;
+use crate::protocol::forward::{reverse_nonce, FwdTransmission, PADDED_PROXIED_LEN};
 use crate::protocol::response::BrokerMsg;
 use crate::protocol::transmission::{
     client_signed_bytes, encode_client_transmission, parse_transmission,
 };
 use crate::protocol::version::{Version, AUTH_CMDS};
-use crate::server::forward::{reverse_nonce, FwdResponse, FwdTransmission, PADDED_PROXIED_LEN};
 
 /// Why a forwarded command could not be built or its answer read.
 #[derive(Debug)]
@@ -175,15 +176,13 @@ impl ForwardedCommand {
 
     /// The proxy's `FwdTransmission` carrying `et` (step 3).
     pub fn fwd(&self, et: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(et.len() + 80);
         FwdTransmission {
             corr_id: &self.nonce,
             version: self.version,
             key: self.cmd_public,
             et,
         }
-        .encode(&mut out);
-        out
+        .to_bytes()
     }
 
     /// Opens `r2` with cmdSecret and reverse(nonce): a batch of exactly one transmission at
@@ -216,33 +215,25 @@ pub fn batch_of(ts: &[Vec<u8>]) -> Result<Vec<u8>, EncodeError> {
     Ok(out)
 }
 
-/// The `RFWD` body: SXbox_nopad(sessSecret, n2, fwd).
-pub fn seal_rfwd(sess_secret: &[u8; 32], n2: &[u8; 24], fwd: &[u8]) -> Vec<u8> {
-    sxbox::seal(sess_secret, n2, fwd)
-}
-
-/// Opens an `RRES` body with sessSecret and reverse(n2) and returns the `FwdResponse` parts: the
-/// echoed corrId and `r2`.
-pub fn open_rres(
-    sess_secret: &[u8; 32],
-    n2: &[u8; 24],
-    efr: &[u8],
-) -> Result<(Vec<u8>, Vec<u8>), ProxyError> {
-    let fr = sxbox::open(sess_secret, &reverse_nonce(n2), efr).map_err(|_| ProxyError::Crypto)?;
-    let r = FwdResponse::parse(&fr).map_err(|_| ProxyError::BadResponse)?;
-    Ok((r.corr_id.to_vec(), r.r2.to_vec()))
-}
-
 /// Sends `RFWD body` with a fresh corrId `n2` and returns `n2` and the destination's answer.
 pub fn send_rfwd(
     client: &mut Client,
     body: Vec<u8>,
 ) -> Result<([u8; 24], ServerTransmission), ClientError> {
     let n2 = super::new_corr_id();
+    let r = request_rfwd(client, n2, body)?;
+    Ok((n2, r))
+}
+
+/// Sends `RFWD body` with the corrId `n2` and waits for its answer.
+fn request_rfwd(
+    client: &mut Client,
+    n2: [u8; 24],
+    body: Vec<u8>,
+) -> Result<ServerTransmission, ClientError> {
     let t = super::ClientTransmission::new(&n2, b"", Command::RFwd(body));
     client.send_batch(std::slice::from_ref(&t))?;
-    let r = client.recv_for(&n2)?;
-    Ok((n2, r))
+    client.recv_for(&n2)
 }
 
 /// Forwards a prepared inner batch (`b`) over `client` and opens the answer.
@@ -256,12 +247,13 @@ pub fn forward_batch(
     let fwd = fc.fwd(&et);
     let n2 = super::new_corr_id();
     let body = seal_rfwd(&dest.sess_secret, &n2, &fwd);
-    let t = super::ClientTransmission::new(&n2, b"", Command::RFwd(body));
-    client.send_batch(std::slice::from_ref(&t))?;
-    let r = client.recv_for(&n2)?;
+    let r = request_rfwd(client, n2, body)?;
     match &r.msg {
         Ok(BrokerMsg::Rres(efr)) => {
-            let (corr_id, r2) = open_rres(&dest.sess_secret, &n2, efr)?;
+            let (corr_id, r2) = open_rres(&dest.sess_secret, &n2, efr).map_err(|e| match e {
+                RresError::Crypto => ProxyError::Crypto,
+                RresError::Parse => ProxyError::BadResponse,
+            })?;
             if corr_id != fc.nonce {
                 return Err(ProxyError::BadResponse);
             }

@@ -7,7 +7,8 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::thread::JoinHandle;
 
 use super::*;
-use crate::protocol::handshake::CertChainPubKey;
+use crate::crypto::{signed_key, sxbox};
+use crate::protocol::handshake::{CertChainPubKey, ClientHello, ServerHello};
 use crate::protocol::pad::{pad, unpad};
 use crate::protocol::transmission::encode_server_transmission;
 use crate::transport::certs;

@@ -4,6 +4,7 @@ pub mod batch;
 pub mod command;
 pub mod encoding;
 pub mod error;
+pub mod forward;
 pub mod handshake;
 /// Padding is the reference's `Crypto.hs` `pad`/`unPad`, kept in `crypto` (which sealing needs)
 /// and named here too, where the wire formats use it.

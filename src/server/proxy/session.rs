@@ -18,29 +18,25 @@ use std::time::{Duration, Instant};
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 use glommio::net::TcpStream;
 use glommio::sync::Semaphore;
-use rand::RngCore;
 use rustls::ClientConfig;
-use x25519_dalek::{PublicKey as X25519Public, StaticSecret};
 
 use super::address::{self, Target};
 use super::resolve::Resolver;
 use super::socks;
 use super::stream::{self, ClientStream, SharedClient};
+use crate::client::handshake::{HandshakeError as ClientHandshakeError, HandshakeParams};
+use crate::client::rfwd::{open_rres, seal_rfwd, RresError};
+use crate::client::{self, new_corr_id, CORR_ID_BYTES};
 use crate::config::ProxySettings;
-use crate::crypto::keys::{x25519_from_spki, PublicAuthKey};
-use crate::crypto::{signed_key, sxbox};
 use crate::protocol::batch::parse_batch;
 use crate::protocol::command::{Command, SmpServer};
 use crate::protocol::encoding::put_large;
 use crate::protocol::error::{BrokerError, ErrorType, HandshakeError, ProxyError, TransportError};
-use crate::protocol::handshake::{CertChainPubKey, ClientHello, ServerHello};
-use crate::protocol::pad;
+use crate::protocol::forward::FwdTransmission;
+use crate::protocol::handshake::CertChainPubKey;
 use crate::protocol::response::BrokerMsg;
 use crate::protocol::transmission::{encode_client_transmission, parse_transmission};
-use crate::protocol::version::{
-    Version, VersionRange, DELETED_EVENT, PROXIED_VERSIONS, PROXY_SERVER_HANDSHAKE, SENDING_PROXY,
-};
-use crate::server::forward::{reverse_nonce, FwdResponse, FwdTransmission};
+use crate::protocol::version::{Version, VersionRange, PROXIED_VERSIONS, SENDING_PROXY};
 use crate::transport::block::{BlockCodec, BLOCK_SIZE};
 use crate::transport::identity;
 
@@ -58,7 +54,6 @@ const WRITE_QUEUE_BLOCKS: usize = 64;
 const KEEPALIVE: Duration = Duration::from_secs(60);
 /// How often the monitor looks at the session.
 const MONITOR_TICK: Duration = Duration::from_secs(1);
-const CORR_ID_BYTES: usize = 24;
 
 /// What went wrong with a destination, as the reference's `SMPClientError`; `to_error` is its
 /// `smpProxyError`. The strings are for the log, except where the error carries them.
@@ -243,28 +238,26 @@ impl DestSession {
         let secret = self
             .sess_secret
             .ok_or(DestError::Transport(TransportError::NoAuth))?;
-        let mut fwd = Vec::with_capacity(et.len() + 80);
-        FwdTransmission {
+        let fwd = FwdTransmission {
             corr_id: client_corr_id,
             version,
             key,
             et,
         }
-        .encode(&mut fwd);
+        .to_bytes();
         let n2 = new_corr_id();
-        let body = sxbox::seal(&secret, &n2, &fwd);
+        let body = seal_rfwd(&secret, &n2, &fwd);
         drop(fwd);
         let answer = self.request(n2, Command::RFwd(body)).await?;
         if !answer.entity_id.is_empty() {
             return Err(DestError::Unexpected(describe(&answer.msg)));
         }
         match answer.msg {
-            Ok(BrokerMsg::Rres(efr)) => {
-                let fr = sxbox::open(&secret, &reverse_nonce(&n2), &efr)
-                    .map_err(|_| DestError::Crypto)?;
-                let r = FwdResponse::parse(&fr).map_err(|_| DestError::Response("BLOCK".into()))?;
-                Ok(r.r2.to_vec())
-            }
+            Ok(BrokerMsg::Rres(efr)) => match open_rres(&secret, &n2, &efr) {
+                Ok((_, r2)) => Ok(r2),
+                Err(RresError::Crypto) => Err(DestError::Crypto),
+                Err(RresError::Parse) => Err(DestError::Response("BLOCK".into())),
+            },
             Ok(BrokerMsg::Err(e)) => Err(DestError::Protocol(e)),
             other => Err(unexpected(other)),
         }
@@ -429,12 +422,6 @@ impl DestSession {
     }
 }
 
-fn new_corr_id() -> [u8; CORR_ID_BYTES] {
-    let mut n = [0u8; CORR_ID_BYTES];
-    rand::rngs::OsRng.fill_bytes(&mut n);
-    n
-}
-
 /// The reference puts `take 32 (show response)` in `UNEXPECTED`; the tag is what we can show.
 fn describe(msg: &Result<BrokerMsg, Vec<u8>>) -> String {
     let s = match msg {
@@ -539,7 +526,8 @@ async fn connect(c: &Connector, server: &SmpServer) -> Result<Rc<DestSession>, D
     }
 }
 
-/// The SMP handshake as a proxy (`smpClientHandshake` with `proxyServer = True`).
+/// The SMP handshake as a proxy (`smpClientHandshake` with `proxyServer = True`), driven over the
+/// session's stream: the checks and the answer are the client stack's (`client::handshake`).
 async fn handshake(
     c: &Connector,
     server: &SmpServer,
@@ -547,68 +535,54 @@ async fn handshake(
     tls_unique: &[u8],
     peer_chain: &[Vec<u8>],
 ) -> Result<Rc<DestSession>, DestError> {
-    let parse_err = DestError::Transport(TransportError::Handshake(HandshakeError::Parse));
-    let bad_auth = DestError::Transport(TransportError::Handshake(HandshakeError::BadAuth));
     let mut block = Vec::new();
     stream::read_block(stream, &mut block, BLOCK_SIZE)
         .await
         .map_err(|e| DestError::Network(format!("hello: {e}")))?;
-    let content = pad::unpad(&block).map_err(|_| parse_err.clone())?;
-    let hello = ServerHello::decode(content).map_err(|_| parse_err.clone())?;
-    if hello.session_id != tls_unique {
-        return Err(DestError::Transport(TransportError::Session));
-    }
-    // A proxy talking to a destination below v14 cannot say it is a proxy, so it stays below
-    // v11, where block encryption would start (`smpClientHandshake`).
-    let mut ours = PROXY_CLIENT_VERSIONS;
-    if hello.versions.max < PROXY_SERVER_HANDSHAKE {
-        ours.max = ours.min.max(DELETED_EVENT);
-    }
-    let versions = hello
-        .versions
-        .intersect(&ours)
-        .ok_or(DestError::Transport(TransportError::Version))?;
-    let version = versions.max;
-    let server_key = match &hello.cert_key {
-        None => None,
-        Some(ck) => {
-            identity::matches_key_hash(&ck.chain, &server.key_hash)
-                .map_err(|_| bad_auth.clone())?;
-            let leaf = peer_chain.first().ok_or(bad_auth.clone())?;
-            let leaf_key = leaf_public_key(leaf).ok_or(bad_auth.clone())?;
-            let spki = signed_key::verify_signed_key(&ck.signed_key, &leaf_key)
-                .map_err(|_| bad_auth.clone())?;
-            Some(x25519_from_spki(&spki).map_err(|_| bad_auth.clone())?)
-        }
-    };
-    let our_key = StaticSecret::random_from_rng(rand::rngs::OsRng);
-    let client_hello = ClientHello {
-        version,
+    let params = HandshakeParams {
         key_hash: server.key_hash.clone(),
-        client_key: Some(X25519Public::from(&our_key).to_bytes()),
+        versions: PROXY_CLIENT_VERSIONS,
+        version: None,
+        send_key: true,
         proxy_server: true,
         service: None,
+        // The TLS chain is verified in full before (`identity::verify_chain`); this checks the
+        // hello's chain too, whose mismatch is `BAD_AUTH`.
+        check_identity: true,
     };
-    let mut out = vec![0u8; BLOCK_SIZE];
-    pad::pad_into(&client_hello.encode(), &mut out).map_err(|_| parse_err.clone())?;
+    let handshake_err = |e| DestError::Transport(TransportError::Handshake(e));
+    let (hello, session) = client::handshake::answer(&block, tls_unique, peer_chain, &params)
+        .map_err(|e| match e {
+            ClientHandshakeError::Parse | ClientHandshakeError::Block(_) => {
+                handshake_err(HandshakeError::Parse)
+            }
+            ClientHandshakeError::BadSession => DestError::Transport(TransportError::Session),
+            ClientHandshakeError::Identity | ClientHandshakeError::BadAuth => {
+                handshake_err(HandshakeError::BadAuth)
+            }
+            ClientHandshakeError::Version => DestError::Transport(TransportError::Version),
+        })?;
+    let versions = session
+        .versions
+        .ok_or(DestError::Transport(TransportError::Version))?;
+    drop(block);
     stream
         .borrow_mut()
-        .queue(&out)
+        .queue(&hello[..])
         .map_err(|e| DestError::Network(format!("hello: {e}")))?;
     stream::flush(stream)
         .await
         .map_err(|e| DestError::Network(format!("hello: {e}")))?;
-    let sess_secret = server_key.map(|k| sxbox::dh(&our_key.to_bytes(), &k));
     let (out_tx, out_rx) = local_channel::new_bounded(WRITE_QUEUE_BLOCKS);
     let (close_tx, close_rx) = local_channel::new_bounded(1);
     let now = Instant::now();
     Ok(Rc::new(DestSession {
         key: DestKey::of(server),
-        session_id: hello.session_id,
-        version,
+        session_id: session.session_id,
+        version: session.version,
         versions,
-        cert_key: hello.cert_key,
-        sess_secret,
+        cert_key: session.cert_key,
+        sess_secret: session.session_secret,
         stream: stream.clone(),
         out_tx,
         out_rx: RefCell::new(Some(out_rx)),
@@ -622,12 +596,6 @@ async fn handshake(
         command_timeout: c.settings.command_timeout,
         idle_close: c.settings.idle_close,
     }))
-}
-
-/// The leaf certificate's key, which signs the hello's session key.
-fn leaf_public_key(der: &[u8]) -> Option<PublicAuthKey> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    PublicAuthKey::from_spki(cert.public_key().raw).ok()
 }
 
 #[cfg(test)]
