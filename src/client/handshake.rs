@@ -7,7 +7,7 @@
 //! Both client stacks drive it: the blocking library (`client::Client::connect`) and the proxy's
 //! glommio sessions to destinations (`server::proxy::session`).
 
-use crate::crypto::{hash, keys, signed_key, sxbox};
+use crate::crypto::{keys, signed_key, sxbox};
 use crate::protocol::error::TransportError;
 use crate::protocol::handshake::{
     CertChainPubKey, ClientHello, ClientService, ServerHello, ServiceResponse,
@@ -180,7 +180,7 @@ pub fn service_response(block: &[u8]) -> Result<Vec<u8>, ServiceError> {
 /// The chain's identity certificate (the 2nd of 2–4) hashes to `key_hash` (the reference's
 /// `chainIdCaCerts`, simplex-chat/simplexmq `src/Simplex/Messaging/Transport.hs`).
 fn chain_matches(chain: &[Vec<u8>], key_hash: &[u8]) -> bool {
-    (2..=4).contains(&chain.len()) && hash::fingerprint(&chain[1])[..] == *key_hash
+    crate::transport::identity::matches_key_hash(chain, key_hash).is_ok()
 }
 
 /// The leaf certificate's public key, which signs the hello's session key (Ed25519 or Ed448).
