@@ -435,6 +435,23 @@ fn read_ids(v: Version, r: &mut Reader<'_>) -> DResult<QueueIds> {
     Ok(ids)
 }
 
+/// One server transmission (response or event) at version `v`, in one allocation: the
+/// transmission header of `transmission::encode_server_transmission`, then `msg`.
+pub fn encode_response(
+    v: Version,
+    session_id: &[u8],
+    corr_id: &[u8],
+    entity_id: &[u8],
+    msg: &BrokerMsg,
+) -> Vec<u8> {
+    let mut t = Vec::with_capacity(
+        msg.encoded_len_hint() + session_id.len() + corr_id.len() + entity_id.len() + 8,
+    );
+    super::transmission::encode_server_transmission(v, session_id, corr_id, entity_id, b"", &mut t);
+    msg.encode(v, &mut t);
+    t
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,8 +18,7 @@ use crate::config::Settings;
 use crate::crypto::auth::{self, Authorization};
 use crate::crypto::keys::PublicAuthKey;
 use crate::limits::{FAILED_VERIFY_BUDGET, FAILED_VERIFY_REFILL_PER_SEC, NTFS_PER_PART};
-use crate::protocol::response::BrokerMsg;
-use crate::protocol::transmission::encode_server_transmission;
+use crate::protocol::response::{encode_response, BrokerMsg};
 use crate::store::{EntityId, MessageStore, MsgId, MsgNtf, QueueStore};
 
 /// The SUB-mode subscriber of a queue: at most one connection, with at most one message delivered
@@ -654,21 +653,15 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     }
 }
 
-/// Encodes one server transmission for `session`, in one allocation.
+/// Encodes one server transmission for `session` (`protocol::response::encode_response`).
 pub fn encode(session: &Session, corr_id: &[u8], entity_id: &[u8], msg: &BrokerMsg) -> Vec<u8> {
-    let mut t = Vec::with_capacity(
-        msg.encoded_len_hint() + session.session_id.len() + corr_id.len() + entity_id.len() + 8,
-    );
-    encode_server_transmission(
+    encode_response(
         session.version,
         &session.session_id,
         corr_id,
         entity_id,
-        b"",
-        &mut t,
-    );
-    msg.encode(session.version, &mut t);
-    t
+        msg,
+    )
 }
 
 /// The block layout of a turn (`DESIGN.md` O2, O4): pushes first, each alone; then the responses,
