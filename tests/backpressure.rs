@@ -810,50 +810,11 @@ fn c_stale_held_deliveries_do_not_stall_the_live_ones() {
     // Another connection GETs and ACKs the message of every queue but the last KEPT: the paused
     // connection's markers for them are stale (nothing to send, and no event reaches it).
     let (taken, kept) = qs.split_at(n - KEPT);
-    let mut other = relay.client();
-    for chunk in taken.chunks(PIPELINE) {
-        let gets: Vec<ClientTransmission> = chunk
-            .iter()
-            .map(|q| {
-                ClientTransmission::new(&new_corr_id(), q.rid(), Command::Get)
-                    .signed(q.key().clone())
-            })
-            .collect();
-        other.send_batch(&gets).expect("GETs");
-        let mut acks = Vec::new();
-        for (t, q) in gets.iter().zip(chunk) {
-            let r = other.recv_for(&t.corr_id).expect("GET answer");
-            let m = support::msg_of(q, r.msg.expect("a MSG"));
-            acks.push(
-                ClientTransmission::new(&new_corr_id(), q.rid(), Command::Ack(m.msg_id))
-                    .signed(q.key().clone()),
-            );
-        }
-        other.send_batch(&acks).expect("ACKs");
-        for t in &acks {
-            let r = other.recv_for(&t.corr_id).expect("ACK answer");
-            assert_eq!(r.msg, Ok(BrokerMsg::Ok), "{}", queue::describe(&r));
-        }
-    }
+    get_and_ack_elsewhere(&relay, taken);
 
     // The paused connection reads again and sends nothing: the kept queues' MSGs all come.
-    let idx = index(&qs);
-    let mut got: HashSet<usize> = HashSet::new();
-    let read = read_all_until(&mut rd, PHASE_LIMIT, |t| {
-        if let Ok(BrokerMsg::Msg { .. }) = &t.msg {
-            let i = idx[&t.entity_id];
-            if i >= n - KEPT {
-                assert!(got.insert(i), "queue {i}: one MSG");
-            }
-        }
-        got.len() == KEPT
-    });
-    if let Err(e) = read {
-        panic!(
-            "the kept queues' MSGs stalled: {} of {KEPT} arrived ({e})",
-            got.len()
-        );
-    }
+    let got = msgs_of_the_last(&mut rd, &qs, KEPT, PHASE_LIMIT);
+    assert_eq!(got, KEPT, "the kept queues' MSGs stalled");
     assert_eq!(kept.len(), KEPT);
     let m = relay.metrics_until("re-asks", |m| {
         m.get("smprelay_output_reasks_total").copied().unwrap_or(0) > 0
@@ -885,46 +846,60 @@ fn c2_stale_markers_first_do_not_stall_the_rest_with_the_default_bounds() {
     subscribe_empty(&mut w, &mut rd, &qs);
     send_each(&mut setup, &qs, 0);
     std::thread::sleep(Duration::from_millis(500));
+    get_and_ack_elsewhere(&relay, &qs[..taken]);
+    let got = msgs_of_the_last(&mut rd, &qs, n - taken, Duration::from_secs(30));
+    assert_eq!(got, n - taken, "the last queues' MSGs stalled");
+}
+
+/// Another connection GETs and ACKs the message of each of `qs`, so that their deliveries held
+/// elsewhere go stale (nothing to send, and no event for the holder).
+fn get_and_ack_elsewhere(relay: &Relay, qs: &[Queue]) {
     let mut other = relay.client();
-    let gets: Vec<ClientTransmission> = qs[..taken]
-        .iter()
-        .map(|q| {
-            ClientTransmission::new(&new_corr_id(), q.rid(), Command::Get).signed(q.key().clone())
-        })
-        .collect();
-    other.send_batch(&gets).expect("GETs");
-    let mut acks = Vec::new();
-    for (t, q) in gets.iter().zip(&qs) {
-        let r = other.recv_for(&t.corr_id).expect("GET answer");
-        let m = support::msg_of(q, r.msg.expect("a MSG"));
-        acks.push(
-            ClientTransmission::new(&new_corr_id(), q.rid(), Command::Ack(m.msg_id))
-                .signed(q.key().clone()),
-        );
+    for chunk in qs.chunks(PIPELINE) {
+        let gets: Vec<ClientTransmission> = chunk
+            .iter()
+            .map(|q| {
+                ClientTransmission::new(&new_corr_id(), q.rid(), Command::Get)
+                    .signed(q.key().clone())
+            })
+            .collect();
+        other.send_batch(&gets).expect("GETs");
+        let mut acks = Vec::new();
+        for (t, q) in gets.iter().zip(chunk) {
+            let r = other.recv_for(&t.corr_id).expect("GET answer");
+            let m = support::msg_of(q, r.msg.expect("a MSG"));
+            acks.push(
+                ClientTransmission::new(&new_corr_id(), q.rid(), Command::Ack(m.msg_id))
+                    .signed(q.key().clone()),
+            );
+        }
+        other.send_batch(&acks).expect("ACKs");
+        for t in &acks {
+            let r = other.recv_for(&t.corr_id).expect("ACK answer");
+            assert_eq!(r.msg, Ok(BrokerMsg::Ok), "{}", queue::describe(&r));
+        }
     }
-    other.send_batch(&acks).expect("ACKs");
-    for t in &acks {
-        let r = other.recv_for(&t.corr_id).expect("ACK answer");
-        assert_eq!(r.msg, Ok(BrokerMsg::Ok), "{}", queue::describe(&r));
-    }
-    let idx = index(&qs);
+}
+
+/// Reads without sending until the last `last` queues of `qs` each had their MSG (each once), or
+/// `limit` passed; returns how many did.
+fn msgs_of_the_last(rd: &mut SplitReader, qs: &[Queue], last: usize, limit: Duration) -> usize {
+    let idx = index(qs);
+    let first = qs.len() - last;
     let mut got: HashSet<usize> = HashSet::new();
-    let read = read_all_until(&mut rd, Duration::from_secs(30), |t| {
+    let read = read_all_until(rd, limit, |t| {
         if let Ok(BrokerMsg::Msg { .. }) = &t.msg {
             let i = idx[&t.entity_id];
-            if i >= taken {
+            if i >= first {
                 assert!(got.insert(i), "queue {i}: one MSG");
             }
         }
-        got.len() == n - taken
+        got.len() == last
     });
     if let Err(e) = read {
-        panic!(
-            "the last queues' MSGs stalled: {} of {} arrived ({e})",
-            got.len(),
-            n - taken
-        );
+        eprintln!("{} of {last} arrived: {e}", got.len());
     }
+    got.len()
 }
 
 /// (d) Issue: an ACK could delete a message that was never sent. A push dropped to a marker is not
