@@ -738,8 +738,33 @@ impl Command {
     }
 
     pub fn party(&self) -> Party {
+        self.facts().party
+    }
+
+    /// Everything the relay decides about a command before running it, in one place: dispatch,
+    /// forwarding, credential checks and batch verification read it.
+    pub fn facts(&self) -> CommandFacts {
+        use BatchKey as B;
+        use Credentials as C;
+        use EntityKind as E;
+        use Runs as R;
+        let f = |party, entity, runs, credentials, forwarded, batch_key| CommandFacts {
+            party,
+            entity,
+            runs,
+            credentials,
+            forwarded,
+            batch_key,
+        };
         match self {
-            Command::New(_) => Party::Creator,
+            Command::New(_) => f(
+                Party::Creator,
+                E::NewQueue,
+                R::Owner,
+                C::NewQueue,
+                false,
+                B::None,
+            ),
             Command::Sub
             | Command::Key(_)
             | Command::RKey(_)
@@ -751,18 +776,175 @@ impl Command {
             | Command::Ack(_)
             | Command::Off
             | Command::Del
-            | Command::Que => Party::Recipient,
-            Command::Subs(_) => Party::RecipientService,
-            Command::SKey(_) | Command::Send { .. } => Party::Sender,
-            Command::Ping => Party::None,
-            Command::LKey(_) | Command::LGet => Party::LinkClient,
-            Command::NSub => Party::Notifier,
-            Command::NSubs(_) => Party::NotifierService,
-            Command::Prxy { .. } | Command::PFwd { .. } => Party::ProxiedClient,
-            Command::RFwd(_) => Party::ProxyService,
-            Command::Rslv(_) => Party::Resolver,
+            | Command::Que => f(
+                Party::Recipient,
+                E::Recipient,
+                R::Owner,
+                C::Signed,
+                false,
+                B::Recipient,
+            ),
+            // Services need a TLS client certificate, which this relay does not ask for yet.
+            Command::Subs(_) => f(
+                Party::RecipientService,
+                E::Service,
+                R::Connection,
+                C::Signed,
+                false,
+                B::None,
+            ),
+            Command::NSubs(_) => f(
+                Party::NotifierService,
+                E::Service,
+                R::Connection,
+                C::Signed,
+                false,
+                B::None,
+            ),
+            // SKEY carries the key it is signed with, so there is no stored key to batch with.
+            Command::SKey(_) => f(Party::Sender, E::Sender, R::Owner, C::Signed, true, B::None),
+            Command::Send { .. } => f(
+                Party::Sender,
+                E::Sender,
+                R::Owner,
+                C::SignedOnceSecured,
+                true,
+                B::Sender,
+            ),
+            Command::Ping => f(Party::None, E::None, R::Connection, C::None, false, B::None),
+            Command::LKey(_) => f(
+                Party::LinkClient,
+                E::Link,
+                R::Owner,
+                C::Signed,
+                true,
+                B::None,
+            ),
+            Command::LGet => f(
+                Party::LinkClient,
+                E::Link,
+                R::Owner,
+                C::Unsigned,
+                true,
+                B::None,
+            ),
+            Command::NSub => f(
+                Party::Notifier,
+                E::Notifier,
+                R::Owner,
+                C::Signed,
+                false,
+                B::Notifier,
+            ),
+            Command::Prxy { .. } => f(
+                Party::ProxiedClient,
+                E::None,
+                R::Proxy,
+                C::None,
+                false,
+                B::None,
+            ),
+            Command::PFwd { .. } => f(
+                Party::ProxiedClient,
+                E::ProxySession,
+                R::Proxy,
+                C::Unsigned,
+                false,
+                B::None,
+            ),
+            Command::RFwd(_) => f(
+                Party::ProxyService,
+                E::None,
+                R::Forwarded,
+                C::None,
+                false,
+                B::None,
+            ),
+            // The names role is off: RSLV is answered where it arrives, also inside an RFWD.
+            Command::Rslv(_) => f(
+                Party::Resolver,
+                E::None,
+                R::Connection,
+                C::None,
+                true,
+                B::None,
+            ),
         }
     }
+}
+
+/// Which ID a command's entity ID is, and so where its queue is found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntityKind {
+    /// The command names no entity.
+    None,
+    /// NEW: the relay chooses the recipient ID.
+    NewQueue,
+    Recipient,
+    /// Looked up in the sender ID space.
+    Sender,
+    /// Looked up in the link ID space.
+    Link,
+    /// Looked up in the notifier ID space.
+    Notifier,
+    /// A service ID (SUBS, NSUBS).
+    Service,
+    /// The proxy's session with a destination relay (PFWD).
+    ProxySession,
+}
+
+/// Where a command is executed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runs {
+    /// The connection's shard answers it (PING, RSLV, refused service commands).
+    Connection,
+    /// The owner of its queue.
+    Owner,
+    /// The proxy role (PRXY, PFWD).
+    Proxy,
+    /// The destination role: opened on the connection, its inner command routed on (RFWD).
+    Forwarded,
+}
+
+/// The credential shape a command must carry (`check_credentials`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Credentials {
+    /// An authorization and an entity ID.
+    Signed,
+    /// NEW: an authorization (proof of the new key) and no entity ID.
+    NewQueue,
+    /// SEND: an entity ID; the authorization is checked against the queue (none until secured).
+    SignedOnceSecured,
+    /// An entity ID and no authorization.
+    Unsigned,
+    /// Neither.
+    None,
+}
+
+/// The key a block part's batch verification checks this command's signature with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchKey {
+    /// Not batched: verified when it runs.
+    None,
+    /// The queue's recipient key (the one that verified last).
+    Recipient,
+    /// The queue's sender key.
+    Sender,
+    /// The queue's notifier key.
+    Notifier,
+}
+
+/// What `Command::facts` says of a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommandFacts {
+    pub party: Party,
+    pub entity: EntityKind,
+    pub runs: Runs,
+    pub credentials: Credentials,
+    /// Whether an RFWD may carry it (the reference's `allowedForwardedCommand` plus RSLV, which
+    /// is answered inside the RRES).
+    pub forwarded: bool,
+    pub batch_key: BatchKey,
 }
 
 /// The credential shape a command requires (§4.4 step 5), checked after parsing and before any
@@ -773,26 +955,21 @@ pub fn check_credentials(
     entity_empty: bool,
 ) -> Result<(), CommandError> {
     use CommandError::{HasAuth, NoAuth, NoEntity};
-    match cmd {
+    match cmd.facts().credentials {
         // Proof of possession of the new queue's key, and no queue yet.
-        Command::New(_) if !has_auth => Err(NoAuth),
-        Command::New(_) if !entity_empty => Err(HasAuth),
-        Command::New(_) => Ok(()),
+        Credentials::NewQueue if !has_auth => Err(NoAuth),
+        Credentials::NewQueue if !entity_empty => Err(HasAuth),
+        Credentials::NewQueue => Ok(()),
         // Unsigned SEND is allowed until the queue is secured.
-        Command::Send { .. } if entity_empty => Err(NoEntity),
-        Command::Send { .. } => Ok(()),
-        Command::LGet | Command::PFwd { .. } if entity_empty => Err(NoEntity),
-        Command::LGet | Command::PFwd { .. } if has_auth => Err(HasAuth),
-        Command::LGet | Command::PFwd { .. } => Ok(()),
-        Command::Ping | Command::Prxy { .. } | Command::RFwd(_) | Command::Rslv(_) => {
-            if has_auth || !entity_empty {
-                Err(HasAuth)
-            } else {
-                Ok(())
-            }
-        }
-        _ if !has_auth || entity_empty => Err(NoAuth),
-        _ => Ok(()),
+        Credentials::SignedOnceSecured if entity_empty => Err(NoEntity),
+        Credentials::SignedOnceSecured => Ok(()),
+        Credentials::Unsigned if entity_empty => Err(NoEntity),
+        Credentials::Unsigned if has_auth => Err(HasAuth),
+        Credentials::Unsigned => Ok(()),
+        Credentials::None if has_auth || !entity_empty => Err(HasAuth),
+        Credentials::None => Ok(()),
+        Credentials::Signed if !has_auth || entity_empty => Err(NoAuth),
+        Credentials::Signed => Ok(()),
     }
 }
 

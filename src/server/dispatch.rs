@@ -10,7 +10,7 @@ use super::forward::{self, Decoded};
 use super::proxy::ProxyJob;
 use super::router::{Mesh, Request, Session};
 use crate::protocol::batch::parse_batch;
-use crate::protocol::command::{check_credentials, parse_command, Command};
+use crate::protocol::command::{check_credentials, parse_command, Command, EntityKind, Runs};
 use crate::protocol::error::{ErrorType, NameError};
 use crate::protocol::response::BrokerMsg;
 use crate::protocol::transmission::{
@@ -112,17 +112,19 @@ fn route_transmission(ctx: &RouteCtx<'_>, bytes: &[u8], routed: &mut Routed) {
     }
     let local = |msg: BrokerMsg, entity: &[u8]| encode(session, t.corr_id, entity, &msg);
     let err = |e: ErrorType| local(BrokerMsg::Err(e), t.entity_id);
-    let recipient_id = match &cmd {
-        Command::Ping => {
-            routed.local.push(local(BrokerMsg::Pong, b""));
+    let facts = cmd.facts();
+    match facts.runs {
+        Runs::Owner => {}
+        Runs::Connection => {
+            routed.local.push(match &cmd {
+                Command::Ping => local(BrokerMsg::Pong, b""),
+                Command::Rslv(_) => err(ErrorType::Name(NameError::NoResolver)),
+                // Services need a TLS client certificate, which this relay does not ask for yet.
+                _ => err(ErrorType::Service),
+            });
             return;
         }
-        // Services need a TLS client certificate, which this relay does not ask for yet.
-        Command::Subs(_) | Command::NSubs(_) => {
-            routed.local.push(err(ErrorType::Service));
-            return;
-        }
-        Command::Prxy { .. } | Command::PFwd { .. } => {
+        Runs::Proxy => {
             routed.proxied.push(ProxyJob {
                 corr_id: t.corr_id.to_vec(),
                 entity_id: t.entity_id.to_vec(),
@@ -130,27 +132,16 @@ fn route_transmission(ctx: &RouteCtx<'_>, bytes: &[u8], routed: &mut Routed) {
             });
             return;
         }
-        Command::Rslv(_) => {
-            routed
-                .local
-                .push(err(ErrorType::Name(NameError::NoResolver)));
-            return;
-        }
         // Private routing, destination role (`forward.rs`): plain errors and answers that need
         // no queue are sealed here; the rest goes to the queue's owner, which seals its answer.
-        Command::RFwd(body) => {
-            route_forwarded(ctx, t.corr_id, body, routed);
+        Runs::Forwarded => {
+            if let Command::RFwd(body) = &cmd {
+                route_forwarded(ctx, t.corr_id, body, routed);
+            }
             return;
         }
-        // The queue's recipient ID is chosen here so that NEW goes to the shard that will own it.
-        Command::New(_) => Some(random_id()),
-        Command::Send { .. } | Command::SKey(_) => {
-            ctx.directory.lookup(IdSpace::Sender, t.entity_id)
-        }
-        Command::LKey(_) | Command::LGet => ctx.directory.lookup(IdSpace::Link, t.entity_id),
-        Command::NSub => ctx.directory.lookup(IdSpace::Notifier, t.entity_id),
-        _ => Some(t.entity_id.to_vec()),
-    };
+    }
+    let recipient_id = resolve(ctx, facts.entity, t.entity_id);
     // An unknown ID is dummy-verified on the shard its own hash names: one hop either way.
     let owner = ctx
         .mesh
@@ -177,15 +168,7 @@ fn route_forwarded(ctx: &RouteCtx<'_>, corr_id: &[u8], body: &[u8], routed: &mut
             .local
             .push(forward::respond(session, &fwd, &corr_id, &entity_id, &msg)),
         Decoded::Route { fwd, request: r } => {
-            let recipient_id = match r.command {
-                Command::Send { .. } | Command::SKey(_) => {
-                    ctx.directory.lookup(IdSpace::Sender, &r.entity_id)
-                }
-                Command::LKey(_) | Command::LGet => {
-                    ctx.directory.lookup(IdSpace::Link, &r.entity_id)
-                }
-                _ => None,
-            };
+            let recipient_id = resolve(ctx, r.command.facts().entity, &r.entity_id);
             let owner = ctx
                 .mesh
                 .owner_of(recipient_id.as_deref().unwrap_or(&r.entity_id));
@@ -203,6 +186,20 @@ fn route_forwarded(ctx: &RouteCtx<'_>, corr_id: &[u8], body: &[u8], routed: &mut
                 undelivered: None,
             });
         }
+    }
+}
+
+/// The recipient ID an entity ID names, by the ID space its command addresses (`EntityKind`);
+/// `None` when no queue has it. NEW's recipient ID is chosen here, so that NEW goes to the shard
+/// that will own the queue.
+fn resolve(ctx: &RouteCtx<'_>, kind: EntityKind, entity_id: &[u8]) -> Option<Vec<u8>> {
+    match kind {
+        EntityKind::NewQueue => Some(random_id()),
+        EntityKind::Sender => ctx.directory.lookup(IdSpace::Sender, entity_id),
+        EntityKind::Link => ctx.directory.lookup(IdSpace::Link, entity_id),
+        EntityKind::Notifier => ctx.directory.lookup(IdSpace::Notifier, entity_id),
+        EntityKind::Recipient => Some(entity_id.to_vec()),
+        EntityKind::None | EntityKind::Service | EntityKind::ProxySession => None,
     }
 }
 

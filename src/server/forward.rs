@@ -17,7 +17,7 @@ use std::sync::Arc;
 use super::router::{Session, SessionInfo};
 use crate::crypto::sxbox::{self, cb_nonce, NONCE_LEN};
 use crate::protocol::batch::parse_batch;
-use crate::protocol::command::{check_credentials, parse_command, Command};
+use crate::protocol::command::{check_credentials, parse_command, Command, Runs};
 use crate::protocol::encoding::put_word16;
 use crate::protocol::error::TransportError;
 use crate::protocol::error::{BrokerError, CommandError, ErrorType, NameError, ProxyError};
@@ -158,7 +158,7 @@ pub fn decode_rfwd(
         Err(e) => return answer(fwd, t.corr_id, t.entity_id, ErrorType::Cmd(e)),
     };
     match cmd {
-        Command::Send { .. } | Command::SKey(_) | Command::LKey(_) | Command::LGet => {
+        _ if cmd.facts().forwarded && cmd.facts().runs == Runs::Owner => {
             let request = InnerRequest {
                 corr_id: t.corr_id.to_vec(),
                 entity_id: t.entity_id.to_vec(),

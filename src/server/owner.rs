@@ -394,14 +394,9 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// missing or the key is of another algorithm), or `None` when the command verifies nothing or
     /// is not batched (NEW, SKEY/LKEY/LGET, SEND to a queue without a sender key).
     fn batch_key(&self, r: &Request) -> Option<[u8; 32]> {
-        use crate::protocol::command::{Command, Party};
-        let party = r.command.party();
-        let batched = match party {
-            Party::Recipient | Party::Notifier => true,
-            Party::Sender => matches!(r.command, Command::Send { .. }),
-            _ => false,
-        };
-        if !batched {
+        use crate::protocol::command::BatchKey;
+        let which = r.command.facts().batch_key;
+        if which == BatchKey::None {
             return None;
         }
         let dummy = *auth::ed25519_dummy_key();
@@ -412,10 +407,10 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         else {
             return Some(dummy);
         };
-        let key = match party {
-            Party::Sender => Some(q.sender_key.as_ref()?),
-            Party::Notifier => q.notifier.as_ref().map(|n| &n.notifier_key),
-            _ => {
+        let key = match which {
+            BatchKey::Sender => Some(q.sender_key.as_ref()?),
+            BatchKey::Notifier => q.notifier.as_ref().map(|n| &n.notifier_key),
+            BatchKey::Recipient | BatchKey::None => {
                 let i = self.last_key.get(&q.recipient_id).copied().unwrap_or(0);
                 q.recipient_keys.get(i).or(q.recipient_keys.first())
             }
