@@ -124,9 +124,18 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
                     return Err("test hook: the shard's thread ends before it is ready".into());
                 }
                 let groups = groups_of_shard(shard_id, shards);
-                let ttl = config.settings.message_ttl.as_secs() as i64;
-                let store = MemoryStore::load(&store_dir, &groups, Some(ttl), commands::now_secs())
-                    .map_err(|e| reporter.fail(e.to_string()))?;
+                // Both lifetimes as configured (`--message-ttl-secs` / `[STORE_LOG] ttl`,
+                // `--notification-ttl-secs` / `[STORE_LOG] expire_ntfs_hours`), so that a start
+                // keeps exactly what the running relay's periodic expiry would keep.
+                let settings = &config.settings;
+                let store = MemoryStore::load_with_ntf_ttl(
+                    &store_dir,
+                    &groups,
+                    Some(settings.message_ttl.as_secs() as i64),
+                    Some(settings.notification_ttl.as_secs() as i64),
+                    commands::now_secs(),
+                )
+                .map_err(|e| reporter.fail(e.to_string()))?;
                 fill_directory(&directory, &store);
                 let mut listeners = Vec::with_capacity(config.ports.len());
                 for port in &config.ports {
