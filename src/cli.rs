@@ -568,30 +568,18 @@ const MAX_NOTICE_BYTES: usize = 1024;
 /// Nesting accepted in a notice.
 const MAX_JSON_DEPTH: usize = 16;
 
-/// Checks that `text` is one JSON object and returns it without the whitespace between tokens
-/// (the reference re-encodes the notice it parsed, which gives the same compact form).
+/// Checks that `text` is one JSON object (RFC 8259, checked by `serde_json`) and returns it without
+/// the whitespace between tokens, every token as written (the reference re-encodes the notice it
+/// parsed, which gives the same compact form).
 fn compact_json_object(text: &str) -> Result<String, String> {
-    let mut p = Json {
-        s: text.as_bytes(),
-        i: 0,
-        out: Vec::with_capacity(text.len()),
-    };
-    p.ws();
-    if p.peek() != Some(b'{') {
+    if !text.trim_start_matches(JSON_WS).starts_with('{') {
         return Err(format!(
             "--notice must be a JSON object, e.g. '{{\"ttl\":3600}}'; got {text:?}"
         ));
     }
-    p.value(0)
-        .and_then(|()| {
-            p.ws();
-            match p.peek() {
-                None => Ok(()),
-                Some(_) => Err(p.error("end of input")),
-            }
-        })
+    serde_json::from_str::<serde_json::Value>(text)
         .map_err(|e| format!("--notice is not valid JSON: {e}"))?;
-    let out = String::from_utf8(p.out).map_err(|_| "--notice is not valid UTF-8".to_string())?;
+    let out = strip_json_whitespace(text)?;
     if out.len() > MAX_NOTICE_BYTES {
         return Err(format!(
             "--notice is {} bytes; at most {MAX_NOTICE_BYTES} are accepted",
@@ -601,180 +589,42 @@ fn compact_json_object(text: &str) -> Result<String, String> {
     Ok(out)
 }
 
-/// A JSON checker (RFC 8259) that copies the tokens it accepts.
-struct Json<'a> {
-    s: &'a [u8],
-    i: usize,
-    out: Vec<u8>,
-}
+/// The whitespace RFC 8259 allows between tokens.
+const JSON_WS: [char; 4] = [' ', '\t', '\n', '\r'];
 
-impl Json<'_> {
-    fn peek(&self) -> Option<u8> {
-        self.s.get(self.i).copied()
-    }
-
-    fn error(&self, expected: &str) -> String {
-        match self.peek() {
-            Some(b) => format!(
-                "expected {expected} at byte {}, got {:?}",
-                self.i, b as char
-            ),
-            None => format!("expected {expected} at the end"),
+/// `json`, already checked, without the whitespace outside its strings; refuses containers nested
+/// more than `MAX_JSON_DEPTH` levels below the top-level object.
+fn strip_json_whitespace(json: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(json.len());
+    let (mut in_string, mut escaped, mut depth) = (false, false, 0usize);
+    for c in json.chars() {
+        if in_string {
+            out.push(c);
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                _ => {}
+            }
+            continue;
         }
-    }
-
-    fn ws(&mut self) {
-        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-            self.i += 1;
-        }
-    }
-
-    fn take(&mut self) {
-        self.out.push(self.s[self.i]);
-        self.i += 1;
-    }
-
-    fn expect(&mut self, b: u8) -> Result<(), String> {
-        if self.peek() == Some(b) {
-            self.take();
-            Ok(())
-        } else {
-            Err(self.error(&format!("{:?}", b as char)))
-        }
-    }
-
-    fn value(&mut self, depth: usize) -> Result<(), String> {
-        if depth > MAX_JSON_DEPTH {
-            return Err(format!("nested deeper than {MAX_JSON_DEPTH}"));
-        }
-        self.ws();
-        match self.peek() {
-            Some(b'{') => {
-                self.take();
-                self.ws();
-                if self.peek() == Some(b'}') {
-                    self.take();
-                    return Ok(());
-                }
-                loop {
-                    self.ws();
-                    self.string()?;
-                    self.ws();
-                    self.expect(b':')?;
-                    self.value(depth + 1)?;
-                    self.ws();
-                    match self.peek() {
-                        Some(b',') => self.take(),
-                        Some(b'}') => {
-                            self.take();
-                            return Ok(());
-                        }
-                        _ => return Err(self.error("',' or '}'")),
-                    }
+        match c {
+            c if JSON_WS.contains(&c) => continue,
+            '"' => in_string = true,
+            '{' | '[' => {
+                depth += 1;
+                if depth > MAX_JSON_DEPTH + 1 {
+                    return Err(format!(
+                        "--notice is not valid JSON: nested deeper than {MAX_JSON_DEPTH}"
+                    ));
                 }
             }
-            Some(b'[') => {
-                self.take();
-                self.ws();
-                if self.peek() == Some(b']') {
-                    self.take();
-                    return Ok(());
-                }
-                loop {
-                    self.value(depth + 1)?;
-                    self.ws();
-                    match self.peek() {
-                        Some(b',') => self.take(),
-                        Some(b']') => {
-                            self.take();
-                            return Ok(());
-                        }
-                        _ => return Err(self.error("',' or ']'")),
-                    }
-                }
-            }
-            Some(b'"') => self.string(),
-            Some(b'-' | b'0'..=b'9') => self.number(),
-            Some(b't') => self.literal(b"true"),
-            Some(b'f') => self.literal(b"false"),
-            Some(b'n') => self.literal(b"null"),
-            _ => Err(self.error("a JSON value")),
+            '}' | ']' => depth -= 1,
+            _ => {}
         }
+        out.push(c);
     }
-
-    fn literal(&mut self, word: &[u8]) -> Result<(), String> {
-        if self.s[self.i..].starts_with(word) {
-            self.out.extend_from_slice(word);
-            self.i += word.len();
-            Ok(())
-        } else {
-            Err(self.error(&String::from_utf8_lossy(word)))
-        }
-    }
-
-    fn digits(&mut self) -> Result<(), String> {
-        if !matches!(self.peek(), Some(b'0'..=b'9')) {
-            return Err(self.error("a digit"));
-        }
-        while matches!(self.peek(), Some(b'0'..=b'9')) {
-            self.take();
-        }
-        Ok(())
-    }
-
-    fn number(&mut self) -> Result<(), String> {
-        if self.peek() == Some(b'-') {
-            self.take();
-        }
-        if self.peek() == Some(b'0') {
-            self.take();
-        } else {
-            self.digits()?;
-        }
-        if self.peek() == Some(b'.') {
-            self.take();
-            self.digits()?;
-        }
-        if matches!(self.peek(), Some(b'e' | b'E')) {
-            self.take();
-            if matches!(self.peek(), Some(b'+' | b'-')) {
-                self.take();
-            }
-            self.digits()?;
-        }
-        Ok(())
-    }
-
-    fn string(&mut self) -> Result<(), String> {
-        self.expect(b'"')?;
-        loop {
-            match self.peek() {
-                None => return Err(self.error("'\"'")),
-                Some(b'"') => {
-                    self.take();
-                    return Ok(());
-                }
-                Some(b'\\') => {
-                    self.take();
-                    match self.peek() {
-                        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => self.take(),
-                        Some(b'u') => {
-                            self.take();
-                            for _ in 0..4 {
-                                if !self.peek().is_some_and(|b| b.is_ascii_hexdigit()) {
-                                    return Err(self.error("a hex digit"));
-                                }
-                                self.take();
-                            }
-                        }
-                        _ => return Err(self.error("an escape")),
-                    }
-                }
-                Some(b) if b < 0x20 => return Err(self.error("no control character in a string")),
-                Some(_) => self.take(),
-            }
-        }
-    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -817,6 +667,17 @@ mod tests {
         }
         let deep = format!("{{\"a\":{}1{}}}", "[".repeat(40), "]".repeat(40));
         assert!(compact_json_object(&deep).is_err());
+        let nested = |n: usize| format!("{{\"a\":{}1{}}}", "[".repeat(n), "]".repeat(n));
+        assert!(compact_json_object(&nested(MAX_JSON_DEPTH)).is_ok());
+        let e = compact_json_object(&nested(MAX_JSON_DEPTH + 1)).unwrap_err();
+        assert!(e.contains("nested deeper than 16"), "{e}");
+        // Brackets and whitespace inside strings are kept as written.
+        assert_eq!(
+            compact_json_object("{\"a\": \" [{ \\\" \"}"),
+            Ok("{\"a\":\" [{ \\\" \"}".to_string())
+        );
+        let e = compact_json_object("{\"ttl\":01}").unwrap_err();
+        assert!(e.starts_with("--notice is not valid JSON: "), "{e}");
         let long = format!("{{\"a\":\"{}\"}}", "x".repeat(MAX_NOTICE_BYTES));
         assert!(compact_json_object(&long).is_err());
     }
