@@ -13,9 +13,10 @@ use rand::RngCore;
 
 use smp_relay::config::{self, StartConfig};
 use smp_relay::crypto::hash;
-use smp_relay::ini::{self, StartOptions};
+use smp_relay::ini;
 use smp_relay::protocol::error::{BlockingInfo, BlockingReason};
 use smp_relay::server::{self, lock, lock::LockError};
+use smp_relay::settings::StartFlags;
 use smp_relay::store::memory::{self, MemoryStore, OfflineId};
 use smp_relay::store::{QueueRec, QueueStatus, QueueStore, PARTITION_GROUPS};
 use smp_relay::transport::certs;
@@ -79,28 +80,9 @@ enum Command {
 
 #[derive(Args)]
 struct StartArgs {
-    /// Port to listen on; repeat for several (ini `[TRANSPORT] port`; default 5223).
-    #[arg(long = "port")]
-    ports: Vec<u16>,
-    /// Number of shards, each pinned to its own core, 1 to 64 (ini `[RELAY] cores`; default:
-    /// every online core, at most 64).
-    #[arg(long, value_parser = ini::cores)]
-    cores: Option<usize>,
-    /// Connections held at once, over all shards (ini `[RELAY] max_connections`; default 65536,
-    /// or what the open-file limit allows). The relay raises its soft RLIMIT_NOFILE to fit it.
-    #[arg(long, value_parser = ini::max_connections)]
-    max_connections: Option<usize>,
-    /// Connections of one IP address that may be in their TLS or SMP handshake at once; more are
-    /// closed at accept (ini `[RELAY] max_handshakes_per_address`; default 16).
-    #[arg(long, value_parser = ini::max_connections)]
-    max_handshakes_per_address: Option<usize>,
-    /// Seconds a client has to complete TLS (ini `[RELAY] tls_timeout_secs`; default 60).
-    #[arg(long, value_parser = ini::seconds)]
-    tls_timeout_secs: Option<Duration>,
-    /// Seconds a client has to complete the SMP handshake after TLS (ini `[RELAY]
-    /// handshake_timeout_secs`; default 120).
-    #[arg(long, value_parser = ini::seconds)]
-    handshake_timeout_secs: Option<Duration>,
+    /// The settings the configuration file may also set (`smp_relay::settings`).
+    #[command(flatten)]
+    settings: StartFlags,
     /// Ask clients for a TLS certificate (test switch until services exist).
     #[arg(long, hide = true)]
     test_request_client_cert: bool,
@@ -114,38 +96,10 @@ struct StartArgs {
     /// Test hook: shard SHARD fails its start (`bind`: its listener; `exit`: its thread ends first).
     #[arg(long, hide = true, value_name = "SHARD:bind|exit", value_parser = start_fault)]
     test_fail_start: Option<(usize, config::StartFault)>,
-    /// Seconds a connection may leave its output over the bound (1 MiB) before it is closed
-    /// (ini `[RELAY] slow_reader_close_secs`; default 60).
-    #[arg(long, value_parser = ini::seconds)]
-    slow_reader_close_secs: Option<Duration>,
     /// Store: `memory` (saved at a clean stop, restored at start; a crash loses what was not
     /// saved). The journal and PostgreSQL stores come later (ini `[STORE_LOG] store_messages`).
     #[arg(long, value_parser = ["memory"])]
     store: Option<String>,
-    /// Messages a queue holds before senders get ERR QUOTA (ini `[RELAY] quota`; default 128).
-    #[arg(long, value_parser = ini::quota)]
-    quota: Option<usize>,
-    /// Seconds a message is kept (ini `[STORE_LOG] expire_messages_days`; default 21 days).
-    #[arg(long, value_parser = ini::seconds)]
-    message_ttl_secs: Option<Duration>,
-    /// Seconds between expiration runs over all queues (ini `[RELAY] expire_interval_secs`;
-    /// default 2 hours).
-    #[arg(long, value_parser = ini::seconds)]
-    expire_interval_secs: Option<Duration>,
-    /// Delete a queue's expired messages before each SEND to it: on or off (ini `[STORE_LOG]
-    /// expire_messages_on_send`; default on).
-    #[arg(long, value_parser = ini::on_off, action = clap::ArgAction::Set)]
-    expire_on_send: Option<bool>,
-    /// Seconds a notification is kept (ini `[STORE_LOG] expire_ntfs_hours`; default 24 hours).
-    #[arg(long, value_parser = ini::seconds)]
-    notification_ttl_secs: Option<Duration>,
-    /// Allow NEW (queue creation): on or off (ini `[AUTH] new_queues`; default on).
-    #[arg(long, value_parser = ini::on_off, action = clap::ArgAction::Set)]
-    new_queues: Option<bool>,
-    /// Rewrite <data-dir>/smp-server-metrics.txt (Prometheus text) every SECS seconds (ini
-    /// `[STORE_LOG] prometheus_interval`; default: no metrics file).
-    #[arg(long, value_name = "SECS", value_parser = ini::seconds)]
-    metrics_interval: Option<Duration>,
     /// Turn off the proxy role of private routing (PRXY is then refused with PROXY BASIC_AUTH).
     #[arg(long)]
     no_proxy: bool,
@@ -156,49 +110,16 @@ struct StartArgs {
     /// Let the proxy connect to loopback, private and other special addresses (tests on one host).
     #[arg(long)]
     proxy_allow_private: bool,
-    /// SOCKS5 proxy (e.g. Tor, 127.0.0.1:9050) for .onion destinations; without it they are refused.
-    #[arg(long, value_name = "IP:PORT")]
-    socks_proxy: Option<std::net::SocketAddr>,
 }
 
 impl StartArgs {
-    /// The proxy role's options (`config::ProxySettings`).
+    /// The proxy role's switches that only the command line has (`config::ProxySettings`).
     fn apply_proxy(&self, p: &mut config::ProxySettings) {
         p.enabled &= !self.no_proxy;
         if let Some(pw) = &self.proxy_password {
             p.password = Some(pw.as_bytes().to_vec());
         }
         p.allow_private |= self.proxy_allow_private;
-        if self.socks_proxy.is_some() {
-            p.socks_proxy = self.socks_proxy;
-        }
-    }
-}
-
-impl StartArgs {
-    /// The options given on the command line; absent ones leave the file's or the default.
-    fn options(&self) -> StartOptions {
-        StartOptions {
-            ports: (!self.ports.is_empty()).then(|| self.ports.clone()),
-            shards: self.cores,
-            max_connections: self.max_connections,
-            max_handshakes_per_address: self.max_handshakes_per_address,
-            tls_timeout: self.tls_timeout_secs,
-            handshake_timeout: self.handshake_timeout_secs,
-            slow_reader_close: self.slow_reader_close_secs,
-            quota: self.quota,
-            message_ttl: self.message_ttl_secs,
-            expire_interval: self.expire_interval_secs,
-            expire_on_send: self.expire_on_send,
-            notification_ttl: self.notification_ttl_secs,
-            new_queues: self.new_queues,
-            create_password: None,
-            metrics_interval: self.metrics_interval,
-            // Applied after the file by `apply_proxy`, so the flag wins.
-            socks_proxy: None,
-            // The ini file only, as the reference.
-            own_server_domains: None,
-        }
     }
 }
 
@@ -410,7 +331,7 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
 }
 
 fn start(data_dir: &Path, args: &StartArgs) -> Result<(), String> {
-    let cli = args.options();
+    let cli = args.settings.options();
     let server_key = data_dir.join(config::SERVER_KEY_FILE);
     let present = init_files_present(data_dir);
     if present == [config::INI_FILE] {
