@@ -13,9 +13,10 @@ use rand::RngCore;
 
 use smp_relay::config::{self, StartConfig};
 use smp_relay::crypto::hash;
-use smp_relay::ini::{self, StartOptions};
+use smp_relay::ini;
 use smp_relay::protocol::error::{BlockingInfo, BlockingReason};
 use smp_relay::server::{lock, lock::LockError};
+use smp_relay::settings::StartFlags;
 use smp_relay::store::{
     with_store, QueueRec, QueueStatus, ShardStore, StoreKind, StoreSettings, WithStore,
 };
@@ -80,28 +81,9 @@ enum Command {
 
 #[derive(Args)]
 struct StartArgs {
-    /// Port to listen on; repeat for several (ini `[TRANSPORT] port`; default 5223).
-    #[arg(long = "port")]
-    ports: Vec<u16>,
-    /// Number of shards, each pinned to its own core, 1 to 64 (ini `[RELAY] cores`; default:
-    /// every online core, at most 64).
-    #[arg(long, value_parser = ini::cores)]
-    cores: Option<usize>,
-    /// Connections held at once, over all shards (ini `[RELAY] max_connections`; default 65536,
-    /// or what the open-file limit allows). The relay raises its soft RLIMIT_NOFILE to fit it.
-    #[arg(long, value_parser = ini::max_connections)]
-    max_connections: Option<usize>,
-    /// Connections of one IP address that may be in their TLS or SMP handshake at once; more are
-    /// closed at accept (ini `[RELAY] max_handshakes_per_address`; default 16).
-    #[arg(long, value_parser = ini::max_connections)]
-    max_handshakes_per_address: Option<usize>,
-    /// Seconds a client has to complete TLS (ini `[RELAY] tls_timeout_secs`; default 60).
-    #[arg(long, value_parser = ini::seconds)]
-    tls_timeout_secs: Option<Duration>,
-    /// Seconds a client has to complete the SMP handshake after TLS (ini `[RELAY]
-    /// handshake_timeout_secs`; default 120).
-    #[arg(long, value_parser = ini::seconds)]
-    handshake_timeout_secs: Option<Duration>,
+    /// The settings the configuration file may also set (`smp_relay::settings`).
+    #[command(flatten)]
+    settings: StartFlags,
     /// Ask clients for a TLS certificate (test switch until services exist).
     #[arg(long, hide = true)]
     test_request_client_cert: bool,
@@ -115,38 +97,10 @@ struct StartArgs {
     /// Test hook: shard SHARD fails its start (`bind`: its listener; `exit`: its thread ends first).
     #[arg(long, hide = true, value_name = "SHARD:bind|exit", value_parser = start_fault)]
     test_fail_start: Option<(usize, config::StartFault)>,
-    /// Seconds a connection may leave its output over the bound (1 MiB) before it is closed
-    /// (ini `[RELAY] slow_reader_close_secs`; default 60).
-    #[arg(long, value_parser = ini::seconds)]
-    slow_reader_close_secs: Option<Duration>,
     /// Store: `memory` (saved at a clean stop, restored at start; a crash loses what was not
     /// saved). The journal and PostgreSQL stores come later (ini `[STORE_LOG] store_messages`).
     #[arg(long, value_parser = ["memory"])]
     store: Option<String>,
-    /// Messages a queue holds before senders get ERR QUOTA (ini `[RELAY] quota`; default 128).
-    #[arg(long, value_parser = ini::quota)]
-    quota: Option<usize>,
-    /// Seconds a message is kept (ini `[STORE_LOG] expire_messages_days`; default 21 days).
-    #[arg(long, value_parser = ini::seconds)]
-    message_ttl_secs: Option<Duration>,
-    /// Seconds between expiration runs over all queues (ini `[RELAY] expire_interval_secs`;
-    /// default 2 hours).
-    #[arg(long, value_parser = ini::seconds)]
-    expire_interval_secs: Option<Duration>,
-    /// Delete a queue's expired messages before each SEND to it: on or off (ini `[STORE_LOG]
-    /// expire_messages_on_send`; default on).
-    #[arg(long, value_parser = ini::on_off, action = clap::ArgAction::Set)]
-    expire_on_send: Option<bool>,
-    /// Seconds a notification is kept (ini `[STORE_LOG] expire_ntfs_hours`; default 24 hours).
-    #[arg(long, value_parser = ini::seconds)]
-    notification_ttl_secs: Option<Duration>,
-    /// Allow NEW (queue creation): on or off (ini `[AUTH] new_queues`; default on).
-    #[arg(long, value_parser = ini::on_off, action = clap::ArgAction::Set)]
-    new_queues: Option<bool>,
-    /// Rewrite <data-dir>/smp-server-metrics.txt (Prometheus text) every SECS seconds (ini
-    /// `[STORE_LOG] prometheus_interval`; default: no metrics file).
-    #[arg(long, value_name = "SECS", value_parser = ini::seconds)]
-    metrics_interval: Option<Duration>,
     /// Turn off the proxy role of private routing (PRXY is then refused with PROXY BASIC_AUTH).
     #[arg(long)]
     no_proxy: bool,
@@ -157,49 +111,16 @@ struct StartArgs {
     /// Let the proxy connect to loopback, private and other special addresses (tests on one host).
     #[arg(long)]
     proxy_allow_private: bool,
-    /// SOCKS5 proxy (e.g. Tor, 127.0.0.1:9050) for .onion destinations; without it they are refused.
-    #[arg(long, value_name = "IP:PORT")]
-    socks_proxy: Option<std::net::SocketAddr>,
 }
 
 impl StartArgs {
-    /// The proxy role's options (`config::ProxySettings`).
+    /// The proxy role's switches that only the command line has (`config::ProxySettings`).
     fn apply_proxy(&self, p: &mut config::ProxySettings) {
         p.enabled &= !self.no_proxy;
         if let Some(pw) = &self.proxy_password {
             p.password = Some(pw.as_bytes().to_vec());
         }
         p.allow_private |= self.proxy_allow_private;
-        if self.socks_proxy.is_some() {
-            p.socks_proxy = self.socks_proxy;
-        }
-    }
-}
-
-impl StartArgs {
-    /// The options given on the command line; absent ones leave the file's or the default.
-    fn options(&self) -> StartOptions {
-        StartOptions {
-            ports: (!self.ports.is_empty()).then(|| self.ports.clone()),
-            shards: self.cores,
-            max_connections: self.max_connections,
-            max_handshakes_per_address: self.max_handshakes_per_address,
-            tls_timeout: self.tls_timeout_secs,
-            handshake_timeout: self.handshake_timeout_secs,
-            slow_reader_close: self.slow_reader_close_secs,
-            quota: self.quota,
-            message_ttl: self.message_ttl_secs,
-            expire_interval: self.expire_interval_secs,
-            expire_on_send: self.expire_on_send,
-            notification_ttl: self.notification_ttl_secs,
-            new_queues: self.new_queues,
-            create_password: None,
-            metrics_interval: self.metrics_interval,
-            // Applied after the file by `apply_proxy`, so the flag wins.
-            socks_proxy: None,
-            // The ini file only, as the reference.
-            own_server_domains: None,
-        }
     }
 }
 
@@ -411,7 +332,7 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
 }
 
 fn start(data_dir: &Path, args: &StartArgs) -> Result<(), String> {
-    let cli = args.options();
+    let cli = args.settings.options();
     let server_key = data_dir.join(config::SERVER_KEY_FILE);
     let present = init_files_present(data_dir);
     if present == [config::INI_FILE] {
@@ -576,30 +497,18 @@ const MAX_NOTICE_BYTES: usize = 1024;
 /// Nesting accepted in a notice.
 const MAX_JSON_DEPTH: usize = 16;
 
-/// Checks that `text` is one JSON object and returns it without the whitespace between tokens
-/// (the reference re-encodes the notice it parsed, which gives the same compact form).
+/// Checks that `text` is one JSON object (RFC 8259, checked by `serde_json`) and returns it without
+/// the whitespace between tokens, every token as written (the reference re-encodes the notice it
+/// parsed, which gives the same compact form).
 fn compact_json_object(text: &str) -> Result<String, String> {
-    let mut p = Json {
-        s: text.as_bytes(),
-        i: 0,
-        out: Vec::with_capacity(text.len()),
-    };
-    p.ws();
-    if p.peek() != Some(b'{') {
+    if !text.trim_start_matches(JSON_WS).starts_with('{') {
         return Err(format!(
             "--notice must be a JSON object, e.g. '{{\"ttl\":3600}}'; got {text:?}"
         ));
     }
-    p.value(0)
-        .and_then(|()| {
-            p.ws();
-            match p.peek() {
-                None => Ok(()),
-                Some(_) => Err(p.error("end of input")),
-            }
-        })
+    serde_json::from_str::<serde_json::Value>(text)
         .map_err(|e| format!("--notice is not valid JSON: {e}"))?;
-    let out = String::from_utf8(p.out).map_err(|_| "--notice is not valid UTF-8".to_string())?;
+    let out = strip_json_whitespace(text)?;
     if out.len() > MAX_NOTICE_BYTES {
         return Err(format!(
             "--notice is {} bytes; at most {MAX_NOTICE_BYTES} are accepted",
@@ -609,180 +518,42 @@ fn compact_json_object(text: &str) -> Result<String, String> {
     Ok(out)
 }
 
-/// A JSON checker (RFC 8259) that copies the tokens it accepts.
-struct Json<'a> {
-    s: &'a [u8],
-    i: usize,
-    out: Vec<u8>,
-}
+/// The whitespace RFC 8259 allows between tokens.
+const JSON_WS: [char; 4] = [' ', '\t', '\n', '\r'];
 
-impl Json<'_> {
-    fn peek(&self) -> Option<u8> {
-        self.s.get(self.i).copied()
-    }
-
-    fn error(&self, expected: &str) -> String {
-        match self.peek() {
-            Some(b) => format!(
-                "expected {expected} at byte {}, got {:?}",
-                self.i, b as char
-            ),
-            None => format!("expected {expected} at the end"),
+/// `json`, already checked, without the whitespace outside its strings; refuses containers nested
+/// more than `MAX_JSON_DEPTH` levels below the top-level object.
+fn strip_json_whitespace(json: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(json.len());
+    let (mut in_string, mut escaped, mut depth) = (false, false, 0usize);
+    for c in json.chars() {
+        if in_string {
+            out.push(c);
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                _ => {}
+            }
+            continue;
         }
-    }
-
-    fn ws(&mut self) {
-        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-            self.i += 1;
-        }
-    }
-
-    fn take(&mut self) {
-        self.out.push(self.s[self.i]);
-        self.i += 1;
-    }
-
-    fn expect(&mut self, b: u8) -> Result<(), String> {
-        if self.peek() == Some(b) {
-            self.take();
-            Ok(())
-        } else {
-            Err(self.error(&format!("{:?}", b as char)))
-        }
-    }
-
-    fn value(&mut self, depth: usize) -> Result<(), String> {
-        if depth > MAX_JSON_DEPTH {
-            return Err(format!("nested deeper than {MAX_JSON_DEPTH}"));
-        }
-        self.ws();
-        match self.peek() {
-            Some(b'{') => {
-                self.take();
-                self.ws();
-                if self.peek() == Some(b'}') {
-                    self.take();
-                    return Ok(());
-                }
-                loop {
-                    self.ws();
-                    self.string()?;
-                    self.ws();
-                    self.expect(b':')?;
-                    self.value(depth + 1)?;
-                    self.ws();
-                    match self.peek() {
-                        Some(b',') => self.take(),
-                        Some(b'}') => {
-                            self.take();
-                            return Ok(());
-                        }
-                        _ => return Err(self.error("',' or '}'")),
-                    }
+        match c {
+            c if JSON_WS.contains(&c) => continue,
+            '"' => in_string = true,
+            '{' | '[' => {
+                depth += 1;
+                if depth > MAX_JSON_DEPTH + 1 {
+                    return Err(format!(
+                        "--notice is not valid JSON: nested deeper than {MAX_JSON_DEPTH}"
+                    ));
                 }
             }
-            Some(b'[') => {
-                self.take();
-                self.ws();
-                if self.peek() == Some(b']') {
-                    self.take();
-                    return Ok(());
-                }
-                loop {
-                    self.value(depth + 1)?;
-                    self.ws();
-                    match self.peek() {
-                        Some(b',') => self.take(),
-                        Some(b']') => {
-                            self.take();
-                            return Ok(());
-                        }
-                        _ => return Err(self.error("',' or ']'")),
-                    }
-                }
-            }
-            Some(b'"') => self.string(),
-            Some(b'-' | b'0'..=b'9') => self.number(),
-            Some(b't') => self.literal(b"true"),
-            Some(b'f') => self.literal(b"false"),
-            Some(b'n') => self.literal(b"null"),
-            _ => Err(self.error("a JSON value")),
+            '}' | ']' => depth -= 1,
+            _ => {}
         }
+        out.push(c);
     }
-
-    fn literal(&mut self, word: &[u8]) -> Result<(), String> {
-        if self.s[self.i..].starts_with(word) {
-            self.out.extend_from_slice(word);
-            self.i += word.len();
-            Ok(())
-        } else {
-            Err(self.error(&String::from_utf8_lossy(word)))
-        }
-    }
-
-    fn digits(&mut self) -> Result<(), String> {
-        if !matches!(self.peek(), Some(b'0'..=b'9')) {
-            return Err(self.error("a digit"));
-        }
-        while matches!(self.peek(), Some(b'0'..=b'9')) {
-            self.take();
-        }
-        Ok(())
-    }
-
-    fn number(&mut self) -> Result<(), String> {
-        if self.peek() == Some(b'-') {
-            self.take();
-        }
-        if self.peek() == Some(b'0') {
-            self.take();
-        } else {
-            self.digits()?;
-        }
-        if self.peek() == Some(b'.') {
-            self.take();
-            self.digits()?;
-        }
-        if matches!(self.peek(), Some(b'e' | b'E')) {
-            self.take();
-            if matches!(self.peek(), Some(b'+' | b'-')) {
-                self.take();
-            }
-            self.digits()?;
-        }
-        Ok(())
-    }
-
-    fn string(&mut self) -> Result<(), String> {
-        self.expect(b'"')?;
-        loop {
-            match self.peek() {
-                None => return Err(self.error("'\"'")),
-                Some(b'"') => {
-                    self.take();
-                    return Ok(());
-                }
-                Some(b'\\') => {
-                    self.take();
-                    match self.peek() {
-                        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => self.take(),
-                        Some(b'u') => {
-                            self.take();
-                            for _ in 0..4 {
-                                if !self.peek().is_some_and(|b| b.is_ascii_hexdigit()) {
-                                    return Err(self.error("a hex digit"));
-                                }
-                                self.take();
-                            }
-                        }
-                        _ => return Err(self.error("an escape")),
-                    }
-                }
-                Some(b) if b < 0x20 => return Err(self.error("no control character in a string")),
-                Some(_) => self.take(),
-            }
-        }
-    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -825,6 +596,17 @@ mod tests {
         }
         let deep = format!("{{\"a\":{}1{}}}", "[".repeat(40), "]".repeat(40));
         assert!(compact_json_object(&deep).is_err());
+        let nested = |n: usize| format!("{{\"a\":{}1{}}}", "[".repeat(n), "]".repeat(n));
+        assert!(compact_json_object(&nested(MAX_JSON_DEPTH)).is_ok());
+        let e = compact_json_object(&nested(MAX_JSON_DEPTH + 1)).unwrap_err();
+        assert!(e.contains("nested deeper than 16"), "{e}");
+        // Brackets and whitespace inside strings are kept as written.
+        assert_eq!(
+            compact_json_object("{\"a\": \" [{ \\\" \"}"),
+            Ok("{\"a\":\" [{ \\\" \"}".to_string())
+        );
+        let e = compact_json_object("{\"ttl\":01}").unwrap_err();
+        assert!(e.starts_with("--notice is not valid JSON: "), "{e}");
         let long = format!("{{\"a\":\"{}\"}}", "x".repeat(MAX_NOTICE_BYTES));
         assert!(compact_json_object(&long).is_err());
     }

@@ -149,7 +149,7 @@ impl Default for Settings {
             message_ttl: Duration::from_secs(21 * 86400),
             expire_interval: Duration::from_secs(2 * 3600),
             expire_on_send: true,
-            notification_ttl: Duration::from_secs(24 * 3600),
+            notification_ttl: Duration::from_secs(crate::store::memory::NTF_TTL_SECS as u64),
             new_queues: true,
             create_password: None,
             proxy: ProxySettings::default(),

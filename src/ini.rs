@@ -32,125 +32,22 @@
 //!
 //! The message TTL has one key only, `expire_messages_days` (as the reference); `start
 //! --message-ttl-secs` overrides it when a finer unit is needed (tests).
+//!
+//! The keys that set a `start` option are declared, with their flags, in `settings.rs` (one entry
+//! per setting); this module parses the file, and `KEYS` lists the other keys.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::config::StartConfig;
+use crate::settings;
 
 /// The largest per-queue quota accepted: a full queue of maximum-size messages is then 64 MB.
 pub const MAX_QUOTA: usize = 4096;
 /// Longest TTL or interval accepted in any unit (10 years), so that conversions cannot overflow.
 pub const MAX_DURATION_SECS: u64 = 10 * 365 * 86400;
 
-/// What a layer of configuration (the file or the command line) sets; `None` is "not set here".
-/// Precedence is command line over file over default: `cli.or(file).apply_to(&mut config)`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct StartOptions {
-    pub ports: Option<Vec<u16>>,
-    pub shards: Option<usize>,
-    pub max_connections: Option<usize>,
-    pub max_handshakes_per_address: Option<usize>,
-    pub tls_timeout: Option<Duration>,
-    pub handshake_timeout: Option<Duration>,
-    pub slow_reader_close: Option<Duration>,
-    pub quota: Option<usize>,
-    pub message_ttl: Option<Duration>,
-    pub expire_interval: Option<Duration>,
-    pub expire_on_send: Option<bool>,
-    pub notification_ttl: Option<Duration>,
-    pub new_queues: Option<bool>,
-    pub create_password: Option<Vec<u8>>,
-    pub metrics_interval: Option<Duration>,
-    /// `[PROXY] socks_proxy`: where `.onion` destinations of the proxy role are reached.
-    pub socks_proxy: Option<std::net::SocketAddr>,
-    /// `[PROXY] own_server_domains`: counted as "own" in the proxy statistics.
-    pub own_server_domains: Option<Vec<String>>,
-}
-
-impl StartOptions {
-    /// Each option of `self` where set, else that of `lower`.
-    pub fn or(self, lower: StartOptions) -> StartOptions {
-        StartOptions {
-            ports: self.ports.or(lower.ports),
-            shards: self.shards.or(lower.shards),
-            max_connections: self.max_connections.or(lower.max_connections),
-            max_handshakes_per_address: self
-                .max_handshakes_per_address
-                .or(lower.max_handshakes_per_address),
-            tls_timeout: self.tls_timeout.or(lower.tls_timeout),
-            handshake_timeout: self.handshake_timeout.or(lower.handshake_timeout),
-            slow_reader_close: self.slow_reader_close.or(lower.slow_reader_close),
-            socks_proxy: self.socks_proxy.or(lower.socks_proxy),
-            own_server_domains: self.own_server_domains.or(lower.own_server_domains),
-            quota: self.quota.or(lower.quota),
-            message_ttl: self.message_ttl.or(lower.message_ttl),
-            expire_interval: self.expire_interval.or(lower.expire_interval),
-            expire_on_send: self.expire_on_send.or(lower.expire_on_send),
-            notification_ttl: self.notification_ttl.or(lower.notification_ttl),
-            new_queues: self.new_queues.or(lower.new_queues),
-            create_password: self.create_password.or(lower.create_password),
-            metrics_interval: self.metrics_interval.or(lower.metrics_interval),
-        }
-    }
-
-    /// Writes the options that are set into `c`; the rest keep `c`'s values (the defaults).
-    pub fn apply_to(self, c: &mut StartConfig) {
-        let s = &mut c.settings;
-        if let Some(v) = self.ports {
-            c.ports = v;
-        }
-        if let Some(v) = self.shards {
-            c.shards = v;
-        }
-        if let Some(v) = self.max_connections {
-            c.max_connections = Some(v);
-        }
-        if let Some(v) = self.max_handshakes_per_address {
-            c.max_handshakes_per_address = v;
-        }
-        if let Some(v) = self.tls_timeout {
-            c.tls_timeout = v;
-        }
-        if let Some(v) = self.handshake_timeout {
-            c.handshake_timeout = v;
-        }
-        if let Some(v) = self.slow_reader_close {
-            c.slow_reader_close = v;
-        }
-        if let Some(v) = self.socks_proxy {
-            s.proxy.socks_proxy = Some(v);
-        }
-        if let Some(v) = self.own_server_domains {
-            s.proxy.own_server_domains = v;
-        }
-        if let Some(v) = self.quota {
-            s.quota = v;
-        }
-        if let Some(v) = self.message_ttl {
-            s.message_ttl = v;
-        }
-        if let Some(v) = self.expire_interval {
-            s.expire_interval = v;
-        }
-        if let Some(v) = self.expire_on_send {
-            s.expire_on_send = v;
-        }
-        if let Some(v) = self.notification_ttl {
-            s.notification_ttl = v;
-        }
-        if let Some(v) = self.new_queues {
-            s.new_queues = v;
-        }
-        if let Some(v) = self.create_password {
-            s.create_password = Some(v);
-        }
-        if let Some(v) = self.metrics_interval {
-            c.metrics_interval = Some(v);
-        }
-    }
-}
+pub use crate::settings::StartOptions;
 
 /// A parsed configuration file.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -224,11 +121,7 @@ impl fmt::Display for Problem {
                 SECTIONS.join(", ")
             ),
             Problem::UnknownKey { section, key } => {
-                let known: Vec<&str> = KEYS
-                    .iter()
-                    .filter(|k| k.section == section)
-                    .map(|k| k.key)
-                    .collect();
+                let known = keys_of(section);
                 write!(
                     f,
                     "unknown key `{key}` in [{section}]; remove it or fix its name (keys of [{section}]: {})",
@@ -319,7 +212,8 @@ const NO_INFO: Rule = Rule::Unsupported(
 );
 const NO_WEB: Rule = Rule::Unsupported("this relay has no embedded web server");
 
-/// Every key of the reference's configuration, and the `[RELAY]` keys of this relay.
+/// Every key of the reference's configuration and of this relay's `[RELAY]` section that is not a
+/// setting of `settings.rs` (those are `Applied` by `settings::apply_ini`).
 const KEYS: &[KeySpec] = &[
     k(
         "STORE_LOG",
@@ -344,7 +238,6 @@ const KEYS: &[KeySpec] = &[
             "this relay always saves messages at a clean stop and restores them at start",
         ),
     ),
-    k("STORE_LOG", "expire_messages_days", Rule::Applied),
     k(
         "STORE_LOG",
         "expire_messages_on_start",
@@ -353,8 +246,6 @@ const KEYS: &[KeySpec] = &[
             "this relay always drops expired messages when it loads its store",
         ),
     ),
-    k("STORE_LOG", "expire_messages_on_send", Rule::Applied),
-    k("STORE_LOG", "expire_ntfs_hours", Rule::Applied),
     k(
         "STORE_LOG",
         "log_stats",
@@ -363,14 +254,10 @@ const KEYS: &[KeySpec] = &[
             "this relay writes no daily statistics file yet (use prometheus_interval)",
         ),
     ),
-    k("STORE_LOG", "prometheus_interval", Rule::Applied),
-    k("AUTH", "new_queues", Rule::Applied),
-    k("AUTH", "create_password", Rule::Applied),
     k("AUTH", "control_port_admin_password", NO_CONTROL_PORT),
     k("AUTH", "control_port_user_password", NO_CONTROL_PORT),
     k("AUTH", "daily_block_queue_quota", NO_CONTROL_PORT),
     k("TRANSPORT", "host", Rule::Applied),
-    k("TRANSPORT", "port", Rule::Applied),
     k(
         "TRANSPORT",
         "log_tls_errors",
@@ -382,7 +269,6 @@ const KEYS: &[KeySpec] = &[
         Rule::Only("off", "this relay has no WebSocket transport"),
     ),
     k("TRANSPORT", "control_port", NO_CONTROL_PORT),
-    k("PROXY", "socks_proxy", Rule::Applied),
     k(
         "PROXY",
         "socks_mode",
@@ -401,7 +287,6 @@ const KEYS: &[KeySpec] = &[
         "required_host_mode",
         Rule::Only("off", "the proxy does not require a host mode"),
     ),
-    k("PROXY", "own_server_domains", Rule::Applied),
     k(
         "PROXY",
         "client_concurrency",
@@ -447,14 +332,6 @@ const KEYS: &[KeySpec] = &[
     k("WEB", "https", NO_WEB),
     k("WEB", "cert", NO_WEB),
     k("WEB", "key", NO_WEB),
-    k("RELAY", "quota", Rule::Applied),
-    k("RELAY", "cores", Rule::Applied),
-    k("RELAY", "max_connections", Rule::Applied),
-    k("RELAY", "max_handshakes_per_address", Rule::Applied),
-    k("RELAY", "expire_interval_secs", Rule::Applied),
-    k("RELAY", "tls_timeout_secs", Rule::Applied),
-    k("RELAY", "handshake_timeout_secs", Rule::Applied),
-    k("RELAY", "slow_reader_close_secs", Rule::Applied),
 ];
 
 /// Reads `path`; `Ok(None)` when the file does not exist (a data directory from before it did).
@@ -517,7 +394,7 @@ pub fn parse(path: &Path, text: &str) -> Result<IniConfig, IniError> {
             ));
         }
         seen.push((section, key, n));
-        let Some(spec) = KEYS.iter().find(|s| s.section == section && s.key == key) else {
+        let Some(rule) = rule_of(section, key) else {
             return Err(at(
                 n,
                 Problem::UnknownKey {
@@ -532,7 +409,7 @@ pub fn parse(path: &Path, text: &str) -> Result<IniConfig, IniError> {
             why,
             only,
         };
-        match spec.rule {
+        match rule {
             Rule::Only(v, _) if value == v => {}
             Rule::Only(v, why) => return Err(at(n, unsupported(why, Some(v)))),
             Rule::Unsupported(why) => return Err(at(n, unsupported(why, None))),
@@ -552,93 +429,52 @@ pub fn parse(path: &Path, text: &str) -> Result<IniConfig, IniError> {
     Ok(config)
 }
 
+/// How `[section] key` is treated: `Applied` for the settings (`settings::INI_KEYS`) and the keys
+/// `apply` parses, else as `KEYS` says; `None`: an unknown key.
+fn rule_of(section: &str, key: &str) -> Option<Rule> {
+    if settings::INI_KEYS.contains(&(section, key)) {
+        return Some(Rule::Applied);
+    }
+    KEYS.iter()
+        .find(|s| s.section == section && s.key == key)
+        .map(|s| s.rule)
+}
+
+/// Every key of `section`: those of `KEYS`, then the settings'.
+fn keys_of(section: &str) -> Vec<&'static str> {
+    KEYS.iter()
+        .map(|k| (k.section, k.key))
+        .chain(settings::INI_KEYS.iter().copied())
+        .filter(|(s, _)| *s == section)
+        .map(|(_, k)| k)
+        .collect()
+}
+
 /// Parses one applied key into `config`; the error says what the value should be.
 fn apply(config: &mut IniConfig, section: &str, key: &str, value: &str) -> Result<(), String> {
-    let o = &mut config.options;
+    if let Some(applied) = settings::apply_ini(&mut config.options, section, key, value) {
+        return applied;
+    }
     match (section, key) {
         ("STORE_LOG", "store_queues") => store_kind(value, &["memory", "database"]),
-        ("PROXY", "socks_proxy") => {
-            use std::net::ToSocketAddrs;
-            let addr = value
-                .to_socket_addrs()
-                .ok()
-                .and_then(|mut a| a.next())
-                .ok_or_else(|| format!("{value:?} is not a HOST:PORT that resolves"))?;
-            o.socks_proxy = Some(addr);
-            Ok(())
-        }
-        ("PROXY", "own_server_domains") => {
-            o.own_server_domains = Some(value.split_whitespace().map(str::to_string).collect());
-            Ok(())
-        }
         ("STORE_LOG", "store_messages") => store_kind(value, &["memory", "journal", "database"]),
-        ("STORE_LOG", "expire_messages_days") => {
-            o.message_ttl = Some(duration(value, 86400)?);
-            Ok(())
-        }
-        ("STORE_LOG", "expire_messages_on_send") => {
-            o.expire_on_send = Some(on_off(value)?);
-            Ok(())
-        }
-        ("STORE_LOG", "expire_ntfs_hours") => {
-            o.notification_ttl = Some(duration(value, 3600)?);
-            Ok(())
-        }
-        ("STORE_LOG", "prometheus_interval") => {
-            o.metrics_interval = Some(duration(value, 1)?);
-            Ok(())
-        }
-        ("AUTH", "new_queues") => {
-            o.new_queues = Some(on_off(value)?);
-            Ok(())
-        }
-        ("AUTH", "create_password") => {
-            o.create_password = Some(create_password(value)?);
-            Ok(())
-        }
         ("TRANSPORT", "host") => {
             config.host = Some(value.to_string());
-            Ok(())
-        }
-        ("TRANSPORT", "port") => {
-            o.ports = Some(ports(value)?);
-            Ok(())
-        }
-        ("RELAY", "quota") => {
-            o.quota = Some(quota(value)?);
-            Ok(())
-        }
-        ("RELAY", "cores") => {
-            o.shards = Some(cores(value)?);
-            Ok(())
-        }
-        ("RELAY", "max_connections") => {
-            o.max_connections = Some(max_connections(value)?);
-            Ok(())
-        }
-        ("RELAY", "max_handshakes_per_address") => {
-            o.max_handshakes_per_address = Some(max_connections(value)?);
-            Ok(())
-        }
-        ("RELAY", "expire_interval_secs") => {
-            o.expire_interval = Some(duration(value, 1)?);
-            Ok(())
-        }
-        ("RELAY", "tls_timeout_secs") => {
-            o.tls_timeout = Some(duration(value, 1)?);
-            Ok(())
-        }
-        ("RELAY", "handshake_timeout_secs") => {
-            o.handshake_timeout = Some(duration(value, 1)?);
-            Ok(())
-        }
-        ("RELAY", "slow_reader_close_secs") => {
-            o.slow_reader_close = Some(duration(value, 1)?);
             Ok(())
         }
         // KEYS marks a key Applied only when it has an arm above (the unit test checks every one).
         _ => Err("this key has no parser (a bug: please report it)".to_string()),
     }
+}
+
+/// `HOST:PORT` of `[PROXY] socks_proxy`, resolved once.
+pub fn socket_addr(value: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    value
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| format!("{value:?} is not a HOST:PORT that resolves"))
 }
 
 /// `memory`, the only store for now; the other stores of `known` are "not supported yet".
@@ -746,8 +582,13 @@ mod tests {
 
     #[test]
     fn every_applied_key_has_a_parser() {
-        for spec in KEYS.iter().filter(|s| matches!(s.rule, Rule::Applied)) {
-            let value = match spec.key {
+        let applied = KEYS
+            .iter()
+            .filter(|s| matches!(s.rule, Rule::Applied))
+            .map(|s| (s.section, s.key))
+            .chain(settings::INI_KEYS.iter().copied());
+        for (section, key) in applied {
+            let value = match key {
                 "store_queues" | "store_messages" => "memory",
                 "expire_messages_on_send" | "new_queues" => "on",
                 "create_password" => "secret",
@@ -758,26 +599,25 @@ mod tests {
             };
             let mut c = IniConfig::default();
             assert_eq!(
-                apply(&mut c, spec.section, spec.key, value),
+                apply(&mut c, section, key, value),
                 Ok(()),
-                "[{}] {}",
-                spec.section,
-                spec.key
+                "[{section}] {key}"
             );
         }
     }
 
     #[test]
     fn every_key_is_in_a_known_section_once() {
-        for (i, spec) in KEYS.iter().enumerate() {
-            assert!(SECTIONS.contains(&spec.section), "{}", spec.section);
+        let all: Vec<(&str, &str)> = KEYS
+            .iter()
+            .map(|k| (k.section, k.key))
+            .chain(settings::INI_KEYS.iter().copied())
+            .collect();
+        for (i, (section, key)) in all.iter().enumerate() {
+            assert!(SECTIONS.contains(section), "{section}");
             assert!(
-                !KEYS[..i]
-                    .iter()
-                    .any(|s| s.section == spec.section && s.key == spec.key),
-                "[{}] {} listed twice",
-                spec.section,
-                spec.key
+                !all[..i].contains(&(section, key)),
+                "[{section}] {key} listed twice"
             );
         }
     }
@@ -871,7 +711,7 @@ mod tests {
             quota: Some(5),
             ..StartOptions::default()
         };
-        let mut c = StartConfig::new(Path::new("/d"));
+        let mut c = crate::config::StartConfig::new(Path::new("/d"));
         cli.or(file).apply_to(&mut c);
         assert_eq!(c.settings.quota, 5);
         assert!(!c.settings.new_queues);

@@ -13,5 +13,6 @@ pub mod load;
 pub mod metrics;
 pub mod protocol;
 pub mod server;
+pub mod settings;
 pub mod store;
 pub mod transport;

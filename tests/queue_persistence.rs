@@ -207,6 +207,50 @@ fn restart_drops_messages_older_than_ttl() {
     assert_eq!(ack(&mut h, &q, &m4.msg_id), BrokerMsg::Ok);
 }
 
+/// The notification TTL (`--notification-ttl-secs`, ini `[STORE_LOG] expire_ntfs_hours`) also
+/// applies when the saved store is loaded, as the reference expires notifications with its
+/// configured `expire_ntfs_hours` (simplex-chat/simplexmq `src/Simplex/Messaging/Server/Main.hs`):
+/// two pending notifications about 2.5 s old; a restart with a long TTL keeps them (one is
+/// delivered), a restart with a 1 s TTL drops the other before anything could expire it while
+/// running (the periodic expiry is hours away).
+#[test]
+fn restart_drops_notifications_older_than_ntf_ttl() {
+    let mut relay = Relay::start();
+    let (s1, s2) = (auth_key(KeyAlg::Ed25519), auth_key(KeyAlg::Ed25519));
+    let (n1, n2, m1);
+    {
+        let mut h = relay.client();
+        let q1 = create_secured(&mut h, &s1);
+        n1 = nkey(&mut h, &q1);
+        let q2 = create_secured(&mut h, &s2);
+        n2 = nkey(&mut h, &q2);
+        let r = send_as(&mut h, q1.sid(), Some(&s1), send_ntf_cmd(b"one"));
+        assert_eq!(r, BrokerMsg::Ok);
+        m1 = expect_body(&mut h, &q1, b"one");
+        let r = send_as(&mut h, q2.sid(), Some(&s2), send_ntf_cmd(b"two"));
+        assert_eq!(r, BrokerMsg::Ok);
+        expect_body(&mut h, &q2, b"two");
+    }
+    // Notification times are whole seconds: 2.5 s makes both older than a 1 s TTL at the restart.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    stop_cleanly(&mut relay);
+    relay.restart_with(&["--notification-ttl-secs", "86400"]);
+    {
+        let mut h = relay.client();
+        assert_eq!(nsub(&mut h, &n1), BrokerMsg::Sok(None));
+        assert_eq!(
+            expect_nmsg(&mut h, &n1).msg_id,
+            m1.msg_id,
+            "kept with a long TTL"
+        );
+    }
+    stop_cleanly(&mut relay);
+    relay.restart_with(&["--notification-ttl-secs", "1"]);
+    let mut h = relay.client();
+    assert_eq!(nsub(&mut h, &n2), BrokerMsg::Sok(None));
+    expect_nothing(&mut h, "the old notification expired at start");
+}
+
 /// The saved store is split by partition group, not by shard: queues and messages saved by two
 /// shards are all restored by one, and back.
 #[test]

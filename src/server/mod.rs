@@ -133,6 +133,8 @@ fn run_on<S: ShardStore>(config: StartConfig) -> Result<(), StartError> {
                     return Err("test hook: the shard's thread ends before it is ready".into());
                 }
                 let groups = groups_of_shard(shard_id, shards);
+                // Both lifetimes as configured (`store_settings`), so that a start keeps exactly
+                // what the running relay's periodic expiry would keep.
                 let store = S::open(&store_settings, &groups, commands::now_secs())
                     .map_err(|e| reporter.fail(e))?;
                 fill_directory(&directory, &store);

@@ -53,8 +53,9 @@ pub const FORMAT_VERSION: u16 = 1;
 const HEADER_LEN: usize = 8 + 2 + 2 + 8;
 const CHECKSUM_LEN: usize = 32;
 
-/// How long pending notifications live (the reference's `expire_ntfs_hours` default, 24 h); older
-/// ones are skipped at load by [`MemoryStore::load`].
+/// How long pending notifications live by default (the reference's `expire_ntfs_hours` default,
+/// 24 h): `config::Settings::notification_ttl`'s default and [`MemoryStore::load`]'s lifetime. The
+/// relay loads with the configured lifetime ([`MemoryStore::load_with_ntf_ttl`], `server::run`).
 pub const NTF_TTL_SECS: i64 = 24 * 3600;
 
 /// Why saving, loading or editing the group files failed. Each message names the file and what the
