@@ -100,10 +100,7 @@ fn run_on<S: ShardStore>(config: StartConfig) -> Result<(), StartError> {
     let admission = admission::Admission::new(max_connections, config.max_handshakes_per_address);
     let (mesh, inboxes) = Mesh::new(shards);
     let directory = Directory::new();
-    let metrics = Arc::new(std::sync::Mutex::new(vec![
-        crate::metrics::MetricsSnapshot::default();
-        shards
-    ]));
+
     let (report_tx, reports) = mpsc::channel::<Report>();
     let mut gos = Vec::with_capacity(shards);
     let mut handles = Vec::with_capacity(shards);
@@ -118,7 +115,6 @@ fn run_on<S: ShardStore>(config: StartConfig) -> Result<(), StartError> {
         let (go_tx, go_rx) = flume::bounded::<bool>(1);
         let mesh = mesh.clone();
         let directory = directory.clone();
-        let metrics = metrics.clone();
         let admission = admission.clone();
         let store_settings = store_settings.clone();
         let spawned = LocalExecutorBuilder::new(Placement::Fixed(cpu))
@@ -168,7 +164,6 @@ fn run_on<S: ShardStore>(config: StartConfig) -> Result<(), StartError> {
                     admission,
                     directory.clone(),
                     mesh.clone(),
-                    metrics,
                 ));
                 let owner = owner::Owner::new(shard_id, store, directory, mesh, settings);
                 let store = shard::run(ctx, owner, inbox, listeners, move || reporter.serving())

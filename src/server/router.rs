@@ -185,8 +185,15 @@ pub enum ShardMsg {
     },
     /// Periodic work of an owner (expiration).
     Tick,
-    /// Time to publish this shard's numbers for the metrics file.
+    /// Time to write the metrics file (shard 0): it asks every shard for its numbers.
     Metrics,
+    /// A request fanned out to every shard: send this shard's numbers to `reply_to`.
+    StatsRequest { reply_to: usize, round: u64 },
+    /// One shard's answer to `StatsRequest`, gathered by the shard that asked.
+    StatsPart {
+        round: u64,
+        part: Box<crate::metrics::MetricsSnapshot>,
+    },
     /// Stop: save what must be saved, then end the shard.
     Stop,
 }
@@ -213,6 +220,14 @@ impl Mesh {
         self.inboxes.len()
     }
 
+    /// Sends every shard (this one included) the message `msg(shard)` makes: the fan-out half of
+    /// a request whose answers a `Gathering` collects.
+    pub fn fan_out(&self, msg: impl Fn(usize) -> ShardMsg) {
+        for shard in 0..self.shards() {
+            self.send(shard, msg(shard));
+        }
+    }
+
     /// Never waits; a shard that has stopped drops what it is sent.
     pub fn send(&self, shard: usize, msg: ShardMsg) {
         let _ = self.inboxes[shard].send(msg);
@@ -223,6 +238,49 @@ impl Mesh {
     pub fn owner_of(&self, recipient_id: &[u8]) -> usize {
         owner_shard(recipient_id, self.shards())
     }
+}
+
+/// The answers of every shard to one fanned-out request, folded as they arrive. A new round
+/// replaces an unfinished one, and answers of other rounds are ignored, so a shard that never
+/// answers (it is stopping) costs one round, not a stuck gatherer.
+pub struct Gathering<T> {
+    round: u64,
+    missing: usize,
+    acc: T,
+}
+
+impl<T> Gathering<T> {
+    pub fn new(round: u64, shards: usize, acc: T) -> Self {
+        Gathering {
+            round,
+            missing: shards,
+            acc,
+        }
+    }
+
+    pub fn round(&self) -> u64 {
+        self.round
+    }
+
+    /// Folds one answer in; returns the result once every shard has answered.
+    pub fn add<P>(mut self, round: u64, part: P, fold: impl FnOnce(&mut T, P)) -> Step<T> {
+        if round != self.round {
+            return Step::Waiting(self);
+        }
+        fold(&mut self.acc, part);
+        self.missing -= 1;
+        if self.missing == 0 {
+            Step::Done(self.acc)
+        } else {
+            Step::Waiting(self)
+        }
+    }
+}
+
+/// What `Gathering::add` left: still waiting, or the folded answers of every shard.
+pub enum Step<T> {
+    Waiting(Gathering<T>),
+    Done(T),
 }
 
 pub fn owner_shard(recipient_id: &[u8], shards: usize) -> usize {
@@ -239,6 +297,27 @@ pub fn groups_of_shard(shard: usize, shards: usize) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gathering_completes_after_every_shard_and_ignores_other_rounds() {
+        let sum = |acc: &mut u64, p: u64| *acc += p;
+        let g = Gathering::new(7, 3, 0u64);
+        let Step::Waiting(g) = g.add(7, 1, sum) else {
+            panic!("done after one of three")
+        };
+        // An answer of an older round does not count.
+        let Step::Waiting(g) = g.add(6, 100, sum) else {
+            panic!("done on a stale answer")
+        };
+        let Step::Waiting(g) = g.add(7, 2, sum) else {
+            panic!("done after two of three")
+        };
+        assert_eq!(g.round(), 7);
+        match g.add(7, 4, sum) {
+            Step::Done(total) => assert_eq!(total, 7),
+            Step::Waiting(_) => panic!("every shard answered"),
+        }
+    }
 
     #[test]
     fn groups_are_spread_and_owned_once() {

@@ -7,7 +7,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::os::fd::{FromRawFd, IntoRawFd};
 use std::rc::Rc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use glommio::net::TcpListener;
@@ -17,7 +17,7 @@ use super::conn::{self, ConnHandle, Output};
 use super::directory::Directory;
 use super::log_limit::{self, RateLimited};
 use super::owner::Owner;
-use super::router::{ConnRef, Group, GroupKind, Mesh, ShardMsg};
+use super::router::{ConnRef, Gathering, Group, GroupKind, Mesh, ShardMsg, Step};
 use crate::config::StartConfig;
 use crate::metrics::{self, MetricsSnapshot};
 use crate::store::ShardStore;
@@ -42,9 +42,9 @@ pub struct ShardContext {
     next_conn: Cell<u64>,
     /// The proxy role: this shard's sessions to destination relays.
     pub proxy: super::proxy::ProxyAgent,
-    /// Each shard's latest numbers; shard 0 writes their sum to the metrics file. Touched once per
-    /// metrics interval, never on a request's path.
-    pub metrics: Arc<Mutex<Vec<MetricsSnapshot>>>,
+    /// Shard 0's gathering of every shard's numbers for the metrics file (`ShardMsg::Metrics`).
+    stats_round: RefCell<Option<Gathering<MetricsSnapshot>>>,
+    next_stats_round: Cell<u64>,
     /// Back-pressure counters of this shard's connections, exported as metrics.
     pub conn_stats: ConnStats,
 }
@@ -67,7 +67,6 @@ impl ShardContext {
         admission: Arc<Admission>,
         directory: Arc<Directory>,
         mesh: Mesh,
-        metrics: Arc<Mutex<Vec<MetricsSnapshot>>>,
     ) -> Self {
         let proxy = super::proxy::ProxyAgent::new(&config.settings);
         ShardContext {
@@ -83,7 +82,8 @@ impl ShardContext {
             connections_table: RefCell::new(HashMap::new()),
             next_conn: Cell::new(0),
             proxy,
-            metrics,
+            stats_round: RefCell::new(None),
+            next_stats_round: Cell::new(0),
             conn_stats: ConnStats::default(),
         }
     }
@@ -194,17 +194,21 @@ pub async fn run<S: ShardStore>(
             }
         })
     };
-    let metrics_ticker = ctx.config.metrics_interval.map(|every| {
-        let mesh = ctx.mesh.clone();
-        let shard = ctx.shard_id;
-        let every = every.max(Duration::from_millis(100));
-        glommio::spawn_local(async move {
-            loop {
-                glommio::timer::Timer::new(every).await;
-                mesh.send(shard, ShardMsg::Metrics);
-            }
-        })
-    });
+    let metrics_ticker = ctx
+        .config
+        .metrics_interval
+        .filter(|_| ctx.shard_id == 0)
+        .map(|every| {
+            let mesh = ctx.mesh.clone();
+            let shard = ctx.shard_id;
+            let every = every.max(Duration::from_millis(100));
+            glommio::spawn_local(async move {
+                loop {
+                    glommio::timer::Timer::new(every).await;
+                    mesh.send(shard, ShardMsg::Metrics);
+                }
+            })
+        });
     ready();
     let store = inbox_loop(&ctx, owner, inbox).await;
     drop(ticker);
@@ -264,7 +268,15 @@ async fn inbox_loop<S: ShardStore>(
             ShardMsg::Event { conn, groups } => ctx.deliver(conn, groups, None),
             ShardMsg::Redelivered { conn, groups } => ctx.redelivered(conn, groups),
             ShardMsg::Close { conn } => ctx.close(conn),
-            ShardMsg::Metrics => publish_metrics(ctx, &owner),
+            ShardMsg::Metrics => ask_for_stats(ctx),
+            ShardMsg::StatsRequest { reply_to, round } => ctx.mesh.send(
+                reply_to,
+                ShardMsg::StatsPart {
+                    round,
+                    part: Box::new(shard_stats(ctx, &owner)),
+                },
+            ),
+            ShardMsg::StatsPart { round, part } => gather_stats(ctx, round, *part),
             ShardMsg::Stop => break,
             m @ ShardMsg::Work { .. } if delay.is_some() => {
                 let at = std::time::Instant::now() + delay.unwrap_or_default();
@@ -305,13 +317,44 @@ async fn owner_msg<S: ShardStore>(owner: &mut Owner<S>, msg: ShardMsg) {
         | ShardMsg::Redelivered { .. }
         | ShardMsg::Close { .. }
         | ShardMsg::Metrics
+        | ShardMsg::StatsRequest { .. }
+        | ShardMsg::StatsPart { .. }
         | ShardMsg::Stop => {}
     }
 }
 
-/// Records this shard's numbers; shard 0 also writes the sum of every shard's latest numbers to
+/// Starts a round of the metrics file: every shard is asked for its numbers, and their sum is
+/// written when the last has answered (`gather_stats`). No lock: the numbers travel as messages.
+fn ask_for_stats(ctx: &ShardContext) {
+    let round = ctx.next_stats_round.get() + 1;
+    ctx.next_stats_round.set(round);
+    let shards = ctx.mesh.shards();
+    *ctx.stats_round.borrow_mut() = Some(Gathering::new(round, shards, MetricsSnapshot::default()));
+    let reply_to = ctx.shard_id;
+    ctx.mesh
+        .fan_out(|_| ShardMsg::StatsRequest { reply_to, round });
+}
+
+/// Folds one shard's numbers into the round; the last one writes
 /// `<data-dir>/smp-server-metrics.txt`.
-fn publish_metrics<S: ShardStore>(ctx: &ShardContext, owner: &Owner<S>) {
+fn gather_stats(ctx: &ShardContext, round: u64, part: MetricsSnapshot) {
+    let Some(g) = ctx.stats_round.borrow_mut().take() else {
+        return;
+    };
+    match g.add(round, part, |total, p| total.add(&p)) {
+        Step::Waiting(g) => *ctx.stats_round.borrow_mut() = Some(g),
+        Step::Done(total) => {
+            let path = metrics::metrics_path(&ctx.config.data_dir);
+            let text = metrics::render(&total, metrics::now_ms());
+            if let Err(e) = metrics::write_atomically(&path, &text) {
+                tracing::warn!(error = %e, "cannot write the metrics file");
+            }
+        }
+    }
+}
+
+/// This shard's numbers: its owner's, its connections' and its proxy's.
+fn shard_stats<S: ShardStore>(ctx: &ShardContext, owner: &Owner<S>) -> MetricsSnapshot {
     let mut m = MetricsSnapshot::from_shard(&owner.stats, owner.store.counters());
     m.queue_count = owner.store.queue_count() as u64;
     m.msg_count = owner.store.total_messages() as u64;
@@ -326,26 +369,7 @@ fn publish_metrics<S: ShardStore>(ctx: &ShardContext, owner: &Owner<S>) {
     m.p_msg_fwds = p.msg_fwds;
     m.p_msg_fwds_own = p.msg_fwds_own;
     m.p_msg_fwds_recv = super::forward::received_count();
-    let total = {
-        let Ok(mut all) = ctx.metrics.lock() else {
-            return;
-        };
-        if let Some(slot) = all.get_mut(ctx.shard_id) {
-            *slot = m;
-        }
-        if ctx.shard_id != 0 {
-            return;
-        }
-        let mut total = MetricsSnapshot::default();
-        for s in all.iter() {
-            total.add(s);
-        }
-        total
-    };
-    let path = metrics::metrics_path(&ctx.config.data_dir);
-    if let Err(e) = metrics::write_atomically(&path, &metrics::render(&total, metrics::now_ms())) {
-        tracing::warn!(error = %e, "cannot write the metrics file");
-    }
+    m
 }
 
 /// Warnings a peer causes at will, written at most once a second each (`log_limit`).
