@@ -187,6 +187,10 @@ pub enum ShardMsg {
     Tick,
     /// Time to publish this shard's numbers for the metrics file.
     Metrics,
+    /// Test hook (`clock_control`): run the expiration now, then say so on `done`.
+    ExpireNow { done: flume::Sender<()> },
+    /// Test hook (`clock_control`): publish the metrics now, then say so on `done`.
+    MetricsNow { done: flume::Sender<()> },
     /// Stop: save what must be saved, then end the shard.
     Stop,
 }

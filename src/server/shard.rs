@@ -206,8 +206,21 @@ pub async fn run(
             }
         })
     });
+    // Test hook: shard 0 serves the clock control; bound before `ready` so that a test can use it
+    // as soon as the relay has started.
+    let clock_control = match ctx.config.test_clock_control.as_deref() {
+        Some(path) if ctx.shard_id == 0 => {
+            let listener = super::clock_control::bind(path)?;
+            Some(glommio::spawn_local(super::clock_control::serve(
+                listener,
+                ctx.mesh.clone(),
+            )))
+        }
+        _ => None,
+    };
     ready();
     let store = inbox_loop(&ctx, owner, inbox).await;
+    drop(clock_control);
     drop(ticker);
     drop(metrics_ticker);
     Ok(store)
@@ -266,6 +279,10 @@ async fn inbox_loop(
             ShardMsg::Redelivered { conn, groups } => ctx.redelivered(conn, groups),
             ShardMsg::Close { conn } => ctx.close(conn),
             ShardMsg::Metrics => publish_metrics(ctx, &owner),
+            ShardMsg::MetricsNow { done } => {
+                publish_metrics(ctx, &owner);
+                let _ = done.send(());
+            }
             ShardMsg::Stop => break,
             m @ ShardMsg::Work { .. } if delay.is_some() => {
                 let at = std::time::Instant::now() + delay.unwrap_or_default();
@@ -300,12 +317,17 @@ async fn owner_msg(owner: &mut Owner<MemoryStore>, msg: ShardMsg) {
             epoch,
         } => owner.register_sub(&session, &recipient_id, epoch),
         ShardMsg::Tick => owner.expire().await,
+        ShardMsg::ExpireNow { done } => {
+            owner.expire().await;
+            let _ = done.send(());
+        }
         // Connection output, metrics and stop are the loop's own.
         ShardMsg::Reply { .. }
         | ShardMsg::Event { .. }
         | ShardMsg::Redelivered { .. }
         | ShardMsg::Close { .. }
         | ShardMsg::Metrics
+        | ShardMsg::MetricsNow { .. }
         | ShardMsg::Stop => {}
     }
 }
