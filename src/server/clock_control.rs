@@ -106,3 +106,31 @@ async fn on_shards(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Refused commands leave the clock alone and say why (an accepted `advance` would move the
+    /// clock of every test in this process, so only refusals are run here).
+    #[test]
+    fn bad_commands_are_refused() {
+        let (mesh, _inboxes) = Mesh::new(1);
+        let before = crate::clock::now_secs();
+        for bad in [
+            "advance",
+            "advance -3",
+            "advance 1.5",
+            "advance 1 2",
+            "rewind 3",
+            "",
+        ] {
+            let r = futures_lite::future::block_on(run(bad, &mesh));
+            assert!(r.is_err(), "{bad:?} was accepted");
+        }
+        assert!(
+            crate::clock::now_secs() - before <= 1,
+            "the clock did not move"
+        );
+    }
+}
