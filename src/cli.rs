@@ -97,6 +97,14 @@ struct StartArgs {
     /// Test hook: shard SHARD fails its start (`bind`: its listener; `exit`: its thread ends first).
     #[arg(long, hide = true, value_name = "SHARD:bind|exit", value_parser = start_fault)]
     test_fail_start: Option<(usize, config::StartFault)>,
+    /// Test hook: serve clock-control commands (`advance SECS`, `expire`, `metrics`) on a Unix
+    /// socket at PATH, so that tests move the relay's time instead of sleeping.
+    #[arg(long, hide = true, value_name = "PATH")]
+    test_clock_control: Option<PathBuf>,
+    /// Test hook: the relay's clock starts SECS ahead of the wall clock (it applies to the store's
+    /// load at start, before the control socket serves).
+    #[arg(long, hide = true, value_name = "SECS", value_parser = clap::value_parser!(u32))]
+    test_clock_offset_secs: Option<u32>,
     /// Store: `memory` (saved at a clean stop, restored at start; a crash loses what was not
     /// saved). The journal and PostgreSQL stores come later (ini `[STORE_LOG] store_messages`).
     #[arg(long, value_parser = ["memory"])]
@@ -386,6 +394,10 @@ fn start(data_dir: &Path, args: &StartArgs) -> Result<(), String> {
         c.output_limits = smp_relay::limits::OutputLimits::from_high_water(b as usize);
     }
     c.test_fail_start = args.test_fail_start;
+    c.test_clock_control = args.test_clock_control.clone();
+    if let Some(secs) = args.test_clock_offset_secs {
+        smp_relay::clock::advance(i64::from(secs));
+    }
     cli.or(file.options).apply_to(&mut c);
     args.apply_proxy(&mut c.settings.proxy);
     smp_relay::server::run(c).map_err(|e| e.to_string())

@@ -1,4 +1,38 @@
-//! UTC times as the reference prints them (aeson's `UTCTime`, the metrics file's header).
+//! The relay's clock, and UTC times as the reference prints them (aeson's `UTCTime`, the metrics
+//! file's header).
+//!
+//! Every time the relay's logic reads (message timestamps, expiration, a queue's `updated_at`, the
+//! metrics file's header) comes from [`now_secs`] / [`now_ms`]: wall time plus an offset. The offset
+//! is 0 unless the hidden test flags (`--test-clock-offset-secs`, `--test-clock-control`, see
+//! `src/server/clock_control.rs`) move it, so that the expiry and persistence tests advance time
+//! instead of sleeping. On the request path it costs one relaxed atomic load.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+
+/// Seconds added to the wall clock; only the test hooks change it.
+static OFFSET_SECS: AtomicI64 = AtomicI64::new(0);
+
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Unix seconds now, as the relay sees it.
+pub fn now_secs() -> i64 {
+    wall_ms().div_euclid(1000) + OFFSET_SECS.load(Ordering::Relaxed)
+}
+
+/// Unix milliseconds now, as the relay sees it.
+pub fn now_ms() -> u64 {
+    (wall_ms() + OFFSET_SECS.load(Ordering::Relaxed) * 1000).max(0) as u64
+}
+
+/// Moves the relay's clock `secs` forward (test hooks only): time never goes back for the relay's
+/// logic, so a negative amount is refused by the callers.
+pub fn advance(secs: i64) {
+    OFFSET_SECS.fetch_add(secs, Ordering::Relaxed);
+}
 
 /// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (H. Hinnant's
 /// `civil_from_days`).

@@ -47,6 +47,9 @@ pub struct StartConfig {
     pub store: crate::store::StoreKind,
     /// Test hook: shard `.0` fails its start in the way `.1` names (failed-start tests).
     pub test_fail_start: Option<(usize, StartFault)>,
+    /// Test hook: shard 0 serves clock-control commands on this Unix socket
+    /// (`src/server/clock_control.rs`).
+    pub test_clock_control: Option<PathBuf>,
 }
 
 /// How the start-up test hook makes a shard fail.
@@ -76,6 +79,7 @@ impl StartConfig {
             output_limits: limits::OutputLimits::default(),
             store: crate::store::StoreKind::default(),
             test_fail_start: None,
+            test_clock_control: None,
         }
     }
 }

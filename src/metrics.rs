@@ -496,11 +496,9 @@ pub fn render(s: &MetricsSnapshot, now_ms: u64) -> String {
     out
 }
 
-/// Milliseconds since the Unix epoch, for [`render`].
+/// Milliseconds since the Unix epoch, for [`render`], from the relay's clock (`src/clock.rs`).
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    crate::clock::now_ms()
 }
 
 /// Replaces `path` with `text` so that a reader sees the old file or the new one, never a part:

@@ -968,11 +968,16 @@ fn e_a_steady_slow_reader_is_not_closed() {
             "1".into(),
         ],
     });
-    let n = queues_beyond_sockets(4 << 20);
+    // The reader's receive buffer is small, so that "more than the sockets hold" is the relay's
+    // send buffer and 4 MiB, not also the kernel's largest receive buffer (32 MiB on some hosts):
+    // the reading is paced, and every MB beyond what the scenario needs was a second of sleep.
+    const RCVBUF: usize = 64 << 10;
+    // The kernel doubles SO_RCVBUF for its bookkeeping.
+    let n = ((tcp_mem("w")[2] + 2 * RCVBUF + (4 << 20)) / BLOCK_SIZE).max(300);
     let mut setup = relay.client();
     let qs = create_many(&mut setup, n, PIPELINE);
     send_each(&mut setup, &qs, 0);
-    let (mut w, mut rd) = split_connect(&relay);
+    let (mut w, mut rd) = split_connect_small(&relay, RCVBUF);
     let subs = w.blocks(&qs.iter().map(sub_t).collect::<Vec<_>>());
     let (ack_tx, ack_rx) = mpsc::channel::<Vec<ClientTransmission>>();
     let writer = std::thread::spawn(move || {

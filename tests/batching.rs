@@ -6,7 +6,6 @@ mod common;
 mod support;
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use common::{Relay, RelayOptions};
 use smp_relay::client::{new_corr_id, ClientTransmission};
@@ -18,15 +17,17 @@ use support::*;
 /// The most Ed25519-signed SUBs one block holds at v16+ (`reference/smp-wire.md` §8.1 item 8).
 const SUBS_PER_BLOCK: usize = 135;
 
-/// Waits (bounded) until the metrics file shows `successes` SUBs from every shard.
+/// The metrics file once every shard has published its numbers (`Relay::publish_metrics`: shard 0
+/// writes the sum last), which must show `successes` SUBs: they were all answered before.
 fn metrics_after(relay: &Relay, successes: u64) -> HashMap<String, u64> {
-    relay.metrics_until(&format!("{successes} subscriptions"), |m| {
-        m.get("simplex_smp_subscribtion_successes").copied() == Some(successes)
-    });
-    // Shard 0 writes the sum of every shard's latest report: wait one more interval so that the
-    // other shard's report of the same moment is in.
-    std::thread::sleep(Duration::from_millis(1200));
-    relay.metrics()
+    relay.publish_metrics();
+    let m = relay.metrics();
+    assert_eq!(
+        m.get("simplex_smp_subscribtion_successes").copied(),
+        Some(successes),
+        "{successes} subscriptions: {m:?}"
+    );
+    m
 }
 
 #[test]

@@ -1,11 +1,11 @@
 //! Message expiration scenarios (`reference/smp-server-behaviour.md` §4.2, §9.2 items 25–27) with a
 //! 1-second TTL: expiry on SEND, expiry by the periodic run, and no expiry before the run.
-//! These tests wait on purpose: their subject is time.
+//! Their subject is time, which they move on the relay's clock (`Relay::advance_clock`, 3 s past
+//! the TTL's whole seconds) instead of sleeping; `Relay::run_expiration` makes the periodic run
+//! happen at once, where the 1-second ticker would otherwise be waited for.
 
 mod common;
 mod support;
-
-use std::time::Duration;
 
 use common::{Relay, RelayOptions};
 use smp_relay::client::queue::{auth_key, KeyAlg};
@@ -40,7 +40,7 @@ fn expired_message_is_dropped_on_send() {
     let q = orphan_queue(&relay, &sender);
     let mut sh = relay.client();
     send_ok(&mut sh, &q, Some(&sender), b"hello (should expire)");
-    std::thread::sleep(Duration::from_millis(2500));
+    relay.advance_clock(3);
     send_ok(&mut sh, &q, Some(&sender), b"hello (should NOT expire)");
     let mut rh = relay.client();
     let m = sub_with_msg(&mut rh, &q);
@@ -48,7 +48,8 @@ fn expired_message_is_dropped_on_send() {
     expect_nothing(&mut rh, "nothing else is delivered");
 }
 
-/// §9.2 item 26: the periodic run (every second) drops the expired message.
+/// §9.2 item 26: the periodic run (every second, and once at once by the test) drops the expired
+/// message.
 #[test]
 fn expired_message_is_dropped_by_periodic_run() {
     let relay = relay_with(&[
@@ -63,7 +64,8 @@ fn expired_message_is_dropped_by_periodic_run() {
     let q = orphan_queue(&relay, &sender);
     let mut sh = relay.client();
     send_ok(&mut sh, &q, Some(&sender), b"hello (should expire)");
-    std::thread::sleep(Duration::from_millis(3000));
+    relay.advance_clock(3);
+    relay.run_expiration();
     let mut rh = relay.client();
     sub_empty(&mut rh, &q);
     expect_nothing(&mut rh, "nothing is delivered");
@@ -84,7 +86,7 @@ fn message_is_kept_until_expiration_runs() {
     let q = orphan_queue(&relay, &sender);
     let mut sh = relay.client();
     send_ok(&mut sh, &q, Some(&sender), b"hello (should NOT expire)");
-    std::thread::sleep(Duration::from_millis(2500));
+    relay.advance_clock(3);
     let mut rh = relay.client();
     let m = sub_with_msg(&mut rh, &q);
     assert_eq!(m.msg.body(), Some(&b"hello (should NOT expire)"[..]));
@@ -106,7 +108,7 @@ fn send_does_not_expire_when_expire_on_send_is_off() {
     let q = orphan_queue(&relay, &sender);
     let mut sh = relay.client();
     send_ok(&mut sh, &q, Some(&sender), b"old");
-    std::thread::sleep(Duration::from_millis(2500));
+    relay.advance_clock(3);
     send_ok(&mut sh, &q, Some(&sender), b"new");
     let mut rh = relay.client();
     let m = sub_with_msg(&mut rh, &q);
@@ -132,7 +134,8 @@ fn ack_of_expired_delivered_message_returns_new_head() {
     let q = create(&mut rh);
     send_ok(&mut sh, &q, None, b"expires while delivered");
     let m1 = expect_body(&mut rh, &q, b"expires while delivered");
-    std::thread::sleep(Duration::from_millis(3000));
+    relay.advance_clock(3);
+    relay.run_expiration();
     send_ok(&mut sh, &q, None, b"fresh");
     expect_nothing(&mut rh, "one outstanding message per subscription");
     let m2 = msg_of(&q, ack(&mut rh, &q, &m1.msg_id));
@@ -158,7 +161,8 @@ fn pending_notifications_expire() {
     let r = send_as(&mut sh, q.sid(), None, send_ntf_cmd(b"notify me"));
     assert_eq!(r, smp_relay::protocol::response::BrokerMsg::Ok);
     expect_body(&mut rh, &q, b"notify me");
-    std::thread::sleep(Duration::from_millis(3000));
+    relay.advance_clock(3);
+    relay.run_expiration();
     assert_eq!(
         nsub(&mut nh, &n),
         smp_relay::protocol::response::BrokerMsg::Sok(None)

@@ -179,7 +179,8 @@ fn restart_drops_messages_older_than_ttl() {
         send_ok(&mut h, &q, Some(&sender), b"hello 1");
         send_ok(&mut h, &q, Some(&sender), b"hello 2");
         // The scenario is about message age: the old ones must be older than the short TTL below.
-        std::thread::sleep(std::time::Duration::from_millis(4200));
+        // The relay's clock moves 10 s on instead of the test sleeping (`Relay::advance_clock`).
+        relay.advance_clock(10);
         send_ok(&mut h, &q, Some(&sender), b"hello 3");
         send_ok(&mut h, &q, Some(&sender), b"hello 4");
     }
@@ -194,7 +195,9 @@ fn restart_drops_messages_older_than_ttl() {
         assert!(json.contains("\"qiSize\":4"), "all four kept: {json}");
     }
     stop_cleanly(&mut relay);
-    relay.restart_with(&["--message-ttl-secs", "3"]);
+    // The restarted relay's clock starts where the first one's was (10 s ahead): with a 5 s TTL,
+    // the two old messages (10 s old) are past it and the two newer ones (stamped at +10) are not.
+    relay.restart_with(&["--message-ttl-secs", "5", "--test-clock-offset-secs", "10"]);
     let mut h = relay.client();
     let m3 = sub_with_msg(&mut h, &q);
     assert_eq!(

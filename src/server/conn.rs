@@ -361,10 +361,23 @@ async fn read_loop(
             .map_err(|e| io::Error::other(e.to_string()))?;
         // Allocated per block, so that an idle connection holds no block buffer.
         let mut block = Vec::new();
-        tls_stream::read_block(tls, &mut block, BLOCK_SIZE).await?;
-        let block: &mut [u8; BLOCK_SIZE] = (&mut block[..])
-            .try_into()
-            .map_err(|_| ConnError::Handshake("short block"))?;
+        let read = tls_stream::read_block(tls, &mut block, BLOCK_SIZE).await;
+        let block: Result<&mut [u8; BLOCK_SIZE], ConnError> = match read {
+            Ok(()) => (&mut block[..])
+                .try_into()
+                .map_err(|_| ConnError::Handshake("short block")),
+            Err(e) => Err(e.into()),
+        };
+        let block = match block {
+            Ok(b) => b,
+            Err(e) => {
+                // No block to answer: give its permit back, or the drain after the loop (every
+                // permit back) waits for it in vain until its 5 s bound, and a closed connection
+                // keeps its place, subscriptions and memory that long.
+                in_flight.permits.signal(1);
+                return Err(e);
+            }
+        };
         let routed = {
             let mut codec = codec.borrow_mut();
             let content = codec.decode(block).map_err(|_| ());

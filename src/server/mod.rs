@@ -8,6 +8,7 @@
 //! SIGTERM) tells every shard to stop, and each saves its store.
 
 pub mod admission;
+pub mod clock_control;
 pub mod commands;
 pub mod conn;
 pub mod directory;

@@ -194,6 +194,11 @@ pub enum ShardMsg {
         round: u64,
         part: Box<crate::metrics::MetricsSnapshot>,
     },
+    /// Test hook (`clock_control`): run the expiration now, then say so on `done`.
+    ExpireNow { done: flume::Sender<()> },
+    /// Test hook (`clock_control`), to shard 0: write the metrics file now (a round of
+    /// `StatsRequest`), then say so on `done`.
+    MetricsNow { done: flume::Sender<()> },
     /// Stop: save what must be saved, then end the shard.
     Stop,
 }

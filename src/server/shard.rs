@@ -45,6 +45,8 @@ pub struct ShardContext {
     /// Shard 0's gathering of every shard's numbers for the metrics file (`ShardMsg::Metrics`).
     stats_round: RefCell<Option<Gathering<MetricsSnapshot>>>,
     next_stats_round: Cell<u64>,
+    /// Test hook (`clock_control`): told when the next metrics file is written.
+    stats_waiters: RefCell<Vec<flume::Sender<()>>>,
     /// Back-pressure counters of this shard's connections, exported as metrics.
     pub conn_stats: ConnStats,
 }
@@ -84,6 +86,7 @@ impl ShardContext {
             proxy,
             stats_round: RefCell::new(None),
             next_stats_round: Cell::new(0),
+            stats_waiters: RefCell::new(Vec::new()),
             conn_stats: ConnStats::default(),
         }
     }
@@ -209,8 +212,21 @@ pub async fn run<S: ShardStore>(
                 }
             })
         });
+    // Test hook: shard 0 serves the clock control; bound before `ready` so that a test can use it
+    // as soon as the relay has started.
+    let clock_control = match ctx.config.test_clock_control.as_deref() {
+        Some(path) if ctx.shard_id == 0 => {
+            let listener = super::clock_control::bind(path)?;
+            Some(glommio::spawn_local(super::clock_control::serve(
+                listener,
+                ctx.mesh.clone(),
+            )))
+        }
+        _ => None,
+    };
     ready();
     let store = inbox_loop(&ctx, owner, inbox).await;
+    drop(clock_control);
     drop(ticker);
     drop(metrics_ticker);
     Ok(store)
@@ -277,6 +293,10 @@ async fn inbox_loop<S: ShardStore>(
                 },
             ),
             ShardMsg::StatsPart { round, part } => gather_stats(ctx, round, *part),
+            ShardMsg::MetricsNow { done } => {
+                ctx.stats_waiters.borrow_mut().push(done);
+                ask_for_stats(ctx);
+            }
             ShardMsg::Stop => break,
             m @ ShardMsg::Work { .. } if delay.is_some() => {
                 let at = std::time::Instant::now() + delay.unwrap_or_default();
@@ -311,6 +331,10 @@ async fn owner_msg<S: ShardStore>(owner: &mut Owner<S>, msg: ShardMsg) {
             epoch,
         } => owner.register_sub(&session, &recipient_id, epoch),
         ShardMsg::Tick => owner.expire().await,
+        ShardMsg::ExpireNow { done } => {
+            owner.expire().await;
+            let _ = done.send(());
+        }
         // Connection output, metrics and stop are the loop's own.
         ShardMsg::Reply { .. }
         | ShardMsg::Event { .. }
@@ -319,6 +343,7 @@ async fn owner_msg<S: ShardStore>(owner: &mut Owner<S>, msg: ShardMsg) {
         | ShardMsg::Metrics
         | ShardMsg::StatsRequest { .. }
         | ShardMsg::StatsPart { .. }
+        | ShardMsg::MetricsNow { .. }
         | ShardMsg::Stop => {}
     }
 }
@@ -348,6 +373,9 @@ fn gather_stats(ctx: &ShardContext, round: u64, part: MetricsSnapshot) {
             let text = metrics::render(&total, metrics::now_ms());
             if let Err(e) = metrics::write_atomically(&path, &text) {
                 tracing::warn!(error = %e, "cannot write the metrics file");
+            }
+            for done in ctx.stats_waiters.borrow_mut().drain(..) {
+                let _ = done.send(());
             }
         }
     }

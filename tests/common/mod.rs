@@ -342,6 +342,43 @@ impl Relay {
         }
     }
 
+    /// Moves the relay's clock `secs` seconds forward (`src/server/clock_control.rs`); returns once
+    /// the relay has applied it. Nothing runs because of it: see [`Relay::run_expiration`].
+    pub fn advance_clock(&self, secs: u32) {
+        self.clock_control(&format!("advance {secs}"));
+    }
+
+    /// Makes every shard run its periodic expiration now; returns once all have finished.
+    pub fn run_expiration(&self) {
+        self.clock_control("expire");
+    }
+
+    /// Makes every shard publish its numbers now; returns once the metrics file holds them all.
+    pub fn publish_metrics(&self) {
+        self.clock_control("metrics");
+    }
+
+    /// Sends one command on the relay's clock-control socket and asserts its `ok`.
+    fn clock_control(&self, command: &str) {
+        use std::io::{Read, Write};
+        let path = clock_socket(self.dir.path());
+        let mut s = std::os::unix::net::UnixStream::connect(&path)
+            .unwrap_or_else(|e| panic!("clock control {path:?}: {e}"));
+        s.set_read_timeout(Some(COMMAND_TIMEOUT))
+            .expect("read timeout");
+        s.write_all(format!("{command}\n").as_bytes())
+            .expect("send a clock command");
+        let mut answer = String::new();
+        s.read_to_string(&mut answer)
+            .expect("the clock command's answer");
+        assert_eq!(
+            answer,
+            "ok\n",
+            "clock command {command:?}; relay log:\n{}",
+            self.log_text()
+        );
+    }
+
     /// Connects, PINGs and expects PONG: the relay still serves clients.
     pub fn assert_serves(&self) {
         let mut c = self.client();
@@ -393,9 +430,15 @@ impl Drop for Relay {
     }
 }
 
+/// Where every test relay serves its clock control (`--test-clock-control`).
+fn clock_socket(dir: &Path) -> PathBuf {
+    dir.join("clock.sock")
+}
+
 fn spawn(dir: &Path, port: u16, opts: &RelayOptions) -> Result<(Child, SharedLog), String> {
     let port_s = port.to_string();
     let cores = opts.cores.to_string();
+    let clock = clock_socket(dir);
     let mut args = vec![
         "--data-dir",
         dir.to_str().expect("utf-8 temp path"),
@@ -404,6 +447,8 @@ fn spawn(dir: &Path, port: u16, opts: &RelayOptions) -> Result<(Child, SharedLog
         &port_s,
         "--cores",
         &cores,
+        "--test-clock-control",
+        clock.to_str().expect("utf-8 temp path"),
     ];
     args.extend(opts.extra_args.iter().map(String::as_str));
     let child = Command::new(BIN)

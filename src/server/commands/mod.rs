@@ -20,13 +20,8 @@ use crate::protocol::error::ErrorType;
 use crate::protocol::response::BrokerMsg;
 use crate::store::{EntityId, Message, MessageStore, QueueRec, QueueStatus, QueueStore};
 
-/// Unix seconds now.
-pub fn now_secs() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
-}
+/// Unix seconds now, from the relay's clock (which the tests can move, `src/clock.rs`).
+pub use crate::clock::now_secs;
 
 fn err(e: ErrorType) -> BrokerMsg {
     BrokerMsg::Err(e)

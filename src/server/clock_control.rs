@@ -1,0 +1,134 @@
+//! Test hook (`start --test-clock-control PATH`): a Unix socket on which a test moves the relay's
+//! clock (`src/clock.rs`) and makes the timer-driven work run at once, so that the expiry,
+//! persistence and metrics tests (tests/queue_expiry.rs, tests/queue_persistence.rs,
+//! tests/batching.rs) need not sleep on the wall clock.
+//!
+//! One command per connection, one line each, answered with `ok` once it has taken effect (or
+//! `error ...`), so that the test goes on only after the relay applied it:
+//! - `advance SECS`: the clock moves SECS seconds forward. Nothing else runs: a test can then show
+//!   that an expired message stays until the next expiration run.
+//! - `expire`: every shard's owner runs its periodic expiration (`Owner::expire`) now; answered
+//!   when all have finished.
+//! - `metrics`: every shard publishes its numbers now, shard 0 last, so that the metrics file it
+//!   writes holds every shard's latest numbers.
+//!
+//! Only shard 0 serves it; without the flag nothing of this runs.
+
+use std::path::Path;
+
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::{UnixListener, UnixStream};
+
+use super::router::{Mesh, ShardMsg};
+
+/// The longest command line read.
+const MAX_LINE: usize = 64;
+
+/// Binds the socket (replacing a stale one a killed run left) before the shard reports ready, so
+/// that a test may send commands as soon as the relay has started.
+pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    UnixListener::bind(path).map_err(Into::into)
+}
+
+/// Serves the commands, one connection at a time (a test sends one command and waits).
+pub async fn serve(listener: UnixListener, mesh: Mesh) {
+    loop {
+        match listener.accept().await {
+            Ok(s) => {
+                if let Err(e) = command(s, &mesh).await {
+                    tracing::warn!(error = %e, "clock control connection failed");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "clock control accept failed");
+                glommio::timer::Timer::new(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn command(mut s: UnixStream, mesh: &Mesh) -> std::io::Result<()> {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while line.len() < MAX_LINE && s.read(&mut byte).await? == 1 && byte[0] != b'\n' {
+        line.push(byte[0]);
+    }
+    let line = String::from_utf8_lossy(&line);
+    let answer = match run(line.trim(), mesh).await {
+        Ok(()) => "ok\n".to_string(),
+        Err(e) => format!("error {e}\n"),
+    };
+    s.write_all(answer.as_bytes()).await?;
+    s.flush().await
+}
+
+async fn run(line: &str, mesh: &Mesh) -> Result<(), String> {
+    let mut words = line.split_whitespace();
+    match (words.next(), words.next(), words.next()) {
+        (Some("advance"), Some(secs), None) => {
+            let secs: u32 = secs.parse().map_err(|_| format!("bad seconds {secs:?}"))?;
+            crate::clock::advance(i64::from(secs));
+            Ok(())
+        }
+        (Some("expire"), None, None) => {
+            let shards: Vec<usize> = (0..mesh.shards()).collect();
+            on_shards(mesh, &shards, |done| ShardMsg::ExpireNow { done }).await
+        }
+        // Shard 0 asks every shard for its numbers and answers once it has written their sum.
+        (Some("metrics"), None, None) => {
+            on_shards(mesh, &[0], |done| ShardMsg::MetricsNow { done }).await
+        }
+        _ => Err(format!("unknown command {line:?}")),
+    }
+}
+
+/// Sends each of `shards` the message `make` builds and waits until every one has done it.
+async fn on_shards(
+    mesh: &Mesh,
+    shards: &[usize],
+    make: impl Fn(flume::Sender<()>) -> ShardMsg,
+) -> Result<(), String> {
+    let (tx, rx) = flume::unbounded();
+    for &shard in shards {
+        mesh.send(shard, make(tx.clone()));
+    }
+    drop(tx);
+    for _ in shards {
+        rx.recv_async()
+            .await
+            .map_err(|_| "a shard stopped".to_string())?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Refused commands leave the clock alone and say why (an accepted `advance` would move the
+    /// clock of every test in this process, so only refusals are run here).
+    #[test]
+    fn bad_commands_are_refused() {
+        let (mesh, _inboxes) = Mesh::new(1);
+        let before = crate::clock::now_secs();
+        for bad in [
+            "advance",
+            "advance -3",
+            "advance 1.5",
+            "advance 1 2",
+            "rewind 3",
+            "",
+        ] {
+            let r = futures_lite::future::block_on(run(bad, &mesh));
+            assert!(r.is_err(), "{bad:?} was accepted");
+        }
+        assert!(
+            crate::clock::now_secs() - before <= 1,
+            "the clock did not move"
+        );
+    }
+}
