@@ -1,4 +1,4 @@
-//! The SMP handshake (`reference/smp-wire.md` §1–§2): with the crate's client at every version the relay
+//! The SMP handshake (simplexmq `Transport.hs`): with the crate's client at every version the relay
 //! offers, and with hand-assembled hellos over OpenSSL, whose server hello is parsed by hand.
 
 mod common;
@@ -331,8 +331,10 @@ fn unknown_alpn_fails_the_tls_handshake() {
     relay.assert_serves();
 }
 
-/// The hand-written block crypto of `common::wire` reproduces `smp-wire.md` §8.2 V1 and V2, so the
-/// encrypted-session test below checks the relay against the reference, not against itself.
+/// The hand-written block crypto of `common::wire` reproduces vectors computed apart from the
+/// relay (SXbox with libsodium on the inputs of simplexmq `tests/XFTPWebTests.hs`, and the block-key
+/// chain of `Crypto.hs` `sbcInit`/`sbcHkdf` with two HKDF implementations), so the encrypted-session
+/// test below checks the relay against the reference, not against itself.
 #[test]
 fn hand_crypto_matches_the_reference_vectors() {
     let seq = |from: u8, n: usize| (from..).take(n).collect::<Vec<u8>>();

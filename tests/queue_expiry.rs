@@ -1,4 +1,4 @@
-//! Message expiration scenarios (`reference/smp-server-behaviour.md` §4.2, §9.2 items 25–27) with a
+//! Message expiration scenarios (simplexmq `Server.hs`, `tests/ServerTests.hs`) with a
 //! 1-second TTL: expiry on SEND, expiry by the periodic run, and no expiry before the run.
 //! These tests wait on purpose: their subject is time.
 

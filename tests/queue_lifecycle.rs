@@ -1,5 +1,5 @@
 //! Queue lifecycle scenarios of the reference's `serverTests` ("SMP queues",
-//! `reference/smp-server-behaviour.md` §9.2 items 1–7), at v18 over real TLS against the relay binary:
+//! simplexmq `tests/ServerTests.hs`), at v18 over real TLS against the relay binary:
 //! NEW, securing by KEY and SKEY, RKEY, OFF, DEL, many queues over reconnects, and NEW refused.
 
 mod common;
@@ -398,9 +398,9 @@ fn new_queues_off_refuses_new() {
     assert_eq!(r.msg, Ok(ERR_AUTH));
 }
 
-/// QUE (`reference/smp-wire.md` §5.3): sender key and notifier presence, this connection's
-/// subscription with its delivered message, the size, and the head message (`qiMsg`, as the
-/// reference's `getQueueInfo` peeks it) with its type, message or quota.
+/// QUE (simplexmq `Server/QueueStore/QueueInfo.hs`): sender key and notifier presence, this
+/// connection's subscription with its delivered message, the size, and the head message (`qiMsg`,
+/// as the reference's `getQueueInfo` peeks it) with its type, message or quota.
 #[test]
 fn que_describes_the_queue() {
     use base64::Engine;

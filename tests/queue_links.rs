@@ -1,4 +1,4 @@
-//! Short-link scenarios (`reference/smp-server-behaviour.md` §2.2, §2.4, §9.2 items 29–31) at v18:
+//! Short-link scenarios (simplexmq `Server.hs`, `tests/ServerTests.hs`) at v18:
 //! link data on a 1-time invitation (LKEY secures and reads it) and on a contact address (LGET reads
 //! it), the sender ID derived from the NEW's corrId, LSET rules, LDEL, and link IDs of other queues.
 

@@ -1,5 +1,5 @@
 //! Message scenarios of the reference's `serverTests` ("SMP messages",
-//! `reference/smp-server-behaviour.md` §9.2 items 8–13, §3, §4.1) at v18 over real TLS: duplex
+//! simplexmq `tests/ServerTests.hs`, `Server.hs`) at v18 over real TLS: duplex
 //! exchange on one and two cores, switching the subscription to another connection, GET, GET with
 //! SUB, the quota marker, concurrent senders, and the block layout of pushes and SUB responses.
 

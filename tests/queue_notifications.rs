@@ -1,5 +1,5 @@
-//! Notification scenarios (`reference/smp-server-behaviour.md` §3.8, §9.2 item 22,
-//! `reference/smp-wire.md` §6.5) at v18 over real TLS: NKEY, NSUB, NMSG content, END to the previous
+//! Notification scenarios (simplexmq `Server.hs`, `Server/NtfStore.hs`,
+//! `tests/ServerTests.hs`) at v18 over real TLS: NKEY, NSUB, NMSG content, END to the previous
 //! notifier subscriber, NDEL with DELD, and notifier credentials in NEW (v17+).
 
 mod common;

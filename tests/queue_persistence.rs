@@ -1,4 +1,4 @@
-//! Persistence scenarios (`reference/smp-server-behaviour.md` §9.2 items 17–19): a clean stop
+//! Persistence scenarios (simplexmq `tests/ServerTests.hs`): a clean stop
 //! (SIGTERM) saves the memory store and a start on the same data directory restores queues,
 //! notifiers, messages, the quota marker and pending notifications; deleted queues stay deleted;
 //! messages older than the TTL are dropped at start. Checked at the message level (the reference

@@ -1,6 +1,6 @@
-//! The reference's `serverSyntaxTests` (`reference/smp-server-behaviour.md` §9.3, `smp-wire.md` §8.1
-//! item 6) and the credential table of `smp-wire.md` §4.4, at v18 and, where encodings differ, at lower
-//! versions. No queue exists, so every well-formed queue command gets `ERR AUTH`.
+//! The reference's `serverSyntaxTests` (simplexmq `tests/ServerTests.hs`) and the credential rules
+//! of `Protocol.hs` `checkCredentials`, at v18 and, where encodings differ, at lower versions.
+//! No queue exists, so every well-formed queue command gets `ERR AUTH`.
 //!
 //! Commands are written here as raw bytes so that the test does not depend on the crate's command
 //! encoder; each row asserts the exact response bytes, corrId and entityId.

@@ -1,6 +1,7 @@
-//! A test proxy for private routing (`reference/smp-wire.md` §5.5): builds forwarded transmissions
-//! exactly as a reference client (`proxySMPCommand`) and proxy (`forwardSMPTransmission`) do, and
-//! opens `RRES` by the same formulas, so the destination role can be tested without a proxy relay.
+//! A test proxy for private routing (simplexmq `Client.hs`, `Server.hs`): builds forwarded
+//! transmissions exactly as a reference client (`proxySMPCommand`) and proxy
+//! (`forwardSMPTransmission`) do, and opens `RRES` by the same formulas, so the destination role
+//! can be tested without a proxy relay.
 //!
 //! Here the test plays both the client C and the proxy P; its connection to the destination D is
 //! the proxy's session (`proxy_server = true`, or an ordinary one: D does not care). C would learn

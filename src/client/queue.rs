@@ -1,6 +1,6 @@
 //! The recipient's, sender's and notifier's side of a queue, for tests and tools: key pairs of each
 //! algorithm, `NEW` in any version's form, the secrets derived from `IDS`/`NID`, and the decryption of
-//! `MSG` bodies and `NMSG` metadata (`reference/smp-wire.md` §5.1, §6.2, §6.5).
+//! `MSG` bodies and `NMSG` metadata (simplexmq `Protocol.hs`; sealing in `Server.hs`).
 //!
 //! Pure functions over bytes; the caller drives the connection with [`super::Client`].
 
@@ -128,7 +128,7 @@ pub fn new_queue(keys: &RecipientKeys) -> NewQueue {
 }
 
 /// The sender ID a client must propose with short-link data: the first 24 bytes of
-/// SHA3-384(corrId of the NEW) (`reference/smp-server-behaviour.md` §2.2).
+/// SHA3-384(corrId of the NEW) (simplexmq `Agent.hs`; checked by `Server.hs` at NEW).
 pub fn link_sender_id(corr_id: &[u8]) -> Vec<u8> {
     hash::sha3_384(corr_id)[..24].to_vec()
 }

@@ -1,7 +1,7 @@
-//! Command authorization (`reference/smp-wire.md` §4.2): Ed25519 and Ed448 signatures and X25519
-//! authenticators over the authorized bytes, plus the dummy verifications that make a missing queue or
-//! a key of the wrong algorithm cost the same as a real check (§8.1 item 7). Client-side signing
-//! lives here too so that both ends share one definition.
+//! Command authorization (simplexmq `Server.hs`, `verifyCmdAuthorization`): Ed25519 and Ed448
+//! signatures and X25519 authenticators over the authorized bytes, plus the dummy verifications
+//! that make a missing queue or a key of the wrong algorithm cost the same as a real check (§8.1
+//! item 7). Client-side signing lives here too so that both ends share one definition.
 
 use std::cell::Cell;
 

@@ -1,4 +1,4 @@
-//! Client commands (`reference/smp-wire.md` §5.1) and the credential-shape rules applied to them
+//! Client commands (simplexmq `Protocol.hs`) and the credential-shape rules applied to them
 //! (§4.4 step 5). Parsing is strict: the parameters must be consumed to the end, except where a
 //! Tail ends them; an unknown tag is `CMD UNKNOWN`, bad parameters `CMD SYNTAX`.
 
@@ -1330,7 +1330,7 @@ mod tests {
     }
 }
 
-/// `serverSyntaxTests` of the reference (`reference/smp-wire.md` §8.1 item 6) at the level this
+/// `serverSyntaxTests` of the reference (simplexmq `tests/ServerTests.hs`) at the level this
 /// module decides: transmission parse, command parse, credential shape.
 #[cfg(test)]
 mod syntax_table {

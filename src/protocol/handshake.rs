@@ -1,4 +1,4 @@
-//! The plaintext handshake blocks (`reference/smp-wire.md` §2): server hello, client hello and
+//! The plaintext handshake blocks (simplexmq `Transport.hs`): server hello, client hello and
 //! the service response. Decoders ignore bytes after the last field they know, so that peers
 //! can extend the messages; padding is the caller's (`pad(·, 16384)`).
 

@@ -1,4 +1,4 @@
-//! Length-prefixed padding (`pad`/`unPad`, `reference/smp-wire.md` §0): `Word16 len ‖ msg ‖ '#'…`.
+//! Length-prefixed padding (`pad`/`unPad` of simplexmq `Crypto.hs`): `Word16 len ‖ msg ‖ '#'…`.
 //! Used for blocks, handshake messages and encrypted bodies.
 
 use std::fmt;
@@ -59,7 +59,7 @@ pub fn unpad(padded: &[u8]) -> Result<&[u8], PadError> {
 mod tests {
     use super::*;
 
-    // `reference/smp-wire.md` §8.1 item 2 and item 11.
+    // The padding cases of simplexmq `tests/CoreTests/CryptoTests.hs` and `tests/XFTPWebTests.hs`.
     #[test]
     fn pad_unpad_table() {
         assert_eq!(pad(b"abc", 5).unwrap(), b"\x00\x03abc");

@@ -1,5 +1,5 @@
-//! Server responses and events (`reference/smp-wire.md` §5.2): encoders with the per-version
-//! forms the relay sends, and strict parsers for the client library.
+//! Server responses and events (simplexmq `Protocol.hs`, `BrokerMsg`): encoders with the
+//! per-version forms the relay sends, and strict parsers for the client library.
 
 use super::command::{split_tag, QueueMode};
 use super::encoding::{

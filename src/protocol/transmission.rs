@@ -1,4 +1,4 @@
-//! One transmission, the bytes inside a batch item (`reference/smp-wire.md` §4.1):
+//! One transmission, the bytes inside a batch item (simplexmq `Protocol.hs`, `transmissionP`):
 //! `authorization [serviceSig] [sessionId] corrId entityId command`, and the bytes it signs.
 //! Parsing here is structural; the session-id comparison and credential checks are the caller's.
 

@@ -1,4 +1,4 @@
-//! SMP relay protocol versions (`reference/smp-wire.md` §2.6): the named constants every codec
+//! SMP relay protocol versions (simplexmq `Transport.hs`): the named constants every codec
 //! switches on, and the version range exchanged in the handshake.
 
 use super::encoding::{put_word16, DResult, DecodeError, Reader};
@@ -48,7 +48,7 @@ pub struct VersionRange {
 }
 
 /// What this relay advertises to clients that negotiated ALPN. 19 and 20 are left out until the
-/// service-subscription and names semantics exist (`reference/smp-wire.md` §9.2).
+/// service-subscription and names semantics exist; nothing an ordinary client does needs them.
 pub const SERVER_VERSIONS: VersionRange = VersionRange { min: 6, max: 18 };
 /// What a client without ALPN is offered (§1.3).
 pub const LEGACY_SERVER_VERSIONS: VersionRange = VersionRange { min: 6, max: 6 };

@@ -1,6 +1,7 @@
-//! The private-routing destination role (`RFWD` → `RRES`, v8+; `reference/smp-wire.md` §5.5): a
-//! proxy forwards a client's sealed transmission; this relay opens it with the session secret and a
-//! per-command secret, executes it as the client's own, and seals the answer back the same way.
+//! The private-routing destination role (`RFWD` → `RRES`, v8+; simplexmq `Server.hs`,
+//! `processForwardedCommand`): a proxy forwards a client's sealed transmission; this relay opens it
+//! with the session secret and a per-command secret, executes it as the client's own, and seals the
+//! answer back the same way.
 //!
 //! Everything here is pure. Which failures are a plain `ERR` to the proxy and which travel inside
 //! `RRES` follows the reference's `processForwardedCommand` (`src/Simplex/Messaging/Server.hs`):
@@ -155,7 +156,8 @@ fn no_session_secret() -> ErrorType {
     )))
 }
 
-/// Opens and checks an `RFWD` received on `session` (`reference/smp-wire.md` §5.5 step 4).
+/// Opens and checks an `RFWD` received on `session` (simplexmq `Server.hs`,
+/// `processForwardedCommand`).
 pub fn decode_rfwd(
     session: &Session,
     session_secret: Option<&[u8; 32]>,

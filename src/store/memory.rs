@@ -1,6 +1,7 @@
-//! The in-memory store of one shard (`DESIGN.md` §4, `reference/smp-server-behaviour.md` §5.2): queue
-//! records, their messages and pending notifications as plain data, for tests and ephemeral relays.
-//! It is saved at a clean stop and restored at start by `persist` (one file per partition group).
+//! The in-memory store of one shard (`docs/ARCHITECTURE.md` §5; the reference's is simplexmq
+//! `Server/MsgStore/STM.hs`): queue records, their messages and pending notifications as plain
+//! data, for tests and ephemeral relays. It is saved at a clean stop and restored at start by
+//! `persist` (one file per partition group).
 //!
 //! Bounds: a queue holds at most `quota + 1` messages (the quota marker counts in its size and closes
 //! the queue to writes until it is drained), so the messages of a store are bounded by

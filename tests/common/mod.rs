@@ -484,8 +484,8 @@ pub fn cert_der(dir: &Path, name: &str) -> Vec<u8> {
 
 // ---------------------------------------------------------------------------------------------------
 // Hand-written wire helpers: an independent view of the protocol (OpenSSL for TLS, byte layouts of
-// `reference/smp-wire.md` §2, §3 and §8.3 written out here), so that a bug shared by the relay and the
-// crate's own codecs cannot hide.
+// simplexmq `Transport.hs` and `Protocol.hs` written out here), so that a bug shared by the relay
+// and the crate's own codecs cannot hide.
 
 pub mod wire {
     use std::io::{Read, Write};

@@ -1,8 +1,9 @@
-//! The destination's identity (`reference/smp-wire.md` §1.4): its TLS chain must have an identity
-//! certificate (the 2nd of 2–4) whose SHA-256 is the key hash in the address, and the chain must
-//! be valid up to the CA, as the reference client's `validateCertificateChain` requires. The hash
-//! alone is not enough: anyone can present the public CA certificate after a leaf of their own,
-//! so each certificate's signature is checked with the next one's key.
+//! The destination's identity (simplexmq `Transport/Client.hs`, `validateCertificateChain`): its
+//! TLS chain must have an identity certificate (the 2nd of 2–4) whose SHA-256 is the key hash in
+//! the address, and the chain must be valid up to the CA, as the reference client's
+//! `validateCertificateChain` requires. The hash alone is not enough: anyone can present the public
+//! CA certificate after a leaf of their own, so each certificate's signature is checked with the
+//! next one's key.
 
 use x509_parser::prelude::{FromDer, X509Certificate};
 

@@ -1,6 +1,7 @@
 //! One session from this relay, as an SMP client with `proxyServer = T`, to a destination relay,
-//! shared by every client of the shard that forwards there (`reference/smp-wire.md` §2, §5.5;
-//! the reference's `getProtocolClient` + `smpClientHandshake`, and `forwardSMPTransmission`).
+//! shared by every client of the shard that forwards there (simplexmq `Transport.hs`,
+//! `Client.hs`: the reference's `getProtocolClient` + `smpClientHandshake`, and
+//! `forwardSMPTransmission`).
 //!
 //! Connecting: pick the host, resolve it off the shard, refuse special addresses, TCP (or SOCKS
 //! for `.onion`), TLS with the identity check, then the handshake offering 6..20 (6..10 to a
