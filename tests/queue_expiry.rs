@@ -25,7 +25,8 @@ fn orphan_queue(relay: &Relay, sender: &Signer) -> Queue {
     create_secured(&mut rh, sender)
 }
 
-/// §9.2 item 25: with expiry on SEND, the first message has expired when the second is sent.
+/// The reference's `testMsgExpireOnSend` (simplexmq `tests/ServerTests.hs`): with expiry on SEND,
+/// the first message has expired when the second is sent.
 #[test]
 fn expired_message_is_dropped_on_send() {
     let relay = relay_with(&[
@@ -48,7 +49,8 @@ fn expired_message_is_dropped_on_send() {
     expect_nothing(&mut rh, "nothing else is delivered");
 }
 
-/// §9.2 item 26: the periodic run (every second) drops the expired message.
+/// The reference's `testMsgExpireOnInterval`: the periodic run (every second) drops the expired
+/// message.
 #[test]
 fn expired_message_is_dropped_by_periodic_run() {
     let relay = relay_with(&[
@@ -69,7 +71,8 @@ fn expired_message_is_dropped_by_periodic_run() {
     expect_nothing(&mut rh, "nothing is delivered");
 }
 
-/// §9.2 item 27: past its TTL but before any expiration run, the message is still delivered.
+/// The reference's `testMsgNOTExpireOnInterval`: past its TTL but before any expiration run, the
+/// message is still delivered.
 #[test]
 fn message_is_kept_until_expiration_runs() {
     let relay = relay_with(&[
@@ -143,7 +146,8 @@ fn ack_of_expired_delivered_message_returns_new_head() {
     );
 }
 
-/// Pending notifications expire after the notification TTL (§3.8): a later NSUB receives nothing.
+/// Pending notifications expire after the notification TTL (simplexmq `Server/NtfStore.hs`): a
+/// later NSUB receives nothing.
 #[test]
 fn pending_notifications_expire() {
     let relay = relay_with(&[

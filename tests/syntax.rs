@@ -40,7 +40,7 @@ fn x25519_spki() -> Vec<u8> {
     [&X25519_SPKI_PREFIX[..], &[9u8; 32]].concat()
 }
 
-/// `NEW` with valid parameters in the encoding of version `v` (§5.1).
+/// `NEW` with valid parameters in the encoding of version `v` (simplexmq `Protocol.hs`).
 fn new_cmd(v: u16) -> Vec<u8> {
     let mut c = b"NEW ".to_vec();
     c.extend(short(&ed25519_spki()));
@@ -362,7 +362,8 @@ fn syntax_table_at_lower_versions() {
     }
 }
 
-/// At v6 the session id travels in each transmission and must be this session's (§4.4 step 2).
+/// At v6 the session id travels in each transmission and must be this session's (simplexmq
+/// `Protocol.hs`, `tDecodeServer`).
 #[test]
 fn v6_explicit_session_id() {
     let relay = Relay::start();

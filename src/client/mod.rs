@@ -72,7 +72,7 @@ impl Default for ClientOptions {
     }
 }
 
-/// A private key that authorizes a transmission (§4.2).
+/// A private key that authorizes a transmission (simplexmq `Crypto.hs`).
 #[derive(Clone)]
 pub enum Signer {
     Ed25519(ed25519_dalek::SigningKey),
@@ -185,7 +185,8 @@ pub struct Client {
 }
 
 impl Client {
-    /// TLS, then the SMP handshake (§2): read the server hello, check it, answer with our hello.
+    /// TLS, then the SMP handshake (simplexmq `Transport.hs`): read the server hello, check it,
+    /// answer with our hello.
     pub fn connect(
         addr: SocketAddr,
         key_hash: [u8; 32],
@@ -311,7 +312,8 @@ impl Client {
         self.server_session_key.as_ref()
     }
 
-    /// The session secret shared with the server (§5.5 `sessSecret`), if we sent a hello key.
+    /// The session secret shared with the server (`sessSecret` of simplexmq `Server.hs`,
+    /// `processForwardedCommand`), if we sent a hello key.
     pub fn session_secret(&self) -> Option<&[u8; 32]> {
         self.session_secret.as_ref()
     }
@@ -533,7 +535,8 @@ pub fn new_corr_id() -> [u8; CORR_ID_BYTES] {
     rand::random()
 }
 
-/// The chain's identity certificate (the 2nd of 2–4) hashes to `key_hash` (§1.4).
+/// The chain's identity certificate (the 2nd of 2–4) hashes to `key_hash` (simplexmq
+/// `Transport/Client.hs`, `validateCertificateChain`).
 fn chain_matches(chain: &[Vec<u8>], key_hash: &[u8; 32]) -> bool {
     (2..=4).contains(&chain.len()) && crate::crypto::hash::fingerprint(&chain[1]) == *key_hash
 }

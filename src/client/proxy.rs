@@ -103,8 +103,8 @@ pub enum RfwdAnswer {
     Err(ErrorType),
 }
 
-/// The client's side of one forwarded command (§5.5 step 1): the version, the nonce that is also
-/// the inner corrId, and the per-command key pair.
+/// The client's side of one forwarded command (simplexmq `Client.hs`, `proxySMPCommand`): the
+/// version, the nonce that is also the inner corrId, and the per-command key pair.
 pub struct ForwardedCommand {
     pub version: Version,
     pub nonce: [u8; 24],
@@ -274,7 +274,8 @@ pub fn forward_batch(
 }
 
 /// Forwards one command to the entity `entity_id` at `version`, authorized as asked, the way a
-/// reference client and proxy do (§5.5 steps 1–3, 5–6).
+/// reference client and proxy do (simplexmq `Client.hs`, `proxySMPCommand` and
+/// `forwardSMPTransmission`).
 pub fn forward(
     client: &mut Client,
     version: Version,

@@ -1,6 +1,7 @@
 //! Client commands (simplexmq `Protocol.hs`) and the credential-shape rules applied to them
-//! (§4.4 step 5). Parsing is strict: the parameters must be consumed to the end, except where a
-//! Tail ends them; an unknown tag is `CMD UNKNOWN`, bad parameters `CMD SYNTAX`.
+//! (simplexmq `Protocol.hs`, `checkCredentials`). Parsing is strict: the parameters must be
+//! consumed to the end, except where a Tail ends them; an unknown tag is `CMD UNKNOWN`, bad
+//! parameters `CMD SYNTAX`.
 
 use std::net::Ipv6Addr;
 use std::str::FromStr;
@@ -765,8 +766,8 @@ impl Command {
     }
 }
 
-/// The credential shape a command requires (§4.4 step 5), checked after parsing and before any
-/// lookup or verification.
+/// The credential shape a command requires (simplexmq `Protocol.hs`, `checkCredentials`), checked
+/// after parsing and before any lookup or verification.
 pub fn check_credentials(
     cmd: &Command,
     has_auth: bool,

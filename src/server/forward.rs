@@ -119,8 +119,8 @@ pub struct Forwarded {
     pub inner: Session,
 }
 
-/// The inner transmission, checked as far as the connection checks anything (§4.4 steps 1–5 at the
-/// forwarded version), with the allowed-command filter on top.
+/// The inner transmission, checked as far as the connection checks anything (simplexmq
+/// `Protocol.hs` `tDecodeServer` at the forwarded version), with the allowed-command filter on top.
 pub struct InnerRequest {
     pub corr_id: Vec<u8>,
     pub entity_id: Vec<u8>,
@@ -276,7 +276,8 @@ fn encode_inner(fwd: &Forwarded, corr_id: &[u8], entity_id: &[u8], msg: &BrokerM
     t
 }
 
-/// The body of `RRES` (§5.5 step 5), or `None` when the answer does not fit the padded length.
+/// The body of `RRES` (simplexmq `Server.hs`, `processForwardedCommand`), or `None` when the answer
+/// does not fit the padded length.
 pub fn seal_response(
     fwd: &Forwarded,
     corr_id: &[u8],

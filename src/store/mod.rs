@@ -201,7 +201,8 @@ pub trait QueueStore {
 
 #[allow(async_fn_in_trait)]
 pub trait MessageStore {
-    /// Appends a message, applying the quota rule of §4.1 (`quota` messages, then one marker).
+    /// Appends a message, applying the reference's quota rule (simplexmq `Server/MsgStore/STM.hs`,
+    /// `writeMsg`) (`quota` messages, then one marker).
     async fn write(
         &mut self,
         recipient_id: &[u8],

@@ -87,7 +87,8 @@ fn can_sign_certs(c: &X509Certificate<'_>) -> bool {
     }
 }
 
-/// EdDSA only: SMP chains are Ed25519 or Ed448 (§1.2).
+/// EdDSA only: SMP chains are Ed25519 or Ed448 (simplexmq `Transport.hs`,
+/// `defaultSupportedParams`).
 fn signed_by(cert: &X509Certificate<'_>, issuer: &X509Certificate<'_>) -> bool {
     let tbs = cert.tbs_certificate.as_ref();
     let sig = &cert.signature_value.data[..];

@@ -229,8 +229,9 @@ impl DestSession {
         self.version >= SENDING_PROXY
     }
 
-    /// Forwards a client's `PFWD` as `RFWD` with a fresh nonce and opens the `RRES` (§5.5 steps
-    /// 3 and 6): returns `r2`, for `PRES`.
+    /// Forwards a client's `PFWD` as `RFWD` with a fresh nonce and opens the `RRES` (the proxy's
+    /// part: simplexmq `Client.hs` `forwardSMPTransmission`, `Server.hs`): returns `r2`, for
+    /// `PRES`.
     pub async fn forward(
         &self,
         client_corr_id: &[u8],
