@@ -382,7 +382,7 @@ fn hand_assembled_encrypted_session() {
     let pk = x25519_dalek::PublicKey::from(&sk).to_bytes();
     let spki = [&wire::X25519_SPKI_PREFIX[..], &pk].concat();
     let ch = wire::standard_hello(MAX_VERSION, &relay.key_hash, Some(&spki));
-    assert_eq!(ch.len(), 2 + 33 + 45 + 1 + 1, "client hello layout, 82 bytes");
+    assert_eq!(ch.len(), 2 + 33 + 45 + 1 + 1, "hello layout, 82 bytes");
     wire::write_block(&mut s, &wire::pad(&ch, wire::BLOCK)).expect("client hello");
 
     let secret = sk
