@@ -1,8 +1,9 @@
-//! The reference's "Timing of AUTH error" comparison (`reference/smp-server-behaviour.md` §9.2 item
-//! 21) as a benchmark: an owner answers AUTH for a queue that does not exist and for a queue signed
-//! with the wrong key; both must take about as long, for every pair of queue-key and signature
-//! algorithms. CI asserts the structure (one verification per path, `server::owner` tests); this
-//! measures the time. Run: `cargo bench --bench auth_timing`. Prints median and range over runs.
+//! The reference's "Timing of AUTH error" comparison (simplexmq
+//! `tests/ServerTests.hs`, `testTiming`) as a benchmark: an owner answers AUTH for a queue that
+//! does not exist and for a queue signed with the wrong key; both must take about as long, for
+//! every pair of queue-key and signature algorithms. CI asserts the structure (one verification per
+//! path, `server::owner` tests); this measures the time. Run: `cargo bench --bench auth_timing`.
+//! Prints median and range over runs.
 
 use std::rc::Rc;
 use std::sync::Arc;

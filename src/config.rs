@@ -84,7 +84,8 @@ impl StartConfig {
     }
 }
 
-/// Queue-protocol settings with the reference's defaults (`reference/smp-server-behaviour.md` §4, §7).
+/// Queue-protocol settings with the reference's defaults (simplexmq `Server/Main.hs`,
+/// `Server/Env/STM.hs`).
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// Messages a queue holds before the quota marker (`msgQueueQuota`).
@@ -103,7 +104,7 @@ pub struct Settings {
     pub proxy: ProxySettings,
 }
 
-/// The proxy role (`reference/smp-server-behaviour.md` §1.8), on by default as in the reference.
+/// The proxy role (simplexmq `Server.hs`), on by default as in the reference.
 #[derive(Debug, Clone)]
 pub struct ProxySettings {
     /// Off: PRXY is answered `ERR PROXY BASIC_AUTH`, as the reference without the role.

@@ -1,6 +1,7 @@
 //! The configuration file `<data-dir>/smp-server.ini`, in the reference's syntax (`[SECTION]` headers,
-//! `key = value` lines, `#` or `;` comments, `on`/`off` booleans; `reference/smp-server-behaviour.md`
-//! §7.2), plus a `[RELAY]` section for what the reference fixes in code.
+//! `key = value` lines, `#` or `;` comments, `on`/`off` booleans; simplexmq
+//! `Server/Main.hs`, `Server/CLI.hs`), plus a `[RELAY]` section for what the reference fixes in
+//! code.
 //!
 //! Strict on purpose: a key is either applied or refused with the file, line and what to do. A
 //! reference key this relay does not implement is never silently ignored, because an operator who

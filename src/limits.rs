@@ -1,5 +1,5 @@
-//! Named limits and their defaults (`DESIGN.md` §1). Every queue, buffer and connection count of the
-//! relay is bounded by one of these or by a setting that defaults to one of these.
+//! Named limits and their defaults (`docs/ARCHITECTURE.md` §4). Every queue, buffer and connection
+//! count of the relay is bounded by one of these or by a setting that defaults to one of these.
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
 //! The metrics file `<data-dir>/smp-server-metrics.txt`: Prometheus text, rewritten every
-//! `prometheus_interval` seconds (`reference/smp-server-behaviour.md` §8.2), for a node exporter's
+//! `prometheus_interval` seconds (simplexmq `Server/Prometheus.hs`), for a node exporter's
 //! textfile collector or any scraper that reads files.
 //!
 //! Where the reference has a metric, its exact name is used (spelling included, e.g.

@@ -1,6 +1,6 @@
-//! Back-pressure (`DESIGN.md` §1): a connection that stops reading costs the relay a bounded amount
-//! of memory and stalls nobody else; when it reads again, every message arrives exactly once; and a
-//! pause past the slow-reader limit closes it without losing a message.
+//! Back-pressure (`docs/ARCHITECTURE.md` §4): a connection that stops reading costs the relay a
+//! bounded amount of memory and stalls nobody else; when it reads again, every message arrives
+//! exactly once; and a pause past the slow-reader limit closes it without losing a message.
 //!
 //! The crate's `Client` reads and writes from one thread, so a connection that writes while nobody
 //! reads would block the test itself. `Split` below is the same client protocol (TLS with the

@@ -1,6 +1,7 @@
-//! Batched subscriptions (`DESIGN.md` §2): a block of 135 SUBs costs each owner shard one
-//! `peek_first_many` store call and no single peeks. The counts are the store's own, read from the
-//! metrics file (`smprelay_store_peek_first_many_calls_total`, `smprelay_store_peek_first_calls_total`).
+//! Batched subscriptions (`docs/ARCHITECTURE.md` §2): a block of 135 SUBs costs each owner shard
+//! one `peek_first_many` store call and no single peeks. The counts are the store's own, read from
+//! the metrics file (`smprelay_store_peek_first_many_calls_total`,
+//! `smprelay_store_peek_first_calls_total`).
 
 mod common;
 mod support;
@@ -14,7 +15,8 @@ use smp_relay::protocol::response::BrokerMsg;
 use smp_relay::server::router::owner_shard;
 use support::*;
 
-/// The most Ed25519-signed SUBs one block holds at v16+ (`reference/smp-wire.md` §8.1 item 8).
+/// The most Ed25519-signed SUBs one block holds at v16+ (simplexmq
+/// `tests/CoreTests/BatchingTests.hs`).
 const SUBS_PER_BLOCK: usize = 135;
 
 /// The metrics file once every shard has published its numbers (`Relay::publish_metrics`: shard 0

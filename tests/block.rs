@@ -1,7 +1,7 @@
 //! `smp-relay block` / `unblock` on a stopped relay (the reference's control-port commands,
-//! `reference/smp-server-behaviour.md` §2.3, §8.3): a blocked queue answers `ERR BLOCKED` with the
-//! notice at v18, without it at v12–17 and `AUTH` at v11, for every command but OFF and DEL;
-//! `unblock` restores it; neither runs while the relay does.
+//! simplexmq `Server/Control.hs`, `Server/QueueStore.hs`): a blocked queue answers `ERR BLOCKED`
+//! with the notice at v18, without it at v12–17 and `AUTH` at v11, for every command but OFF and
+//! DEL; `unblock` restores it; neither runs while the relay does.
 
 mod common;
 mod support;

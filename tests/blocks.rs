@@ -1,6 +1,6 @@
-//! Block framing and batching (`reference/smp-wire.md` §3): encrypted blocks both ways, batches of
-//! PINGs answered in as few blocks as possible, and the `ERR BLOCK` cases that leave the connection
-//! usable.
+//! Block framing and batching (simplexmq `Transport.hs`, `Protocol.hs`): encrypted blocks both
+//! ways, batches of PINGs answered in as few blocks as possible, and the `ERR BLOCK` cases that
+//! leave the connection usable.
 
 mod common;
 

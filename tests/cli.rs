@@ -41,7 +41,8 @@ fn init_writes_credentials_and_prints_the_address() {
     }
     let fp = std::fs::read_to_string(dir.path().join("fingerprint")).expect("fingerprint");
     let fp = fp.trim();
-    // The fingerprint is base64url (with padding) of SHA-256 over the CA certificate's DER (§1.4).
+    // The fingerprint is base64url (with padding) of SHA-256 over the CA certificate's DER
+    // (simplexmq `Transport/Client.hs`).
     let ca = common::cert_der(dir.path(), "ca.crt");
     assert_eq!(
         common::decode_fingerprint(fp),

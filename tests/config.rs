@@ -1,4 +1,4 @@
-//! The configuration file `<data-dir>/smp-server.ini` (`reference/smp-server-behaviour.md` §7.2):
+//! The configuration file `<data-dir>/smp-server.ini` (simplexmq `Server/Main.hs`):
 //! its settings reach the relay, a command-line flag wins over the file, and a key the relay does
 //! not know or support, or a bad value, stops `start` with a message naming the file, line and key.
 

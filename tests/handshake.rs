@@ -1,4 +1,4 @@
-//! The SMP handshake (`reference/smp-wire.md` §1–§2): with the crate's client at every version the relay
+//! The SMP handshake (simplexmq `Transport.hs`): with the crate's client at every version the relay
 //! offers, and with hand-assembled hellos over OpenSSL, whose server hello is parsed by hand.
 
 mod common;
@@ -197,7 +197,7 @@ fn check_identity_by_hand(
     wire::verify_signed_key(&hello.signed_key, &hello.chain[0])
 }
 
-/// Sends a plain PING block at `v` and expects the exact PONG block content of §8.3.
+/// Sends a plain PING block at `v` and expects the exact PONG block content the reference sends.
 fn hand_ping_plain<S: std::io::Read + Write>(s: &mut S, v: u16, session_id: &[u8]) {
     let corr = [0x5au8; 24];
     let ping = wire::batch1(&wire::transmission(v, session_id, &corr, b"", b"PING"));
@@ -331,8 +331,10 @@ fn unknown_alpn_fails_the_tls_handshake() {
     relay.assert_serves();
 }
 
-/// The hand-written block crypto of `common::wire` reproduces `smp-wire.md` §8.2 V1 and V2, so the
-/// encrypted-session test below checks the relay against the reference, not against itself.
+/// The hand-written block crypto of `common::wire` reproduces vectors computed apart from the
+/// relay (SXbox with libsodium on the inputs of simplexmq `tests/XFTPWebTests.hs`, and the block-key
+/// chain of `Crypto.hs` `sbcInit`/`sbcHkdf` with two HKDF implementations), so the encrypted-session
+/// test below checks the relay against the reference, not against itself.
 #[test]
 fn hand_crypto_matches_the_reference_vectors() {
     let seq = |from: u8, n: usize| (from..).take(n).collect::<Vec<u8>>();
@@ -369,7 +371,8 @@ fn hand_crypto_matches_the_reference_vectors() {
     assert!(hex::encode(&boxed).ends_with("5a1ae5e607d38b441a581"));
 }
 
-/// v18 with a hello key, and block encryption computed here from §3.3 (not with the crate's codec).
+/// v18 with a hello key, and block encryption computed here as simplexmq `Crypto.hs` does (not with
+/// the crate's codec).
 #[test]
 fn hand_assembled_encrypted_session() {
     let relay = Relay::start();
@@ -379,7 +382,7 @@ fn hand_assembled_encrypted_session() {
     let pk = x25519_dalek::PublicKey::from(&sk).to_bytes();
     let spki = [&wire::X25519_SPKI_PREFIX[..], &pk].concat();
     let ch = wire::standard_hello(MAX_VERSION, &relay.key_hash, Some(&spki));
-    assert_eq!(ch.len(), 2 + 33 + 45 + 1 + 1, "§8.3 layout, 82 bytes");
+    assert_eq!(ch.len(), 2 + 33 + 45 + 1 + 1, "hello layout, 82 bytes");
     wire::write_block(&mut s, &wire::pad(&ch, wire::BLOCK)).expect("client hello");
 
     let secret = sk

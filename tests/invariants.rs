@@ -1,5 +1,5 @@
 //! Seeded randomized runs of concurrent SEND / SUB / ACK / GET / DEL / reconnect on two shards,
-//! checked at quiescence against the delivery invariants of `DESIGN.md` §3 (I1–I5).
+//! checked at quiescence against the delivery invariants of `docs/ARCHITECTURE.md` §3 (I1–I5).
 //!
 //! Each seed gets fresh queues on one shared relay (`--cores 2`): a few queues, so operations
 //! collide; recipient threads that pipeline random blocks of SUB/ACK/GET/DEL/PING (and reconnect);

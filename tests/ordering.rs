@@ -1,4 +1,5 @@
-//! What a connection's socket shows, block by block (`DESIGN.md` §1, O1–O4), on two shards:
+//! What a connection's socket shows, block by block (`docs/ARCHITECTURE.md` §3, O1–O4), on two
+//! shards:
 //! - O3: an owner's part of a block goes out when it is ready, not after a slower owner's part
 //!   (`--test-owner-delay` holds one shard's owner back);
 //! - O2: a SEND to one's own subscribed queue gives `[MSG]`, then `[OK]`;

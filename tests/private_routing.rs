@@ -1,8 +1,8 @@
-//! Private routing, destination role (`reference/smp-wire.md` §5.5, `reference/smp-server-behaviour.md`
-//! §1.8): SEND, SKEY, LKEY and LGET forwarded in `RFWD` as a reference client and proxy build them,
-//! on a proxy session (`proxyServer = T`, no block encryption) and on an ordinary one, and the
-//! errors the reference gives: plain `ERR` for what the proxy got wrong, `ERR` inside `RRES` for what
-//! the client got wrong.
+//! Private routing, destination role (simplexmq `Server.hs`,
+//! `processForwardedCommand`): SEND, SKEY, LKEY and LGET forwarded in `RFWD` as a reference client
+//! and proxy build them, on a proxy session (`proxyServer = T`, no block encryption) and on an
+//! ordinary one, and the errors the reference gives: plain `ERR` for what the proxy got wrong,
+//! `ERR` inside `RRES` for what the client got wrong.
 
 mod common;
 mod support;

@@ -1,5 +1,5 @@
-//! Private routing, proxy role (`reference/smp-wire.md` §5.3 notes 11–12, §5.5;
-//! `reference/smp-server-behaviour.md` §1.8): a client asks one relay (the proxy) for a session to
+//! Private routing, proxy role (simplexmq `Server.hs`, `Client.hs`,
+//! `tests/SMPProxyTests.hs`): a client asks one relay (the proxy) for a session to
 //! another (the destination) with `PRXY`, gets `PKEY`, and sends `PFWD`s built as a reference
 //! client builds them; the proxy forwards them as `RFWD` over its shared session and answers
 //! `PRES`. Both relays run on loopback, so the proxy needs `--proxy-allow-private`; no test sends

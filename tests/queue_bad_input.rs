@@ -1,7 +1,8 @@
-//! Bad input against live queues (`reference/smp-wire.md` §4.4, §5): malformed parameters, keys of
-//! the wrong type, oversize bodies, IDs of other parties, commands for deleted queues, and a block of
-//! 255 transmissions from mixed parties. Each answers a protocol error per transmission (never a
-//! panic or a dropped connection), and afterwards a control queue still completes SEND → MSG → ACK.
+//! Bad input against live queues (simplexmq `Protocol.hs`, `Server.hs`): malformed parameters, keys
+//! of the wrong type, oversize bodies, IDs of other parties, commands for deleted queues, and a
+//! block of 255 transmissions from mixed parties. Each answers a protocol error per transmission
+//! (never a panic or a dropped connection), and afterwards a control queue still completes SEND →
+//! MSG → ACK.
 
 mod common;
 mod support;

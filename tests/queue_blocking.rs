@@ -1,5 +1,5 @@
-//! Blocked queues (`reference/smp-server-behaviour.md` §2.3, §9.2 item 28, `reference/smp-wire.md`
-//! §5.3 "Blocked queues", §5.4): a queue blocked offline (`smp-relay block` on a stopped relay's
+//! Blocked queues (simplexmq `Server.hs`, `Protocol.hs` `BLOCKED`,
+//! `tests/ServerTests.hs`): a queue blocked offline (`smp-relay block` on a stopped relay's
 //! saved store) answers `ERR BLOCKED info` to every command that goes through the queue-status
 //! check, `AUTH` below v12 and no notice below v18; OFF, DEL and NSUB are not blocked; `unblock`
 //! restores it.

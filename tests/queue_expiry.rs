@@ -1,4 +1,4 @@
-//! Message expiration scenarios (`reference/smp-server-behaviour.md` §4.2, §9.2 items 25–27) with a
+//! Message expiration scenarios (simplexmq `Server.hs`, `tests/ServerTests.hs`) with a
 //! 1-second TTL: expiry on SEND, expiry by the periodic run, and no expiry before the run.
 //! Their subject is time, which they move on the relay's clock (`Relay::advance_clock`, 3 s past
 //! the TTL's whole seconds) instead of sleeping; `Relay::run_expiration` makes the periodic run
@@ -25,7 +25,8 @@ fn orphan_queue(relay: &Relay, sender: &Signer) -> Queue {
     create_secured(&mut rh, sender)
 }
 
-/// §9.2 item 25: with expiry on SEND, the first message has expired when the second is sent.
+/// The reference's `testMsgExpireOnSend` (simplexmq `tests/ServerTests.hs`): with expiry on SEND,
+/// the first message has expired when the second is sent.
 #[test]
 fn expired_message_is_dropped_on_send() {
     let relay = relay_with(&[
@@ -48,7 +49,7 @@ fn expired_message_is_dropped_on_send() {
     expect_nothing(&mut rh, "nothing else is delivered");
 }
 
-/// §9.2 item 26: the periodic run (every second, and once at once by the test) drops the expired
+/// The reference's `testMsgExpireOnInterval`: the periodic run (every second, and once at once by the test) drops the expired
 /// message.
 #[test]
 fn expired_message_is_dropped_by_periodic_run() {
@@ -71,7 +72,8 @@ fn expired_message_is_dropped_by_periodic_run() {
     expect_nothing(&mut rh, "nothing is delivered");
 }
 
-/// §9.2 item 27: past its TTL but before any expiration run, the message is still delivered.
+/// The reference's `testMsgNOTExpireOnInterval`: past its TTL but before any expiration run, the
+/// message is still delivered.
 #[test]
 fn message_is_kept_until_expiration_runs() {
     let relay = relay_with(&[
@@ -146,7 +148,8 @@ fn ack_of_expired_delivered_message_returns_new_head() {
     );
 }
 
-/// Pending notifications expire after the notification TTL (§3.8): a later NSUB receives nothing.
+/// Pending notifications expire after the notification TTL (simplexmq `Server/NtfStore.hs`): a
+/// later NSUB receives nothing.
 #[test]
 fn pending_notifications_expire() {
     let relay = relay_with(&[

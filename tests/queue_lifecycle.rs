@@ -1,5 +1,5 @@
 //! Queue lifecycle scenarios of the reference's `serverTests` ("SMP queues",
-//! `reference/smp-server-behaviour.md` §9.2 items 1–7), at v18 over real TLS against the relay binary:
+//! simplexmq `tests/ServerTests.hs`), at v18 over real TLS against the relay binary:
 //! NEW, securing by KEY and SKEY, RKEY, OFF, DEL, many queues over reconnects, and NEW refused.
 
 mod common;
@@ -12,7 +12,8 @@ use smp_relay::protocol::response::BrokerMsg;
 use smp_relay::protocol::version::max_message_length;
 use support::*;
 
-/// §9.2 item 1: unsigned SEND before securing, ACK twice, KEY rules, signed SEND after, size limits.
+/// The reference's `testCreateSecure`: unsigned SEND before securing, ACK twice, KEY rules, signed
+/// SEND after, size limits.
 #[test]
 fn create_and_secure_queue_with_key() {
     let relay = Relay::start();
@@ -98,7 +99,7 @@ fn create_and_secure_queue_with_key() {
     expect_nothing(&mut r, "the refused message is not delivered");
 }
 
-/// §9.2 item 2: the sender secures a messaging queue with SKEY.
+/// The reference's `testCreateSndSecure`: the sender secures a messaging queue with SKEY.
 #[test]
 fn create_and_secure_queue_with_skey() {
     let relay = Relay::start();
@@ -150,7 +151,7 @@ fn create_and_secure_queue_with_skey() {
     );
 }
 
-/// §9.2 item 3: a contact queue cannot be secured by its sender.
+/// The reference's `testSndSecureProhibited`: a contact queue cannot be secured by its sender.
 #[test]
 fn skey_is_refused_on_contact_queue() {
     let relay = Relay::start();
@@ -173,7 +174,8 @@ fn skey_is_refused_on_contact_queue() {
     expect_body(&mut r, &q, b"request");
 }
 
-/// §9.2 item 4: RKEY replaces the recipient keys of a contact queue; a key can remove itself.
+/// The reference's `testCreateUpdateKeys`: RKEY replaces the recipient keys of a contact queue; a
+/// key can remove itself.
 #[test]
 fn rkey_updates_recipient_keys() {
     let relay = Relay::start();
@@ -237,7 +239,7 @@ fn rkey_updates_recipient_keys() {
     assert!(info(signed(&mut h, &k2, &rid, Command::Que)));
 }
 
-/// RKEY on a messaging queue is refused (contact queues only, §2.4).
+/// RKEY on a messaging queue is refused (contact queues only, simplexmq `Server.hs`).
 #[test]
 fn rkey_is_refused_on_messaging_queue() {
     let relay = Relay::start();
@@ -256,7 +258,8 @@ fn rkey_is_refused_on_messaging_queue() {
     );
 }
 
-/// §9.2 item 5: OFF and DEL, with their refusals, and SUB after OFF re-delivering the unACKed message.
+/// The reference's `testCreateDelete`: OFF and DEL, with their refusals, and SUB after OFF
+/// re-delivering the unACKed message.
 #[test]
 fn suspend_and_delete_queue() {
     let relay = Relay::start();
@@ -351,7 +354,8 @@ fn suspend_and_delete_queue() {
     expect_nothing(&mut rh, "the deleting connection gets no DELD");
 }
 
-/// §9.2 item 6: 50 queues created on one connection, subscribed from a second and then a third.
+/// The reference's `stressTest`: 50 queues created on one connection, subscribed from a second and
+/// then a third.
 #[test]
 fn many_queues_survive_reconnects() {
     let relay = Relay::start_with(RelayOptions {
@@ -376,7 +380,7 @@ fn many_queues_survive_reconnects() {
     }
 }
 
-/// §9.2 item 7: with `--new-queues off` NEW is refused with AUTH.
+/// The reference's `testAllowNewQueues`: with `--new-queues off` NEW is refused with AUTH.
 #[test]
 fn new_queues_off_refuses_new() {
     let relay = Relay::start_with(RelayOptions {
@@ -398,9 +402,9 @@ fn new_queues_off_refuses_new() {
     assert_eq!(r.msg, Ok(ERR_AUTH));
 }
 
-/// QUE (`reference/smp-wire.md` §5.3): sender key and notifier presence, this connection's
-/// subscription with its delivered message, the size, and the head message (`qiMsg`, as the
-/// reference's `getQueueInfo` peeks it) with its type, message or quota.
+/// QUE (simplexmq `Server/QueueStore/QueueInfo.hs`): sender key and notifier presence, this
+/// connection's subscription with its delivered message, the size, and the head message (`qiMsg`,
+/// as the reference's `getQueueInfo` peeks it) with its type, message or quota.
 #[test]
 fn que_describes_the_queue() {
     use base64::Engine;

@@ -1,4 +1,4 @@
-//! Short-link scenarios (`reference/smp-server-behaviour.md` §2.2, §2.4, §9.2 items 29–31) at v18:
+//! Short-link scenarios (simplexmq `Server.hs`, `tests/ServerTests.hs`) at v18:
 //! link data on a 1-time invitation (LKEY secures and reads it) and on a contact address (LGET reads
 //! it), the sender ID derived from the NEW's corrId, LSET rules, LDEL, and link IDs of other queues.
 
@@ -40,7 +40,7 @@ fn new_with_wrong_sender_id(r: &mut Client, keys: &RecipientKeys, req: QueueReq)
     assert_eq!(resp.msg, Ok(cmd_err(CommandError::Prohibited)));
 }
 
-/// §9.2 item 29.
+/// The reference's `testInvQueueLinkData` (simplexmq `tests/ServerTests.hs`).
 #[test]
 fn invitation_link_data_is_read_by_lkey() {
     let relay = Relay::start();
@@ -137,7 +137,7 @@ fn invitation_link_data_is_read_by_lkey() {
     expect_body(&mut r, &q, b"hello");
 }
 
-/// The first SEND to a secured invitation queue deletes its link data (§2.4).
+/// The first SEND to a secured invitation queue deletes its link data (simplexmq `Server.hs`).
 #[test]
 fn invitation_link_data_disappears_with_first_message() {
     let relay = Relay::start();
@@ -163,7 +163,7 @@ fn invitation_link_data_disappears_with_first_message() {
     );
 }
 
-/// §9.2 item 30.
+/// The reference's `testContactQueueLinkData`.
 #[test]
 fn contact_link_data_is_read_by_lget() {
     let relay = Relay::start();
@@ -259,7 +259,8 @@ fn contact_link_data_is_read_by_lget() {
     expect_body(&mut r, &q, b"still a contact address");
 }
 
-/// §9.2 item 31: LSET cannot attach another queue's link ID; the victim's data stays.
+/// The reference's short-link test "rejects attaching an existing short link to another queue":
+/// LSET cannot attach another queue's link ID; the victim's data stays.
 #[test]
 fn lset_cannot_take_another_queues_link() {
     let relay = Relay::start();

@@ -1,5 +1,5 @@
 //! Message scenarios of the reference's `serverTests` ("SMP messages",
-//! `reference/smp-server-behaviour.md` §9.2 items 8–13, §3, §4.1) at v18 over real TLS: duplex
+//! simplexmq `tests/ServerTests.hs`, `Server.hs`) at v18 over real TLS: duplex
 //! exchange on one and two cores, switching the subscription to another connection, GET, GET with
 //! SUB, the quota marker, concurrent senders, and the block layout of pushes and SUB responses.
 
@@ -18,7 +18,8 @@ fn b64(b: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(b)
 }
 
-/// §9.2 item 8: Alice and Bob set up two queues by passing keys and IDs in messages, then talk.
+/// The reference's `testDuplex` (simplexmq `tests/ServerTests.hs`): Alice and Bob set up two queues
+/// by passing keys and IDs in messages, then talk.
 fn duplex(relay: &Relay) {
     let (mut alice, mut bob) = (relay.client(), relay.client());
     let aq = create(&mut alice);
@@ -89,7 +90,7 @@ fn duplex_exchange_two_cores() {
     }
 }
 
-/// §9.2 item 9 (§3.4): SUB from a second connection takes the queue over.
+/// The reference's `testSwitchSub`: SUB from a second connection takes the queue over.
 fn switch_subscription(relay: &Relay) {
     let (mut rh1, mut rh2, mut sh) = (relay.client(), relay.client(), relay.client());
     let q = create(&mut rh1);
@@ -150,7 +151,8 @@ fn orphan_queue(relay: &Relay, sender: &smp_relay::client::Signer) -> Queue {
     create_secured(&mut c, sender)
 }
 
-/// §9.2 item 10: GET returns the head, ACK removes it, GET of an empty queue is OK.
+/// The reference's `testGetCommand`: GET returns the head, ACK removes it, GET of an empty queue is
+/// OK.
 #[test]
 fn get_retrieves_messages() {
     let relay = Relay::start();
@@ -174,7 +176,8 @@ fn get_retrieves_messages() {
     expect_nothing(&mut rh, "GET mode gets no pushes");
 }
 
-/// §9.2 item 11 (§3.5): one connection SUBs, another GETs; only one ACK of a message works.
+/// The reference's `testGetSubCommands`: one connection SUBs, another GETs; only one ACK of a
+/// message works.
 #[test]
 fn get_and_sub_share_the_queue() {
     let relay = Relay::start();
@@ -237,8 +240,8 @@ fn get_and_sub_share_the_queue() {
     );
 }
 
-/// §9.2 item 12 (§4.1) with quota 2: two messages, then QUOTA; the marker is delivered after them;
-/// sending resumes only once the marker is ACKed.
+/// The reference's `testExceedQueueQuota` with quota 2: two messages, then QUOTA; the marker is
+/// delivered after them; sending resumes only once the marker is ACKed.
 #[test]
 fn exceeding_quota_sends_quota_marker() {
     let relay = Relay::start_with(RelayOptions {
@@ -276,8 +279,9 @@ fn exceeding_quota_sends_quota_marker() {
     assert_eq!(ack(&mut rh, &q, &m4.msg_id), BrokerMsg::Ok);
 }
 
-/// §9.2 item 13: 50 rounds of two SENDs racing from two connections; the recipient gets one as an
-/// event, the other in the ACK's response, and the second ACK is OK.
+/// The reference's `testConcurrentSendDelivery`: 50 rounds of two SENDs racing from two
+/// connections; the recipient gets one as an event, the other in the ACK's response, and the second
+/// ACK is OK.
 #[test]
 fn concurrent_sends_keep_delivering() {
     let relay = Relay::start_with(RelayOptions {
@@ -397,9 +401,9 @@ fn block_of_subs_with_pending_messages() {
     expect_nothing(&mut c, "one MSG per queue");
 }
 
-/// §3.3: an ACK of another ID leaves the delivered message outstanding; an empty ID acknowledges
-/// whatever was delivered; with nothing delivered, or on a connection without SUB or GET, ACK is
-/// `NO_MSG`.
+/// As simplexmq `Server.hs` acknowledges: an ACK of another ID leaves the delivered message
+/// outstanding; an empty ID acknowledges whatever was delivered; with nothing delivered, or on a
+/// connection without SUB or GET, ACK is `NO_MSG`.
 #[test]
 fn ack_rules() {
     let relay = Relay::start();

@@ -1,5 +1,5 @@
-//! Notification scenarios (`reference/smp-server-behaviour.md` §3.8, §9.2 item 22,
-//! `reference/smp-wire.md` §6.5) at v18 over real TLS: NKEY, NSUB, NMSG content, END to the previous
+//! Notification scenarios (simplexmq `Server.hs`, `Server/NtfStore.hs`,
+//! `tests/ServerTests.hs`) at v18 over real TLS: NKEY, NSUB, NMSG content, END to the previous
 //! notifier subscriber, NDEL with DELD, and notifier credentials in NEW (v17+).
 
 mod common;
@@ -30,7 +30,7 @@ fn deliver(
     m
 }
 
-/// §9.2 item 22.
+/// The reference's `testMessageNotifications` (simplexmq `tests/ServerTests.hs`).
 #[test]
 fn notifier_subscribes_and_receives_notifications() {
     let relay = Relay::start();
@@ -202,7 +202,8 @@ fn nkey_again_ends_old_notifier_subscription() {
     expect_nothing(&mut nh, "no END to oneself");
 }
 
-/// The quota marker is not notified (§3.8): with quota 1, the SEND that gets QUOTA makes no NMSG.
+/// The quota marker is not notified (simplexmq `Server.hs`): with quota 1, the SEND that gets QUOTA
+/// makes no NMSG.
 #[test]
 fn quota_marker_is_not_notified() {
     let relay = common::Relay::start_with(common::RelayOptions {

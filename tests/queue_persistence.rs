@@ -1,4 +1,4 @@
-//! Persistence scenarios (`reference/smp-server-behaviour.md` §9.2 items 17–19): a clean stop
+//! Persistence scenarios (simplexmq `tests/ServerTests.hs`): a clean stop
 //! (SIGTERM) saves the memory store and a start on the same data directory restores queues,
 //! notifiers, messages, the quota marker and pending notifications; deleted queues stay deleted;
 //! messages older than the TTL are dropped at start. Checked at the message level (the reference
@@ -24,8 +24,9 @@ fn stop_cleanly(relay: &mut Relay) {
     );
 }
 
-/// §9.2 item 17: a queue with a notifier and a deleted queue, across a clean restart; and a
-/// notification that waits for its subscriber across it.
+/// The reference's `testWithStoreLog` (simplexmq `tests/ServerTests.hs`): a queue with a notifier
+/// and a deleted queue, across a clean restart; and a notification that waits for its subscriber
+/// across it.
 #[test]
 fn queues_and_notifiers_survive_clean_restart() {
     let mut relay = Relay::start();
@@ -110,8 +111,9 @@ fn queues_and_notifiers_survive_clean_restart() {
     assert_eq!(signed(&mut h, q2.key(), q2.rid(), Command::Sub), ERR_AUTH);
 }
 
-/// §9.2 item 18 with quota 4: one message delivered, four queued and a QUOTA; each clean restart
-/// keeps what was not ACKed, including the marker, which is delivered last.
+/// The reference's `testRestoreMessages` with quota 4: one message delivered, four queued and a
+/// QUOTA; each clean restart keeps what was not ACKed, including the marker, which is delivered
+/// last.
 #[test]
 fn messages_and_quota_marker_survive_clean_restarts() {
     let mut relay = Relay::start_with(RelayOptions {
@@ -165,8 +167,9 @@ fn messages_and_quota_marker_survive_clean_restarts() {
     expect_body(&mut h, &q, b"hello 8");
 }
 
-/// §9.2 item 19: two old and two newer messages; a restart with a long TTL keeps all four, a restart
-/// with a TTL shorter than the old ones' age drops exactly those two.
+/// The reference's `testRestoreExpireMessages`: two old and two newer messages; a restart with a
+/// long TTL keeps all four, a restart with a TTL shorter than the old ones' age drops exactly those
+/// two.
 #[test]
 fn restart_drops_messages_older_than_ttl() {
     let mut relay = Relay::start();

@@ -2,7 +2,7 @@
 //! 18 for comparison): NEW and the per-version form of IDS, SEND and MSG, SUB answered `SOK` (`OK`
 //! below v16) with the pending MSG in the same block, END to the previous subscriber, DEL giving
 //! `DELD` (`END` below v10), and the per-version maximum message size
-//! (`reference/smp-wire.md` §5.1–5.3, §2.6).
+//! (simplexmq `Protocol.hs`, `Transport.hs`).
 
 mod common;
 mod support;

@@ -1,4 +1,4 @@
-//! Delivery races (`DESIGN.md` §3, `seeds/002`): the reference reads a SUB batch's first messages
+//! Delivery races (`docs/ARCHITECTURE.md` §3): the reference reads a SUB batch's first messages
 //! before it registers the subscriber, so a SEND in between is neither returned nor pushed (T1).
 //! Here registration and the read happen in one owner turn. Each scenario runs on one and on two
 //! shards. `cargo test --features t1-race-variant --test races t1_` must fail: that build registers
@@ -24,7 +24,7 @@ fn relay(cores: usize) -> Relay {
 
 /// T1: SUB on an empty queue, then a SEND as soon as the SOK is back: the subscriber must get the
 /// message pushed. With late registration the SEND finds no subscriber and the message waits for
-/// the next SUB (the stall of `seeds/002`).
+/// the next SUB (the stall `docs/ARCHITECTURE.md` §3 describes).
 fn t1(cores: usize) {
     let r = relay(cores);
     let mut recipient = r.client();

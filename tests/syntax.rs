@@ -1,6 +1,6 @@
-//! The reference's `serverSyntaxTests` (`reference/smp-server-behaviour.md` §9.3, `smp-wire.md` §8.1
-//! item 6) and the credential table of `smp-wire.md` §4.4, at v18 and, where encodings differ, at lower
-//! versions. No queue exists, so every well-formed queue command gets `ERR AUTH`.
+//! The reference's `serverSyntaxTests` (simplexmq `tests/ServerTests.hs`) and the credential rules
+//! of `Protocol.hs` `checkCredentials`, at v18 and, where encodings differ, at lower versions.
+//! No queue exists, so every well-formed queue command gets `ERR AUTH`.
 //!
 //! Commands are written here as raw bytes so that the test does not depend on the crate's command
 //! encoder; each row asserts the exact response bytes, corrId and entityId.
@@ -40,7 +40,7 @@ fn x25519_spki() -> Vec<u8> {
     [&X25519_SPKI_PREFIX[..], &[9u8; 32]].concat()
 }
 
-/// `NEW` with valid parameters in the encoding of version `v` (§5.1).
+/// `NEW` with valid parameters in the encoding of version `v` (simplexmq `Protocol.hs`).
 fn new_cmd(v: u16) -> Vec<u8> {
     let mut c = b"NEW ".to_vec();
     c.extend(short(&ed25519_spki()));
@@ -362,7 +362,8 @@ fn syntax_table_at_lower_versions() {
     }
 }
 
-/// At v6 the session id travels in each transmission and must be this session's (§4.4 step 2).
+/// At v6 the session id travels in each transmission and must be this session's (simplexmq
+/// `Protocol.hs`, `tDecodeServer`).
 #[test]
 fn v6_explicit_session_id() {
     let relay = Relay::start();

@@ -1,7 +1,8 @@
 //! The server's tls-unique (SMP session id) must equal what an independent TLS stack computes as
 //! its own client Finished: OpenSSL's `SSL_get_finished`, over real sockets, for every suite, with
 //! and without a client-certificate request, after a HelloRetryRequest, and with application data
-//! arriving in the same read as Finished. Also the ALPN and protocol-version rules of §1.2–1.3.
+//! arriving in the same read as Finished. Also the ALPN and protocol-version rules of simplexmq
+//! `Transport.hs`.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

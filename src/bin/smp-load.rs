@@ -1,6 +1,7 @@
-//! `smp-load`: creates queues once (`setup`), then runs the seed's scenarios against a relay it
-//! starts as a child process (or one already running) and prints a table, and with `--json` one
-//! JSON record per run plus the median, min and max per configuration. See `benches/README.md`.
+//! `smp-load`: creates queues once (`setup`), then runs the subscription scenarios (storm,
+//! individual, displace, idle) against a relay it starts as a child process (or one already
+//! running) and prints a table, and with `--json` one JSON record per run plus the median, min and
+//! max per configuration. See `benches/README.md`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

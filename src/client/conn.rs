@@ -1,6 +1,7 @@
 //! A blocking TLS connection for the client: TCP with read/write timeouts, a rustls client session,
-//! and the client's own tls-unique (the verify_data of the Finished it wrote, `reference/smp-wire.md`
-//! §1.5), computed by `transport::tls::ClientCapture` from the bytes the client wrote.
+//! and the client's own tls-unique (the verify_data of the Finished it wrote, simplexmq
+//! `Transport.hs`, `tlsUnique`), computed by `transport::tls::ClientCapture` from the bytes the
+//! client wrote.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -75,7 +75,7 @@ impl Default for ClientOptions {
     }
 }
 
-/// A private key that authorizes a transmission (§4.2).
+/// A private key that authorizes a transmission (simplexmq `Crypto.hs`).
 #[derive(Clone)]
 pub enum Signer {
     Ed25519(ed25519_dalek::SigningKey),
@@ -273,7 +273,8 @@ impl Client {
         self.server_session_key.as_ref()
     }
 
-    /// The session secret shared with the server (§5.5 `sessSecret`), if we sent a hello key.
+    /// The session secret shared with the server (`sessSecret` of simplexmq `Server.hs`,
+    /// `processForwardedCommand`), if we sent a hello key.
     pub fn session_secret(&self) -> Option<&[u8; 32]> {
         self.session_secret.as_ref()
     }

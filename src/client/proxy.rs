@@ -1,6 +1,7 @@
-//! A test proxy for private routing (`reference/smp-wire.md` §5.5): builds forwarded transmissions
-//! exactly as a reference client (`proxySMPCommand`) and proxy (`forwardSMPTransmission`) do, and
-//! opens `RRES` by the same formulas, so the destination role can be tested without a proxy relay.
+//! A test proxy for private routing (simplexmq `Client.hs`, `Server.hs`): builds forwarded
+//! transmissions exactly as a reference client (`proxySMPCommand`) and proxy
+//! (`forwardSMPTransmission`) do, and opens `RRES` by the same formulas, so the destination role
+//! can be tested without a proxy relay.
 //!
 //! Here the test plays both the client C and the proxy P; its connection to the destination D is
 //! the proxy's session (`proxy_server = true`, or an ordinary one: D does not care). C would learn
@@ -103,8 +104,8 @@ pub enum RfwdAnswer {
     Err(ErrorType),
 }
 
-/// The client's side of one forwarded command (§5.5 step 1): the version, the nonce that is also
-/// the inner corrId, and the per-command key pair.
+/// The client's side of one forwarded command (simplexmq `Client.hs`, `proxySMPCommand`): the
+/// version, the nonce that is also the inner corrId, and the per-command key pair.
 pub struct ForwardedCommand {
     pub version: Version,
     pub nonce: [u8; 24],
@@ -265,7 +266,8 @@ pub fn forward_batch(
 }
 
 /// Forwards one command to the entity `entity_id` at `version`, authorized as asked, the way a
-/// reference client and proxy do (§5.5 steps 1–3, 5–6).
+/// reference client and proxy do (simplexmq `Client.hs`, `proxySMPCommand` and
+/// `forwardSMPTransmission`).
 pub fn forward(
     client: &mut Client,
     version: Version,

@@ -1,6 +1,6 @@
 //! The recipient's, sender's and notifier's side of a queue, for tests and tools: key pairs of each
 //! algorithm, `NEW` in any version's form, the secrets derived from `IDS`/`NID`, and the decryption of
-//! `MSG` bodies and `NMSG` metadata (`reference/smp-wire.md` §5.1, §6.2, §6.5).
+//! `MSG` bodies and `NMSG` metadata (simplexmq `Protocol.hs`; sealing in `Server.hs`).
 //!
 //! Pure functions over bytes; the caller drives the connection with [`super::Client`].
 
@@ -14,7 +14,7 @@ use crate::protocol::encoding::Reader;
 use crate::protocol::error::ErrorType;
 use crate::protocol::response::{BrokerMsg, QueueIds};
 
-/// The algorithm of a queue authorization key (§4.2).
+/// The algorithm of a queue authorization key (simplexmq `Crypto.hs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KeyAlg {
     Ed25519,
@@ -128,7 +128,7 @@ pub fn new_queue(keys: &RecipientKeys) -> NewQueue {
 }
 
 /// The sender ID a client must propose with short-link data: the first 24 bytes of
-/// SHA3-384(corrId of the NEW) (`reference/smp-server-behaviour.md` §2.2).
+/// SHA3-384(corrId of the NEW) (simplexmq `Agent.hs`; checked by `Server.hs` at NEW).
 pub fn link_sender_id(corr_id: &[u8]) -> Vec<u8> {
     hash::sha3_384(corr_id)[..24].to_vec()
 }
@@ -203,7 +203,8 @@ pub fn parse_err(t: &ServerTransmission) -> Result<ErrorType, QueueError> {
     }
 }
 
-/// A decrypted `MSG` body (§6.2).
+/// A decrypted `MSG` body (simplexmq `Server.hs`, `encryptMsg`; `Protocol.hs`,
+/// `clientRcvMsgBodyP`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RcvMsg {
     Message {
@@ -241,7 +242,8 @@ pub struct Received {
     pub enc_len: usize,
 }
 
-/// Opens a `MSG` body with the queue's `rcvDhSecret`, nonce = msgId (§6.2), and parses it.
+/// Opens a `MSG` body with the queue's `rcvDhSecret`, nonce = msgId (simplexmq `Server.hs`,
+/// `encryptMsg`), and parses it.
 pub fn decrypt_msg(
     rcv_dh_secret: &[u8; 32],
     msg_id: &[u8],
@@ -290,7 +292,8 @@ pub fn receive(rcv_dh_secret: &[u8; 32], t: &ServerTransmission) -> Result<Recei
     }
 }
 
-/// `NMSG` metadata (§6.5): which message arrived, and when.
+/// `NMSG` metadata (simplexmq `Server.hs`, `mkMessageNotification`): which message arrived, and
+/// when.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NmsgMeta {
     pub msg_id: Vec<u8>,

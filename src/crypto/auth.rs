@@ -1,7 +1,8 @@
-//! Command authorization (`reference/smp-wire.md` §4.2): Ed25519 and Ed448 signatures and X25519
-//! authenticators over the authorized bytes, plus the dummy verifications that make a missing queue or
-//! a key of the wrong algorithm cost the same as a real check (§8.1 item 7). Client-side signing
-//! lives here too so that both ends share one definition.
+//! Command authorization (simplexmq `Server.hs`, `verifyCmdAuthorization`): Ed25519 and Ed448
+//! signatures and X25519 authenticators over the authorized bytes, plus the dummy verifications
+//! that make a missing queue or a key of the wrong algorithm cost the same as a real check (the
+//! reference's dummy keys in simplexmq `Server.hs`). Client-side signing lives here too so that
+//! both ends share one definition.
 
 use std::cell::Cell;
 
@@ -198,8 +199,9 @@ pub fn sign_ed25519(sk: &SigningKey, authorized: &[u8]) -> [u8; ED25519_SIG_LEN]
     sk.sign(authorized).to_bytes()
 }
 
-/// The authenticator a client sends for an X25519 queue key (§4.2): SXbox over the DH of its queue
-/// key with the server's session key, nonce from the corrId, of SHA-512 of the authorized bytes.
+/// The authenticator a client sends for an X25519 queue key (simplexmq `Server.hs`,
+/// `verifyCmdAuthorization`): SXbox over the DH of its queue key with the server's session key,
+/// nonce from the corrId, of SHA-512 of the authorized bytes.
 pub fn x25519_authenticator(
     client_priv: &[u8; 32],
     server_pub: &[u8; 32],

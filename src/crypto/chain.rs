@@ -1,6 +1,6 @@
-//! The block-encryption key chains of `reference/smp-wire.md` §3.3: one HKDF-SHA512 chain per
-//! direction, seeded from the session's X25519 secret and the tls-unique session id, and advanced
-//! once per block so that every block has its own key and nonce.
+//! The block-encryption key chains (simplexmq `Crypto.hs`, `sbcInit`/`sbcHkdf`): one HKDF-SHA512
+//! chain per direction, seeded from the session's X25519 secret and the tls-unique session id, and
+//! advanced once per block so that every block has its own key and nonce.
 
 use std::fmt;
 

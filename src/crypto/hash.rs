@@ -1,6 +1,6 @@
 //! Digests and the base64url text form used by SMP: SHA-256 for certificate fingerprints (the server's
 //! key hash), SHA-512 inside X25519 authenticators, SHA3-384 for the `NEW` sender-id check
-//! (`reference/smp-wire.md` §7.3).
+//! (simplexmq `Crypto.hs`).
 
 use base64::alphabet;
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, URL_SAFE};

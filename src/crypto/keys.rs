@@ -1,5 +1,5 @@
 //! Public keys as they travel in SMP: DER SubjectPublicKeyInfo with fixed prefixes
-//! (`reference/smp-wire.md` §7.2). Queue keys (`APublicAuthKey`) are Ed25519, Ed448 or X25519; X448 is
+//! (simplexmq `Crypto.hs`). Queue keys (`APublicAuthKey`) are Ed25519, Ed448 or X25519; X448 is
 //! rejected at decode time, as the reference does.
 
 use std::fmt;

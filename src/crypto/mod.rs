@@ -1,6 +1,6 @@
 //! Cryptography of SMP: key encodings, signatures and authenticators, SXbox, the block-encryption chains.
-//! Everything here is pure computation over byte slices; `reference/smp-wire.md` §7 is the source of
-//! every layout.
+//! Everything here is pure computation over byte slices; simplexmq `Crypto.hs` is the
+//! source of every layout.
 
 pub mod auth;
 pub mod chain;

@@ -59,7 +59,7 @@ pub fn unpad(padded: &[u8]) -> Result<&[u8], PadError> {
 mod tests {
     use super::*;
 
-    // `reference/smp-wire.md` §8.1 item 2 and item 11.
+    // The padding cases of simplexmq `tests/CoreTests/CryptoTests.hs` and `tests/XFTPWebTests.hs`.
     #[test]
     fn pad_unpad_table() {
         assert_eq!(pad(b"abc", 5).unwrap(), b"\x00\x03abc");

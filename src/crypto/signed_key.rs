@@ -1,4 +1,4 @@
-//! Signed public keys (`reference/smp-wire.md` §7.2): the server's per-connection X25519 key in its
+//! Signed public keys (simplexmq `Crypto.hs`): the server's per-connection X25519 key in its
 //! hello, and a service's session key, each signed by a certificate key so the peer can bind the key
 //! to the TLS identity. The DER is tiny and fixed in shape, so it is written and read by hand.
 

@@ -1,5 +1,5 @@
-//! libsodium's XSalsa20-Poly1305 secretbox behind one safe interface (`DESIGN.md` §5): the relay's
-//! only foreign cryptography besides OpenSSL's Ed448.
+//! libsodium's XSalsa20-Poly1305 secretbox behind one safe interface (`docs/ARCHITECTURE.md` §7):
+//! the relay's only foreign cryptography besides OpenSSL's Ed448.
 //!
 //! Why: per 16 KB, RustCrypto's XSalsa20-Poly1305 costs ~30 µs on these machines and libsodium's
 //! ~10 µs (`cargo bench --bench crypto_floor`), and the relay runs it 2–4 times per delivered

@@ -1,4 +1,4 @@
-//! SXbox, the SimpleX NaCl box (`reference/smp-wire.md` §7.1): HSalsa20(key, 0^16) and then
+//! SXbox, the SimpleX NaCl box (simplexmq `Crypto.hs`): HSalsa20(key, 0^16) and then
 //! XSalsa20-Poly1305, laid out as `tag ‖ ciphertext`. The same construction serves DH secrets
 //! (where it equals NaCl `crypto_box`) and the symmetric block-encryption keys (where it does not
 //! equal plain `crypto_secretbox`), plus the X25519 and nonce helpers that feed it.

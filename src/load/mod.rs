@@ -1,6 +1,7 @@
-//! The load generator behind `smp-load` (issue 5): the seed's scenario measurements
-//! (`seeds/002`) reproduced against a relay running as a separate process, with its CPU and memory
-//! read from `/proc`, and the crypto floor the figures are compared with.
+//! The load generator behind `smp-load` (issue 5): the subscription scenarios (storm,
+//! individual, displace, idle; see `scenario.rs`) measured against a relay running as a separate
+//! process, with its CPU and memory read from `/proc`, and the crypto floor the figures are
+//! compared with.
 
 pub mod creds;
 pub mod floor;

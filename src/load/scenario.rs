@@ -1,4 +1,4 @@
-//! The scenarios of `seeds/002` as the load generator runs them: storm (N queues subscribed at once
+//! The subscription scenarios the load generator runs: storm (N queues subscribed at once
 //! from K connections while senders send), individual (one connection alone), displace (set B takes
 //! over set A's subscriptions while A stays connected) and idle connections.
 //!

@@ -1,4 +1,4 @@
-//! Block content as a batch of transmissions (`reference/smp-wire.md` §3.2):
+//! Block content as a batch of transmissions (simplexmq `Protocol.hs`, `batchTransmissions_`):
 //! `byte(n) 1*n(Large transmission)`, 1 <= n <= 255, packed greedily up to 16365 bytes of items.
 
 use std::fmt;
@@ -225,8 +225,9 @@ mod tests {
     }
 }
 
-/// Block packing counts of the reference's `BatchingTests` (`reference/smp-wire.md` §8.1 item 8),
-/// built with this crate's encoders, which pins the per-version transmission sizes.
+/// Block packing counts of the reference's `BatchingTests` (simplexmq
+/// `tests/CoreTests/BatchingTests.hs`), built with this crate's encoders, which pins the
+/// per-version transmission sizes.
 #[cfg(test)]
 mod packing {
     use super::*;

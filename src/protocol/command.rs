@@ -1,6 +1,7 @@
-//! Client commands (`reference/smp-wire.md` §5.1) and the credential-shape rules applied to them
-//! (§4.4 step 5). Parsing is strict: the parameters must be consumed to the end, except where a
-//! Tail ends them; an unknown tag is `CMD UNKNOWN`, bad parameters `CMD SYNTAX`.
+//! Client commands (simplexmq `Protocol.hs`) and the credential-shape rules applied to them
+//! (simplexmq `Protocol.hs`, `checkCredentials`). Parsing is strict: the parameters must be
+//! consumed to the end, except where a Tail ends them; an unknown tag is `CMD UNKNOWN`, bad
+//! parameters `CMD SYNTAX`.
 
 use std::net::Ipv6Addr;
 use std::str::FromStr;
@@ -947,8 +948,8 @@ pub struct CommandFacts {
     pub batch_key: BatchKey,
 }
 
-/// The credential shape a command requires (§4.4 step 5), checked after parsing and before any
-/// lookup or verification.
+/// The credential shape a command requires (simplexmq `Protocol.hs`, `checkCredentials`), checked
+/// after parsing and before any lookup or verification.
 pub fn check_credentials(
     cmd: &Command,
     has_auth: bool,
@@ -1507,7 +1508,7 @@ mod tests {
     }
 }
 
-/// `serverSyntaxTests` of the reference (`reference/smp-wire.md` §8.1 item 6) at the level this
+/// `serverSyntaxTests` of the reference (simplexmq `tests/ServerTests.hs`) at the level this
 /// module decides: transmission parse, command parse, credential shape.
 #[cfg(test)]
 mod syntax_table {

@@ -1,4 +1,4 @@
-//! The primitive SMP encodings (`reference/smp-wire.md` §0): a strict reader over a byte slice and
+//! The primitive SMP encodings (simplexmq `Encoding.hs`): a strict reader over a byte slice and
 //! the matching writers. Every codec of the protocol is built from these.
 
 /// The input did not have the shape the parser expected. Callers map it to the protocol error that
@@ -239,7 +239,7 @@ pub fn put_maybe<T>(out: &mut Vec<u8>, v: Option<T>, f: impl FnOnce(&mut Vec<u8>
 mod tests {
     use super::*;
 
-    // Vectors of `reference/smp-wire.md` §8.1 item 11.
+    // The encoding cases of simplexmq `tests/XFTPWebTests.hs`, with the bytes they encode to.
     #[test]
     fn primitive_vectors() {
         let mut o = Vec::new();

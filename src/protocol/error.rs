@@ -1,4 +1,4 @@
-//! The `ERR` payload (`reference/smp-wire.md` §5.4): error types the relay sends, and the
+//! The `ERR` payload (simplexmq `Protocol.hs`, `ErrorType`): error types the relay sends, and the
 //! transport errors of the handshake. Encoders apply the per-version downgrades; parsers accept
 //! every form the reference parses (legacy `NO_QUEUE`, detailed `NETWORK`).
 

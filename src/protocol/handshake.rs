@@ -1,4 +1,4 @@
-//! The plaintext handshake blocks (`reference/smp-wire.md` §2): server hello, client hello and
+//! The plaintext handshake blocks (simplexmq `Transport.hs`): server hello, client hello and
 //! the service response. Decoders ignore bytes after the last field they know, so that peers
 //! can extend the messages; padding is the caller's (`pad(·, 16384)`).
 
@@ -15,7 +15,7 @@ use crate::crypto::keys::{x25519_from_spki, x25519_to_spki};
 pub struct CertChainPubKey {
     /// DER certificates, leaf first. 1..=255 of them, each under 64 KiB (not validated here).
     pub chain: Vec<Vec<u8>>,
-    /// The DER "signed object" wrapping the key (§7.2).
+    /// The DER "signed object" wrapping the key (simplexmq `Crypto.hs`).
     pub signed_key: Vec<u8>,
 }
 
@@ -70,7 +70,7 @@ fn put_large_lossy(out: &mut Vec<u8>, s: &[u8]) {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerHello {
     pub versions: VersionRange,
-    /// tls-unique of the connection (§1.5).
+    /// tls-unique of the connection (simplexmq `Transport.hs`, `tlsUnique`).
     pub session_id: Vec<u8>,
     /// Written only when `versions.max >= 7` (absent from the legacy 6..6 hello).
     pub cert_key: Option<CertChainPubKey>,
@@ -212,7 +212,8 @@ impl ClientHello {
     }
 }
 
-/// The third handshake block, sent only to service clients (§2.5).
+/// The third handshake block, sent only to service clients (simplexmq `Transport.hs`,
+/// `SMPServerHandshakeResponse`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ServiceResponse {
     /// `'R' shortString serviceId`.
@@ -264,7 +265,8 @@ mod tests {
 
     #[test]
     fn client_hello_v20_layout() {
-        // §8.3: `00 14 | 20 <32 keyHash> | 2c <44-byte X25519 SPKI> | 46 | 30` = 82 bytes.
+        // As simplexmq `Transport.hs` encodes it:
+        // `00 14 | 20 <32 keyHash> | 2c <44-byte X25519 SPKI> | 46 | 30` = 82 bytes.
         let h = ClientHello {
             version: 20,
             key_hash: vec![0xab; 32],
@@ -339,7 +341,8 @@ mod tests {
 
     #[test]
     fn server_hello_layout() {
-        // §8.3: `00 06 00 14 | 20 <32 sessionId> | 02 | <Word16 len><leaf> <Word16 len><CA> | 00 78 <120>`.
+        // As simplexmq `Transport.hs` encodes it:
+        // `00 06 00 14 | 20 <32 sessionId> | 02 | <Word16 len><leaf> <Word16 len><CA> | 00 78 <120>`.
         let h = ServerHello {
             versions: VersionRange::new(6, 20).unwrap(),
             session_id: vec![0x5e; 32],

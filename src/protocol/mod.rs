@@ -1,4 +1,5 @@
-//! SMP codecs: pure encode/decode of every byte layout of `reference/smp-wire.md`, no I/O.
+//! SMP codecs: pure encode/decode of every byte layout of SMP (simplexmq `Protocol.hs`,
+//! `Transport.hs`, `Encoding.hs`), no I/O.
 
 pub mod batch;
 pub mod command;

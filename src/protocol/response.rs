@@ -1,5 +1,5 @@
-//! Server responses and events (`reference/smp-wire.md` §5.2): encoders with the per-version
-//! forms the relay sends, and strict parsers for the client library.
+//! Server responses and events (simplexmq `Protocol.hs`, `BrokerMsg`): encoders with the
+//! per-version forms the relay sends, and strict parsers for the client library.
 
 use super::command::{split_tag, QueueMode};
 use super::encoding::{
@@ -55,7 +55,7 @@ pub enum BrokerMsg {
     },
     Msg {
         msg_id: Vec<u8>,
-        /// The encrypted body (§6.2), opaque here.
+        /// The encrypted body (simplexmq `Server.hs`, `encryptMsg`), opaque here.
         body: Vec<u8>,
     },
     Alls,
@@ -297,9 +297,9 @@ impl BrokerMsg {
         }
     }
 
-    /// The entity-id rule the client enforces (§5.2): `IDS` and `ERR` take any entity;
-    /// `PONG`, `PKEY`, `RRES`, `ALLS`, `RNAME` must have none (`HAS_AUTH`); all others need one
-    /// (`NO_ENTITY`).
+    /// The entity-id rule the client enforces (simplexmq `Protocol.hs`): `IDS` and `ERR` take any
+    /// entity; `PONG`, `PKEY`, `RRES`, `ALLS`, `RNAME` must have none (`HAS_AUTH`); all others need
+    /// one (`NO_ENTITY`).
     pub fn check_entity(&self, entity_empty: bool) -> Result<(), CommandError> {
         match self {
             BrokerMsg::Ids(_) | BrokerMsg::Err(_) => Ok(()),

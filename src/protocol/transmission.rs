@@ -1,4 +1,4 @@
-//! One transmission, the bytes inside a batch item (`reference/smp-wire.md` §4.1):
+//! One transmission, the bytes inside a batch item (simplexmq `Protocol.hs`, `transmissionP`):
 //! `authorization [serviceSig] [sessionId] corrId entityId command`, and the bytes it signs.
 //! Parsing here is structural; the session-id comparison and credential checks are the caller's.
 
@@ -201,7 +201,8 @@ mod tests {
 
     #[test]
     fn ping_block_layout() {
-        // §8.3: `01 | 00 1f | 00 | 18 <24 corrId> | 00 | "PING"` at v >= 7.
+        // As simplexmq `Protocol.hs` encodes it, at v >= 7:
+        // `01 | 00 1f | 00 | 18 <24 corrId> | 00 | "PING"`.
         let corr = [0xc1u8; 24];
         let t = encode_client_transmission(20, &SESS, b"", None, &corr, b"", b"PING");
         let mut w = BatchWriter::new();
@@ -231,7 +232,8 @@ mod tests {
 
     #[test]
     fn signed_send_layout_v16() {
-        // §8.3: `40 <64 sig> | 30 | 18 <corrId> | 18 <sndId> | "SEND F " <body>`.
+        // As simplexmq `Protocol.hs` encodes it:
+        // `40 <64 sig> | 30 | 18 <corrId> | 18 <sndId> | "SEND F " <body>`.
         let sig = [0x11u8; 64];
         let corr = [0x22u8; 24];
         let snd = [0x33u8; 24];

@@ -1,4 +1,4 @@
-//! SMP relay protocol versions (`reference/smp-wire.md` §2.6): the named constants every codec
+//! SMP relay protocol versions (simplexmq `Transport.hs`): the named constants every codec
 //! switches on, and the version range exchanged in the handshake.
 
 use super::encoding::{put_word16, DResult, DecodeError, Reader};
@@ -48,9 +48,9 @@ pub struct VersionRange {
 }
 
 /// What this relay advertises to clients that negotiated ALPN. 19 and 20 are left out until the
-/// service-subscription and names semantics exist (`reference/smp-wire.md` §9.2).
+/// service-subscription and names semantics exist; nothing an ordinary client does needs them.
 pub const SERVER_VERSIONS: VersionRange = VersionRange { min: 6, max: 18 };
-/// What a client without ALPN is offered (§1.3).
+/// What a client without ALPN is offered (simplexmq `Transport.hs`).
 pub const LEGACY_SERVER_VERSIONS: VersionRange = VersionRange { min: 6, max: 6 };
 /// What our client library accepts (`supportedClientSMPRelayVRange`).
 pub const CLIENT_VERSIONS: VersionRange = VersionRange {
@@ -109,12 +109,14 @@ pub const fn max_message_length(v: Version) -> usize {
     }
 }
 
-/// v >= 7 sends no session id inside transmissions but still signs it (§2.4 `implySessId`).
+/// v >= 7 sends no session id inside transmissions but still signs it (simplexmq `Transport.hs`,
+/// `implySessId`).
 pub const fn implies_session_id(v: Version) -> bool {
     v >= AUTH_CMDS
 }
 
-/// v >= 16 has the service-signature slot after a non-empty authorization (§4.1).
+/// v >= 16 has the service-signature slot after a non-empty authorization (simplexmq `Protocol.hs`,
+/// `transmissionP`).
 pub const fn has_service_slot(v: Version) -> bool {
     v >= SERVICE_CERTS
 }

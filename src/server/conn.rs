@@ -1,8 +1,9 @@
 //! One client connection, from the first TLS byte to the last block: TLS with the tls-unique
-//! extraction, the SMP handshake (`reference/smp-wire.md` §2), then two tasks: a reader that decodes
+//! extraction, the SMP handshake (simplexmq `Transport.hs`), then two tasks: a reader that decodes
 //! blocks and routes their transmissions to the owners of their queues, and a writer that sends
 //! what owners answer, packed into as few blocks as fit. At most `MAX_BLOCKS_IN_FLIGHT` blocks are
-//! being answered at once; beyond that the reader stops reading the socket (`DESIGN.md` §1).
+//! being answered at once; beyond that the reader stops reading the socket
+//! (`docs/ARCHITECTURE.md` §4).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -74,7 +75,7 @@ pub struct ConnHandle {
     pub state: Rc<OutputState>,
 }
 
-/// The connection's output bound (`DESIGN.md` §1 back-pressure): bytes queued for the socket,
+/// The connection's output bound (`docs/ARCHITECTURE.md` §4): bytes queued for the socket,
 /// what the connection holds to ask its owners for again, and the slow-reader clock.
 pub struct OutputState {
     pub limits: OutputLimits,
@@ -594,7 +595,8 @@ fn queue_groups(
     let mut codec = codec.borrow_mut();
     let mut tls = tls.borrow_mut();
     for g in groups {
-        // Each block's batch is written straight into the block (`reference/smp-wire.md` §3.2).
+        // Each block's batch is written straight into the block (simplexmq `Protocol.hs`,
+        // `batchTransmissions_`).
         let mut rest = &g.transmissions[..];
         while !rest.is_empty() {
             let n = batch::batch_prefix_len(rest);

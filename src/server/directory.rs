@@ -1,6 +1,6 @@
-//! The ID directory (`DESIGN.md` §1): sender, link and notifier IDs → recipient ID, shared by all
-//! shards. Reads are lock-free (papaya); only a queue's owner writes its IDs, insert-if-absent, so two
-//! queues can never share an ID however the shards interleave.
+//! The ID directory (`docs/ARCHITECTURE.md` §1): sender, link and notifier IDs → recipient ID,
+//! shared by all shards. Reads are lock-free (papaya); only a queue's owner writes its IDs,
+//! insert-if-absent, so two queues can never share an ID however the shards interleave.
 
 use std::sync::Arc;
 

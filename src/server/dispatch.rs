@@ -1,7 +1,8 @@
 //! The connection's half of a block: decode it and check each transmission in the reference's order
-//! (`reference/smp-wire.md` §4.4: block → batch → transmission, session ID (v6), authorization shape,
-//! command parse, credential shape), answer what needs no queue, and route the rest to the owners of
-//! their queues (`router`). Everything here is synchronous and local to the connection's shard.
+//! (simplexmq `Protocol.hs` `tDecodeServer`: block → batch → transmission, session ID (v6),
+//! authorization shape, command parse, credential shape), answer what needs no queue, and route the
+//! rest to the owners of their queues (`router`). Everything here is synchronous and local to the
+//! connection's shard.
 
 use std::collections::BTreeMap;
 

@@ -1,6 +1,7 @@
-//! The private-routing destination role (`RFWD` → `RRES`, v8+; `reference/smp-wire.md` §5.5): a
-//! proxy forwards a client's sealed transmission; this relay opens it with the session secret and a
-//! per-command secret, executes it as the client's own, and seals the answer back the same way.
+//! The private-routing destination role (`RFWD` → `RRES`, v8+; simplexmq `Server.hs`,
+//! `processForwardedCommand`): a proxy forwards a client's sealed transmission; this relay opens it
+//! with the session secret and a per-command secret, executes it as the client's own, and seals the
+//! answer back the same way.
 //!
 //! Everything here is pure. Which failures are a plain `ERR` to the proxy and which travel inside
 //! `RRES` follows the reference's `processForwardedCommand` (`src/Simplex/Messaging/Server.hs`):
@@ -47,8 +48,8 @@ pub struct Forwarded {
     pub inner: Session,
 }
 
-/// The inner transmission, checked as far as the connection checks anything (§4.4 steps 1–5 at the
-/// forwarded version), with the allowed-command filter on top.
+/// The inner transmission, checked as far as the connection checks anything (simplexmq
+/// `Protocol.hs` `tDecodeServer` at the forwarded version), with the allowed-command filter on top.
 pub struct InnerRequest {
     pub corr_id: Vec<u8>,
     pub entity_id: Vec<u8>,
@@ -84,7 +85,8 @@ fn no_session_secret() -> ErrorType {
     )))
 }
 
-/// Opens and checks an `RFWD` received on `session` (`reference/smp-wire.md` §5.5 step 4).
+/// Opens and checks an `RFWD` received on `session` (simplexmq `Server.hs`,
+/// `processForwardedCommand`).
 pub fn decode_rfwd(
     session: &Session,
     session_secret: Option<&[u8; 32]>,
@@ -203,7 +205,8 @@ fn encode_inner(fwd: &Forwarded, corr_id: &[u8], entity_id: &[u8], msg: &BrokerM
     t
 }
 
-/// The body of `RRES` (§5.5 step 5), or `None` when the answer does not fit the padded length.
+/// The body of `RRES` (simplexmq `Server.hs`, `processForwardedCommand`), or `None` when the answer
+/// does not fit the padded length.
 pub fn seal_response(
     fwd: &Forwarded,
     corr_id: &[u8],

@@ -1,5 +1,5 @@
 //! The relay: one shard per configured core, each a pinned glommio executor that accepts and serves
-//! its own connections and owns the queues of its partition groups (`DESIGN.md` §1).
+//! its own connections and owns the queues of its partition groups (`docs/ARCHITECTURE.md` §1).
 //!
 //! Start-up: lock the data directory, load each shard's store, fill the shared ID directory and bind
 //! the listeners; only when every shard has done so are the loaded files set aside (`.bak`, see

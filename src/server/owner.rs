@@ -1,10 +1,10 @@
 //! The owner of a shard's queues: it verifies and executes every command addressed to them, keeps
-//! who is subscribed to what, and delivers (`DESIGN.md` §1–3).
+//! who is subscribed to what, and delivers (`docs/ARCHITECTURE.md` §1–3).
 //!
 //! One owner per shard runs in the shard's single inbox task, so the work of one block is executed
 //! from start to end before any other: a SUB's registration and its first-message read happen in the
-//! same turn, and no SEND can fall between them (the reference's race, `seeds/002`, test T1). Within a
-//! turn requests run in block order. Command semantics live in `commands/`.
+//! same turn, and no SEND can fall between them (the reference's race, `docs/ARCHITECTURE.md` §3).
+//! Within a turn requests run in block order. Command semantics live in `commands/`.
 
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
@@ -300,8 +300,8 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         true
     }
 
-    /// One `peek_first_many` call for every verified SUB of the block whose queue exists (DESIGN
-    /// §2), so that a block of 135 SUBs costs this owner one store call.
+    /// One `peek_first_many` call for every verified SUB of the block whose queue exists
+    /// (`docs/ARCHITECTURE.md` §2), so that a block of 135 SUBs costs this owner one store call.
     async fn prefetch_subs(
         &mut self,
         requests: &[Request],
@@ -421,8 +421,8 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         })
     }
 
-    /// Checks `req`'s authorization with `key` (`reference/smp-wire.md` §4.2), or takes its block's
-    /// batch verification of that very key.
+    /// Checks `req`'s authorization with `key` (simplexmq `Server.hs`, `verifyCmdAuthorization`),
+    /// or takes its block's batch verification of that very key.
     pub fn verify_with(&self, session: &Session, req: &Request, key: &PublicAuthKey) -> bool {
         if let (Some(done), PublicAuthKey::Ed25519(k)) = (&req.batch_verified, key) {
             if done == k {
@@ -611,9 +611,9 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         self.by_conn.entry(conn).or_default()
     }
 
-    /// The periodic expiration of messages and notifications (`reference/smp-server-behaviour.md`
-    /// §4.2). A subscriber whose delivered message expired keeps waiting for its ACK, as in the
-    /// reference; the ACK then returns the new head.
+    /// The periodic expiration of messages and notifications (simplexmq `Server.hs`,
+    /// `expireMessages`). A subscriber whose delivered message expired keeps waiting for its ACK,
+    /// as in the reference; the ACK then returns the new head.
     pub async fn expire(&mut self) {
         let now = super::commands::now_secs();
         let old = now - self.settings.message_ttl.as_secs() as i64;
@@ -659,9 +659,9 @@ pub fn encode(session: &Session, corr_id: &[u8], entity_id: &[u8], msg: &BrokerM
     )
 }
 
-/// The block layout of a turn (`DESIGN.md` O2, O4): pushes first, each alone; then the responses,
-/// with the SUBs' first messages in the same group when the part has at most 4 responses, else one
-/// block per message after them.
+/// The block layout of a turn (`docs/ARCHITECTURE.md` §3, O2 and O4): pushes first, each alone;
+/// then the responses, with the SUBs' first messages in the same group when the part has at most 4
+/// responses, else one block per message after them.
 fn pack_turn(turn: Turn) -> Vec<Group> {
     let Turn {
         responses,
@@ -690,9 +690,10 @@ fn pack_turn(turn: Turn) -> Vec<Group> {
 
 #[cfg(test)]
 mod tests {
-    //! Equal-time AUTH, asserted structurally (`reference/smp-wire.md` §4.4 step 6): a command for an
-    //! unknown queue and one signed with the wrong key each run exactly one verification, with a key
-    //! of the signature's algorithm. (The timing comparison itself is a benchmark.)
+    //! Equal-time AUTH, asserted structurally (simplexmq `Server.hs`, `verifyTransmission` and its
+    //! dummy keys): a command for an unknown queue and one signed with the wrong key each run
+    //! exactly one verification, with a key of the signature's algorithm. (The timing comparison
+    //! itself is a benchmark.)
     use std::rc::Rc;
     use std::sync::Arc;
 

@@ -1,10 +1,11 @@
 //! Shard routing in one place: which shard owns a queue, and the messages shards send each other.
 //!
-//! A queue belongs to the shard that owns its partition group (`DESIGN.md` §1: partition from the
-//! recipient ID, 64 groups, group `g` on shard `g mod shards`). Every shard has one inbox; work for an
-//! owner and output for a connection both travel through it, so what one owner sends one connection
-//! arrives in the order it was sent (O1). Sends never wait: the inbox is unbounded, and what flows
-//! into it is bounded by the blocks in flight per connection and one delivery per subscription.
+//! A queue belongs to the shard that owns its partition group (`docs/ARCHITECTURE.md` §1: partition
+//! from the recipient ID, 64 groups, group `g` on shard `g mod shards`). Every shard has one inbox;
+//! work for an owner and output for a connection both travel through it, so what one owner sends
+//! one connection arrives in the order it was sent (O1). Sends never wait: the inbox is unbounded,
+//! and what flows into it is bounded by the blocks in flight per connection and one delivery per
+//! subscription.
 
 use std::sync::Arc;
 
@@ -61,9 +62,9 @@ pub struct Request {
     pub undelivered: Option<Delivery>,
 }
 
-/// A group of encoded transmissions packed into as few blocks as they fit. A MSG delivery is a group
-/// of its own and never shares a block (`DESIGN.md` O4); plain groups the writer finds queued
-/// together are merged, in order, so that they share blocks (`conn::coalesce`).
+/// A group of encoded transmissions packed into as few blocks as they fit. A MSG delivery is a
+/// group of its own and never shares a block (`docs/ARCHITECTURE.md` §3, O4); plain groups the
+/// writer finds queued together are merged, in order, so that they share blocks (`conn::coalesce`).
 pub struct Group {
     pub transmissions: Vec<Vec<u8>>,
     pub kind: GroupKind,

@@ -7,10 +7,10 @@
 //! A connection's reader and writer are two tasks sharing one `TlsStream` through `RefCell`; every
 //! method borrows it for one synchronous poll only, never across an await.
 //!
-//! Idle connections must cost little (`DESIGN.md` §1: tens of thousands per shard), so a connection
-//! owns no read buffer while it waits: glommio's reads are readiness-based, and the bytes land in one
-//! scratch buffer per shard that is handed to rustls at once. Only what rustls cannot take yet is
-//! copied into the connection, and output buffers are released after each flush.
+//! Idle connections must cost little (`docs/ARCHITECTURE.md` §4: tens of thousands per shard), so a
+//! connection owns no read buffer while it waits: glommio's reads are readiness-based, and the
+//! bytes land in one scratch buffer per shard that is handed to rustls at once. Only what rustls
+//! cannot take yet is copied into the connection, and output buffers are released after each flush.
 
 use std::cell::RefCell;
 use std::future::poll_fn;

@@ -1,6 +1,7 @@
-//! The in-memory store of one shard (`DESIGN.md` §4, `reference/smp-server-behaviour.md` §5.2): queue
-//! records, their messages and pending notifications as plain data, for tests and ephemeral relays.
-//! It is saved at a clean stop and restored at start by `persist` (one file per partition group).
+//! The in-memory store of one shard (`docs/ARCHITECTURE.md` §5; the reference's is simplexmq
+//! `Server/MsgStore/STM.hs`): queue records, their messages and pending notifications as plain
+//! data, for tests and ephemeral relays. It is saved at a clean stop and restored at start by
+//! `persist` (one file per partition group).
 //!
 //! Bounds: a queue holds at most `quota + 1` messages (the quota marker counts in its size and closes
 //! the queue to writes until it is drained), so the messages of a store are bounded by
@@ -32,8 +33,9 @@ struct Queue {
     rec: QueueRec,
     msgs: VecDeque<Message>,
     /// False once a quota marker was written; writes resume only when the queue is empty again
-    /// (§4.1). Always equal to "the last message is not a marker" — the marker never expires and
-    /// only leaves the queue as its last message — which is why the saved form does not store it.
+    /// (the reference's `writeMsg`, simplexmq `Server/MsgStore/STM.hs`). Always equal to "the last
+    /// message is not a marker" — the marker never expires and only leaves the queue as its last
+    /// message — which is why the saved form does not store it.
     can_write: bool,
 }
 
@@ -64,7 +66,7 @@ impl MemoryStore {
     }
 
     /// Deletes head messages older than `older_than`, stopping at the quota marker (markers never
-    /// expire: they keep a dormant full queue closed to writes, §4.2).
+    /// expire: they keep a dormant full queue closed to writes, as in simplexmq `Server.hs`).
     fn expire_queue(q: &mut Queue, older_than: i64) -> usize {
         let mut n = 0;
         while let Some(Message::Message { ts, .. }) = q.msgs.front() {
@@ -170,7 +172,8 @@ impl MessageStore for MemoryStore {
             .get_mut(recipient_id)
             .ok_or(StoreError::NotFound)?;
         let was_empty = q.msgs.is_empty();
-        // §4.1: a queue closed by a marker opens again only once drained, marker included.
+        // As simplexmq `Server/MsgStore/STM.hs` `writeMsg`: a queue closed by a marker opens again
+        // only once drained, marker included.
         if !(q.can_write || was_empty) {
             return Ok(WriteOutcome::Full);
         }
@@ -430,7 +433,8 @@ pub(crate) mod tests {
     const WRITTEN: WriteOutcome = WriteOutcome::Written { was_empty: false };
     const FIRST: WriteOutcome = WriteOutcome::Written { was_empty: true };
 
-    // §9.4 "should get queue and store/read messages", quota 3.
+    // simplexmq `tests/CoreTests/MsgStoreTests.hs` "should get queue and store/read messages",
+    // quota 3.
     #[test]
     fn get_queue_and_store_read_messages() {
         let q: &[u8] = b"queue-1";
@@ -503,7 +507,8 @@ pub(crate) mod tests {
         assert_eq!(block_on(s.delete(q)), Err(StoreError::NotFound));
     }
 
-    // §9.4 "should write/ack messages": expiring with time 0 removes nothing in between.
+    // simplexmq `tests/CoreTests/MsgStoreTests.hs` "should write/ack messages": expiring with time
+    // 0 removes nothing in between.
     #[test]
     fn write_ack_messages() {
         let q: &[u8] = b"queue-1";

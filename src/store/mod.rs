@@ -1,11 +1,12 @@
-//! The stores behind a shard's queues (`DESIGN.md` §4). Each shard owns one store instance for the
-//! partition groups it owns; nothing here is shared between threads.
+//! The stores behind a shard's queues (`docs/ARCHITECTURE.md` §5). Each shard owns one store
+//! instance for the partition groups it owns; nothing here is shared between threads.
 //!
 //! `QueueStore` keeps queue records (the owner reads them synchronously from the store's in-memory
 //! map: every store keeps all records of its groups in memory, PostgreSQL included) and makes each
 //! change durable before it returns. `MessageStore` keeps messages per queue in arrival order. The
 //! write methods are `async` because the PostgreSQL store awaits its pool; the memory store completes
-//! them at once. The owner calls them in a per-queue order (DESIGN §3), never concurrently for one queue.
+//! them at once. The owner calls them in a per-queue order (`docs/ARCHITECTURE.md` §2), never
+//! concurrently for one queue.
 
 pub mod memory;
 
@@ -23,7 +24,8 @@ pub type EntityId = Vec<u8>;
 /// Message IDs are 24 bytes: they are also the nonce of the MSG body encryption.
 pub type MsgId = [u8; 24];
 
-/// Fixed numbers that reach the disk (`DESIGN.md` §1): partitions, their hash and their groups.
+/// Fixed numbers that reach the disk (`docs/ARCHITECTURE.md` §1): partitions, their hash and their
+/// groups.
 pub const PARTITIONS: u32 = 4096;
 pub const PARTITION_GROUPS: u32 = smp_journal::JOURNAL_GROUPS;
 
@@ -67,7 +69,7 @@ pub enum QueueStatus {
     Blocked(BlockingInfo),
 }
 
-/// One queue, keyed by its recipient ID (`reference/smp-server-behaviour.md` §2.1).
+/// One queue, keyed by its recipient ID (simplexmq `Server/QueueStore.hs`, `QueueRec`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueRec {
     pub recipient_id: EntityId,
@@ -134,7 +136,7 @@ impl Message {
     }
 }
 
-/// What a SEND did to the queue (`reference/smp-server-behaviour.md` §4.1).
+/// What a SEND did to the queue (simplexmq `Server/MsgStore/STM.hs`, `writeMsg`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WriteOutcome {
     /// Stored; `was_empty` tells whether it is now the head (a subscriber may be pushed it).
@@ -167,8 +169,9 @@ pub enum StoreError {
     Failed(String),
 }
 
-/// Calls made into a store, counted by the store itself at its entry points (DESIGN §2: a block of
-/// SUBs costs one `peek_first_many` per owner, never one `peek_first` per SUB).
+/// Calls made into a store, counted by the store itself at its entry points
+/// (`docs/ARCHITECTURE.md` §2: a block of SUBs costs one `peek_first_many` per owner, never one
+/// `peek_first` per SUB).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct StoreCounters {
     pub peek_first: u64,
@@ -199,7 +202,8 @@ pub trait QueueStore {
 
 #[allow(async_fn_in_trait)]
 pub trait MessageStore {
-    /// Appends a message, applying the quota rule of §4.1 (`quota` messages, then one marker).
+    /// Appends a message, applying the reference's quota rule (simplexmq `Server/MsgStore/STM.hs`,
+    /// `writeMsg`) (`quota` messages, then one marker).
     async fn write(
         &mut self,
         recipient_id: &[u8],

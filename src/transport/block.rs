@@ -1,6 +1,7 @@
-//! Fixed 16384-byte blocks (`reference/smp-wire.md` §3.1, §3.3): every unit on the stream is one
-//! padded block, and from v11 with a client key each block after the handshake is sealed with the
-//! next key of its direction's chain. Sans-I/O: the caller reads and writes whole blocks.
+//! Fixed 16384-byte blocks (simplexmq `Transport.hs`, `tPutBlock`; keys from `Crypto.hs`): every
+//! unit on the stream is one padded block, and from v11 with a client key each block after the
+//! handshake is sealed with the next key of its direction's chain. Sans-I/O: the caller reads and
+//! writes whole blocks.
 
 use std::fmt;
 

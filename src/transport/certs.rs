@@ -2,7 +2,8 @@
 //!
 //! The files mirror the reference server's (`ca.key`, `ca.crt`, `server.key`, `server.crt`, PEM, PKCS#8
 //! keys) so that an operator can move a key directory between the two. The server's identity
-//! (`key_hash`, the fingerprint in `smp://<fp>@host`) is the SHA-256 of the CA certificate DER (§1.4).
+//! (`key_hash`, the fingerprint in `smp://<fp>@host`) is the SHA-256 of the CA certificate DER
+//! (simplexmq `Transport/Client.hs`).
 
 use std::fs;
 use std::io::Write;
@@ -26,7 +27,8 @@ pub const SERVER_CERT_FILE: &str = "server.crt";
 
 /// PEM files larger than this are not certificate files; refusing them bounds what `load` reads.
 const MAX_PEM_FILE_BYTES: u64 = 256 * 1024;
-/// Clients accept chains of 2 to 4 certificates (§1.4); anything else would make every handshake fail.
+/// Clients accept chains of 2 to 4 certificates (simplexmq `Transport/Client.hs`); anything else
+/// would make every handshake fail.
 const MIN_CHAIN_LEN: usize = 2;
 const MAX_CHAIN_LEN: usize = 4;
 /// Validity, in years from the start of the current year. The CA outlives the online certificate
@@ -140,7 +142,8 @@ fn write_file(path: &Path, text: &str, secret: bool) -> Result<(), CertError> {
 
 /// What the TLS layer needs: the chain to present, the key to sign with, and the server identity.
 pub struct ServerCredentials {
-    /// DER certificates as presented in TLS: `[leaf, ca]` (or up to 4, §1.4).
+    /// DER certificates as presented in TLS: `[leaf, ca]` (or up to 4, as simplexmq
+    /// `Transport/Client.hs` accepts).
     pub chain_der: Vec<Vec<u8>>,
     pub leaf_key: SigningKey,
     /// SHA-256 of the DER of `chain_der[1]` (the CA in the normal 2-certificate chain).
@@ -163,7 +166,7 @@ pub fn fingerprint_b64url(key_hash: &[u8; 32]) -> String {
 }
 
 /// Generates an Ed25519 offline CA and an online server certificate for `host`, with the
-/// extensions the reference `init` produces (§1.4).
+/// extensions the reference `init` produces (simplexmq `Server/Main/Init.hs`).
 pub fn generate(host: &str) -> Result<GeneratedCredentials, CertError> {
     let year = current_year();
     let not_before = rcgen::date_time_ymd(year, 1, 1);
@@ -201,7 +204,8 @@ pub fn generate(host: &str) -> Result<GeneratedCredentials, CertError> {
     })
 }
 
-/// PKCS#8 v1 prefix for an Ed25519 private key (RFC 8410), followed by the 32-byte seed (§7.2).
+/// PKCS#8 v1 prefix for an Ed25519 private key (RFC 8410), followed by the 32-byte seed (simplexmq
+/// `Crypto.hs`).
 const ED25519_PKCS8_V1_PREFIX: [u8; 16] = [
     0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20,
 ];

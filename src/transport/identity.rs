@@ -1,8 +1,9 @@
-//! The destination's identity (`reference/smp-wire.md` §1.4): its TLS chain must have an identity
-//! certificate (the 2nd of 2–4) whose SHA-256 is the key hash in the address, and the chain must
-//! be valid up to the CA, as the reference client's `validateCertificateChain` requires. The hash
-//! alone is not enough: anyone can present the public CA certificate after a leaf of their own,
-//! so each certificate's signature is checked with the next one's key.
+//! The destination's identity (simplexmq `Transport/Client.hs`, `validateCertificateChain`): its
+//! TLS chain must have an identity certificate (the 2nd of 2–4) whose SHA-256 is the key hash in
+//! the address, and the chain must be valid up to the CA, as the reference client's
+//! `validateCertificateChain` requires. The hash alone is not enough: anyone can present the public
+//! CA certificate after a leaf of their own, so each certificate's signature is checked with the
+//! next one's key.
 
 use x509_parser::prelude::{FromDer, X509Certificate};
 
@@ -86,7 +87,8 @@ fn can_sign_certs(c: &X509Certificate<'_>) -> bool {
     }
 }
 
-/// EdDSA only: SMP chains are Ed25519 or Ed448 (§1.2).
+/// EdDSA only: SMP chains are Ed25519 or Ed448 (simplexmq `Transport.hs`,
+/// `defaultSupportedParams`).
 fn signed_by(cert: &X509Certificate<'_>, issuer: &X509Certificate<'_>) -> bool {
     let tbs = cert.tbs_certificate.as_ref();
     let sig = &cert.signature_value.data[..];

@@ -23,7 +23,8 @@ use crate::transport::tls_unique::{self, TlsUniqueError};
 
 /// The SMP ALPN protocol id.
 pub const ALPN_SMP: &[u8] = b"smp/1";
-/// What the server accepts, in its order of preference (§1.3); `http/1.1` is web-port mode.
+/// What the server accepts, in its order of preference (simplexmq `Transport.hs`,
+/// `alpnSupportedSMPHandshakes`); `http/1.1` is web-port mode.
 pub const SERVER_ALPN: [&[u8]; 3] = [ALPN_SMP, b"h2", b"http/1.1"];
 /// Upper bound on the bytes captured during one handshake. A client flight is a ClientHello or two
 /// and at most a small certificate chain; a peer sending more is refused instead of buffered.
@@ -53,12 +54,13 @@ pub enum TlsError {
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TlsOptions {
-    /// Send a CertificateRequest (optional for the client). Services (§2.5) need it; for now the
-    /// client chain is accepted without validation, so this is for tests only.
+    /// Send a CertificateRequest (optional for the client). Services (simplexmq `Transport.hs`)
+    /// need it; for now the client chain is accepted without validation, so this is for tests only.
     pub request_client_cert: bool,
 }
 
-/// Version range offered in the server hello: legacy 6..6 without ALPN, the full range with any (§1.3).
+/// Version range offered in the server hello: legacy 6..6 without ALPN, the full range with any
+/// (simplexmq `Transport.hs`).
 pub fn alpn_versions(alpn: Option<&[u8]>) -> VersionRange {
     match alpn {
         None => LEGACY_SERVER_VERSIONS,
@@ -112,7 +114,7 @@ fn ed25519_pkcs8(key: &ed25519_dalek::SigningKey) -> PrivateKeyDer<'static> {
     PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(certs::ed25519_pkcs8_v1_der(key)))
 }
 
-/// SMP peers sign with EdDSA only, both ways (§1.2).
+/// SMP peers sign with EdDSA only, both ways (simplexmq `Transport.hs`, `defaultSupportedParams`).
 const EDDSA_SCHEMES: [SignatureScheme; 2] = [SignatureScheme::ED25519, SignatureScheme::ED448];
 
 /// Verifies a TLS 1.3 CertificateVerify: Ed25519 through rustls/ring, Ed448 (which ring lacks,
@@ -161,9 +163,10 @@ fn ed448_verify_with_cert(
     }
 }
 
-/// Accepts any client chain. Test-only for now: service certificates (§2.5) will be validated at
-/// the SMP layer (1–4 certificates, self-signed or chained to the CA) when services are added.
-/// The CertificateVerify signature is still checked, so the client proves it holds the key.
+/// Accepts any client chain. Test-only for now: service certificates (simplexmq `Transport.hs`)
+/// will be validated at the SMP layer (1–4 certificates, self-signed or chained to the CA) when
+/// services are added. The CertificateVerify signature is still checked, so the client proves it
+/// holds the key.
 #[derive(Debug)]
 struct AcceptAnyClientChain {
     provider: Arc<CryptoProvider>,
@@ -453,7 +456,8 @@ impl AcceptState {
 }
 
 /// Accepts any server chain at the TLS level: SMP checks the chain against the address
-/// fingerprint after the handshake (§1.4). The handshake signature is still verified.
+/// fingerprint after the handshake (simplexmq `Transport/Client.hs`). The handshake signature is
+/// still verified.
 #[derive(Debug)]
 struct AcceptAnyServerChain {
     provider: Arc<CryptoProvider>,
@@ -494,8 +498,8 @@ impl ServerCertVerifier for AcceptAnyServerChain {
     }
 }
 
-/// Client config: TLS 1.3, no SNI (SMP clients never send it, §1.1), no resumption, `alpn` offered
-/// as given (empty = no ALPN extension, a legacy client).
+/// Client config: TLS 1.3, no SNI (SMP clients never send it: simplexmq `Transport/Client.hs`), no
+/// resumption, `alpn` offered as given (empty = no ALPN extension, a legacy client).
 pub fn client_config(alpn: Vec<Vec<u8>>) -> Result<Arc<ClientConfig>, TlsError> {
     client_config_inner(alpn, None)
 }

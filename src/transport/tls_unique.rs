@@ -1,8 +1,9 @@
 //! tls-unique for TLS 1.3: the verify_data of the client's Finished message, which SMP uses as the
-//! session id (`reference/smp-wire.md` §1.5). rustls has no API for it, so we read it back from the
-//! client's own records: skip the plaintext ClientHello(s) and ChangeCipherSpec, decrypt the records
-//! protected under client_handshake_traffic_secret, reassemble handshake messages and stop at
-//! Finished. Anything outside that shape is an error: a wrong session id must never be produced.
+//! session id (simplexmq `Transport.hs`, `tlsUnique`). rustls has no API for it, so we read it back
+//! from the client's own records: skip the plaintext ClientHello(s) and ChangeCipherSpec, decrypt
+//! the records protected under client_handshake_traffic_secret, reassemble handshake messages and
+//! stop at Finished. Anything outside that shape is an error: a wrong session id must never be
+//! produced.
 
 use ring::{aead, hkdf};
 use rustls::{CipherSuite, SupportedCipherSuite};

@@ -529,8 +529,8 @@ pub fn cert_der(dir: &Path, name: &str) -> Vec<u8> {
 
 // ---------------------------------------------------------------------------------------------------
 // Hand-written wire helpers: an independent view of the protocol (OpenSSL for TLS, byte layouts of
-// `reference/smp-wire.md` §2, §3 and §8.3 written out here), so that a bug shared by the relay and the
-// crate's own codecs cannot hide.
+// simplexmq `Transport.hs` and `Protocol.hs` written out here), so that a bug shared by the relay
+// and the crate's own codecs cannot hide.
 
 pub mod wire {
     use std::io::{Read, Write};
@@ -547,7 +547,7 @@ pub mod wire {
 
     /// TLS through OpenSSL, offering `alpn` (no extension when `None`), no SNI, no certificate
     /// verification (the SMP layer checks the identity). `tls12` pins TLS 1.2 instead of 1.3.
-    /// The reference client offers ChaCha20-Poly1305 only (§1.2).
+    /// The reference client offers ChaCha20-Poly1305 only (simplexmq `Transport.hs`).
     pub fn openssl_connect(
         addr: SocketAddr,
         alpn: Option<&[&[u8]]>,
@@ -655,7 +655,7 @@ pub mod wire {
         &block[2..2 + n]
     }
 
-    /// The server hello of §2.1, parsed byte by byte.
+    /// The server hello (simplexmq `Transport.hs`, `SMPServerHandshake`), parsed byte by byte.
     #[derive(Debug)]
     pub struct Hello {
         pub min: u16,
@@ -698,8 +698,8 @@ pub mod wire {
         }
     }
 
-    /// Checks the 120-byte signed X25519 key (§7.2) against the leaf certificate's Ed25519 key and
-    /// returns the raw X25519 public key.
+    /// Checks the 120-byte signed X25519 key (simplexmq `Crypto.hs`) against the leaf certificate's
+    /// Ed25519 key and returns the raw X25519 public key.
     pub fn verify_signed_key(signed: &[u8], leaf_der: &[u8]) -> [u8; 32] {
         assert_eq!(signed.len(), 120, "signed key length");
         assert_eq!(&signed[..2], &[0x30, 0x76], "outer SEQUENCE");
@@ -723,8 +723,9 @@ pub mod wire {
         spki[12..].try_into().expect("32 bytes")
     }
 
-    /// §2.2 client hello, byte by byte: `Word16 v, shortString keyHash, [shortString SPKI],
-    /// [Bool proxy], [Maybe service]`. Optional parts are written exactly as given.
+    /// The client hello (simplexmq `Transport.hs`, `SMPClientHandshake`), byte by byte: `Word16 v,
+    /// shortString keyHash, [shortString SPKI], [Bool proxy], [Maybe service]`. Optional parts are
+    /// written exactly as given.
     pub fn client_hello(
         v: u16,
         key_hash: &[u8],
@@ -759,7 +760,8 @@ pub mod wire {
         )
     }
 
-    /// One transmission with empty authorization (§4.1): `00 [sessionId] corrId entityId command`.
+    /// One transmission with empty authorization (simplexmq `Protocol.hs`): `00 [sessionId] corrId
+    /// entityId command`.
     pub fn transmission(
         v: u16,
         session_id: &[u8],
@@ -780,7 +782,7 @@ pub mod wire {
         t
     }
 
-    /// A batch of one (§3.2): `01 ‖ Large(t)`.
+    /// A batch of one (simplexmq `Protocol.hs`): `01 ‖ Large(t)`.
     pub fn batch1(t: &[u8]) -> Vec<u8> {
         let mut c = vec![1u8];
         c.extend_from_slice(&(t.len() as u16).to_be_bytes());
@@ -788,7 +790,7 @@ pub mod wire {
         c
     }
 
-    /// §3.3 step 2: `(ck1, ck2)` from the session id and the DH secret.
+    /// simplexmq `Crypto.hs` `sbcInit`: `(ck1, ck2)` from the session id and the DH secret.
     pub fn chain_init(session_id: &[u8], secret: &[u8; 32]) -> ([u8; 32], [u8; 32]) {
         let hk = hkdf::Hkdf::<sha2::Sha512>::new(Some(session_id), secret);
         let mut okm = [0u8; 64];
@@ -799,7 +801,7 @@ pub mod wire {
         )
     }
 
-    /// §3.3 step 4: advances `ck`, returns the block key and nonce.
+    /// simplexmq `Crypto.hs` `sbcHkdf`: advances `ck`, returns the block key and nonce.
     pub fn chain_step(ck: &mut [u8; 32]) -> ([u8; 32], [u8; 24]) {
         let hk = hkdf::Hkdf::<sha2::Sha512>::new(Some(&[]), ck);
         let mut okm = [0u8; 88];
@@ -811,7 +813,8 @@ pub mod wire {
         )
     }
 
-    /// SXbox (§7.1): secretbox keyed with HSalsa20(key, 0^16), output `tag ‖ ciphertext`.
+    /// SXbox (simplexmq `Crypto.hs`): secretbox keyed with HSalsa20(key, 0^16), output
+    /// `tag ‖ ciphertext`.
     pub fn sxbox_seal(key: &[u8; 32], nonce: &[u8; 24], msg: &[u8]) -> Vec<u8> {
         use xsalsa20poly1305::aead::{Aead, KeyInit};
         let cipher = xsalsa20poly1305::XSalsa20Poly1305::new(&hsalsa_key(key).into());
@@ -825,7 +828,8 @@ pub mod wire {
         cipher.decrypt(&(*nonce).into(), boxed).ok()
     }
 
-    /// Block encryption (§3.3) for a client, from the helpers above.
+    /// Block encryption (simplexmq `Transport.hs`, `Crypto.hs`) for a client, from the helpers
+    /// above.
     pub struct Chains {
         send: [u8; 32],
         recv: [u8; 32],
@@ -853,7 +857,7 @@ pub mod wire {
         }
     }
 
-    /// SXbox keys a secretbox with HSalsa20(key, 0^16) (§7.1).
+    /// SXbox keys a secretbox with HSalsa20(key, 0^16) (simplexmq `Crypto.hs`).
     fn hsalsa_key(key: &[u8; 32]) -> [u8; 32] {
         let out = salsa20::hsalsa::<salsa20::cipher::consts::U10>(key.into(), &[0u8; 16].into());
         out.into()

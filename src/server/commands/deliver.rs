@@ -1,5 +1,5 @@
 //! Messages in and out: SEND, SUB, GET, ACK and the pushes they cause
-//! (`reference/smp-server-behaviour.md` §3.2–3.5, §4.1, `DESIGN.md` §3).
+//! (simplexmq `Server.hs`, `Server/MsgStore/STM.hs`; `docs/ARCHITECTURE.md` §3).
 //!
 //! Every delivery path checks and sets the subscription's `delivered`: a SUB resets it and returns the
 //! head; a SEND pushes only when the queue was empty and nothing is outstanding; an ACK hands out the
@@ -23,7 +23,7 @@ use crate::server::router::{Delivery, Group, GroupKind, Request, Session, ShardM
 use crate::store::{Message, MessageStore, MsgId, QueueStatus, QueueStore, WriteOutcome};
 
 /// MSG bodies are always padded to this before sealing: `MaxRcvMessageLen + 2`
-/// (`reference/smp-wire.md` §6.2).
+/// (simplexmq `Server.hs`, `encryptMsg`).
 const RCV_MSG_PADDED_LEN: usize = 16106;
 /// A sealed MSG body: tag and padded ciphertext.
 const SEALED_MSG_BODY_LEN: usize = sxbox::TAG_LEN + RCV_MSG_PADDED_LEN;
@@ -54,8 +54,8 @@ pub fn msg_transmission(
     t
 }
 
-/// `MSG msgId body` with the body sealed as `reference/smp-wire.md` §6.2 (for answers that go
-/// through `encode`: ACK's next message, GET).
+/// `MSG msgId body` with the body sealed as simplexmq `Server.hs` `encryptMsg` does (for answers
+/// that go through `encode`: ACK's next message, GET).
 pub fn msg_response(rcv_dh_secret: &[u8; 32], m: &Message) -> BrokerMsg {
     let mut body = Vec::with_capacity(SEALED_MSG_BODY_LEN);
     seal_msg_body_into(rcv_dh_secret, m, &mut body);
@@ -290,7 +290,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         err(ErrorType::NoMsg)
     }
 
-    /// SEND (`reference/smp-wire.md` §5.3 note 10).
+    /// SEND (simplexmq `Server.hs`, `sendMessage`).
     pub(super) async fn send(
         &mut self,
         session: &Session,

@@ -1,5 +1,5 @@
 //! Securing by the sender and short links: SKEY, LKEY, LGET (sender side), LSET, LDEL (recipient
-//! side) (`reference/smp-server-behaviour.md` §2.4, `reference/smp-wire.md` §5.3).
+//! side) (simplexmq `Server.hs`, `Protocol.hs`).
 
 use super::err;
 use crate::crypto::keys::PublicAuthKey;

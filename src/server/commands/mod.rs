@@ -1,5 +1,5 @@
 //! Command semantics on the owner, one file per family, each next to the reference behaviour it
-//! implements (`reference/smp-server-behaviour.md` §2–4, `reference/smp-wire.md` §5.3).
+//! implements (simplexmq `Server.hs`, `processCommand`).
 //!
 //! This file holds the dispatch and the checks every queue command shares, in the reference's order
 //! (`verifyQueueTransmission`, then the queue wrapper): queue lookup (missing → dummy verification →

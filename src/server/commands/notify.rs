@@ -1,5 +1,5 @@
 //! Push notifications: NKEY, NDEL, NSUB and the NMSGs a SEND with the notification flag causes
-//! (`reference/smp-server-behaviour.md` §3.8, `reference/smp-wire.md` §6.5).
+//! (simplexmq `Server.hs`, `Server/NtfStore.hs`).
 
 use rand::RngCore;
 use x25519_dalek::{PublicKey as X25519Public, StaticSecret};

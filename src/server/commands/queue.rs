@@ -1,5 +1,5 @@
 //! Queue lifecycle by its recipient: NEW (with short-link data and notifier credentials), KEY, RKEY,
-//! OFF, DEL and QUE (`reference/smp-server-behaviour.md` §2.2–2.4, §3.6).
+//! OFF, DEL and QUE (simplexmq `Server.hs`, `Server/QueueStore.hs`).
 
 use x25519_dalek::{PublicKey as X25519Public, StaticSecret};
 
@@ -290,9 +290,10 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         BrokerMsg::Ok
     }
 
-    /// QUE: debugging information about the queue as JSON (`reference/smp-wire.md` §5.3), fields
-    /// in the reference's order: `qiSnd`, `qiNtf`, `qiSub` (this connection's), `qiSize`, and
-    /// `qiMsg`, the head message as `getQueueInfo` peeks it.
+    /// QUE: debugging information about the queue as JSON (simplexmq
+    /// `Server/QueueStore/QueueInfo.hs`), fields in the reference's order: `qiSnd`, `qiNtf`,
+    /// `qiSub` (this connection's), `qiSize`, and `qiMsg`, the head message as `getQueueInfo` peeks
+    /// it.
     pub(super) async fn que(&mut self, session: &Session, q: &QueueRec) -> BrokerMsg {
         use base64::Engine;
         let b64 = base64::engine::general_purpose::STANDARD;

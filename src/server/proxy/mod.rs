@@ -1,6 +1,7 @@
-//! The proxy role of private routing (PRXY/PKEY, PFWD/PRES; `reference/smp-wire.md` §5.3 notes
-//! 11–12, §5.5): the relay connects to destination relays as an SMP client and forwards its own
-//! clients' commands there, so that the destination never sees the client's address.
+//! The proxy role of private routing (PRXY/PKEY, PFWD/PRES; simplexmq
+//! `Server.hs`, `Client.hs`): the relay connects to destination relays as an SMP client and
+//! forwards its own clients' commands there, so that the destination never sees the client's
+//! address.
 //!
 //! One `ProxyAgent` per shard, with one session per destination shared by the shard's clients (the
 //! reference has one per relay; here clients stay on their shard). Requests arrive from the

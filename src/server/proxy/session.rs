@@ -1,6 +1,7 @@
 //! One session from this relay, as an SMP client with `proxyServer = T`, to a destination relay,
-//! shared by every client of the shard that forwards there (`reference/smp-wire.md` §2, §5.5;
-//! the reference's `getProtocolClient` + `smpClientHandshake`, and `forwardSMPTransmission`).
+//! shared by every client of the shard that forwards there (simplexmq `Transport.hs`,
+//! `Client.hs`: the reference's `getProtocolClient` + `smpClientHandshake`, and
+//! `forwardSMPTransmission`).
 //!
 //! Connecting: pick the host, resolve it off the shard, refuse special addresses, TCP (or SOCKS
 //! for `.onion`), TLS with the identity check, then the handshake offering 6..20 (6..10 to a
@@ -223,8 +224,9 @@ impl DestSession {
         self.version >= SENDING_PROXY
     }
 
-    /// Forwards a client's `PFWD` as `RFWD` with a fresh nonce and opens the `RRES` (§5.5 steps
-    /// 3 and 6): returns `r2`, for `PRES`.
+    /// Forwards a client's `PFWD` as `RFWD` with a fresh nonce and opens the `RRES` (the proxy's
+    /// part: simplexmq `Client.hs` `forwardSMPTransmission`, `Server.hs`): returns `r2`, for
+    /// `PRES`.
     pub async fn forward(
         &self,
         client_corr_id: &[u8],
