@@ -6,7 +6,7 @@
 //! (`docs/ARCHITECTURE.md` §4).
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::{poll_fn, Future};
 use std::io;
 use std::pin::Pin;
@@ -87,8 +87,9 @@ pub struct OutputState {
     /// blocks and reads their answers must not lose its events for it.
     pub event_bytes: Cell<usize>,
     /// Dropped MSG deliveries and "more notifications" markers, at most one per queue and kind
-    /// (`MAX_PENDING_PER_CONNECTION`).
-    pub pending: RefCell<HashMap<(bool, EntityId), Pending>>,
+    /// (`MAX_PENDING_PER_CONNECTION`). Ordered, so that what is asked first does not depend on a
+    /// hasher's seed (the simulation in `server::sim` replays by seed).
+    pub pending: RefCell<BTreeMap<(bool, EntityId), Pending>>,
     /// Owners asked for held items that have not answered yet: no new ask before they all have.
     pub asking: Cell<usize>,
     /// Since when the output has been over the high water mark, and how many bytes the socket had
@@ -114,7 +115,7 @@ impl OutputState {
             limits,
             queued_bytes: Cell::new(0),
             event_bytes: Cell::new(0),
-            pending: RefCell::new(HashMap::new()),
+            pending: RefCell::new(BTreeMap::new()),
             asking: Cell::new(0),
             stall_mark: Cell::new(None),
             doomed: Cell::new(false),

@@ -21,6 +21,8 @@ pub mod owner;
 pub mod proxy;
 pub mod router;
 pub mod shard;
+#[cfg(test)]
+pub(crate) mod sim;
 pub mod tls_stream;
 
 use std::collections::BTreeMap;

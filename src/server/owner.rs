@@ -120,6 +120,9 @@ pub struct Owner<S> {
     batch_off_all: u32,
     /// Source of subscription epochs.
     next_epoch: u64,
+    /// A deliberately broken variant, for the simulation to catch (`server::sim`).
+    #[cfg(test)]
+    pub fault: super::sim::Fault,
 }
 
 /// What one owner turn produces for the connection that sent the block, besides events to others.
@@ -164,6 +167,8 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             batch_fail_score: 0,
             batch_off_all: 0,
             next_epoch: 0,
+            #[cfg(test)]
+            fault: super::sim::Fault::None,
         }
     }
 

@@ -260,6 +260,10 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                     if let Some(s) = self.subs.get_mut(rid) {
                         s.delivered = Some(*m.msg_id());
                     }
+                    #[cfg(test)]
+                    if self.fault == crate::server::sim::Fault::AckWithoutNext {
+                        return BrokerMsg::Ok;
+                    }
                     let secret = self
                         .store
                         .get(rid)
