@@ -421,7 +421,19 @@ fn read_until(
     acks: &mpsc::Sender<Vec<ClientTransmission>>,
     done: impl Fn(&Tally) -> bool,
 ) -> Tally {
+    read_until_paced(rd, qs, acks, done, None)
+}
+
+/// `read_until`, reading at most `rate_bytes_per_sec` when given (a slow but steady reader).
+fn read_until_paced(
+    rd: &mut SplitReader,
+    qs: &[Queue],
+    acks: &mpsc::Sender<Vec<ClientTransmission>>,
+    done: impl Fn(&Tally) -> bool,
+    rate_bytes_per_sec: Option<f64>,
+) -> Tally {
     let idx = index(qs);
+    let mut read_bytes = 0f64;
     let mut tally = Tally {
         soks: 0,
         acked: 0,
@@ -437,11 +449,24 @@ fn read_until(
             tally.msgs.len(),
             tally.acked
         );
+        if let Some(rate) = rate_bytes_per_sec {
+            // Keep to the rate: never ahead of it.
+            let due = Duration::from_secs_f64(read_bytes / rate);
+            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
         let block = match rd.recv_block() {
             Ok(b) => b,
             Err(ReadError::Timeout) => continue,
-            Err(e) => panic!("the resumed connection failed: {e:?}"),
+            Err(e) => panic!(
+                "the connection failed after {:.1?} ({} SOKs, {} MSGs): {e:?}",
+                started.elapsed(),
+                tally.soks,
+                tally.msgs.len()
+            ),
         };
+        read_bytes += BLOCK_SIZE as f64;
         let mut batch = Vec::new();
         for t in block {
             match &t.msg {
@@ -988,54 +1013,14 @@ fn e_a_steady_slow_reader_is_not_closed() {
             w.send(&acks).expect("ACKs");
         }
     });
-    let idx = index(&qs);
     let started = Instant::now();
-    let mut bytes = 0f64;
-    let (mut soks, mut acked) = (0, 0);
-    let mut msgs = HashSet::new();
-    rd.set_timeout(Duration::from_secs(5));
-    while !(soks == n && msgs.len() == n && acked == n) {
-        assert!(started.elapsed() < RESUME_LIMIT, "not done in time");
-        // Keep to the rate: never ahead of it.
-        let due = Duration::from_secs_f64(bytes / RATE_BYTES_PER_SEC);
-        if let Some(wait) = due.checked_sub(started.elapsed()) {
-            std::thread::sleep(wait);
-        }
-        let block = match rd.recv_block() {
-            Ok(b) => b,
-            Err(ReadError::Timeout) => continue,
-            Err(ReadError::Closed(why)) => panic!(
-                "a reader at {RATE_BYTES_PER_SEC} B/s was closed after {:.1?}: {why} \
-                 ({soks} SOKs, {} MSGs)",
-                started.elapsed(),
-                msgs.len()
-            ),
-        };
-        bytes += BLOCK_SIZE as f64;
-        let mut batch = Vec::new();
-        for t in block {
-            match &t.msg {
-                Ok(BrokerMsg::Sok(None)) => soks += 1,
-                Ok(BrokerMsg::Ok) => acked += 1,
-                Ok(BrokerMsg::Msg { msg_id, .. }) => {
-                    let i = idx[&t.entity_id];
-                    assert!(msgs.insert(i), "queue {i}: one MSG");
-                    batch.push(
-                        ClientTransmission::new(
-                            &new_corr_id(),
-                            qs[i].rid(),
-                            Command::Ack(msg_id.clone()),
-                        )
-                        .signed(qs[i].key().clone()),
-                    );
-                }
-                _ => panic!("unexpected {}", queue::describe(&t)),
-            }
-        }
-        if !batch.is_empty() {
-            ack_tx.send(batch).expect("ACK writer");
-        }
-    }
+    read_until_paced(
+        &mut rd,
+        &qs,
+        &ack_tx,
+        |t| t.soks == n && t.msgs.len() == n && t.acked == n,
+        Some(RATE_BYTES_PER_SEC),
+    );
     drop(ack_tx);
     writer.join().expect("writer");
     eprintln!(
