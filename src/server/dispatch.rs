@@ -12,7 +12,7 @@ use super::proxy::ProxyJob;
 use super::router::{Mesh, Request, Session};
 use crate::protocol::batch::parse_batch;
 use crate::protocol::command::{check_credentials, parse_command, Command, EntityKind, Runs};
-use crate::protocol::error::{ErrorType, NameError};
+use crate::protocol::error::ErrorType;
 use crate::protocol::response::BrokerMsg;
 use crate::protocol::transmission::{
     authorized_bytes, parse_transmission, RawTransmission, TransmissionError,
@@ -112,17 +112,19 @@ fn route_transmission(ctx: &RouteCtx<'_>, bytes: &[u8], routed: &mut Routed) {
         return;
     }
     let local = |msg: BrokerMsg, entity: &[u8]| encode(session, t.corr_id, entity, &msg);
-    let err = |e: ErrorType| local(BrokerMsg::Err(e), t.entity_id);
     let facts = cmd.facts();
     match facts.runs {
         Runs::Owner => {}
         Runs::Connection => {
-            routed.local.push(match &cmd {
-                Command::Ping => local(BrokerMsg::Pong, b""),
-                Command::Rslv(_) => err(ErrorType::Name(NameError::NoResolver)),
-                // Services need a TLS client certificate, which this relay does not ask for yet.
-                _ => err(ErrorType::Service),
-            });
+            // PING is answered without its entity ID, as the reference answers it.
+            let entity = if matches!(cmd, Command::Ping) {
+                &b""[..]
+            } else {
+                t.entity_id
+            };
+            routed
+                .local
+                .push(local(super::commands::connection::answer(&cmd), entity));
             return;
         }
         Runs::Proxy => {
@@ -133,7 +135,7 @@ fn route_transmission(ctx: &RouteCtx<'_>, bytes: &[u8], routed: &mut Routed) {
             });
             return;
         }
-        // Private routing, destination role (`forward.rs`): plain errors and answers that need
+        // Private routing, destination role (`commands/forward.rs`): plain errors and answers that need
         // no queue are sealed here; the rest goes to the queue's owner, which seals its answer.
         Runs::Forwarded => {
             if let Command::RFwd(body) = &cmd {

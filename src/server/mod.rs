@@ -10,10 +10,11 @@
 pub mod admission;
 pub mod clock_control;
 pub mod commands;
+/// RFWD, the destination role of private routing, lives with the other commands.
+pub use commands::forward;
 pub mod conn;
 pub mod directory;
 pub mod dispatch;
-pub mod forward;
 pub mod listen;
 pub mod lock;
 pub mod log_limit;

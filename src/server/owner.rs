@@ -183,7 +183,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             let head = prefetched.remove(&i);
             let corr_id = req.corr_id.clone();
             // A forwarded request (RFWD) runs in the forwarded session and its answer is sealed
-            // into RRES for the proxy (`forward.rs`).
+            // into RRES for the proxy (`commands/forward.rs`).
             let fwd = req.forward.take();
             let exec_session = fwd.as_ref().map_or(&session, |f| &f.inner);
             let (entity, msg) = self.execute(exec_session, req, head, &mut turn).await;

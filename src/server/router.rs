@@ -47,7 +47,7 @@ pub struct Request {
     /// The bytes the authorization covers, session ID included.
     pub authorized: Vec<u8>,
     /// Set when this request arrived inside an `RFWD` (private routing): it runs in the forwarded
-    /// session and its answer is sealed into `RRES` (`forward.rs`).
+    /// session and its answer is sealed into `RRES` (`commands/forward.rs`).
     pub forward: Option<Box<Forwarded>>,
     /// The Ed25519 key this request's signature was verified with in its block's batch
     /// (`Owner::batch_verify`); set only by the owner, before execution.

@@ -6,7 +6,9 @@
 //! AUTH), service signature (none may be present outside service sessions → SERVICE), the key, then
 //! the queue's status (BLOCKED) and the daily `updated_at` touch.
 
+pub mod connection;
 mod deliver;
+pub mod forward;
 pub use deliver::msg_transmission;
 mod link;
 mod notify;

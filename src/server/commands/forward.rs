@@ -15,13 +15,12 @@
 
 use std::sync::Arc;
 
-use super::router::{Session, SessionInfo};
 use crate::crypto::sxbox::{self, cb_nonce, NONCE_LEN};
 use crate::protocol::batch::parse_batch;
 use crate::protocol::command::{check_credentials, parse_command, Command, Runs};
 use crate::protocol::encoding::put_word16;
 use crate::protocol::error::TransportError;
-use crate::protocol::error::{BrokerError, CommandError, ErrorType, NameError, ProxyError};
+use crate::protocol::error::{BrokerError, CommandError, ErrorType, ProxyError};
 use crate::protocol::forward::{reverse_nonce, FwdResponse, FwdTransmission, PADDED_PROXIED_LEN};
 use crate::protocol::response::BrokerMsg;
 use crate::protocol::transmission::{
@@ -29,6 +28,7 @@ use crate::protocol::transmission::{
 };
 use crate::protocol::version::AUTH_CMDS;
 use crate::server::owner::encode;
+use crate::server::router::{Session, SessionInfo};
 
 /// What an answer to a forwarded transmission needs: how to seal it for the client and for the
 /// proxy, and the session the inner transmission runs in.
@@ -173,12 +173,12 @@ pub fn decode_rfwd(
         }
         // The names role is off: RSLV passes the filter and verification (unsigned, no entity)
         // and gets the answer a plain RSLV gets.
-        Command::Rslv(_) => answer(
+        Command::Rslv(_) => Decoded::Answer {
             fwd,
-            t.corr_id,
-            t.entity_id,
-            ErrorType::Name(NameError::NoResolver),
-        ),
+            corr_id: t.corr_id.to_vec(),
+            entity_id: t.entity_id.to_vec(),
+            msg: super::connection::answer(&cmd),
+        },
         _ => answer(
             fwd,
             t.corr_id,
@@ -582,7 +582,7 @@ mod tests {
                 ),
                 fc.nonce.to_vec(),
                 vec![],
-                ErrorType::Name(NameError::NoResolver),
+                ErrorType::Name(crate::protocol::error::NameError::NoResolver),
             ),
             (
                 batch_of(&[fc.transmission(
