@@ -53,6 +53,9 @@ const MAX_SENDS_PER_BLOCK: usize = 8;
 const QUIET: Duration = Duration::from_millis(100);
 /// The relay's output high water mark in these runs (`--test-output-high-water-bytes`).
 const OUTPUT_HIGH_WATER_BYTES: usize = 4096;
+/// The slow-reader limit of these runs, and the queues the stopped reader at the end subscribes.
+const SLOW_READER_CLOSE_SECS: u64 = 2;
+const STOPPED_READER_QUEUES: usize = 1200;
 /// Violations printed per failing seed.
 const MAX_REPORTED: usize = 12;
 
@@ -1160,6 +1163,10 @@ fn randomized_concurrent_operations_keep_the_delivery_invariants() {
             OUTPUT_HIGH_WATER_BYTES.to_string(),
             "--metrics-interval".into(),
             "1".into(),
+            // The randomized connections read all the time and never leave megabytes unread, so
+            // only the stopped reader at the end is closed for it.
+            "--slow-reader-close-secs".into(),
+            SLOW_READER_CLOSE_SECS.to_string(),
         ],
     });
     let started = Instant::now();
@@ -1205,18 +1212,66 @@ fn randomized_concurrent_operations_keep_the_delivery_invariants() {
         failed.is_empty(),
         "invariants violated for seeds {failed:?} (replay one with INVARIANT_SEED=<n>)"
     );
-    let m = relay.metrics_until("the back-pressure counters", |m| {
-        m.contains_key("smprelay_output_drops_total")
-    });
+    if seeds.len() > 1 {
+        stopped_reader_is_closed(&relay);
+    }
+    relay.publish_metrics();
+    let m = relay.metrics();
     eprintln!(
-        "back-pressure: {} MSGs dropped to markers, {} re-asks",
-        m["smprelay_output_drops_total"], m["smprelay_output_reasks_total"]
+        "back-pressure: {} MSGs dropped to markers, {} re-asks, {} slow-reader closes",
+        m["smprelay_output_drops_total"],
+        m["smprelay_output_reasks_total"],
+        m["smprelay_slow_reader_closes_total"]
     );
     if seeds.len() > 1 {
         assert!(
             m["smprelay_output_drops_total"] > 0 && m["smprelay_output_reasks_total"] > 0,
             "the run never dropped and re-asked a delivery: the bounds are not small enough"
         );
+        assert_eq!(
+            m["smprelay_slow_reader_closes_total"], 1,
+            "only the stopped reader is closed as a slow reader"
+        );
+    }
+}
+
+/// A connection subscribes to many queues with a message each and reads nothing: more answers
+/// than the sockets hold wait, its socket takes nothing, and the relay closes it after
+/// `SLOW_READER_CLOSE_SECS`.
+fn stopped_reader_is_closed(relay: &Relay) {
+    let mut setup = relay.client();
+    // ~16 KB per MSG: well past what loopback sockets buffer.
+    let qs = support::create_many(&mut setup, STOPPED_READER_QUEUES, 200);
+    for chunk in qs.chunks(200) {
+        let ts: Vec<ClientTransmission> = chunk
+            .iter()
+            .map(|q| ClientTransmission::new(&new_corr_id(), q.sid(), support::send_cmd(b"x")))
+            .collect();
+        setup.send_batch(&ts).expect("SENDs");
+        for t in &ts {
+            let r = setup.recv_for(&t.corr_id).expect("SEND answer");
+            assert_eq!(r.msg, Ok(BrokerMsg::Ok));
+        }
+    }
+    let mut stopped = relay.client();
+    let subs: Vec<ClientTransmission> = qs
+        .iter()
+        .map(|q| {
+            ClientTransmission::new(&new_corr_id(), q.rid(), Command::Sub).signed(q.key().clone())
+        })
+        .collect();
+    stopped.send_batch(&subs).expect("SUBs");
+    let deadline = Instant::now() + Duration::from_secs(SLOW_READER_CLOSE_SECS + 30);
+    loop {
+        relay.publish_metrics();
+        if relay.metrics().get("smprelay_slow_reader_closes_total") == Some(&1) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the stopped reader was not closed as a slow reader"
+        );
+        std::thread::sleep(Duration::from_millis(250));
     }
 }
 
