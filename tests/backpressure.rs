@@ -789,6 +789,22 @@ fn queues_beyond_sockets(extra_bytes: usize) -> usize {
     ((socket_capacity_bytes() + extra_bytes) / BLOCK_SIZE).max(300)
 }
 
+/// Empty queues, more than the sockets hold, subscribed on a split connection that then stops
+/// reading; each queue gets one message, pushed to it, until the relay has dropped some pushes to
+/// markers (the metrics say so).
+fn paused_subscriber_with_drops(relay: &Relay) -> (Vec<Queue>, SplitWriter, SplitReader) {
+    let n = queues_beyond_sockets(4 << 20);
+    let mut setup = relay.client();
+    let qs = create_many(&mut setup, n, PIPELINE);
+    let (mut w, mut rd) = split_connect(relay);
+    subscribe_empty(&mut w, &mut rd, &qs);
+    send_each(&mut setup, &qs, 0);
+    relay.metrics_until("dropped MSG deliveries", |m| {
+        m.get("smprelay_output_drops_total").copied().unwrap_or(0) > 0
+    });
+    (qs, w, rd)
+}
+
 /// Subscribes `qs` on the split connection and reads every SOK (the queues are empty).
 fn subscribe_empty(w: &mut SplitWriter, rd: &mut SplitReader, qs: &[Queue]) {
     w.send(&qs.iter().map(sub_t).collect::<Vec<_>>())
@@ -820,17 +836,8 @@ fn c_stale_held_deliveries_do_not_stall_the_live_ones() {
             "16384".into(),
         ],
     });
-    let n = queues_beyond_sockets(4 << 20);
-    let mut setup = relay.client();
-    let qs = create_many(&mut setup, n, PIPELINE);
-    let (mut w, mut rd) = split_connect(&relay);
-    subscribe_empty(&mut w, &mut rd, &qs);
-
-    // The reader pauses; every queue gets one message, pushed to it.
-    send_each(&mut setup, &qs, 0);
-    relay.metrics_until("dropped MSG deliveries", |m| {
-        m.get("smprelay_output_drops_total").copied().unwrap_or(0) > 0
-    });
+    let (qs, _w, mut rd) = paused_subscriber_with_drops(&relay);
+    let n = qs.len();
 
     // Another connection GETs and ACKs the message of every queue but the last KEPT: the paused
     // connection's markers for them are stale (nothing to send, and no event reaches it).
@@ -935,15 +942,8 @@ fn d_an_ack_of_a_dropped_delivery_deletes_nothing() {
         cores: 1,
         extra_args: vec!["--metrics-interval".into(), "1".into()],
     });
-    let n = queues_beyond_sockets(4 << 20);
-    let mut setup = relay.client();
-    let qs = create_many(&mut setup, n, PIPELINE);
-    let (mut w, mut rd) = split_connect(&relay);
-    subscribe_empty(&mut w, &mut rd, &qs);
-    send_each(&mut setup, &qs, 0);
-    relay.metrics_until("dropped MSG deliveries", |m| {
-        m.get("smprelay_output_drops_total").copied().unwrap_or(0) > 0
-    });
+    let (qs, mut w, mut rd) = paused_subscriber_with_drops(&relay);
+    let n = qs.len();
     // The last queue's push came after the output was full: it was dropped.
     let last = &qs[n - 1];
     let mut getter = relay.client();
