@@ -259,6 +259,22 @@ fn current_year() -> i32 {
 }
 
 /// Reads server.crt + ca.crt + server.key from `dir`.
+/// A fresh identity for unit tests: generated, written to a temporary directory and loaded back
+/// as a start would load it (`tag` keeps concurrent tests apart).
+#[cfg(test)]
+pub fn generated_for_tests(tag: &str) -> ServerCredentials {
+    let dir = std::env::temp_dir().join(format!(
+        "smp-relay-{tag}-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    generate("localhost").unwrap().write_files(&dir).unwrap();
+    let creds = load(&dir).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    creds
+}
+
 pub fn load(dir: &Path) -> Result<ServerCredentials, CertError> {
     let server_crt = dir.join(SERVER_CERT_FILE);
     let ca_crt = dir.join(CA_CERT_FILE);

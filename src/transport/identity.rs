@@ -110,18 +110,7 @@ mod tests {
     use crate::transport::certs;
 
     fn chain() -> (Vec<Vec<u8>>, [u8; 32]) {
-        let dir = std::env::temp_dir().join(format!(
-            "smp-relay-proxy-identity-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        certs::generate("localhost")
-            .unwrap()
-            .write_files(&dir)
-            .unwrap();
-        let creds = certs::load(&dir).unwrap();
-        let _ = std::fs::remove_dir_all(&dir);
+        let creds = certs::generated_for_tests("identity");
         (creds.chain_der.clone(), creds.key_hash)
     }
 

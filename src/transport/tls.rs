@@ -684,17 +684,7 @@ mod tests {
     use super::*;
 
     fn creds() -> ServerCredentials {
-        let dir = std::env::temp_dir().join(format!(
-            "smp-relay-tls-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        certs::generate("localhost")
-            .unwrap()
-            .write_files(&dir)
-            .unwrap();
-        certs::load(&dir).unwrap()
+        certs::generated_for_tests("tls")
     }
 
     /// Runs client and server state machines against each other in memory.
