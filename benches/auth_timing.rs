@@ -92,7 +92,7 @@ fn main() {
     for queue_alg in [Alg::Ed25519, Alg::Ed448, Alg::X25519] {
         for signer_alg in [Alg::Ed25519, Alg::Ed448, Alg::X25519] {
             let (mesh, inboxes) = Mesh::new(1);
-            let mut owner = Owner::new(
+            let owner = Owner::new(
                 0,
                 MemoryStore::new(),
                 Directory::new(),
@@ -133,7 +133,7 @@ fn main() {
                     undelivered: None,
                 }
             };
-            let mut time_path = |entity: &[u8]| {
+            let time_path = |entity: &[u8]| {
                 let mut per_run = Vec::with_capacity(RUNS);
                 for _ in 0..RUNS {
                     // Signing is the client's work: done before the clock starts.

@@ -87,9 +87,10 @@ struct StartArgs {
     /// Ask clients for a TLS certificate (test switch until services exist).
     #[arg(long, hide = true)]
     test_request_client_cert: bool,
-    /// Test hook: the owner on shard SHARD waits MS milliseconds before each block of work.
-    #[arg(long, hide = true, value_name = "SHARD:MS", value_parser = owner_delay)]
-    test_owner_delay: Option<(usize, Duration)>,
+    /// Test hook: shard SHARD's reads of queue heads wait MS milliseconds first
+    /// (`store/held.rs`).
+    #[arg(long, hide = true, value_name = "SHARD:MS", value_parser = shard_delay)]
+    test_store_delay: Option<(usize, Duration)>,
     /// Test hook: each connection's output high water mark in bytes (the low water mark, hard
     /// limit and re-ask batch follow from it as the defaults do from 1 MiB).
     #[arg(long, hide = true, value_parser = clap::value_parser!(u64).range(1024..=1 << 30))]
@@ -132,8 +133,8 @@ impl StartArgs {
     }
 }
 
-/// `SHARD:MS` of `--test-owner-delay`.
-fn owner_delay(s: &str) -> Result<(usize, Duration), String> {
+/// `SHARD:MS` of `--test-store-delay`.
+fn shard_delay(s: &str) -> Result<(usize, Duration), String> {
     let (shard, ms) = s
         .split_once(':')
         .ok_or_else(|| format!("expected SHARD:MS, got {s:?}"))?;
@@ -389,7 +390,7 @@ fn start(data_dir: &Path, args: &StartArgs) -> Result<(), String> {
         .map_or(1, |n| n.get())
         .min(smp_relay::limits::MAX_SHARDS);
     c.request_client_cert = args.test_request_client_cert;
-    c.test_owner_delay = args.test_owner_delay;
+    c.test_store_delay = args.test_store_delay;
     if let Some(b) = args.test_output_high_water_bytes {
         c.output_limits = smp_relay::limits::OutputLimits::from_high_water(b as usize);
     }
@@ -434,9 +435,10 @@ fn offline_edit(data_dir: &Path, id_text: &str, edit: Edit) -> Result<(), String
         data_dir: data_dir.to_path_buf(),
         message_ttl_secs: i64::MAX,
         ntf_ttl_secs: i64::MAX,
+        test_delay: None,
     };
     let kind = StoreKind::default();
-    let rec = with_store(kind, FindOffline(&settings, &id))?.ok_or_else(|| {
+    let rec = with_store(kind, false, FindOffline(&settings, &id))?.ok_or_else(|| {
         format!(
             "no queue has the sender ID or link ID {} in the store of {}; check the ID (base64url)",
             hash::b64url(&id),
@@ -461,7 +463,11 @@ fn offline_edit(data_dir: &Path, id_text: &str, edit: Edit) -> Result<(), String
             ))
         }
     };
-    with_store(kind, SetStatusOffline(&settings, &rec.sender_id, status))?;
+    with_store(
+        kind,
+        false,
+        SetStatusOffline(&settings, &rec.sender_id, status),
+    )?;
     match (edit, rec.status) {
         (Edit::Block(info), _) => {
             println!(

@@ -39,8 +39,8 @@ pub struct StartConfig {
     pub metrics_interval: Option<Duration>,
     /// A connection whose output stays over its bound this long is closed.
     pub slow_reader_close: Duration,
-    /// Test hook: the owner on shard `.0` waits `.1` before each block of work (ordering tests).
-    pub test_owner_delay: Option<(usize, Duration)>,
+    /// Test hook: shard `.0`'s reads of queue heads wait `.1` first (`store/held.rs`).
+    pub test_store_delay: Option<(usize, Duration)>,
     /// Each connection's output bounds (`limits::OutputLimits`).
     pub output_limits: limits::OutputLimits,
     /// The store the relay runs on.
@@ -75,7 +75,7 @@ impl StartConfig {
             settings: Settings::default(),
             metrics_interval: None,
             slow_reader_close: limits::SLOW_READER_CLOSE,
-            test_owner_delay: None,
+            test_store_delay: None,
             output_limits: limits::OutputLimits::default(),
             store: crate::store::StoreKind::default(),
             test_fail_start: None,

@@ -1,7 +1,7 @@
 //! What a connection's socket shows, block by block (`docs/ARCHITECTURE.md` §3, O1–O4), on two
 //! shards:
 //! - O3: an owner's part of a block goes out when it is ready, not after a slower owner's part
-//!   (`--test-owner-delay` holds one shard's owner back);
+//!   (`--test-store-delay` slows one shard's store down);
 //! - O2: a SEND to one's own subscribed queue gives `[MSG]`, then `[OK]`;
 //! - O4: a SUB part with ≤ 4 responses carries its first MSG in the responses' block (the rest one
 //!   block each); a larger part sends its responses first, then one block per MSG. With a queue on
@@ -24,7 +24,7 @@ const SHARDS: usize = 2;
 const DELAYED_SHARD: usize = 1;
 /// Long enough that the undelayed owner's SOK and the pushed MSG (a few ms of work) are certainly
 /// produced while the delayed owner still waits.
-const OWNER_DELAY_MS: u64 = 1500;
+const OWNER_DELAY_MS: u64 = 800;
 /// The most SUBs one block carries at v16+ (the reference's batch of subscriptions).
 const SUBS_PER_BLOCK: usize = 135;
 /// NEWs and SENDs written before their responses are read: a few blocks, well under the relay's
@@ -123,7 +123,7 @@ fn o3_an_owners_part_does_not_wait_for_a_delayed_owner() {
     let r = relay(
         SHARDS,
         vec![
-            "--test-owner-delay".into(),
+            "--test-store-delay".into(),
             format!("{DELAYED_SHARD}:{OWNER_DELAY_MS}"),
         ],
     );

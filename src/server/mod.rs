@@ -19,6 +19,7 @@ pub mod listen;
 pub mod lock;
 pub mod log_limit;
 pub mod owner;
+pub mod pipeline;
 pub mod proxy;
 pub mod router;
 pub mod shard;
@@ -60,6 +61,7 @@ pub fn store_settings(config: &StartConfig) -> StoreSettings {
         data_dir: config.data_dir.clone(),
         message_ttl_secs: config.settings.message_ttl.as_secs() as i64,
         ntf_ttl_secs: config.settings.notification_ttl.as_secs() as i64,
+        test_delay: None,
     }
 }
 
@@ -72,7 +74,7 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
             run_on::<S>(self.0)
         }
     }
-    with_store(config.store, Run(config))
+    with_store(config.store, config.test_store_delay.is_some(), Run(config))
 }
 
 fn run_on<S: ShardStore>(config: StartConfig) -> Result<(), StartError> {
@@ -135,7 +137,14 @@ fn run_on<S: ShardStore>(config: StartConfig) -> Result<(), StartError> {
                 let groups = groups_of_shard(shard_id, shards);
                 // Both lifetimes as configured (`store_settings`), so that a start keeps exactly
                 // what the running relay's periodic expiry would keep.
-                let store = S::open(&store_settings, &groups, commands::now_secs())
+                let shard_settings = StoreSettings {
+                    test_delay: config
+                        .test_store_delay
+                        .filter(|(shard, _)| *shard == shard_id)
+                        .map(|(_, d)| d),
+                    ..store_settings.clone()
+                };
+                let store = S::open(&shard_settings, &groups, commands::now_secs())
                     .map_err(|e| reporter.fail(e))?;
                 fill_directory(&directory, &store);
                 let mut listeners = Vec::with_capacity(config.ports.len());
@@ -334,7 +343,7 @@ fn check_ports_free(ports: &[u16]) -> Result<(), StartError> {
 }
 
 fn fill_directory<S: ShardStore>(directory: &Directory, store: &S) {
-    for q in store.all() {
+    store.for_each_queue(&mut |q| {
         let rid = &q.recipient_id;
         directory.insert(IdSpace::Sender, &q.sender_id, rid);
         if let Some(l) = &q.link {
@@ -343,7 +352,7 @@ fn fill_directory<S: ShardStore>(directory: &Directory, store: &S) {
         if let Some(n) = &q.notifier {
             directory.insert(IdSpace::Notifier, &n.notifier_id, rid);
         }
-    }
+    });
 }
 
 /// The CPUs this process may run on, so that `--cores N` pins to cores it actually has.

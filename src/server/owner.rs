@@ -6,6 +6,7 @@
 //! same turn, and no SEND can fall between them (the reference's race, `docs/ARCHITECTURE.md` §3).
 //! Within a turn requests run in block order. Command semantics live in `commands/`.
 
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -91,38 +92,42 @@ pub const T1_RACE_VARIANT: bool = cfg!(feature = "t1-race-variant");
 /// How late the `t1-race-variant` registers a SUB (the reference's subscriber thread lags likewise).
 pub const T1_VARIANT_DELAY: std::time::Duration = std::time::Duration::from_millis(1000);
 
+/// The owner's state is in cells, each borrowed only for a step that does not await: the shard
+/// runs several turns at once (`server/pipeline.rs`), each of which may be waiting for the store,
+/// and the per-queue order keeps them off each other's queues (`docs/ARCHITECTURE.md` §2). After
+/// an await a turn reads again what it needs; a connection's close may have changed it.
 pub struct Owner<S> {
     pub shard: usize,
     pub store: S,
     pub directory: Arc<Directory>,
     pub mesh: Mesh,
     pub settings: Rc<Settings>,
-    pub subs: HashMap<EntityId, Subscriber>,
+    pub subs: RefCell<HashMap<EntityId, Subscriber>>,
     /// GET-mode state per queue and connection: the message a GET returned and not yet
     /// acknowledged. Keyed by queue first, so that DEL finds a queue's entries without a scan.
-    pub gets: HashMap<EntityId, HashMap<ConnRef, Option<MsgId>>>,
+    pub gets: RefCell<HashMap<EntityId, HashMap<ConnRef, Option<MsgId>>>>,
     /// Notifiers whose subscriber has more stored notifications coming (`limits::NTFS_PER_PART`
     /// at a time): new ones are stored behind them rather than sent ahead.
-    pub ntf_backlog: HashSet<EntityId>,
+    pub ntf_backlog: RefCell<HashSet<EntityId>>,
     /// The index of the recipient key that verified last, for queues with several keys: it is
     /// tried first.
-    last_key: HashMap<EntityId, usize>,
+    last_key: RefCell<HashMap<EntityId, usize>>,
     /// Failed verifications each connection may still cause (`limits::FAILED_VERIFY_BUDGET`).
-    verify_budget: HashMap<ConnRef, VerifyBudget>,
+    verify_budget: RefCell<HashMap<ConnRef, VerifyBudget>>,
     /// Notifier ID → the connection subscribed to its notifications.
-    pub ntf_subs: HashMap<EntityId, Session>,
-    pub by_conn: HashMap<ConnRef, ConnEntries>,
-    pub stats: OwnerStats,
+    pub ntf_subs: RefCell<HashMap<EntityId, Session>>,
+    pub by_conn: RefCell<HashMap<ConnRef, ConnEntries>>,
+    pub stats: RefCell<OwnerStats>,
     /// Connections whose recent batch failed: block parts left before they are batched again.
-    batch_off: HashMap<ConnRef, u32>,
+    batch_off: RefCell<HashMap<ConnRef, u32>>,
     /// The shard-wide guard: failure score, and block parts left to verify one by one.
-    batch_fail_score: u32,
-    batch_off_all: u32,
+    batch_fail_score: Cell<u32>,
+    batch_off_all: Cell<u32>,
     /// Source of subscription epochs.
-    next_epoch: u64,
+    next_epoch: Cell<u64>,
     /// A deliberately broken variant, for the simulation to catch (`server::sim`).
     #[cfg(test)]
-    pub fault: super::sim::Fault,
+    pub fault: Cell<super::sim::Fault>,
 }
 
 /// What one owner turn produces for the connection that sent the block, besides events to others.
@@ -155,25 +160,25 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             directory,
             mesh,
             settings,
-            subs: HashMap::new(),
-            gets: HashMap::new(),
-            ntf_backlog: HashSet::new(),
-            last_key: HashMap::new(),
-            verify_budget: HashMap::new(),
-            ntf_subs: HashMap::new(),
-            by_conn: HashMap::new(),
-            stats: OwnerStats::default(),
-            batch_off: HashMap::new(),
-            batch_fail_score: 0,
-            batch_off_all: 0,
-            next_epoch: 0,
+            subs: RefCell::default(),
+            gets: RefCell::default(),
+            ntf_backlog: RefCell::default(),
+            last_key: RefCell::default(),
+            verify_budget: RefCell::default(),
+            ntf_subs: RefCell::default(),
+            by_conn: RefCell::default(),
+            stats: RefCell::default(),
+            batch_off: RefCell::default(),
+            batch_fail_score: Cell::new(0),
+            batch_off_all: Cell::new(0),
+            next_epoch: Cell::new(0),
             #[cfg(test)]
-            fault: super::sim::Fault::None,
+            fault: Cell::new(super::sim::Fault::None),
         }
     }
 
     /// Executes one block's requests for this owner and sends the connection its part.
-    pub async fn process(&mut self, session: Session, block_seq: u64, mut requests: Vec<Request>) {
+    pub async fn process(&self, session: Session, block_seq: u64, mut requests: Vec<Request>) {
         let mut turn = Turn::default();
         self.batch_verify(&session, &mut requests);
         self.pre_verify_subs(&session, &mut requests);
@@ -211,7 +216,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// SUBs of a part that was not batch-verified are verified before the part's heads are read, so
     /// that only verified SUBs cause a store read (a wrong key then costs what an unknown queue
     /// costs). The outcome stands at execution unless a request of the part changes recipient keys.
-    fn pre_verify_subs(&mut self, session: &Session, requests: &mut [Request]) {
+    fn pre_verify_subs(&self, session: &Session, requests: &mut [Request]) {
         use crate::protocol::command::Command;
         if requests
             .iter()
@@ -223,12 +228,10 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             if !matches!(r.command, Command::Sub) || r.batch_verified.is_some() || r.service_sig {
                 continue;
             }
-            let Some((rid, keys)) = r
-                .recipient_id
-                .as_deref()
-                .and_then(|rid| self.store.get(rid))
-                .map(|q| (q.recipient_id.clone(), q.recipient_keys.clone()))
-            else {
+            let Some((rid, keys)) = r.recipient_id.as_deref().and_then(|rid| {
+                self.store
+                    .with_queue(rid, |q| (q.recipient_id.clone(), q.recipient_keys.clone()))
+            }) else {
                 continue;
             };
             let ok = self.verify_recipient(session, r, &rid, &keys);
@@ -241,7 +244,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// would need more than is left is closed (its request is answered AUTH), so a queue with 255
     /// keys cannot make one connection cost the shard more than its share.
     pub fn verify_recipient(
-        &mut self,
+        &self,
         session: &Session,
         req: &Request,
         rid: &[u8],
@@ -252,6 +255,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         }
         let first = self
             .last_key
+            .borrow()
             .get(rid)
             .copied()
             .filter(|i| *i < keys.len())
@@ -270,10 +274,10 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         }
         match found {
             Some(0) => {
-                self.last_key.remove(rid);
+                self.last_key.borrow_mut().remove(rid);
             }
             Some(i) => {
-                self.last_key.insert(rid.to_vec(), i);
+                self.last_key.borrow_mut().insert(rid.to_vec(), i);
             }
             None => {}
         }
@@ -281,22 +285,20 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     }
 
     /// A deleted queue's key hint goes with it.
-    pub fn forget_queue(&mut self, rid: &[u8]) {
-        self.last_key.remove(rid);
+    pub fn forget_queue(&self, rid: &[u8]) {
+        self.last_key.borrow_mut().remove(rid);
     }
 
     /// Takes one verification beyond the first key from `conn`'s budget; false when it has run out,
     /// and then, the first time, asks the connection's shard to close it.
-    fn spend_verify_budget(&mut self, conn: ConnRef) -> bool {
-        let b = self
-            .verify_budget
-            .entry(conn)
-            .or_insert_with(VerifyBudget::new);
+    fn spend_verify_budget(&self, conn: ConnRef) -> bool {
+        let mut budgets = self.verify_budget.borrow_mut();
+        let b = budgets.entry(conn).or_insert_with(VerifyBudget::new);
         b.refill();
         if b.left == 0 {
             if !b.closing {
                 b.closing = true;
-                self.stats.verify_budget_closes += 1;
+                self.stats.borrow_mut().verify_budget_closes += 1;
                 self.mesh.send(conn.shard, ShardMsg::Close { conn });
             }
             return false;
@@ -308,7 +310,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// One `peek_first_many` call for every verified SUB of the block whose queue exists
     /// (`docs/ARCHITECTURE.md` §2), so that a block of 135 SUBs costs this owner one store call.
     async fn prefetch_subs(
-        &mut self,
+        &self,
         requests: &[Request],
     ) -> HashMap<usize, Option<crate::store::Message>> {
         let subs: Vec<(usize, &[u8])> = requests
@@ -319,14 +321,14 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             .filter_map(|(i, r)| {
                 r.recipient_id
                     .as_deref()
-                    .filter(|rid| self.store.get(rid).is_some())
+                    .filter(|rid| self.store.contains(rid))
                     .map(|rid| (i, rid))
             })
             .collect();
         if subs.is_empty() {
             return HashMap::new();
         }
-        self.stats.sub_batches += 1;
+        self.stats.borrow_mut().sub_batches += 1;
         let ids: Vec<&[u8]> = subs.iter().map(|(_, rid)| *rid).collect();
         match self.store.peek_first_many(&ids).await {
             Ok(heads) => subs.iter().map(|(i, _)| *i).zip(heads).collect(),
@@ -342,16 +344,19 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// not Ed25519, joins the batch with the dummy key, so its batch fails exactly as one with a
     /// wrong key does (equal-time AUTH, per block). A failed batch marks nothing: every request is
     /// then verified on its own as without batching, which decides.
-    fn batch_verify(&mut self, session: &Session, requests: &mut [Request]) {
-        if let Some(left) = self.batch_off.get_mut(&session.conn) {
-            *left -= 1;
-            if *left == 0 {
-                self.batch_off.remove(&session.conn);
+    fn batch_verify(&self, session: &Session, requests: &mut [Request]) {
+        {
+            let mut off = self.batch_off.borrow_mut();
+            if let Some(left) = off.get_mut(&session.conn) {
+                *left -= 1;
+                if *left == 0 {
+                    off.remove(&session.conn);
+                }
+                return;
             }
-            return;
         }
-        if self.batch_off_all > 0 {
-            self.batch_off_all -= 1;
+        if self.batch_off_all.get() > 0 {
+            self.batch_off_all.set(self.batch_off_all.get() - 1);
             return;
         }
         // (request index, key, signature): each request the batch will speak for.
@@ -378,19 +383,23 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 sig,
             })
             .collect();
-        self.stats.verify_batches += 1;
+        self.stats.borrow_mut().verify_batches += 1;
+        let score = self.batch_fail_score.get();
         if auth::ed25519_verify_batch(&items) {
             for (i, key, _) in chosen {
                 requests[i].batch_verified = Some(key);
             }
-            self.batch_fail_score = self.batch_fail_score.saturating_sub(1);
+            self.batch_fail_score.set(score.saturating_sub(1));
         } else {
-            self.stats.verify_batch_fallbacks += 1;
-            self.batch_off.insert(session.conn, BATCH_OFF_BLOCKS);
-            self.batch_fail_score += BATCH_FAIL_WEIGHT;
-            if self.batch_fail_score > BATCH_FAIL_LIMIT {
-                self.batch_fail_score = 0;
-                self.batch_off_all = BATCH_OFF_BLOCKS;
+            self.stats.borrow_mut().verify_batch_fallbacks += 1;
+            self.batch_off
+                .borrow_mut()
+                .insert(session.conn, BATCH_OFF_BLOCKS);
+            if score + BATCH_FAIL_WEIGHT > BATCH_FAIL_LIMIT {
+                self.batch_fail_score.set(0);
+                self.batch_off_all.set(BATCH_OFF_BLOCKS);
+            } else {
+                self.batch_fail_score.set(score + BATCH_FAIL_WEIGHT);
             }
         }
     }
@@ -405,25 +414,28 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             return None;
         }
         let dummy = *auth::ed25519_dummy_key();
-        let Some(q) = r
-            .recipient_id
-            .as_deref()
-            .and_then(|rid| self.store.get(rid))
-        else {
+        let Some(rid) = r.recipient_id.as_deref() else {
             return Some(dummy);
         };
-        let key = match which {
-            BatchKey::Sender => Some(q.sender_key.as_ref()?),
-            BatchKey::Notifier => q.notifier.as_ref().map(|n| &n.notifier_key),
-            BatchKey::Recipient | BatchKey::None => {
-                let i = self.last_key.get(&q.recipient_id).copied().unwrap_or(0);
-                q.recipient_keys.get(i).or(q.recipient_keys.first())
-            }
-        };
-        Some(match key {
-            Some(PublicAuthKey::Ed25519(k)) => *k,
-            _ => dummy,
-        })
+        let last = self.last_key.borrow().get(rid).copied().unwrap_or(0);
+        let key = self.store.with_queue(rid, |q| {
+            let key = match which {
+                BatchKey::Sender => Some(q.sender_key.as_ref()?),
+                BatchKey::Notifier => q.notifier.as_ref().map(|n| &n.notifier_key),
+                BatchKey::Recipient | BatchKey::None => {
+                    q.recipient_keys.get(last).or(q.recipient_keys.first())
+                }
+            };
+            Some(match key {
+                Some(PublicAuthKey::Ed25519(k)) => *k,
+                _ => dummy,
+            })
+        });
+        match key {
+            // A SEND to a queue without a sender key verifies nothing.
+            Some(k) => k,
+            None => Some(dummy),
+        }
     }
 
     /// Checks `req`'s authorization with `key` (simplexmq `Server.hs`, `verifyCmdAuthorization`),
@@ -465,14 +477,14 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// Whether `d` is still what the subscription of `d.recipient_id` on `conn` waits to have
     /// acknowledged.
     pub fn is_outstanding(&self, conn: ConnRef, d: &Delivery) -> bool {
-        self.subs.get(&d.recipient_id).is_some_and(|s| {
+        self.subs.borrow().get(&d.recipient_id).is_some_and(|s| {
             s.session.conn == conn && s.epoch == d.epoch && s.delivered == Some(d.msg_id)
         })
     }
 
-    pub fn new_epoch(&mut self) -> u64 {
-        self.next_epoch += 1;
-        self.next_epoch
+    pub fn new_epoch(&self) -> u64 {
+        self.next_epoch.set(self.next_epoch.get() + 1);
+        self.next_epoch.get()
     }
 
     /// Names a delivery of `msg_id` to the current subscription of `rid`.
@@ -481,15 +493,38 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             owner: self.shard,
             recipient_id: rid.to_vec(),
             msg_id: *msg_id,
-            epoch: self.subs.get(rid).map_or(0, |s| s.epoch),
+            epoch: self.subs.borrow().get(rid).map_or(0, |s| s.epoch),
         }
+    }
+
+    /// The queues a block part works on, for the per-queue order (`pipeline.rs`).
+    pub fn work_keys(&self, requests: &[Request]) -> super::pipeline::Keys {
+        #[cfg(test)]
+        if self.fault.get() == super::sim::Fault::NoQueueOrder {
+            return super::pipeline::Keys::Queues(Vec::new());
+        }
+        super::pipeline::Keys::of(requests.iter().filter_map(|r| r.recipient_id.as_deref()))
+    }
+
+    /// The queue a held item is about, for the per-queue order.
+    pub fn pending_queue(&self, item: &Pending) -> Option<EntityId> {
+        match item {
+            Pending::Msg(d) => Some(d.recipient_id.clone()),
+            Pending::Ntfs { notifier_id, .. } => self.notifier_queue(notifier_id),
+        }
+    }
+
+    /// The recipient ID of the queue with this notifier ID.
+    pub fn notifier_queue(&self, notifier_id: &[u8]) -> Option<EntityId> {
+        self.directory
+            .lookup(super::directory::IdSpace::Notifier, notifier_id)
     }
 
     /// A connection asks for what it held: MSGs it dropped while its output was over its bound
     /// (each queue's head is handed again if that is still the subscription's outstanding
     /// delivery), and the next notifications of a notifier it subscribes to. Always answered, even
     /// with nothing, so that the connection asks for its next items (I2).
-    pub async fn redeliver(&mut self, conn: ConnRef, items: Vec<Pending>) {
+    pub async fn redeliver(&self, conn: ConnRef, items: Vec<Pending>) {
         let mut groups = Vec::new();
         for item in items {
             match item {
@@ -501,6 +536,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 Pending::Ntfs { notifier_id, .. } => {
                     let Some(session) = self
                         .ntf_subs
+                        .borrow()
                         .get(&notifier_id)
                         .filter(|s| s.conn == conn)
                         .cloned()
@@ -515,17 +551,24 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             .send(conn.shard, ShardMsg::Redelivered { conn, groups });
     }
 
-    async fn redeliver_msg(&mut self, conn: ConnRef, d: Delivery) -> Option<Group> {
+    async fn redeliver_msg(&self, conn: ConnRef, d: Delivery) -> Option<Group> {
         let rid = d.recipient_id.clone();
         if !self.is_outstanding(conn, &d) {
             return None;
         }
         let head = self.store.peek_first(&rid).await.ok().flatten();
-        let secret = self.store.get(&rid).map(|q| q.rcv_dh_secret)?;
-        let s = self.subs.get_mut(&rid)?;
-        s.delivered = head.as_ref().map(|m| *m.msg_id());
+        // The connection may have closed while the head was read.
+        if !self.is_outstanding(conn, &d) {
+            return None;
+        }
+        let secret = self.store.with_queue(&rid, |q| q.rcv_dh_secret)?;
+        let session = {
+            let mut subs = self.subs.borrow_mut();
+            let s = subs.get_mut(&rid)?;
+            s.delivered = head.as_ref().map(|m| *m.msg_id());
+            s.session.clone()
+        };
         let m = head?;
-        let session = s.session.clone();
         let t = super::commands::msg_transmission(&session, b"", &rid, &secret, &m);
         Some(Group {
             transmissions: vec![t],
@@ -535,7 +578,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
 
     /// The next `NTFS_PER_PART` stored notifications of `nid` for its subscriber `session`, and a
     /// marker to ask for more when more are stored.
-    pub async fn ntf_part(&mut self, session: &Session, nid: &[u8]) -> Vec<Group> {
+    pub async fn ntf_part(&self, session: &Session, nid: &[u8]) -> Vec<Group> {
         let (part, more) = self
             .store
             .take_ntfs(nid, NTFS_PER_PART)
@@ -543,11 +586,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             .unwrap_or_default();
         let mut groups = Vec::new();
         if !part.is_empty() {
-            self.stats.msg_ntfs += part.len() as u64;
+            self.stats.borrow_mut().msg_ntfs += part.len() as u64;
             groups.push(self.ntf_group(session, nid, part));
         }
         if more {
-            self.ntf_backlog.insert(nid.to_vec());
+            self.ntf_backlog.borrow_mut().insert(nid.to_vec());
             groups.push(Group {
                 transmissions: Vec::new(),
                 kind: GroupKind::More(Pending::Ntfs {
@@ -556,7 +599,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 }),
             });
         } else {
-            self.ntf_backlog.remove(nid);
+            self.ntf_backlog.borrow_mut().remove(nid);
         }
         groups
     }
@@ -578,8 +621,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
 
     /// Notifications a connection could not take (it closed before they were written): stored
     /// again, ahead of any stored since, for the next NSUB.
-    pub async fn store_ntfs(&mut self, nid: &[u8], ntfs: Vec<MsgNtf>) {
-        self.stats.msg_ntfs = self.stats.msg_ntfs.saturating_sub(ntfs.len() as u64);
+    pub async fn store_ntfs(&self, nid: &[u8], ntfs: Vec<MsgNtf>) {
+        {
+            let mut st = self.stats.borrow_mut();
+            st.msg_ntfs = st.msg_ntfs.saturating_sub(ntfs.len() as u64);
+        }
         // A notifier deleted meanwhile keeps nothing.
         if self
             .directory
@@ -593,61 +639,70 @@ impl<S: QueueStore + MessageStore> Owner<S> {
 
     /// The GET-mode state of `conn` on `rid`.
     pub fn get_state(&self, rid: &[u8], conn: ConnRef) -> Option<Option<MsgId>> {
-        self.gets.get(rid).and_then(|m| m.get(&conn)).copied()
+        self.gets
+            .borrow()
+            .get(rid)
+            .and_then(|m| m.get(&conn))
+            .copied()
     }
 
-    pub fn set_get_state(&mut self, rid: &[u8], conn: ConnRef, delivered: Option<MsgId>) {
+    pub fn set_get_state(&self, rid: &[u8], conn: ConnRef, delivered: Option<MsgId>) {
         self.gets
+            .borrow_mut()
             .entry(rid.to_vec())
             .or_default()
             .insert(conn, delivered);
     }
 
-    pub fn remove_get_state(&mut self, rid: &[u8], conn: ConnRef) {
-        if let Some(m) = self.gets.get_mut(rid) {
+    pub fn remove_get_state(&self, rid: &[u8], conn: ConnRef) {
+        let mut gets = self.gets.borrow_mut();
+        if let Some(m) = gets.get_mut(rid) {
             m.remove(&conn);
             if m.is_empty() {
-                self.gets.remove(rid);
+                gets.remove(rid);
             }
         }
     }
 
-    pub fn entries(&mut self, conn: ConnRef) -> &mut ConnEntries {
-        self.by_conn.entry(conn).or_default()
+    /// Runs `f` on what `conn` holds on this owner.
+    pub fn entries<R>(&self, conn: ConnRef, f: impl FnOnce(&mut ConnEntries) -> R) -> R {
+        f(self.by_conn.borrow_mut().entry(conn).or_default())
     }
 
     /// The periodic expiration of messages and notifications (simplexmq `Server.hs`,
     /// `expireMessages`). A subscriber whose delivered message expired keeps waiting for its ACK,
     /// as in the reference; the ACK then returns the new head.
-    pub async fn expire(&mut self) {
+    pub async fn expire(&self) {
         let now = super::commands::now_secs();
         let old = now - self.settings.message_ttl.as_secs() as i64;
         if let Ok(n) = self.store.expire_all(old).await {
-            self.stats.msg_expired += n as u64;
+            self.stats.borrow_mut().msg_expired += n as u64;
         }
         let old_ntf = now - self.settings.notification_ttl.as_secs() as i64;
         let _ = self.store.expire_ntfs(old_ntf).await;
     }
 
     /// A connection closed: drop its subscriptions here. Nobody is told (the reference sends no END).
-    pub fn connection_closed(&mut self, conn: ConnRef) {
-        self.batch_off.remove(&conn);
-        self.verify_budget.remove(&conn);
-        let Some(e) = self.by_conn.remove(&conn) else {
+    pub fn connection_closed(&self, conn: ConnRef) {
+        self.batch_off.borrow_mut().remove(&conn);
+        self.verify_budget.borrow_mut().remove(&conn);
+        let Some(e) = self.by_conn.borrow_mut().remove(&conn) else {
             return;
         };
+        let mut subs = self.subs.borrow_mut();
         for rid in e.subs {
-            if self.subs.get(&rid).map(|s| s.session.conn) == Some(conn) {
-                self.subs.remove(&rid);
+            if subs.get(&rid).map(|s| s.session.conn) == Some(conn) {
+                subs.remove(&rid);
             }
         }
         for rid in e.gets {
             self.remove_get_state(&rid, conn);
         }
+        let mut ntf_subs = self.ntf_subs.borrow_mut();
         for nid in e.ntf_subs {
-            if self.ntf_subs.get(&nid).map(|s| s.conn) == Some(conn) {
-                self.ntf_subs.remove(&nid);
-                self.ntf_backlog.remove(&nid);
+            if ntf_subs.get(&nid).map(|s| s.conn) == Some(conn) {
+                ntf_subs.remove(&nid);
+                self.ntf_backlog.borrow_mut().remove(&nid);
             }
         }
     }
@@ -785,7 +840,7 @@ mod tests {
 
     #[test]
     fn unknown_queue_and_wrong_key_each_run_one_verification_of_the_signatures_algorithm() {
-        let (mut o, inboxes) = owner();
+        let (o, inboxes) = owner();
         let s = session();
         let owner_key = SigningKey::from_bytes(&[3u8; 32]);
         let other_key = SigningKey::from_bytes(&[4u8; 32]);
@@ -825,7 +880,7 @@ mod tests {
             vec![signed_sub(&s, &rid, &owner_key)],
         ));
         assert_eq!(delta(before).ed25519, 1);
-        assert!(o.subs.contains_key(&rid));
+        assert!(o.subs.borrow().contains_key(&rid));
     }
 
     fn session_on(conn: u64) -> Session {
@@ -856,7 +911,7 @@ mod tests {
     /// request is then verified alone, and that connection's next parts skip batching.
     #[test]
     fn block_parts_are_batch_verified_and_bad_signatures_fall_back_alike() {
-        let (mut o, inboxes) = owner();
+        let (o, inboxes) = owner();
         let keys: Vec<SigningKey> = (0..3u8)
             .map(|i| SigningKey::from_bytes(&[20 + i; 32]))
             .collect();
@@ -881,11 +936,14 @@ mod tests {
             "one batch of three, no single verification"
         );
         assert_eq!(
-            (o.stats.verify_batches, o.stats.verify_batch_fallbacks),
+            (
+                o.stats.borrow().verify_batches,
+                o.stats.borrow().verify_batch_fallbacks
+            ),
             (1, 0)
         );
         assert_eq!(auths(&inboxes[0]), [false, false, false]);
-        assert!(rids.iter().all(|r| o.subs.contains_key(r)));
+        assert!(rids.iter().all(|r| o.subs.borrow().contains_key(r)));
 
         let wrong_key = SigningKey::from_bytes(&[99; 32]);
         let missing = [77u8; 24];
@@ -901,21 +959,24 @@ mod tests {
                 6,
                 "case {n}: the batch of 3, then 3 single"
             );
-            assert_eq!(o.stats.verify_batch_fallbacks, 1 + n as u64);
+            assert_eq!(o.stats.borrow().verify_batch_fallbacks, 1 + n as u64);
             assert_eq!(auths(&inboxes[0]), [false, false, true], "case {n}");
             // The same connection's next part: no batch, one verification each.
-            let batches = o.stats.verify_batches;
+            let batches = o.stats.borrow().verify_batches;
             let before = verify_count_by_alg();
             futures_lite::future::block_on(o.process(s.clone(), 2, part(&s, None)));
             assert_eq!(delta(before).ed25519, 3);
-            assert_eq!(o.stats.verify_batches, batches);
+            assert_eq!(o.stats.borrow().verify_batches, batches);
             assert_eq!(auths(&inboxes[0]), [false, false, false]);
         }
         // Other connections still batch.
         let s = session_on(30);
         futures_lite::future::block_on(o.process(s.clone(), 1, part(&s, None)));
         assert_eq!(
-            (o.stats.verify_batches, o.stats.verify_batch_fallbacks),
+            (
+                o.stats.borrow().verify_batches,
+                o.stats.borrow().verify_batch_fallbacks
+            ),
             (4, 2)
         );
         assert_eq!(auths(&inboxes[0]), [false, false, false]);
@@ -951,18 +1012,29 @@ mod tests {
         for _ in 0..failures_to_trip {
             part(&mut o, false);
         }
-        assert_eq!(o.stats.verify_batch_fallbacks, failures_to_trip as u64);
-        let batches = o.stats.verify_batches;
+        assert_eq!(
+            o.stats.borrow().verify_batch_fallbacks,
+            failures_to_trip as u64
+        );
+        let batches = o.stats.borrow().verify_batches;
         for _ in 0..BATCH_OFF_BLOCKS {
             part(&mut o, true);
         }
         assert_eq!(
-            o.stats.verify_batches, batches,
+            o.stats.borrow().verify_batches,
+            batches,
             "no batch while the guard is on"
         );
         part(&mut o, true);
-        assert_eq!(o.stats.verify_batches, batches + 1, "batching is back");
-        assert_eq!(o.stats.verify_batch_fallbacks, failures_to_trip as u64);
+        assert_eq!(
+            o.stats.borrow().verify_batches,
+            batches + 1,
+            "batching is back"
+        );
+        assert_eq!(
+            o.stats.borrow().verify_batch_fallbacks,
+            failures_to_trip as u64
+        );
     }
 
     // ---- Back-pressure, notifier backlogs, multi-key verification (commit 74ea7ec) ----
@@ -1174,7 +1246,7 @@ mod tests {
                 notifier_id: nid.clone()
             })
         );
-        assert!(o.ntf_backlog.contains(&nid));
+        assert!(o.ntf_backlog.borrow().contains(&nid));
 
         let mut asks = 0;
         let mut new_id = None;
@@ -1202,7 +1274,7 @@ mod tests {
             got.extend(part);
             more = m;
         }
-        assert!(!o.ntf_backlog.contains(&nid));
+        assert!(!o.ntf_backlog.borrow().contains(&nid));
         let new_id = new_id.expect("the SEND's message");
         assert_eq!(got.len(), 1001, "the 1,000 stored, then the new one");
         assert_eq!(&got[..1000], &stored[..], "each once, in stored order");
@@ -1250,11 +1322,15 @@ mod tests {
         ));
         let (handed, more) = ntfs_of(only_reply(inbox, 1), &nid);
         assert_eq!((handed.clone(), more), (vec![ntf(0), ntf(1)], None));
-        assert_eq!(o.stats.msg_ntfs, 2);
+        assert_eq!(o.stats.borrow().msg_ntfs, 2);
         o.connection_closed(s1.conn);
         block_on(o.store.add_ntf(&nid, ntf(2))).unwrap();
         block_on(o.store_ntfs(&nid, handed));
-        assert_eq!(o.stats.msg_ntfs, 0, "returned ones were not delivered");
+        assert_eq!(
+            o.stats.borrow().msg_ntfs,
+            0,
+            "returned ones were not delivered"
+        );
 
         let s2 = session_on(2);
         block_on(o.process(
@@ -1264,7 +1340,7 @@ mod tests {
         ));
         let (again, more) = ntfs_of(only_reply(inbox, 2), &nid);
         assert_eq!((again, more), (vec![ntf(0), ntf(1), ntf(2)], None));
-        assert_eq!(o.stats.msg_ntfs, 3);
+        assert_eq!(o.stats.borrow().msg_ntfs, 3);
 
         // NDEL removes the notifier; notifications returned for it afterwards are dropped.
         let s3 = session_on(3);
@@ -1358,7 +1434,7 @@ mod tests {
         let refilled = (started.elapsed().as_secs_f64() * f64::from(FAILED_VERIFY_REFILL_PER_SEC))
             .ceil() as u64;
         assert_eq!(closes, 1, "B is closed once");
-        assert_eq!(o.stats.verify_budget_closes, 1);
+        assert_eq!(o.stats.borrow().verify_budget_closes, 1);
         assert!(
             spent > u64::from(limits::FAILED_VERIFY_BUDGET),
             "the budget was spent first ({spent})"
@@ -1369,7 +1445,7 @@ mod tests {
             "{spent} verifications for {requests} requests (refilled {refilled})"
         );
         o.connection_closed(b.conn);
-        assert!(!o.verify_budget.contains_key(&b.conn));
+        assert!(!o.verify_budget.borrow().contains_key(&b.conn));
 
         // C, with a right key, is served; A's subscription ends.
         let c = session_on(3);
@@ -1380,7 +1456,7 @@ mod tests {
             unreachable!()
         };
         assert_eq!(decoded(&groups), [BrokerMsg::Sok(None)]);
-        assert_eq!(o.subs[&rid].session.conn, c.conn);
+        assert_eq!(o.subs.borrow()[&rid].session.conn, c.conn);
     }
 
     /// Guards item 7: a SUB that fails verification (or names no queue) reads nothing from the
@@ -1415,7 +1491,7 @@ mod tests {
             assert_eq!(answers, [BrokerMsg::Err(ErrorType::Auth)], "{path}");
             assert_eq!(reads(&o), r0, "{path}: no store read");
         }
-        assert!(o.subs.is_empty());
+        assert!(o.subs.borrow().is_empty());
 
         let r0 = reads(&o);
         let answers = run(&mut o, inbox, 1, vec![signed_sub(&s, &rids[0], &keys[0])]);
@@ -1428,7 +1504,7 @@ mod tests {
         // two verified ones are read in one call (their heads come from it: no peek_first).
         let s2 = session_on(2);
         let r0 = reads(&o);
-        let fallbacks = o.stats.verify_batch_fallbacks;
+        let fallbacks = o.stats.borrow().verify_batch_fallbacks;
         let answers = run(
             &mut o,
             inbox,
@@ -1439,7 +1515,7 @@ mod tests {
                 signed_sub(&s2, &rids[2], &keys[2]),
             ],
         );
-        assert_eq!(o.stats.verify_batch_fallbacks, fallbacks + 1);
+        assert_eq!(o.stats.borrow().verify_batch_fallbacks, fallbacks + 1);
         assert_eq!(answers.len(), 5);
         assert_eq!(
             answers[..3],
@@ -1452,10 +1528,11 @@ mod tests {
         assert!(answers[3..].iter().all(is_msg));
         assert_eq!(reads(&o), (r0.0, r0.1 + 1));
         assert_eq!(
-            o.subs[&rids[0]].session.conn, s.conn,
+            o.subs.borrow()[&rids[0]].session.conn,
+            s.conn,
             "the wrong key took nothing"
         );
-        assert_eq!(o.subs[&rids[2]].session.conn, s2.conn);
+        assert_eq!(o.subs.borrow()[&rids[2]].session.conn, s2.conn);
     }
 
     /// Guards item 7: DEL drops the GET-mode state of the deleted queue, on every connection, and
@@ -1475,15 +1552,15 @@ mod tests {
             let get = request(&session_on(conn), rid, rid, Command::Get, Some(k));
             assert_eq!(run(&mut o, inbox, conn, vec![get]), [BrokerMsg::Ok]);
         }
-        assert_eq!(o.gets[&x].len(), 2);
+        assert_eq!(o.gets.borrow()[&x].len(), 2);
         let (c1, c2) = (session_on(1).conn, session_on(2).conn);
 
         let del = request(&session_on(2), &x, &x, Command::Del, Some(&kx));
         assert_eq!(run(&mut o, inbox, 2, vec![del]), [BrokerMsg::Ok]);
-        assert!(!o.gets.contains_key(&x));
+        assert!(!o.gets.borrow().contains_key(&x));
         assert_eq!(o.get_state(&y, c1), Some(None), "Y's entry stays");
-        assert_eq!(o.by_conn[&c1].gets, HashSet::from([y.clone()]));
-        assert!(o.by_conn[&c2].gets.is_empty());
+        assert_eq!(o.by_conn.borrow()[&c1].gets, HashSet::from([y.clone()]));
+        assert!(o.by_conn.borrow()[&c2].gets.is_empty());
         assert!(o.store.get(&x).is_none());
     }
 
@@ -1573,5 +1650,147 @@ mod tests {
         let ack = request(&a, &rid, &rid, Command::Ack(d.msg_id.to_vec()), Some(&k));
         assert_eq!(run(&mut o, inbox, 1, vec![ack]), [BrokerMsg::Ok]);
         assert_eq!(o.store.size(&rid), 0);
+    }
+
+    // ---- The pipeline: a held store operation holds up its own queue only ----
+
+    /// The body of a MSG sealed for a queue made by `queue` (its secret is `[1; 32]`).
+    fn msg_body(m: &BrokerMsg) -> Vec<u8> {
+        let BrokerMsg::Msg { msg_id, body } = m else {
+            panic!("not a MSG: {m:?}");
+        };
+        let plain = crate::client::queue::decrypt_msg(&[1; 32], msg_id, body).expect("decrypts");
+        plain.body().expect("a message").to_vec()
+    }
+
+    /// `docs/ARCHITECTURE.md` §2, over the owner as the shard runs it (`shard::owner_job` and the
+    /// pipeline): while a SEND on queue A waits for its store (a latch holds every operation on A),
+    /// a SEND on B is answered and its MSG pushed to B's subscriber; A's next SEND waits behind
+    /// the first; released, A's operations run one at a time and its SENDs are answered and
+    /// stored in order.
+    #[test]
+    fn a_held_store_operation_holds_up_its_queue_only_and_its_later_commands_follow_in_order() {
+        use crate::server::pipeline::Pipeline;
+        use crate::server::shard::owner_job;
+        use crate::store::held::{Held, Latch, LatchMode};
+
+        let (mesh, inboxes) = Mesh::new(1);
+        let inbox = &inboxes[0];
+        let latch = Latch::new(LatchMode::Open);
+        let store = Held {
+            inner: MemoryStore::new(),
+            hold: latch.clone(),
+        };
+        let settings = Rc::new(Settings::default());
+        let o = Rc::new(Owner::new(0, store, Directory::new(), mesh, settings));
+        let p = Pipeline::new();
+        let key = SigningKey::from_bytes(&[3u8; 32]);
+        let (a, b) = (vec![0xa0; 24], vec![0xb0; 24]);
+        for rid in [&a, &b] {
+            block_on(o.store.create(queue(rid, pk(&key)))).unwrap();
+        }
+        let work = |conn: u64, requests: Vec<Request>| {
+            let msg = ShardMsg::Work {
+                session: session_on(conn),
+                block_seq: 0,
+                requests,
+            };
+            owner_job(&o, &p, msg);
+        };
+        let send = |conn: u64, rid: &[u8], body: &[u8]| {
+            let cmd = Command::Send {
+                flags: MsgFlags::new(false),
+                body: body.to_vec(),
+            };
+            request(&session_on(conn), &[2; 24], rid, cmd, None)
+        };
+        let replies_to = |out: &[ShardMsg], conn: u64| -> Vec<Vec<BrokerMsg>> {
+            out.iter()
+                .filter_map(|m| match m {
+                    ShardMsg::Reply {
+                        conn: c, groups, ..
+                    } if c.id == conn => Some(decoded(groups)),
+                    _ => None,
+                })
+                .collect()
+        };
+
+        // Connection 1 subscribes to B.
+        work(1, vec![signed_sub(&session_on(1), &b, &key)]);
+        assert_eq!(decoded(&only_reply(inbox, 1)), [BrokerMsg::Sok(None)]);
+
+        // Connection 2 sends twice to A: the first SEND's store operation is held, the second
+        // waits in line behind it.
+        latch.set_mode(LatchMode::Only(vec![a.clone()]));
+        work(2, vec![send(2, &a, b"a1")]);
+        work(2, vec![send(2, &a, b"a2")]);
+        let waiting = latch.waiting();
+        assert_eq!(
+            waiting.len(),
+            1,
+            "one operation on A in flight: {waiting:?}"
+        );
+        assert_eq!(p.jobs(), 2, "both SENDs to A are in the pipeline");
+
+        // Meanwhile connection 3's SEND to B is answered and B's subscriber gets its MSG.
+        work(3, vec![send(3, &b, b"b1")]);
+        let out: Vec<ShardMsg> = inbox.try_iter().collect();
+        assert_eq!(replies_to(&out, 3), [[BrokerMsg::Ok]], "B's SEND answered");
+        let pushed: Vec<Vec<u8>> = out
+            .iter()
+            .filter_map(|m| match m {
+                ShardMsg::Event { conn, groups } if conn.id == 1 => Some(decoded(groups)),
+                _ => None,
+            })
+            .flatten()
+            .map(|m| msg_body(&m))
+            .collect();
+        assert_eq!(pushed, [b"b1".to_vec()], "B's MSG delivered");
+        assert!(replies_to(&out, 2).is_empty(), "nothing for A yet");
+
+        // Released one operation at a time, A's SENDs complete in order: never two operations
+        // on A in flight, and the second SEND's answer only after the first's.
+        let mut answered = 0;
+        let mut released = 0;
+        while answered < 2 {
+            let waiting = latch.waiting();
+            assert_eq!(
+                waiting.len(),
+                1,
+                "one operation on A at a time: {waiting:?}"
+            );
+            latch.release(waiting[0].0);
+            released += 1;
+            p.poll_woken();
+            let out: Vec<ShardMsg> = inbox.try_iter().collect();
+            for r in replies_to(&out, 2) {
+                assert_eq!(r, [BrokerMsg::Ok]);
+                answered += 1;
+            }
+            assert!(released < 20, "A's SENDs never finished");
+        }
+        assert_eq!(p.jobs(), 0);
+
+        // Stored in order: a GET gives a1, and after its ACK a2.
+        latch.set_mode(LatchMode::Open);
+        let get = request(&session_on(4), &a, &a, Command::Get, Some(&key));
+        work(4, vec![get]);
+        let got = decoded(&only_reply(inbox, 4));
+        assert_eq!(msg_body(&got[0]), b"a1");
+        let BrokerMsg::Msg { msg_id, .. } = &got[0] else {
+            unreachable!()
+        };
+        let ack = request(
+            &session_on(4),
+            &a,
+            &a,
+            Command::Ack(msg_id.clone()),
+            Some(&key),
+        );
+        work(4, vec![ack]);
+        assert_eq!(decoded(&only_reply(inbox, 4)), [BrokerMsg::Ok]);
+        let get = request(&session_on(4), &a, &a, Command::Get, Some(&key));
+        work(4, vec![get]);
+        assert_eq!(msg_body(&decoded(&only_reply(inbox, 4))[0]), b"a2");
     }
 }

@@ -17,10 +17,11 @@ use super::conn::{self, ConnHandle, Output};
 use super::directory::Directory;
 use super::log_limit::{self, RateLimited};
 use super::owner::Owner;
+use super::pipeline::{Keys, Pipeline};
 use super::router::{ConnRef, Gathering, Group, GroupKind, Mesh, ShardMsg, Step};
 use crate::config::StartConfig;
 use crate::metrics::{self, MetricsSnapshot};
-use crate::store::ShardStore;
+use crate::store::{MessageStore, QueueStore, ShardStore};
 use crate::transport::certs::ServerCredentials;
 
 /// What every connection of a shard reads; built once per shard.
@@ -233,48 +234,20 @@ pub async fn run<S: ShardStore>(
 }
 
 /// The shard's single consumer: owner work, answers and events for this shard's connections.
+/// Owner work becomes jobs of the pipeline (`pipeline.rs`): a job that waits for its store does
+/// not hold up this loop, nor other queues' jobs.
 async fn inbox_loop<S: ShardStore>(
     ctx: &ShardContext,
-    mut owner: Owner<S>,
+    owner: Owner<S>,
     inbox: flume::Receiver<ShardMsg>,
 ) -> S {
-    // Test hook (`--test-owner-delay SHARD:MS`): this shard's owner takes each block part that
-    // long later, while answers and events for this shard's connections flow on. Owner messages
-    // wait behind the delayed work, in order.
-    let delay = ctx
-        .config
-        .test_owner_delay
-        .filter(|(shard, _)| *shard == ctx.shard_id)
-        .map(|(_, d)| d);
-    let mut deferred: std::collections::VecDeque<(std::time::Instant, ShardMsg)> =
-        std::collections::VecDeque::new();
-    loop {
-        let due = deferred.front().map(|(at, _)| *at);
-        let msg = match due {
-            Some(at) => {
-                let wait = at.saturating_duration_since(std::time::Instant::now());
-                let next =
-                    futures_lite::future::or(async { Some(inbox.recv_async().await) }, async {
-                        glommio::timer::Timer::new(wait).await;
-                        None
-                    })
-                    .await;
-                match next {
-                    Some(Ok(m)) => m,
-                    Some(Err(_)) => break,
-                    None => {
-                        if let Some((_, m)) = deferred.pop_front() {
-                            owner_msg(&mut owner, m).await;
-                        }
-                        continue;
-                    }
-                }
-            }
-            None => match inbox.recv_async().await {
-                Ok(m) => m,
-                Err(_) => break,
-            },
-        };
+    let owner = Rc::new(owner);
+    let pipeline = Rc::new(Pipeline::new());
+    let driver = {
+        let p = pipeline.clone();
+        glommio::spawn_local(async move { p.drive().await })
+    };
+    while let Ok(msg) = inbox.recv_async().await {
         match msg {
             ShardMsg::Reply {
                 conn,
@@ -298,42 +271,79 @@ async fn inbox_loop<S: ShardStore>(
                 ask_for_stats(ctx);
             }
             ShardMsg::Stop => break,
-            m @ ShardMsg::Work { .. } if delay.is_some() => {
-                let at = std::time::Instant::now() + delay.unwrap_or_default();
-                deferred.push_back((at, m));
-            }
-            m if !deferred.is_empty() => {
-                let at = deferred
-                    .back()
-                    .map_or_else(std::time::Instant::now, |(t, _)| *t);
-                deferred.push_back((at, m));
-            }
-            m => owner_msg(&mut owner, m).await,
+            m => owner_job(&owner, &pipeline, m),
         }
     }
-    owner.store
+    // A clean stop: jobs in flight finish before the store is handed back to be closed.
+    drop(driver);
+    pipeline.drain().await;
+    drop(pipeline);
+    match Rc::try_unwrap(owner) {
+        Ok(o) => o.store,
+        Err(_) => unreachable!("every job of the owner has finished"),
+    }
 }
 
-/// The owner's messages of the inbox.
-async fn owner_msg<S: ShardStore>(owner: &mut Owner<S>, msg: ShardMsg) {
+/// The owner's messages of the inbox, as jobs of the pipeline (or at once, for what touches no
+/// queue's order). The owner simulation (`sim.rs`) goes through here too.
+pub fn owner_job<S: QueueStore + MessageStore + 'static>(
+    owner: &Rc<Owner<S>>,
+    pipeline: &Pipeline,
+    msg: ShardMsg,
+) {
+    let o = owner.clone();
     match msg {
         ShardMsg::Work {
             session,
             block_seq,
             requests,
-        } => owner.process(session, block_seq, requests).await,
-        ShardMsg::Closed { conn } => owner.connection_closed(conn),
-        ShardMsg::Redeliver { conn, items } => owner.redeliver(conn, items).await,
-        ShardMsg::ReturnNtfs { notifier_id, ntfs } => owner.store_ntfs(&notifier_id, ntfs).await,
+        } => {
+            let keys = o.work_keys(&requests);
+            let conn = session.conn;
+            pipeline.submit(
+                keys,
+                Some(conn),
+                Box::pin(async move { o.process(session, block_seq, requests).await }),
+            );
+        }
+        ShardMsg::Closed { conn } => pipeline.closed(conn, move || o.connection_closed(conn)),
+        ShardMsg::Redeliver { conn, items } => {
+            let rids: Vec<Vec<u8>> = items.iter().filter_map(|i| o.pending_queue(i)).collect();
+            pipeline.submit(
+                Keys::of(rids.iter().map(Vec::as_slice)),
+                Some(conn),
+                Box::pin(async move { o.redeliver(conn, items).await }),
+            );
+        }
+        ShardMsg::ReturnNtfs { notifier_id, ntfs } => {
+            let rid = o.notifier_queue(&notifier_id);
+            pipeline.submit(
+                Keys::of(rid.as_deref()),
+                None,
+                Box::pin(async move { o.store_ntfs(&notifier_id, ntfs).await }),
+            );
+        }
         ShardMsg::RegisterSub {
             session,
             recipient_id,
             epoch,
-        } => owner.register_sub(&session, &recipient_id, epoch),
-        ShardMsg::Tick => owner.expire().await,
+        } => o.register_sub(&session, &recipient_id, epoch),
+        ShardMsg::Tick => {
+            pipeline.submit(
+                Keys::Everything,
+                None,
+                Box::pin(async move { o.expire().await }),
+            );
+        }
         ShardMsg::ExpireNow { done } => {
-            owner.expire().await;
-            let _ = done.send(());
+            pipeline.submit(
+                Keys::Everything,
+                None,
+                Box::pin(async move {
+                    o.expire().await;
+                    let _ = done.send(());
+                }),
+            );
         }
         // Connection output, metrics and stop are the loop's own.
         ShardMsg::Reply { .. }
@@ -383,10 +393,10 @@ fn gather_stats(ctx: &ShardContext, round: u64, part: MetricsSnapshot) {
 
 /// This shard's numbers: its owner's, its connections' and its proxy's.
 fn shard_stats<S: ShardStore>(ctx: &ShardContext, owner: &Owner<S>) -> MetricsSnapshot {
-    let mut m = MetricsSnapshot::from_shard(&owner.stats, owner.store.counters());
+    let mut m = MetricsSnapshot::from_shard(&owner.stats.borrow(), &owner.store.counters());
     m.queue_count = owner.store.queue_count() as u64;
     m.msg_count = owner.store.total_messages() as u64;
-    m.subscriptions = owner.subs.len() as u64;
+    m.subscriptions = owner.subs.borrow().len() as u64;
     m.connections = ctx.connections.get() as u64;
     m.output_drops = ctx.conn_stats.output_drops.get();
     m.output_reasks = ctx.conn_stats.output_reasks.get();

@@ -1,10 +1,13 @@
 //! A seeded, in-process simulation of one owner and the connections it serves, checked against the
-//! delivery invariants I1–I5 (`docs/ARCHITECTURE.md` §3). No sockets, no executors: the owner runs
-//! its turns on a memory store, its output goes through the real `OutputState` of each simulated
-//! connection (with bounds small enough that MSGs are dropped to markers and asked for again), and
-//! the seed decides every interleaving — which connection sends what, when the shard delivers the
-//! owner's output, when a client reads, when a connection closes. A failing seed is printed and
-//! replays the same way (`SIM_SEED=<n>`).
+//! delivery invariants I1–I5 (`docs/ARCHITECTURE.md` §3). No sockets, no executors: the owner's
+//! work goes through the shard's own hand-over (`shard::owner_job`) into the pipeline of jobs
+//! (`pipeline.rs`), on a memory store whose every operation waits until the seed completes it
+//! (`store::held::Latch`), so store operations complete in any order the per-queue rule allows
+//! and after any delay. The owner's output goes through the real `OutputState` of each simulated
+//! connection (with bounds small enough that MSGs are dropped to markers and asked for again).
+//! The seed decides every interleaving — which connection sends what, which store operation
+//! completes, when the shard delivers the owner's output, when a client reads, when a connection
+//! closes. A failing seed is printed and replays the same way (`SIM_SEED=<n>`).
 //!
 //! Signatures are not what is simulated: requests arrive marked as already verified with their
 //! queue's key, so a run costs what the delivery logic costs.
@@ -20,7 +23,9 @@ use x25519_dalek::StaticSecret;
 use super::conn::OutputState;
 use super::directory::{Directory, IdSpace};
 use super::owner::Owner;
+use super::pipeline::Pipeline;
 use super::router::{ConnRef, GroupKind, Mesh, Pending, Request, Session, SessionInfo, ShardMsg};
+use super::shard::owner_job;
 use crate::client::queue::decrypt_msg;
 use crate::config::Settings;
 use crate::crypto::keys::PublicAuthKey;
@@ -28,8 +33,12 @@ use crate::limits::OutputLimits;
 use crate::protocol::command::{Command, MsgFlags};
 use crate::protocol::response::BrokerMsg;
 use crate::protocol::transmission::parse_transmission;
+use crate::store::held::{Held, Latch, LatchMode};
 use crate::store::memory::MemoryStore;
 use crate::store::{QueueRec, QueueStatus, QueueStore};
+
+/// The simulated owner's store: every operation waits until the seed lets it complete.
+type SimStore = Held<MemoryStore, Rc<Latch>>;
 
 const VERSION: u16 = 18;
 const QUEUES: usize = 3;
@@ -44,6 +53,12 @@ pub enum Fault {
     None,
     /// Answers an ACK with OK and takes the next message as delivered without sending it.
     AckWithoutNext,
+    /// Runs block parts without the per-queue order: a part may start while another part's
+    /// store operation on the same queue is in flight.
+    NoQueueOrder,
+    /// Registers a SUB's subscriber after its head was read, in a later step (the reference's
+    /// race, which the `t1-race-variant` build re-creates over real connections).
+    LateRegistration,
 }
 
 struct SimConn {
@@ -72,7 +87,9 @@ struct Queue {
 }
 
 struct World {
-    owner: Owner<MemoryStore>,
+    owner: Rc<Owner<SimStore>>,
+    pipeline: Pipeline,
+    latch: Rc<Latch>,
     inbox: flume::Receiver<ShardMsg>,
     conns: Vec<SimConn>,
     queues: Vec<Queue>,
@@ -102,14 +119,18 @@ impl World {
     fn new(seed: u64, fault: Fault) -> World {
         let (mesh, mut inboxes) = Mesh::new(1);
         let directory = Directory::new();
-        let mut owner = Owner::new(
+        let latch = Latch::new(LatchMode::Open);
+        let owner = Owner::new(
             0,
-            MemoryStore::new(),
+            Held {
+                inner: MemoryStore::new(),
+                hold: latch.clone(),
+            },
             directory.clone(),
             mesh,
             Rc::new(Settings::default()),
         );
-        owner.fault = fault;
+        owner.fault.set(fault);
         let mut rng = StdRng::seed_from_u64(seed);
         let mut queues = Vec::new();
         for q in 0..QUEUES {
@@ -139,8 +160,11 @@ impl World {
                 secret,
             });
         }
+        latch.set_mode(LatchMode::All);
         let mut w = World {
-            owner,
+            owner: Rc::new(owner),
+            pipeline: Pipeline::new(),
+            latch,
             inbox: inboxes.remove(0),
             conns: Vec::new(),
             queues,
@@ -275,7 +299,32 @@ impl World {
             }
         }
         let session = self.conns[c].session.clone();
-        futures_lite::future::block_on(self.owner.process(session, 0, reqs));
+        self.owner_msg(ShardMsg::Work {
+            session,
+            block_seq: 0,
+            requests: reqs,
+        });
+    }
+
+    /// A message to the owner, as the shard's inbox loop hands it over (`shard::owner_job`).
+    fn owner_msg(&mut self, msg: ShardMsg) {
+        owner_job(&self.owner, &self.pipeline, msg);
+    }
+
+    /// The store completes one of the operations in flight, chosen by the seed; the job that
+    /// waited for it goes on.
+    fn store_step(&mut self) -> bool {
+        let waiting = self.latch.waiting();
+        if waiting.is_empty() {
+            return false;
+        }
+        let (id, op, _) = &waiting[self.rng.gen_range(0..waiting.len())];
+        if trace() {
+            eprintln!("store completes {op:?}");
+        }
+        self.latch.release(*id);
+        self.pipeline.poll_woken();
+        true
     }
 
     /// The shard takes the owner's next output message, as its inbox loop does.
@@ -291,6 +340,10 @@ impl World {
             ShardMsg::Redelivered { conn, groups } => (conn, groups, true, true),
             ShardMsg::Close { conn } => {
                 self.close_conn_ref(conn);
+                return true;
+            }
+            m @ ShardMsg::RegisterSub { .. } => {
+                self.owner_msg(m);
                 return true;
             }
             _ => return true,
@@ -336,7 +389,7 @@ impl World {
         }
         sc.asking = true;
         let conn = sc.session.conn;
-        futures_lite::future::block_on(self.owner.redeliver(conn, items));
+        self.owner_msg(ShardMsg::Redeliver { conn, items });
     }
 
     /// The client of connection `i` reads its next transmission.
@@ -466,14 +519,14 @@ impl World {
     /// Connection `i` closes and a new one takes its place.
     fn close(&mut self, i: usize) {
         let conn = self.conns[i].session.conn;
-        self.owner.connection_closed(conn);
+        self.owner_msg(ShardMsg::Closed { conn });
         let c = self.new_conn();
         self.conns[i] = c;
     }
 
     fn step(&mut self) {
         let c = self.rng.gen_range(0..CONNS);
-        match self.rng.gen_range(0..20) {
+        match self.rng.gen_range(0..26) {
             0..=6 => self.client_block(c),
             7..=12 => {
                 self.shard_step();
@@ -483,6 +536,9 @@ impl World {
                     self.client_read(c);
                 }
             }
+            19..=24 => {
+                self.store_step();
+            }
             _ => self.close(c),
         }
     }
@@ -491,6 +547,9 @@ impl World {
     fn quiesce(&mut self) {
         loop {
             let mut moved = false;
+            while self.store_step() {
+                moved = true;
+            }
             while self.shard_step() {
                 moved = true;
             }
@@ -510,27 +569,29 @@ impl World {
         for q in 0..QUEUES {
             let rid = self.queues[q].rid.clone();
             let head = futures_lite::future::block_on(crate::store::MessageStore::peek_first(
-                &mut self.owner.store,
+                &self.owner.store.inner,
                 &rid,
             ))
             .expect("peek");
             let Some(head) = head else { continue };
-            let Some(sub) = self.owner.subs.get(&rid) else {
+            let Some((delivered, sub_conn)) = self
+                .owner
+                .subs
+                .borrow()
+                .get(&rid)
+                .map(|s| (s.delivered, s.session.conn))
+            else {
                 continue;
             };
             // The subscriber still owes an ACK for a message another connection's GET-mode ACK
             // removed: it gets the new head in that ACK's answer, as from the reference.
-            if sub.delivered.is_some_and(|d| {
+            if delivered.is_some_and(|d| {
                 d != *head.msg_id()
                     && (self.acked.contains_key(&d[..]) || self.ack_sent.contains(&d[..]))
             }) {
                 continue;
             }
-            let Some(i) = self
-                .conns
-                .iter()
-                .position(|c| c.session.conn == sub.session.conn)
-            else {
+            let Some(i) = self.conns.iter().position(|c| c.session.conn == sub_conn) else {
                 continue;
             };
             if self.conns[i].unacked.get(&q).map(|m| &m[..]) != Some(&head.msg_id()[..]) {
@@ -550,7 +611,11 @@ impl World {
             let mut req = self.recipient(q, Command::Sub);
             for _ in 0..10_000 {
                 let session = self.conns[d].session.clone();
-                futures_lite::future::block_on(self.owner.process(session, 0, vec![req]));
+                self.owner_msg(ShardMsg::Work {
+                    session,
+                    block_seq: 0,
+                    requests: vec![req],
+                });
                 self.quiesce_one(d);
                 let Some(id) = self.conns[d].unacked.remove(&q) else {
                     break;
@@ -584,6 +649,7 @@ impl World {
 
     /// Delivers and reads everything for the drain connection `d` only.
     fn quiesce_one(&mut self, d: usize) {
+        while self.store_step() {}
         while self.shard_step() {}
         while self.client_read(d) {}
     }
@@ -632,16 +698,35 @@ mod tests {
         assert!(failed.is_empty(), "seeds {failed:?} broke the invariants");
     }
 
+    /// The first seed of 1..=1000 on which `fault` breaks an invariant named `invariant`.
+    fn caught(fault: Fault, invariant: &str) -> Option<u64> {
+        (1..=1_000).find(|s| run_seed(*s, fault).iter().any(|v| v.starts_with(invariant)))
+    }
+
     /// The simulation can fail: an owner whose ACK does not hand out the next message stalls its
     /// subscriber, and seeds find it (I2).
     #[test]
     fn an_owner_whose_ack_withholds_the_next_message_is_caught() {
-        let caught = (1..=1_000).find(|s| {
-            run_seed(*s, Fault::AckWithoutNext)
-                .iter()
-                .any(|v| v.starts_with("I2"))
-        });
-        assert!(caught.is_some(), "no seed found the stall");
-        eprintln!("the stall is found by seed {caught:?}");
+        let seed = caught(Fault::AckWithoutNext, "I2");
+        assert!(seed.is_some(), "no seed found the stall");
+        eprintln!("the stall is found by seed {seed:?}");
+    }
+
+    /// Without the per-queue order, store operations completing out of order break the
+    /// invariants.
+    #[test]
+    fn an_owner_without_the_per_queue_order_is_caught() {
+        let seed = caught(Fault::NoQueueOrder, "I");
+        assert!(seed.is_some(), "no seed broke an invariant");
+        eprintln!("found by seed {seed:?}");
+    }
+
+    /// The reference's race: a SEND between a SUB's head read and its registration is neither
+    /// returned nor pushed, and the subscriber stalls (I2).
+    #[test]
+    fn an_owner_that_registers_subscribers_late_is_caught() {
+        let seed = caught(Fault::LateRegistration, "I2");
+        assert!(seed.is_some(), "no seed found the stall");
+        eprintln!("found by seed {seed:?}");
     }
 }

@@ -15,6 +15,7 @@ pub use persist::{
     SaveError, FORMAT_VERSION, MEMORY_STORE_DIR, NTF_TTL_SECS,
 };
 
+use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 
 use super::{
@@ -49,9 +50,17 @@ impl Queue {
     }
 }
 
-/// Queue records, messages and notifications of the partition groups one shard owns.
+/// Queue records, messages and notifications of the partition groups one shard owns, behind a
+/// `RefCell` (the store traits take `&self`, `store/mod.rs`). No borrow outlives a method: none of
+/// them awaits.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
+    data: RefCell<MemoryData>,
+}
+
+/// The memory store's data.
+#[derive(Debug, Default)]
+pub(crate) struct MemoryData {
     queues: HashMap<EntityId, Queue>,
     /// Pending notifications per notifier ID, oldest first.
     ntfs: HashMap<EntityId, VecDeque<MsgNtf>>,
@@ -65,6 +74,14 @@ impl MemoryStore {
         MemoryStore::default()
     }
 
+    fn from_data(data: MemoryData) -> Self {
+        MemoryStore {
+            data: RefCell::new(data),
+        }
+    }
+}
+
+impl MemoryData {
     /// Deletes head messages older than `older_than`, stopping at the quota marker (markers never
     /// expire: they keep a dormant full queue closed to writes, as in simplexmq `Server.hs`).
     fn expire_queue(q: &mut Queue, older_than: i64) -> usize {
@@ -115,20 +132,8 @@ impl MemoryStore {
     }
 }
 
-impl QueueStore for MemoryStore {
-    fn get(&self, recipient_id: &[u8]) -> Option<&QueueRec> {
-        self.queues.get(recipient_id).map(|q| &q.rec)
-    }
-
-    fn all(&self) -> Box<dyn Iterator<Item = &QueueRec> + '_> {
-        Box::new(self.queues.values().map(|q| &q.rec))
-    }
-
-    fn queue_count(&self) -> usize {
-        self.queues.len()
-    }
-
-    async fn create(&mut self, rec: QueueRec) -> Result<(), StoreError> {
+impl MemoryData {
+    fn create(&mut self, rec: QueueRec) -> Result<(), StoreError> {
         if self.queues.contains_key(&rec.recipient_id) {
             return Err(StoreError::Duplicate);
         }
@@ -137,7 +142,7 @@ impl QueueStore for MemoryStore {
         Ok(())
     }
 
-    async fn update(&mut self, rec: QueueRec) -> Result<(), StoreError> {
+    fn update(&mut self, rec: QueueRec) -> Result<(), StoreError> {
         let q = self
             .queues
             .get_mut(&rec.recipient_id)
@@ -146,7 +151,7 @@ impl QueueStore for MemoryStore {
         Ok(())
     }
 
-    async fn delete(&mut self, recipient_id: &[u8]) -> Result<QueueRec, StoreError> {
+    fn delete(&mut self, recipient_id: &[u8]) -> Result<QueueRec, StoreError> {
         let q = self
             .queues
             .remove(recipient_id)
@@ -159,8 +164,8 @@ impl QueueStore for MemoryStore {
     }
 }
 
-impl MessageStore for MemoryStore {
-    async fn write(
+impl MemoryData {
+    fn write(
         &mut self,
         recipient_id: &[u8],
         msg: Message,
@@ -199,7 +204,7 @@ impl MessageStore for MemoryStore {
         Ok(outcome)
     }
 
-    async fn peek_first(&mut self, recipient_id: &[u8]) -> Result<Option<Message>, StoreError> {
+    fn peek_first(&mut self, recipient_id: &[u8]) -> Result<Option<Message>, StoreError> {
         self.counters.peek_first += 1;
         Ok(self
             .queues
@@ -207,7 +212,7 @@ impl MessageStore for MemoryStore {
             .and_then(|q| q.msgs.front().cloned()))
     }
 
-    async fn peek_first_many(
+    fn peek_first_many(
         &mut self,
         recipient_ids: &[&[u8]],
     ) -> Result<Vec<Option<Message>>, StoreError> {
@@ -218,7 +223,7 @@ impl MessageStore for MemoryStore {
             .collect())
     }
 
-    async fn try_del(
+    fn try_del(
         &mut self,
         recipient_id: &[u8],
         msg_id: &MsgId,
@@ -227,7 +232,7 @@ impl MessageStore for MemoryStore {
         Ok(self.del_head(recipient_id, msg_id).map(|(m, _)| m))
     }
 
-    async fn try_del_peek(
+    fn try_del_peek(
         &mut self,
         recipient_id: &[u8],
         msg_id: &MsgId,
@@ -244,7 +249,7 @@ impl MessageStore for MemoryStore {
         }
     }
 
-    async fn delete_expired(
+    fn delete_expired(
         &mut self,
         recipient_id: &[u8],
         older_than: i64,
@@ -257,15 +262,7 @@ impl MessageStore for MemoryStore {
         Ok(n)
     }
 
-    fn size(&self, recipient_id: &[u8]) -> usize {
-        self.queues.get(recipient_id).map_or(0, |q| q.msgs.len())
-    }
-
-    fn total_messages(&self) -> usize {
-        self.total_messages
-    }
-
-    async fn expire_all(&mut self, older_than: i64) -> Result<usize, StoreError> {
+    fn expire_all(&mut self, older_than: i64) -> Result<usize, StoreError> {
         let n: usize = self
             .queues
             .values_mut()
@@ -275,12 +272,12 @@ impl MessageStore for MemoryStore {
         Ok(n)
     }
 
-    async fn add_ntf(&mut self, notifier_id: &[u8], ntf: MsgNtf) -> Result<(), StoreError> {
+    fn add_ntf(&mut self, notifier_id: &[u8], ntf: MsgNtf) -> Result<(), StoreError> {
         self.push_ntf(notifier_id, ntf);
         Ok(())
     }
 
-    async fn take_ntfs(
+    fn take_ntfs(
         &mut self,
         notifier_id: &[u8],
         max: usize,
@@ -297,11 +294,7 @@ impl MessageStore for MemoryStore {
         Ok((part, more))
     }
 
-    async fn return_ntfs(
-        &mut self,
-        notifier_id: &[u8],
-        ntfs: Vec<MsgNtf>,
-    ) -> Result<(), StoreError> {
+    fn return_ntfs(&mut self, notifier_id: &[u8], ntfs: Vec<MsgNtf>) -> Result<(), StoreError> {
         let list = self.ntfs.entry(notifier_id.to_vec()).or_default();
         for n in ntfs.into_iter().rev() {
             if list.len() >= MAX_NTFS_PER_NOTIFIER {
@@ -312,19 +305,11 @@ impl MessageStore for MemoryStore {
         Ok(())
     }
 
-    async fn delete_ntfs(&mut self, notifier_id: &[u8]) -> Result<usize, StoreError> {
+    fn delete_ntfs(&mut self, notifier_id: &[u8]) -> Result<usize, StoreError> {
         Ok(self.ntfs.remove(notifier_id).map_or(0, |l| l.len()))
     }
 
-    fn ntf_ids(&self) -> Vec<EntityId> {
-        self.ntfs
-            .iter()
-            .filter(|(_, l)| !l.is_empty())
-            .map(|(id, _)| id.clone())
-            .collect()
-    }
-
-    async fn expire_ntfs(&mut self, older_than: i64) -> Result<usize, StoreError> {
+    fn expire_ntfs(&mut self, older_than: i64) -> Result<usize, StoreError> {
         let mut n = 0;
         self.ntfs.retain(|_, list| {
             let before = list.len();
@@ -334,9 +319,133 @@ impl MessageStore for MemoryStore {
         });
         Ok(n)
     }
+}
 
-    fn counters(&self) -> &StoreCounters {
-        &self.counters
+impl QueueStore for MemoryStore {
+    fn with_queue<R>(&self, recipient_id: &[u8], f: impl FnOnce(&QueueRec) -> R) -> Option<R> {
+        self.data
+            .borrow()
+            .queues
+            .get(recipient_id)
+            .map(|q| f(&q.rec))
+    }
+
+    fn for_each_queue(&self, f: &mut dyn FnMut(&QueueRec)) {
+        self.data.borrow().queues.values().for_each(|q| f(&q.rec));
+    }
+
+    fn queue_count(&self) -> usize {
+        self.data.borrow().queues.len()
+    }
+
+    async fn create(&self, rec: QueueRec) -> Result<(), StoreError> {
+        self.data.borrow_mut().create(rec)
+    }
+
+    async fn update(&self, rec: QueueRec) -> Result<(), StoreError> {
+        self.data.borrow_mut().update(rec)
+    }
+
+    async fn delete(&self, recipient_id: &[u8]) -> Result<QueueRec, StoreError> {
+        self.data.borrow_mut().delete(recipient_id)
+    }
+}
+
+impl MessageStore for MemoryStore {
+    async fn write(
+        &self,
+        recipient_id: &[u8],
+        msg: Message,
+        quota: usize,
+    ) -> Result<WriteOutcome, StoreError> {
+        self.data.borrow_mut().write(recipient_id, msg, quota)
+    }
+
+    async fn peek_first(&self, recipient_id: &[u8]) -> Result<Option<Message>, StoreError> {
+        self.data.borrow_mut().peek_first(recipient_id)
+    }
+
+    async fn peek_first_many(
+        &self,
+        recipient_ids: &[&[u8]],
+    ) -> Result<Vec<Option<Message>>, StoreError> {
+        self.data.borrow_mut().peek_first_many(recipient_ids)
+    }
+
+    async fn try_del(
+        &self,
+        recipient_id: &[u8],
+        msg_id: &MsgId,
+    ) -> Result<Option<Message>, StoreError> {
+        self.data.borrow_mut().try_del(recipient_id, msg_id)
+    }
+
+    async fn try_del_peek(
+        &self,
+        recipient_id: &[u8],
+        msg_id: &MsgId,
+    ) -> Result<(Option<Message>, Option<Message>), StoreError> {
+        self.data.borrow_mut().try_del_peek(recipient_id, msg_id)
+    }
+
+    async fn delete_expired(
+        &self,
+        recipient_id: &[u8],
+        older_than: i64,
+    ) -> Result<usize, StoreError> {
+        self.data
+            .borrow_mut()
+            .delete_expired(recipient_id, older_than)
+    }
+
+    fn size(&self, recipient_id: &[u8]) -> usize {
+        let d = self.data.borrow();
+        d.queues.get(recipient_id).map_or(0, |q| q.msgs.len())
+    }
+
+    fn total_messages(&self) -> usize {
+        self.data.borrow().total_messages
+    }
+
+    async fn expire_all(&self, older_than: i64) -> Result<usize, StoreError> {
+        self.data.borrow_mut().expire_all(older_than)
+    }
+
+    async fn add_ntf(&self, notifier_id: &[u8], ntf: MsgNtf) -> Result<(), StoreError> {
+        self.data.borrow_mut().add_ntf(notifier_id, ntf)
+    }
+
+    async fn take_ntfs(
+        &self,
+        notifier_id: &[u8],
+        max: usize,
+    ) -> Result<(Vec<MsgNtf>, bool), StoreError> {
+        self.data.borrow_mut().take_ntfs(notifier_id, max)
+    }
+
+    async fn return_ntfs(&self, notifier_id: &[u8], ntfs: Vec<MsgNtf>) -> Result<(), StoreError> {
+        self.data.borrow_mut().return_ntfs(notifier_id, ntfs)
+    }
+
+    async fn delete_ntfs(&self, notifier_id: &[u8]) -> Result<usize, StoreError> {
+        self.data.borrow_mut().delete_ntfs(notifier_id)
+    }
+
+    fn ntf_ids(&self) -> Vec<EntityId> {
+        let d = self.data.borrow();
+        d.ntfs
+            .iter()
+            .filter(|(_, l)| !l.is_empty())
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    async fn expire_ntfs(&self, older_than: i64) -> Result<usize, StoreError> {
+        self.data.borrow_mut().expire_ntfs(older_than)
+    }
+
+    fn counters(&self) -> StoreCounters {
+        self.data.borrow().counters.clone()
     }
 }
 
@@ -402,7 +511,7 @@ pub(crate) mod tests {
     }
 
     fn store_with(rids: &[&[u8]]) -> MemoryStore {
-        let mut s = MemoryStore::new();
+        let s = MemoryStore::new();
         for rid in rids {
             block_on(s.create(rec(rid))).unwrap();
         }
@@ -531,7 +640,7 @@ pub(crate) mod tests {
 
     #[test]
     fn write_to_unknown_queue_is_not_found() {
-        let mut s = MemoryStore::new();
+        let s = MemoryStore::new();
         assert_eq!(
             block_on(s.write(b"nope", msg(1, 1), QUOTA)),
             Err(StoreError::NotFound)
@@ -542,7 +651,7 @@ pub(crate) mod tests {
     #[test]
     fn quota_zero_stores_only_the_marker() {
         let q: &[u8] = b"q";
-        let mut s = store_with(&[q]);
+        let s = store_with(&[q]);
         assert_eq!(
             block_on(s.write(q, msg(1, 1), 0)).unwrap(),
             WriteOutcome::QuotaMarker { was_empty: true }
@@ -592,7 +701,7 @@ pub(crate) mod tests {
         assert_eq!(heads, vec![m(3), None, None, m(1)]);
         assert_eq!(
             s.counters(),
-            &StoreCounters {
+            StoreCounters {
                 peek_first: 0,
                 peek_first_many: 1,
                 writes: 3,
@@ -607,7 +716,7 @@ pub(crate) mod tests {
     fn counters_count_each_entry_point_call() {
         let q: &[u8] = b"q";
         let mut s = store_with(&[q]);
-        assert_eq!(s.counters(), &StoreCounters::default());
+        assert_eq!(s.counters(), StoreCounters::default());
         for n in 1..=5 {
             write(&mut s, q, n); // 3 written, a marker, then Full: 5 calls
         }
@@ -619,7 +728,7 @@ pub(crate) mod tests {
         block_on(s.delete_expired(q, 0)).unwrap();
         assert_eq!(
             s.counters(),
-            &StoreCounters {
+            StoreCounters {
                 peek_first: 2,
                 peek_first_many: 0,
                 writes: 5,
@@ -630,7 +739,7 @@ pub(crate) mod tests {
 
     #[test]
     fn notifications_order_take_expire_delete() {
-        let mut s = MemoryStore::new();
+        let s = MemoryStore::new();
         let (n1, n2): (&[u8], &[u8]) = (b"nid-1", b"nid-2");
         for (i, ts) in [(1, 100), (2, 200), (3, 300)] {
             block_on(s.add_ntf(n1, ntf(i, ts))).unwrap();
@@ -664,7 +773,7 @@ pub(crate) mod tests {
 
     #[test]
     fn notifications_per_notifier_are_bounded() {
-        let mut s = MemoryStore::new();
+        let s = MemoryStore::new();
         for i in 0..MAX_NTFS_PER_NOTIFIER + 2 {
             block_on(s.add_ntf(b"n", ntf((i % 256) as u8, i as i64))).unwrap();
         }
@@ -701,17 +810,17 @@ pub(crate) mod tests {
     #[test]
     fn create_update_get() {
         let q: &[u8] = b"q";
-        let mut s = store_with(&[q]);
+        let s = store_with(&[q]);
         assert_eq!(block_on(s.create(rec(q))), Err(StoreError::Duplicate));
         let mut r = rec(q);
         r.status = QueueStatus::Off;
         block_on(s.update(r.clone())).unwrap();
-        assert_eq!(s.get(q), Some(&r));
+        assert_eq!(s.get(q), Some(r.clone()));
         assert_eq!(
             block_on(s.update(rec(b"unknown"))),
             Err(StoreError::NotFound)
         );
-        assert_eq!(s.all().count(), 1);
+        assert_eq!(s.queue_count(), 1);
         assert_eq!(s.queue_count(), 1);
     }
 }

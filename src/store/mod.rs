@@ -8,6 +8,7 @@
 //! them at once. The owner calls them in a per-queue order (`docs/ARCHITECTURE.md` §2), never
 //! concurrently for one queue.
 
+pub mod held;
 pub mod memory;
 
 use std::path::PathBuf;
@@ -182,22 +183,35 @@ pub struct StoreCounters {
 
 // Stores live on one shard and their futures never cross threads, so the `Send` bounds that
 // `async fn` in a public trait cannot express are not needed.
+//
+// Every method takes `&self`: the owner runs several turns at once, each waiting for its own store
+// operations (`docs/ARCHITECTURE.md` §2), so a store keeps its own state behind interior
+// mutability and never holds a borrow of it across an `.await`. The owner never has two
+// operations on one queue in flight at once.
 #[allow(async_fn_in_trait)]
 pub trait QueueStore {
-    fn get(&self, recipient_id: &[u8]) -> Option<&QueueRec>;
+    /// Runs `f` on the record of `recipient_id`, if there is one.
+    fn with_queue<R>(&self, recipient_id: &[u8], f: impl FnOnce(&QueueRec) -> R) -> Option<R>;
+    /// A copy of the record of `recipient_id`.
+    fn get(&self, recipient_id: &[u8]) -> Option<QueueRec> {
+        self.with_queue(recipient_id, QueueRec::clone)
+    }
+    fn contains(&self, recipient_id: &[u8]) -> bool {
+        self.with_queue(recipient_id, |_| ()).is_some()
+    }
     /// Every record, for building the ID directory at start.
-    fn all(&self) -> Box<dyn Iterator<Item = &QueueRec> + '_>;
+    fn for_each_queue(&self, f: &mut dyn FnMut(&QueueRec));
     fn queue_count(&self) -> usize;
 
     /// Adds a queue; `Duplicate` if its recipient ID is taken (the owner checks sender, link and
     /// notifier IDs against the shared directory first).
-    async fn create(&mut self, rec: QueueRec) -> Result<(), StoreError>;
+    async fn create(&self, rec: QueueRec) -> Result<(), StoreError>;
     /// Replaces the record of `rec.recipient_id` (KEY, SKEY, RKEY, LSET, LDEL, NKEY, NDEL, OFF,
     /// block, the daily `updated_at` touch, service associations): the owner computes the new record,
     /// the store makes it durable.
-    async fn update(&mut self, rec: QueueRec) -> Result<(), StoreError>;
+    async fn update(&self, rec: QueueRec) -> Result<(), StoreError>;
     /// Deletes the queue, its messages and its notifications; returns the deleted record.
-    async fn delete(&mut self, recipient_id: &[u8]) -> Result<QueueRec, StoreError>;
+    async fn delete(&self, recipient_id: &[u8]) -> Result<QueueRec, StoreError>;
 }
 
 #[allow(async_fn_in_trait)]
@@ -205,32 +219,32 @@ pub trait MessageStore {
     /// Appends a message, applying the reference's quota rule (simplexmq `Server/MsgStore/STM.hs`,
     /// `writeMsg`) (`quota` messages, then one marker).
     async fn write(
-        &mut self,
+        &self,
         recipient_id: &[u8],
         msg: Message,
         quota: usize,
     ) -> Result<WriteOutcome, StoreError>;
-    async fn peek_first(&mut self, recipient_id: &[u8]) -> Result<Option<Message>, StoreError>;
+    async fn peek_first(&self, recipient_id: &[u8]) -> Result<Option<Message>, StoreError>;
     /// The head of each queue, in the order given: one call for a whole SUB batch.
     async fn peek_first_many(
-        &mut self,
+        &self,
         recipient_ids: &[&[u8]],
     ) -> Result<Vec<Option<Message>>, StoreError>;
     /// Deletes the head if its ID is `msg_id`; returns it.
     async fn try_del(
-        &mut self,
+        &self,
         recipient_id: &[u8],
         msg_id: &MsgId,
     ) -> Result<Option<Message>, StoreError>;
     /// Deletes the head if its ID is `msg_id`, then returns (what was deleted, the new head).
     async fn try_del_peek(
-        &mut self,
+        &self,
         recipient_id: &[u8],
         msg_id: &MsgId,
     ) -> Result<(Option<Message>, Option<Message>), StoreError>;
     /// Deletes expired head messages (`ts < older_than`, never the quota marker); returns how many.
     async fn delete_expired(
-        &mut self,
+        &self,
         recipient_id: &[u8],
         older_than: i64,
     ) -> Result<usize, StoreError>;
@@ -239,32 +253,29 @@ pub trait MessageStore {
     /// Messages stored over all queues of this store (a metric).
     fn total_messages(&self) -> usize;
     /// The periodic expiration: `delete_expired` over every queue; returns how many were deleted.
-    async fn expire_all(&mut self, older_than: i64) -> Result<usize, StoreError>;
+    async fn expire_all(&self, older_than: i64) -> Result<usize, StoreError>;
 
     /// Appends a notification for `notifier_id` (kept in arrival order).
-    async fn add_ntf(&mut self, notifier_id: &[u8], ntf: MsgNtf) -> Result<(), StoreError>;
+    async fn add_ntf(&self, notifier_id: &[u8], ntf: MsgNtf) -> Result<(), StoreError>;
     /// Takes up to `max` pending notifications of `notifier_id`, oldest first, and whether more
     /// are left.
     async fn take_ntfs(
-        &mut self,
+        &self,
         notifier_id: &[u8],
         max: usize,
     ) -> Result<(Vec<MsgNtf>, bool), StoreError>;
     /// Puts back notifications taken but not delivered, ahead of those stored since (the per
     /// notifier bound still applies: the oldest go first).
-    async fn return_ntfs(
-        &mut self,
-        notifier_id: &[u8],
-        ntfs: Vec<MsgNtf>,
-    ) -> Result<(), StoreError>;
+    async fn return_ntfs(&self, notifier_id: &[u8], ntfs: Vec<MsgNtf>) -> Result<(), StoreError>;
     /// Drops the notifications of `notifier_id` (NDEL, NKEY replacing a notifier, DEL).
-    async fn delete_ntfs(&mut self, notifier_id: &[u8]) -> Result<usize, StoreError>;
+    async fn delete_ntfs(&self, notifier_id: &[u8]) -> Result<usize, StoreError>;
     /// Notifier IDs with pending notifications.
     fn ntf_ids(&self) -> Vec<EntityId>;
     /// Drops notifications older than `older_than`; returns how many.
-    async fn expire_ntfs(&mut self, older_than: i64) -> Result<usize, StoreError>;
+    async fn expire_ntfs(&self, older_than: i64) -> Result<usize, StoreError>;
 
-    fn counters(&self) -> &StoreCounters;
+    /// A copy of the store's call counters.
+    fn counters(&self) -> StoreCounters;
 }
 
 /// Which store a relay runs on (`start --store`, ini `[STORE_LOG] store_messages`).
@@ -283,6 +294,8 @@ pub struct StoreSettings {
     pub message_ttl_secs: i64,
     /// Notifications older than this are not loaded (`[STORE_LOG] expire_ntfs_hours`).
     pub ntf_ttl_secs: i64,
+    /// Test hook: this shard's reads of queue heads wait this long first (`held.rs`).
+    pub test_delay: Option<std::time::Duration>,
 }
 
 /// A store as a shard holds it: opened for the partition groups the shard owns, told when every
@@ -312,9 +325,11 @@ pub trait WithStore {
     fn run<S: ShardStore>(self) -> Self::Output;
 }
 
-/// The one place where a store kind becomes a type.
-pub fn with_store<W: WithStore>(kind: StoreKind, work: W) -> W::Output {
-    match kind {
-        StoreKind::Memory => work.run::<memory::MemoryStore>(),
+/// The one place where a store kind becomes a type. `test_delayed`: the store is wrapped in the
+/// test store that delays head reads (`start --test-store-delay`, `held.rs`).
+pub fn with_store<W: WithStore>(kind: StoreKind, test_delayed: bool, work: W) -> W::Output {
+    match (kind, test_delayed) {
+        (StoreKind::Memory, false) => work.run::<memory::MemoryStore>(),
+        (StoreKind::Memory, true) => work.run::<held::Held<memory::MemoryStore, held::Delay>>(),
     }
 }

@@ -105,7 +105,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// SUB: registers this connection as the queue's subscriber (ending another connection's
     /// subscription) and returns the head, in the same owner turn.
     pub(super) async fn sub(
-        &mut self,
+        &self,
         session: &Session,
         rid: &[u8],
         head: Option<Option<Message>>,
@@ -115,9 +115,13 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         if self.get_state(rid, conn).is_some() {
             return err(ErrorType::Cmd(CommandError::Prohibited));
         }
-        self.stats.subs += 1;
+        self.stats.borrow_mut().subs += 1;
         let epoch = self.new_epoch();
-        if T1_RACE_VARIANT {
+        #[cfg(test)]
+        let late = self.fault.get() == crate::server::sim::Fault::LateRegistration;
+        #[cfg(not(test))]
+        let late = false;
+        if T1_RACE_VARIANT || late {
             // Test-only: register later, as the reference's subscriber thread does, so that a SEND
             // between this read and the registration is neither returned nor pushed.
             self.register_later(session.clone(), rid.to_vec(), epoch);
@@ -133,10 +137,10 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             },
         };
         if let Some(m) = head {
-            let Some(secret) = self.store.get(rid).map(|q| q.rcv_dh_secret) else {
+            let Some(secret) = self.store.with_queue(rid, |q| q.rcv_dh_secret) else {
                 return err(ErrorType::Auth);
             };
-            if let Some(s) = self.subs.get_mut(rid) {
+            if let Some(s) = self.subs.borrow_mut().get_mut(rid) {
                 s.delivered = Some(*m.msg_id());
             }
             let delivery = self.delivery(rid, m.msg_id());
@@ -148,15 +152,16 @@ impl<S: QueueStore + MessageStore> Owner<S> {
 
     /// Makes `session` the subscriber of `rid` (a new subscription, `epoch`); a previous subscriber
     /// on another connection gets END.
-    pub fn register_sub(&mut self, session: &Session, rid: &[u8], epoch: u64) {
+    pub fn register_sub(&self, session: &Session, rid: &[u8], epoch: u64) {
         let conn = session.conn;
-        match self.subs.get_mut(rid) {
+        let mut subs = self.subs.borrow_mut();
+        match subs.get_mut(rid) {
             Some(s) if s.session.conn == conn => {
                 s.delivered = None;
                 s.epoch = epoch;
             }
             _ => {
-                let prev = self.subs.insert(
+                let prev = subs.insert(
                     rid.to_vec(),
                     Subscriber {
                         session: session.clone(),
@@ -164,9 +169,10 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                         epoch,
                     },
                 );
-                self.entries(conn).subs.insert(rid.to_vec());
+                drop(subs);
+                self.entries(conn, |e| e.subs.insert(rid.to_vec()));
                 if let Some(prev) = prev {
-                    if let Some(e) = self.by_conn.get_mut(&prev.session.conn) {
+                    if let Some(e) = self.by_conn.borrow_mut().get_mut(&prev.session.conn) {
                         e.subs.remove(rid);
                     }
                     let end = encode(&prev.session, b"", rid, &BrokerMsg::End);
@@ -176,10 +182,24 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         }
     }
 
-    /// The `t1-race-variant` registration: a self-addressed message after `T1_VARIANT_DELAY`.
+    /// The `t1-race-variant` registration: a self-addressed message after `T1_VARIANT_DELAY` (in
+    /// the owner simulation, whenever the seed delivers it).
     fn register_later(&self, session: Session, rid: Vec<u8>, epoch: u64) {
         let mesh = self.mesh.clone();
         let shard = self.shard;
+        #[cfg(test)]
+        if self.fault.get() == crate::server::sim::Fault::LateRegistration {
+            let recipient_id = rid;
+            mesh.send(
+                shard,
+                ShardMsg::RegisterSub {
+                    session,
+                    recipient_id,
+                    epoch,
+                },
+            );
+            return;
+        }
         glommio::spawn_local(async move {
             glommio::timer::Timer::new(T1_VARIANT_DELAY).await;
             mesh.send(
@@ -195,24 +215,23 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     }
 
     /// GET: pull delivery; marks the queue as GET-mode on this connection.
-    pub(super) async fn get(&mut self, session: &Session, rid: &[u8]) -> BrokerMsg {
+    pub(super) async fn get(&self, session: &Session, rid: &[u8]) -> BrokerMsg {
         let conn = session.conn;
-        if self.subs.get(rid).map(|s| s.session.conn) == Some(conn) {
+        if self.subs.borrow().get(rid).map(|s| s.session.conn) == Some(conn) {
             return err(ErrorType::Cmd(CommandError::Prohibited));
         }
         let head = match self.store.peek_first(rid).await {
             Ok(h) => h,
             Err(e) => return err(store_error(e)),
         };
-        self.entries(conn).gets.insert(rid.to_vec());
+        self.entries(conn, |e| e.gets.insert(rid.to_vec()));
         let delivered = head.as_ref().map(|m| *m.msg_id());
         self.set_get_state(rid, conn, delivered);
         match head {
             Some(m) => {
                 let secret = self
                     .store
-                    .get(rid)
-                    .map(|q| q.rcv_dh_secret)
+                    .with_queue(rid, |q| q.rcv_dh_secret)
                     .unwrap_or_default();
                 msg_response(&secret, &m)
             }
@@ -225,7 +244,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// (`undelivered`, still this subscription's outstanding one) was never queued for sending,
     /// so, as in the reference, nothing is delivered yet: `NO_MSG`, and the message stays.
     pub(super) async fn ack(
-        &mut self,
+        &self,
         session: &Session,
         rid: &[u8],
         msg_id: &[u8],
@@ -240,11 +259,17 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             Some(d) => msg_id.is_empty() || msg_id == &d[..],
             None => false,
         };
-        if let Some(s) = self.subs.get_mut(rid).filter(|s| s.session.conn == conn) {
-            if !matches(&s.delivered) {
-                return err(ErrorType::NoMsg);
+        // SUB mode: what this connection's subscription has delivered, taken.
+        let sub_delivered = {
+            let mut subs = self.subs.borrow_mut();
+            match subs.get_mut(rid).filter(|s| s.session.conn == conn) {
+                Some(s) if !matches(&s.delivered) => return err(ErrorType::NoMsg),
+                Some(s) => Some(s.delivered.take()),
+                None => None,
             }
-            let Some(delivered) = s.delivered.take() else {
+        };
+        if let Some(delivered) = sub_delivered {
+            let Some(delivered) = delivered else {
                 return err(ErrorType::NoMsg);
             };
             let (deleted, next) = match self.store.try_del_peek(rid, &delivered).await {
@@ -253,21 +278,27 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             };
             turn.touched.insert(rid.to_vec());
             if let Some(Message::Message { .. }) = deleted {
-                self.stats.msg_recv += 1;
+                self.stats.borrow_mut().msg_recv += 1;
             }
             return match next {
                 Some(m) => {
-                    if let Some(s) = self.subs.get_mut(rid) {
+                    // The subscription may have ended while the store worked (its connection
+                    // closed); the next message is the answer either way.
+                    if let Some(s) = self
+                        .subs
+                        .borrow_mut()
+                        .get_mut(rid)
+                        .filter(|s| s.session.conn == conn)
+                    {
                         s.delivered = Some(*m.msg_id());
                     }
                     #[cfg(test)]
-                    if self.fault == crate::server::sim::Fault::AckWithoutNext {
+                    if self.fault.get() == crate::server::sim::Fault::AckWithoutNext {
                         return BrokerMsg::Ok;
                     }
                     let secret = self
                         .store
-                        .get(rid)
-                        .map(|q| q.rcv_dh_secret)
+                        .with_queue(rid, |q| q.rcv_dh_secret)
                         .unwrap_or_default();
                     msg_response(&secret, &m)
                 }
@@ -284,7 +315,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             self.set_get_state(rid, conn, None);
             // GET mode deletes only a matching head; OK either way.
             match self.store.try_del(rid, &delivered).await {
-                Ok(Some(Message::Message { .. })) => self.stats.msg_recv += 1,
+                Ok(Some(Message::Message { .. })) => self.stats.borrow_mut().msg_recv += 1,
                 Ok(_) => {}
                 Err(e) => return err(store_error(e)),
             }
@@ -296,7 +327,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
 
     /// SEND (simplexmq `Server.hs`, `sendMessage`).
     pub(super) async fn send(
-        &mut self,
+        &self,
         session: &Session,
         req: &Request,
         turn: &mut Turn,
@@ -320,16 +351,16 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             return err(ErrorType::Auth);
         }
         if body.len() > max_message_length(session.version) {
-            self.stats.msg_sent_large += 1;
+            self.stats.borrow_mut().msg_sent_large += 1;
             return err(ErrorType::LargeMsg);
         }
         match &q.status {
             QueueStatus::Off => {
-                self.stats.msg_sent_auth += 1;
+                self.stats.borrow_mut().msg_sent_auth += 1;
                 return err(ErrorType::Auth);
             }
             QueueStatus::Blocked(info) => {
-                self.stats.msg_sent_block += 1;
+                self.stats.borrow_mut().msg_sent_block += 1;
                 return err(ErrorType::Blocked(info.clone()));
             }
             QueueStatus::Active => {}
@@ -343,7 +374,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         if self.settings.expire_on_send {
             let old = now - self.settings.message_ttl.as_secs() as i64;
             match self.store.delete_expired(&rid, old).await {
-                Ok(n) => self.stats.msg_expired += n as u64,
+                Ok(n) => self.stats.borrow_mut().msg_expired += n as u64,
                 Err(e) => return err(store_error(e)),
             }
         }
@@ -376,7 +407,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         turn.touched.insert(rid.clone());
         match outcome {
             WriteOutcome::Written { was_empty } => {
-                self.stats.msg_sent += 1;
+                self.stats.borrow_mut().msg_sent += 1;
                 if was_empty {
                     self.push(session, &rid, &q.rcv_dh_secret, &msg, turn);
                 }
@@ -388,7 +419,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 BrokerMsg::Ok
             }
             WriteOutcome::QuotaMarker { was_empty } => {
-                self.stats.msg_sent_quota += 1;
+                self.stats.borrow_mut().msg_sent_quota += 1;
                 if was_empty {
                     let marker = Message::Quota {
                         msg_id: id,
@@ -399,7 +430,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 err(ErrorType::Quota)
             }
             WriteOutcome::Full => {
-                self.stats.msg_sent_quota += 1;
+                self.stats.borrow_mut().msg_sent_quota += 1;
                 err(ErrorType::Quota)
             }
         }
@@ -407,15 +438,9 @@ impl<S: QueueStore + MessageStore> Owner<S> {
 
     /// Delivers `m`, the new head, to the queue's subscriber if nothing is outstanding there. A push
     /// to the sending connection itself precedes its response (O2); others get an event.
-    fn push(
-        &mut self,
-        session: &Session,
-        rid: &[u8],
-        secret: &[u8; 32],
-        m: &Message,
-        turn: &mut Turn,
-    ) {
-        let Some(s) = self.subs.get_mut(rid) else {
+    fn push(&self, session: &Session, rid: &[u8], secret: &[u8; 32], m: &Message, turn: &mut Turn) {
+        let mut subs = self.subs.borrow_mut();
+        let Some(s) = subs.get_mut(rid) else {
             return;
         };
         if s.delivered.is_some() {
@@ -424,6 +449,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         s.delivered = Some(*m.msg_id());
         let t = msg_transmission(&s.session, b"", rid, secret, m);
         let conn = s.session.conn;
+        drop(subs);
         let delivery = self.delivery(rid, m.msg_id());
         if conn == session.conn {
             turn.pushes.push(Group {

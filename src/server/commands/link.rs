@@ -14,7 +14,7 @@ use crate::store::{MessageStore, QueueLink, QueueRec, QueueStore};
 impl<S: QueueStore + MessageStore> Owner<S> {
     /// SKEY (by sender ID), LKEY and LGET (by link ID).
     pub(super) async fn sender_link_command(
-        &mut self,
+        &self,
         session: &Session,
         req: &Request,
         _turn: &mut Turn,
@@ -66,11 +66,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         }
     }
 
-    async fn secure(&mut self, mut q: QueueRec, k: PublicAuthKey) -> Result<QueueRec, ErrorType> {
+    async fn secure(&self, mut q: QueueRec, k: PublicAuthKey) -> Result<QueueRec, ErrorType> {
         if q.sender_key.is_none() {
             q.sender_key = Some(k);
             self.update(q.clone()).await?;
-            self.stats.queues_secured += 1;
+            self.stats.borrow_mut().queues_secured += 1;
         }
         Ok(q)
     }
@@ -78,7 +78,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// LSET: sets or updates the short-link data; the fixed part cannot change, nor the link ID,
     /// and a link ID of another queue cannot be taken.
     pub(super) async fn lset(
-        &mut self,
+        &self,
         mut q: QueueRec,
         link_id: Vec<u8>,
         fixed: Vec<u8>,
@@ -115,7 +115,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     }
 
     /// LDEL: removes the link and its data; OK when there is none.
-    pub(super) async fn ldel(&mut self, mut q: QueueRec) -> BrokerMsg {
+    pub(super) async fn ldel(&self, mut q: QueueRec) -> BrokerMsg {
         let Some(l) = q.link.take() else {
             return BrokerMsg::Ok;
         };

@@ -32,7 +32,7 @@ fn err(e: ErrorType) -> BrokerMsg {
 impl<S: QueueStore + MessageStore> Owner<S> {
     /// Runs one request; returns the entity ID to answer with and the response.
     pub(super) async fn execute(
-        &mut self,
+        &self,
         session: &Session,
         req: Request,
         head: Option<Option<Message>>,
@@ -80,7 +80,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     }
 
     async fn recipient_command(
-        &mut self,
+        &self,
         session: &Session,
         req: &Request,
         head: Option<Option<Message>>,
@@ -135,14 +135,14 @@ impl<S: QueueStore + MessageStore> Owner<S> {
 
     /// The reference's common queue wrapper: blocked queues answer BLOCKED, and `updated_at` is
     /// written when the day changed (at most one write per queue per day).
-    async fn queue_wrapper(&mut self, q: QueueRec) -> Result<QueueRec, ErrorType> {
+    async fn queue_wrapper(&self, q: QueueRec) -> Result<QueueRec, ErrorType> {
         if let QueueStatus::Blocked(info) = &q.status {
             return Err(ErrorType::Blocked(info.clone()));
         }
         self.touch(q).await
     }
 
-    async fn touch(&mut self, mut q: QueueRec) -> Result<QueueRec, ErrorType> {
+    async fn touch(&self, mut q: QueueRec) -> Result<QueueRec, ErrorType> {
         let today = now_secs() / 86400 * 86400;
         if q.updated_at != Some(today) {
             q.updated_at = Some(today);
@@ -152,7 +152,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     }
 
     /// Makes a record change durable.
-    async fn update(&mut self, q: QueueRec) -> Result<(), ErrorType> {
+    async fn update(&self, q: QueueRec) -> Result<(), ErrorType> {
         self.store.update(q).await.map_err(store_error)
     }
 }

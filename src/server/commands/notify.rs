@@ -23,7 +23,7 @@ const NMSG_META_PADDED_LEN: usize = 128;
 impl<S: QueueStore + MessageStore> Owner<S> {
     /// NKEY: a new notifier replaces any previous one, whose subscriber gets DELD.
     pub(super) async fn nkey(
-        &mut self,
+        &self,
         session: &Session,
         mut q: QueueRec,
         key: PublicAuthKey,
@@ -60,7 +60,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     }
 
     /// NDEL: the notifier and its pending notifications go; its subscriber gets DELD.
-    pub(super) async fn ndel(&mut self, session: &Session, mut q: QueueRec) -> BrokerMsg {
+    pub(super) async fn ndel(&self, session: &Session, mut q: QueueRec) -> BrokerMsg {
         let Some(old) = q.notifier.take() else {
             return BrokerMsg::Ok;
         };
@@ -76,11 +76,12 @@ impl<S: QueueStore + MessageStore> Owner<S> {
 
     /// A notifier was removed (NDEL, NKEY, DEL): drop its notifications and tell its subscriber,
     /// unless that is the connection that removed it.
-    pub(super) async fn notifier_gone(&mut self, session: &Session, notifier_id: &[u8]) {
+    pub(super) async fn notifier_gone(&self, session: &Session, notifier_id: &[u8]) {
         let _ = self.store.delete_ntfs(notifier_id).await;
-        self.ntf_backlog.remove(notifier_id);
-        if let Some(s) = self.ntf_subs.remove(notifier_id) {
-            if let Some(e) = self.by_conn.get_mut(&s.conn) {
+        self.ntf_backlog.borrow_mut().remove(notifier_id);
+        let removed = self.ntf_subs.borrow_mut().remove(notifier_id);
+        if let Some(s) = removed {
+            if let Some(e) = self.by_conn.borrow_mut().get_mut(&s.conn) {
                 e.ntf_subs.remove(notifier_id);
             }
             if s.conn != session.conn {
@@ -93,7 +94,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// NSUB: this connection receives the queue's notifications; a previous notifier subscriber
     /// gets END. Not subject to blocking, and does not touch `updated_at`.
     pub(super) async fn nsub(
-        &mut self,
+        &self,
         session: &Session,
         req: &Request,
         turn: &mut Turn,
@@ -113,10 +114,13 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             return err(ErrorType::Auth);
         }
         let nid = n.notifier_id.clone();
-        let prev = self.ntf_subs.insert(nid.clone(), session.clone());
-        self.entries(session.conn).ntf_subs.insert(nid.clone());
+        let prev = self
+            .ntf_subs
+            .borrow_mut()
+            .insert(nid.clone(), session.clone());
+        self.entries(session.conn, |e| e.ntf_subs.insert(nid.clone()));
         if let Some(prev) = prev.filter(|p| p.conn != session.conn) {
-            if let Some(e) = self.by_conn.get_mut(&prev.conn) {
+            if let Some(e) = self.by_conn.borrow_mut().get_mut(&prev.conn) {
                 e.ntf_subs.remove(&nid);
             }
             let end = encode(&prev, b"", &nid, &BrokerMsg::End);
@@ -130,7 +134,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     }
 
     /// Stores an NMSG for `m` and delivers it at once when the notifier has a subscriber.
-    pub(super) async fn notify(&mut self, n: NotifierCreds, m: &Message) {
+    pub(super) async fn notify(&self, n: NotifierCreds, m: &Message) {
         let mut nonce = [0u8; 24];
         rand::rngs::OsRng.fill_bytes(&mut nonce);
         let mut meta = Vec::with_capacity(40);
@@ -150,13 +154,15 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         // Stored while earlier ones are still coming to the subscriber, so they keep their order.
         let subscriber = self
             .ntf_subs
+            .borrow()
             .get(&n.notifier_id)
-            .filter(|_| !self.ntf_backlog.contains(&n.notifier_id));
+            .filter(|_| !self.ntf_backlog.borrow().contains(&n.notifier_id))
+            .cloned();
         match subscriber {
             Some(s) => {
                 let conn = s.conn;
-                let g = self.ntf_group(s, &n.notifier_id, vec![ntf]);
-                self.stats.msg_ntfs += 1;
+                let g = self.ntf_group(&s, &n.notifier_id, vec![ntf]);
+                self.stats.borrow_mut().msg_ntfs += 1;
                 self.mesh.send(
                     conn.shard,
                     crate::server::router::ShardMsg::Event {

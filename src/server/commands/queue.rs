@@ -24,7 +24,7 @@ const OWNED_ID_TRIES: usize = 256;
 
 impl<S: QueueStore + MessageStore> Owner<S> {
     pub(super) async fn new_queue(
-        &mut self,
+        &self,
         session: &Session,
         req: &Request,
         turn: &mut Turn,
@@ -123,11 +123,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                     return err(store_error(e));
                 }
             }
-            self.stats.queues_created += 1;
+            self.stats.borrow_mut().queues_created += 1;
             if new.sub_mode == SubMode::Subscribe {
                 // A new queue has no message and no other subscriber.
                 let epoch = self.new_epoch();
-                self.subs.insert(
+                self.subs.borrow_mut().insert(
                     rid.clone(),
                     Subscriber {
                         session: session.clone(),
@@ -135,7 +135,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                         epoch,
                     },
                 );
-                self.entries(session.conn).subs.insert(rid.clone());
+                self.entries(session.conn, |e| e.subs.insert(rid.clone()));
             }
             turn.touched.insert(rid.clone());
             return BrokerMsg::Ids(QueueIds {
@@ -161,14 +161,14 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// after a collision draw new ones until one falls in this shard's groups.
     fn owned_recipient_id(&self, req: &Request) -> Option<EntityId> {
         if let Some(rid) = &req.recipient_id {
-            if self.store.get(rid).is_none() {
+            if !self.store.contains(rid) {
                 return Some(rid.clone());
             }
         }
         let shards = self.mesh.shards();
         (0..OWNED_ID_TRIES)
             .map(|_| random_id())
-            .find(|id| owner_shard(id, shards) == self.shard && self.store.get(id).is_none())
+            .find(|id| owner_shard(id, shards) == self.shard && !self.store.contains(id))
     }
 
     /// Inserts the queue's sender, link and notifier IDs in the shared directory; all or none.
@@ -208,7 +208,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     }
 
     /// KEY: the recipient sets the sender key (the pre-SKEY flow); the same key again is OK.
-    pub(super) async fn key(&mut self, mut q: QueueRec, k: PublicAuthKey) -> BrokerMsg {
+    pub(super) async fn key(&self, mut q: QueueRec, k: PublicAuthKey) -> BrokerMsg {
         match &q.sender_key {
             Some(existing) if *existing == k => BrokerMsg::Ok,
             Some(_) => err(ErrorType::Auth),
@@ -216,7 +216,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 q.sender_key = Some(k);
                 match self.update(q).await {
                     Ok(()) => {
-                        self.stats.queues_secured += 1;
+                        self.stats.borrow_mut().queues_secured += 1;
                         BrokerMsg::Ok
                     }
                     Err(e) => err(e),
@@ -226,7 +226,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     }
 
     /// RKEY: replaces the recipient keys; contact queues only.
-    pub(super) async fn rkey(&mut self, mut q: QueueRec, keys: Vec<PublicAuthKey>) -> BrokerMsg {
+    pub(super) async fn rkey(&self, mut q: QueueRec, keys: Vec<PublicAuthKey>) -> BrokerMsg {
         if q.queue_mode != Some(QueueMode::Contact) || keys.is_empty() {
             return err(ErrorType::Auth);
         }
@@ -238,7 +238,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     }
 
     /// OFF: senders are refused from now on; idempotent.
-    pub(super) async fn off(&mut self, mut q: QueueRec) -> BrokerMsg {
+    pub(super) async fn off(&self, mut q: QueueRec) -> BrokerMsg {
         if q.status == QueueStatus::Off {
             return BrokerMsg::Ok;
         }
@@ -251,36 +251,28 @@ impl<S: QueueStore + MessageStore> Owner<S> {
 
     /// DEL: the queue, its messages and notifier go; other subscribers get DELD (END below v10),
     /// the deleting connection nothing.
-    pub(super) async fn del(
-        &mut self,
-        session: &Session,
-        q: QueueRec,
-        turn: &mut Turn,
-    ) -> BrokerMsg {
+    pub(super) async fn del(&self, session: &Session, q: QueueRec, turn: &mut Turn) -> BrokerMsg {
         let rid = q.recipient_id.clone();
         if let Err(e) = self.store.delete(&rid).await {
             return err(store_error(e));
         }
         self.release_ids(&q);
         self.forget_queue(&rid);
-        self.stats.queues_deleted += 1;
+        self.stats.borrow_mut().queues_deleted += 1;
         turn.touched.insert(rid.clone());
-        if let Some(sub) = self.subs.remove(&rid) {
+        let sub = self.subs.borrow_mut().remove(&rid);
+        if let Some(sub) = sub {
             if sub.session.conn != session.conn {
                 let deld = encode(&sub.session, b"", &rid, &BrokerMsg::Deld);
                 self.send_event(sub.session.conn, vec![vec![deld]]);
             }
-            if let Some(e) = self.by_conn.get_mut(&sub.session.conn) {
+            if let Some(e) = self.by_conn.borrow_mut().get_mut(&sub.session.conn) {
                 e.subs.remove(&rid);
             }
         }
-        for c in self
-            .gets
-            .remove(&rid)
-            .into_iter()
-            .flat_map(|m| m.into_keys())
-        {
-            if let Some(e) = self.by_conn.get_mut(&c) {
+        let gets = self.gets.borrow_mut().remove(&rid);
+        for c in gets.into_iter().flat_map(|m| m.into_keys()) {
+            if let Some(e) = self.by_conn.borrow_mut().get_mut(&c) {
                 e.gets.remove(&rid);
             }
         }
@@ -294,7 +286,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// `Server/QueueStore/QueueInfo.hs`), fields in the reference's order: `qiSnd`, `qiNtf`,
     /// `qiSub` (this connection's), `qiSize`, and `qiMsg`, the head message as `getQueueInfo` peeks
     /// it.
-    pub(super) async fn que(&mut self, session: &Session, q: &QueueRec) -> BrokerMsg {
+    pub(super) async fn que(&self, session: &Session, q: &QueueRec) -> BrokerMsg {
         use base64::Engine;
         let b64 = base64::engine::general_purpose::STANDARD;
         let rid = &q.recipient_id;
@@ -307,7 +299,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             q.sender_key.is_some(),
             q.notifier.is_some()
         );
-        let sub = match self.subs.get(rid) {
+        let sub = match self.subs.borrow().get(rid) {
             // The reference's subscription is `noSub` unless a delivery thread waits on a full
             // send queue (`Server.hs`, `getQueueInfo`); here a waiting delivery is the
             // connection's, so the owner always reports `noSub`.

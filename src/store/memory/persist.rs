@@ -35,7 +35,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use super::{MemoryStore, Queue};
+use super::{MemoryData, MemoryStore, Queue};
 use crate::crypto::hash::{b64url, sha256};
 use crate::crypto::keys::PublicAuthKey;
 use crate::protocol::command::QueueMode;
@@ -231,8 +231,9 @@ impl MemoryStore {
     pub fn save(&self, dir: &Path, groups: &[u32]) -> Result<(), SaveError> {
         let groups = check_groups(groups).map_err(|e| SaveError(vec![(e, String::new())]))?;
         let mut failed = Vec::new();
+        let data = self.data.borrow();
         let mut by_group: HashMap<u32, Vec<&Queue>> = HashMap::new();
-        for q in self.queues.values() {
+        for q in data.queues.values() {
             let g = group_of(&q.rec.recipient_id);
             if groups.contains(&g) {
                 by_group.entry(g).or_default().push(q);
@@ -269,7 +270,7 @@ impl MemoryStore {
                         .rec
                         .notifier
                         .as_ref()
-                        .and_then(|n| self.ntfs.get(&n.notifier_id))
+                        .and_then(|n| data.ntfs.get(&n.notifier_id))
                         .unwrap_or(&empty);
                     (&q.rec, q.msgs.iter(), ntfs.iter())
                 }),
@@ -311,7 +312,7 @@ impl MemoryStore {
         let groups = check_groups(groups)?;
         let msg_older_than = message_ttl_secs.map(|t| now.saturating_sub(t));
         let ntf_older_than = ntf_ttl_secs.map(|t| now.saturating_sub(t));
-        let mut store = MemoryStore::new();
+        let mut store = MemoryData::default();
         let mut from_backup = Vec::new();
         for &g in &groups {
             let Some((queues, backup)) = read_group_or_backup(dir, g)? else {
@@ -354,7 +355,7 @@ impl MemoryStore {
                 names(backup_file)
             );
         }
-        Ok(store)
+        Ok(MemoryStore::from_data(store))
     }
 }
 
@@ -803,12 +804,14 @@ impl crate::store::ShardStore for MemoryStore {
         let groups: Vec<u32> = (0..PARTITION_GROUPS).collect();
         let store =
             Self::load_with_ntf_ttl(&dir, &groups, None, None, 0).map_err(|e| e.to_string())?;
-        Ok(store
+        let data = store.data.borrow();
+        let found = data
             .queues
             .values()
             .map(|q| &q.rec)
             .find(|r| r.sender_id == id || r.link.as_ref().is_some_and(|l| l.link_id == id))
-            .cloned())
+            .cloned();
+        Ok(found)
     }
 
     fn set_status_offline(
@@ -894,7 +897,7 @@ mod tests {
     /// and a queue with none. Group 9: one Off queue with one message.
     fn sample() -> (MemoryStore, Vec<u8>, Vec<u8>, Vec<u8>) {
         let (full, bare, off) = (rid_in(5, "full"), rid_in(5, "bare"), rid_in(9, "off"));
-        let mut s = MemoryStore::new();
+        let s = MemoryStore::new();
         block_on(s.create(full_rec(&full))).unwrap();
         block_on(s.create(rec(&bare))).unwrap();
         let mut r = rec(&off);
@@ -939,7 +942,7 @@ mod tests {
         for rid in [&full, &bare, &off] {
             assert_eq!(l.get(rid), s.get(rid), "record of {rid:?}");
         }
-        assert_eq!(l.get(&full), Some(&full_rec(&full)));
+        assert_eq!(l.get(&full), Some(full_rec(&full)));
         assert_eq!(l.total_messages(), 5);
         assert_eq!(l.size(&full), 4);
 
@@ -991,7 +994,7 @@ mod tests {
         assert_eq!(fs::read(backup_file(&dir.0, 5)).unwrap(), saved5);
         assert!(group_files_present(&dir.0));
 
-        let mut l = MemoryStore::load(&dir.0, &[5, 9], None, 2000).unwrap();
+        let l = MemoryStore::load(&dir.0, &[5, 9], None, 2000).unwrap();
         assert_eq!(l.queue_count(), 3, "loaded from the .bak files");
         assert!(!group_file(&dir.0, 5).exists(), "loading wrote nothing");
 
@@ -1019,7 +1022,7 @@ mod tests {
         let tmp5 = with_suffix(&group_file(&dir.0, 5), ".tmp");
         fs::create_dir(&tmp5).unwrap();
         fs::write(tmp5.join("x"), b"x").unwrap();
-        let mut l = MemoryStore::load(&dir.0, &[5, 9], None, 2000).unwrap();
+        let l = MemoryStore::load(&dir.0, &[5, 9], None, 2000).unwrap();
         block_on(l.write(&off, msg(21, 600), QUOTA)).unwrap();
         let e = l.save(&dir.0, &[5, 9]).unwrap_err();
         assert_eq!(e.0.len(), 1, "{e}");
@@ -1072,11 +1075,11 @@ mod tests {
     fn an_open_queue_stays_open_after_load() {
         let dir = TempDir::new("open");
         let q = rid_in(3, "q");
-        let mut s = MemoryStore::new();
+        let s = MemoryStore::new();
         block_on(s.create(rec(&q))).unwrap();
         block_on(s.write(&q, msg(1, 10), QUOTA)).unwrap();
         s.save(&dir.0, &[3]).unwrap();
-        let mut l = MemoryStore::load(&dir.0, &[3], None, 20).unwrap();
+        let l = MemoryStore::load(&dir.0, &[3], None, 20).unwrap();
         assert_eq!(
             block_on(l.write(&q, msg(2, 11), QUOTA)).unwrap(),
             WriteOutcome::Written { was_empty: false }
@@ -1089,7 +1092,7 @@ mod tests {
         let (s, full, _, off) = sample();
         s.save(&dir.0, &[5, 9]).unwrap();
         // now − ttl = 1002: messages 1 (1001) and the Off queue's (500) are dropped.
-        let mut l =
+        let l =
             MemoryStore::load_with_ntf_ttl(&dir.0, &[5, 9], Some(1000), Some(1000), 2002).unwrap();
         assert_eq!(l.size(&off), 0);
         assert_eq!(l.size(&full), 3);
@@ -1104,7 +1107,7 @@ mod tests {
         // Everything expired but the marker: the queue stays closed to writes.
         let (s, full, _, _) = sample();
         s.save(&dir.0, &[5, 9]).unwrap();
-        let mut l = MemoryStore::load(&dir.0, &[5, 9], Some(1), 1_000_000).unwrap();
+        let l = MemoryStore::load(&dir.0, &[5, 9], Some(1), 1_000_000).unwrap();
         assert_eq!(l.size(&full), 1);
         assert_eq!(
             block_on(l.write(&full, msg(40, 1_000_000), QUOTA)).unwrap(),
@@ -1279,7 +1282,7 @@ mod tests {
         )
         .is_err());
 
-        let mut l = MemoryStore::load(&dir.0, &[5, 9], None, 0).unwrap();
+        let l = MemoryStore::load(&dir.0, &[5, 9], None, 0).unwrap();
         assert_eq!(l.get(&off).unwrap().status, blocked);
         assert_eq!(l.get(&full).unwrap().status, QueueStatus::Active);
         assert_eq!(l.get(&bare), s.get(&bare));
@@ -1294,7 +1297,7 @@ mod tests {
     fn an_empty_blocking_notice_is_saved_as_none() {
         let dir = TempDir::new("notice");
         let q = rid_in(1, "q");
-        let mut s = MemoryStore::new();
+        let s = MemoryStore::new();
         let mut r = rec(&q);
         r.status = QueueStatus::Blocked(BlockingInfo {
             reason: BlockingReason::Spam,
