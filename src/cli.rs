@@ -49,7 +49,7 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
         /// Port printed in the address.
-        #[arg(long, default_value_t = config::DEFAULT_PORT)]
+        #[arg(long, default_value_t = config::DEFAULT_PORT, value_parser = ini::port)]
         port: u16,
         /// Let anyone create queues (no create password).
         #[arg(long)]
@@ -281,7 +281,8 @@ fn write_file(dir: &Path, name: &str, contents: &str, private: bool) -> Result<(
 /// The configuration file `init` writes: the reference's sections and keys this relay applies, with
 /// their defaults, commented where the reference's template comments them (`ini.rs` lists them all).
 fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
-    let d = config::Settings::default();
+    let c = StartConfig::new(Path::new(config::DEFAULT_DATA_DIR));
+    let d = &c.settings;
     let password_line = match password {
         Some(p) => format!("create_password = {p}"),
         None => "# create_password = <printable ASCII without spaces, '@', ':' or '/'>".to_string(),
@@ -332,11 +333,11 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
         new_queues = if d.new_queues { "on" } else { "off" },
         quota = d.quota,
         max_connections = smp_relay::limits::MAX_CONNECTIONS,
-        per_address = smp_relay::limits::MAX_HANDSHAKES_PER_ADDRESS,
+        per_address = c.max_handshakes_per_address,
         expire_interval = d.expire_interval.as_secs(),
-        tls = smp_relay::limits::TLS_SETUP_TIMEOUT.as_secs(),
-        handshake = smp_relay::limits::SMP_HANDSHAKE_TIMEOUT.as_secs(),
-        slow_reader = smp_relay::limits::SLOW_READER_CLOSE.as_secs(),
+        tls = c.tls_timeout.as_secs(),
+        handshake = c.handshake_timeout.as_secs(),
+        slow_reader = c.slow_reader_close.as_secs(),
     )
 }
 
@@ -384,11 +385,6 @@ fn start(data_dir: &Path, args: &StartArgs) -> Result<(), String> {
         .map_err(|e| e.to_string())?
         .unwrap_or_default();
     let mut c = StartConfig::new(data_dir);
-    // A default, not the operator's number: on a machine with more cores than shards allowed, it
-    // takes the most allowed (an explicit `--cores` beyond it is refused by `ini::cores`).
-    c.shards = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(smp_relay::limits::MAX_SHARDS);
     c.request_client_cert = args.test_request_client_cert;
     c.test_store_delay = args.test_store_delay;
     if let Some(b) = args.test_output_high_water_bytes {

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::limits;
+use crate::settings::StartOptions;
 
 /// Default SMP port (the reference's `defaultSMPPort`).
 pub const DEFAULT_PORT: u16 = 5223;
@@ -62,30 +63,44 @@ pub enum StartFault {
 }
 
 impl StartConfig {
+    /// The configuration with every default: those of the settings (`settings::StartOptions::
+    /// defaults`, written over the blank values below) and those of the fields no setting sets.
     pub fn new(data_dir: &Path) -> Self {
-        StartConfig {
+        let mut c = StartConfig {
             data_dir: data_dir.to_path_buf(),
-            ports: vec![DEFAULT_PORT],
-            shards: 1,
-            max_connections: None,
-            max_handshakes_per_address: limits::MAX_HANDSHAKES_PER_ADDRESS,
-            tls_timeout: limits::TLS_SETUP_TIMEOUT,
-            handshake_timeout: limits::SMP_HANDSHAKE_TIMEOUT,
             request_client_cert: false,
-            settings: Settings::default(),
-            metrics_interval: None,
-            slow_reader_close: limits::SLOW_READER_CLOSE,
             test_store_delay: None,
             output_limits: limits::OutputLimits::default(),
             store: crate::store::StoreKind::default(),
             test_fail_start: None,
             test_clock_control: None,
-        }
+            // The settings' fields, blank until their defaults are written below.
+            ports: Vec::new(),
+            shards: 0,
+            max_connections: None,
+            max_handshakes_per_address: 0,
+            tls_timeout: Duration::ZERO,
+            handshake_timeout: Duration::ZERO,
+            metrics_interval: None,
+            slow_reader_close: Duration::ZERO,
+            settings: Settings {
+                quota: 0,
+                message_ttl: Duration::ZERO,
+                expire_interval: Duration::ZERO,
+                expire_on_send: false,
+                notification_ttl: Duration::ZERO,
+                new_queues: false,
+                create_password: None,
+                proxy: ProxySettings::default(),
+            },
+        };
+        StartOptions::defaults().apply_to(&mut c);
+        c
     }
 }
 
-/// Queue-protocol settings with the reference's defaults (simplexmq `Server/Main.hs`,
-/// `Server/Env/STM.hs`).
+/// Queue-protocol settings; their defaults, the reference's (simplexmq `Server/Main.hs`,
+/// `Server/Env/STM.hs`), are declared with the settings in `settings.rs`.
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// Messages a queue holds before the quota marker (`msgQueueQuota`).
@@ -136,6 +151,7 @@ impl Default for ProxySettings {
             enabled: true,
             password: None,
             allow_private: false,
+            // Blank: `socks_proxy` and `own_server_domains` are settings (`settings.rs`).
             socks_proxy: None,
             connect_timeout: Duration::from_secs(45),
             command_timeout: Duration::from_secs(30),
@@ -148,16 +164,8 @@ impl Default for ProxySettings {
 }
 
 impl Default for Settings {
+    /// The settings' defaults (`settings.rs`), as `StartConfig::new` has them.
     fn default() -> Self {
-        Settings {
-            quota: 128,
-            message_ttl: Duration::from_secs(21 * 86400),
-            expire_interval: Duration::from_secs(2 * 3600),
-            expire_on_send: true,
-            notification_ttl: Duration::from_secs(crate::store::memory::NTF_TTL_SECS as u64),
-            new_queues: true,
-            create_password: None,
-            proxy: ProxySettings::default(),
-        }
+        StartConfig::new(Path::new(DEFAULT_DATA_DIR)).settings
     }
 }

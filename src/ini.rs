@@ -529,16 +529,17 @@ pub fn max_connections(value: &str) -> Result<usize, String> {
     number(value, 1, crate::limits::MAX_CONNECTIONS as u64 * 16).map(|n| n as usize)
 }
 
-/// A comma-separated list of distinct non-zero ports (the reference's `5223,443`).
+/// One port, 1 to 65535 (each of `ports`, and `start --port`).
+pub fn port(value: &str) -> Result<u16, String> {
+    number(value, 1, u16::MAX.into()).map(|n| n as u16)
+}
+
+/// A comma-separated list of distinct ports (the reference's `5223,443`), each as `port`.
 pub fn ports(value: &str) -> Result<Vec<u16>, String> {
     let mut out = Vec::new();
     for p in value.split(',') {
-        let port = p
-            .trim()
-            .parse::<u16>()
-            .ok()
-            .filter(|&p| p != 0)
-            .ok_or_else(|| "expected ports from 1 to 65535, separated by commas".to_string())?;
+        let port = port(p.trim())
+            .map_err(|_| "expected ports from 1 to 65535, separated by commas".to_string())?;
         if out.contains(&port) {
             return Err(format!("port {port} is listed twice"));
         }

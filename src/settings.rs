@@ -1,11 +1,11 @@
 //! Every setting of `start` that both the configuration file and the command line may set, declared
-//! once: its `StartOptions` field and type, where it goes in `StartConfig`, its key in
+//! once: its `StartOptions` field and type, where it goes in `StartConfig`, its default, its key in
 //! `smp-server.ini` with that key's parser and bounds, and its `start` flag with the flag's
 //! parser, bounds and help. The file layer (`ini::parse`), the command-line layer (`StartFlags`,
-//! flattened into `start`'s arguments in `cli.rs`), the precedence (`StartOptions::or`) and the
-//! application (`StartOptions::apply_to`) are all derived from the table below, so adding a
-//! setting is one entry there. The defaults stay with the types they fill
-//! (`config::StartConfig::new`, `config::Settings::default`).
+//! flattened into `start`'s arguments in `cli.rs`), the defaults (`StartOptions::defaults`, which
+//! `config::StartConfig::new` and `config::Settings::default` start from, and which each flag's
+//! help shows), the precedence (`StartOptions::or`) and the application (`StartOptions::apply_to`)
+//! are all derived from the table below, so adding a setting is one entry there.
 //!
 //! Keys of the file that set no `start` option (`[TRANSPORT] host`, the store kinds) and the
 //! reference keys this relay refuses are listed in `ini::KEYS`; flags that only the command line
@@ -14,26 +14,30 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::config::StartConfig;
-use crate::ini;
+use crate::config::{self, StartConfig};
+use crate::{ini, limits};
 
 /// Declares the settings; see the module comment. Each entry:
 ///
 /// ```text
 /// field: Type {
 ///     set: |config, value| <where the value goes>,
+///     default: <Option<Type>: `Some(value)`, or `None` to leave the field unset (an `Option` field
+///               of `StartConfig`)> [=> <what the help shows instead, e.g. a default computed at
+///               start>],
 ///     ini: "SECTION" "key" => <parser: &str -> Result<Type, String>>,
 ///     flag: (<clap `#[arg(...)]` attributes, e.g. `long = "quota", value_parser = ini::quota`>
 ///            or `skip` when only the file sets it),
 /// }
 /// ```
 ///
-/// The doc comment of an entry is the flag's help.
+/// The doc comment of an entry is the flag's help; `[default: …]` is appended to it.
 macro_rules! start_settings {
     ($(
         $(#[doc = $doc:literal])*
         $field:ident: $ty:ty {
             set: |$c:ident, $v:ident| $set:expr,
+            default: $default:expr $(=> $shown:expr)?,
             ini: $section:literal $key:literal => $parse:expr,
             flag: ($($arg:tt)*),
         }
@@ -47,6 +51,13 @@ macro_rules! start_settings {
         }
 
         impl StartOptions {
+            /// The defaults, the lowest layer: what `config::StartConfig::new` starts with.
+            pub fn defaults() -> StartOptions {
+                StartOptions {
+                    $($field: $default,)*
+                }
+            }
+
             /// Each option of `self` where set, else that of `lower`.
             pub fn or(self, lower: StartOptions) -> StartOptions {
                 StartOptions {
@@ -85,8 +96,30 @@ macro_rules! start_settings {
             None
         }
 
+        /// `arg`'s help with `[default: …]` appended when `arg` is the flag of a setting that has a
+        /// default (or a text in place of one).
+        fn show_default(arg: clap::Arg) -> clap::Arg {
+            let defaults = StartOptions::defaults();
+            let shown = match arg.get_id().as_str() {
+                $(
+                    stringify!($field) => Option::<String>::None
+                        $(.or(Some(($shown).to_string())))?
+                        .or_else(|| defaults.$field.as_ref().map(ShowDefault::show)),
+                )*
+                _ => None,
+            };
+            match shown {
+                Some(shown) => {
+                    let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+                    arg.help(format!("{help} [default: {shown}]"))
+                }
+                None => arg,
+            }
+        }
+
         /// The settings' flags of `start` (flattened into its arguments by `cli.rs`).
         #[derive(clap::Args, Debug, Clone, Default)]
+        #[command(mut_args(show_default))]
         pub struct StartFlags {
             $(
                 $(#[doc = $doc])*
@@ -107,36 +140,49 @@ macro_rules! start_settings {
 }
 
 start_settings! {
-    /// Port to listen on; repeat for several (ini `[TRANSPORT] port`; default 5223).
+    /// Port to listen on; repeat for several (ini `[TRANSPORT] port`).
     ports: Vec<u16> {
         set: |c, v| c.ports = v,
+        default: Some(vec![config::DEFAULT_PORT]),
         ini: "TRANSPORT" "port" => ini::ports,
-        flag: (long = "port", action = clap::ArgAction::Append),
+        flag: (long = "port", value_parser = ini::port, action = clap::ArgAction::Append),
     }
-    /// Number of shards, each pinned to its own core, 1 to 64 (ini `[RELAY] cores`; default:
-    /// every online core, at most 64).
+    /// Number of shards, each pinned to its own core, 1 to 64 (ini `[RELAY] cores`).
     shards: usize {
         set: |c, v| c.shards = v,
+        // A default, not the operator's number: on a machine with more cores than shards allowed,
+        // it takes the most allowed (an explicit `--cores` beyond it is refused by `ini::cores`).
+        default: Some(
+            std::thread::available_parallelism().map_or(1, |n| n.get()).min(limits::MAX_SHARDS)
+        ) => format!("every online core, at most {}", limits::MAX_SHARDS),
         ini: "RELAY" "cores" => ini::cores,
         flag: (long = "cores", value_name = "CORES", value_parser = ini::cores),
     }
-    /// Connections held at once, over all shards (ini `[RELAY] max_connections`; default 65536,
-    /// or what the open-file limit allows). The relay raises its soft RLIMIT_NOFILE to fit it.
+    /// Connections held at once, over all shards (ini `[RELAY] max_connections`). The relay raises
+    /// its soft RLIMIT_NOFILE to fit it.
     max_connections: usize {
         set: |c, v| c.max_connections = Some(v),
+        // Unset: `limits::MAX_CONNECTIONS`, or fewer if the open-file limit cannot be raised that
+        // far (`server::admission::fit_open_files`).
+        default: None => format!(
+            "{}, or what the open-file limit allows",
+            limits::MAX_CONNECTIONS
+        ),
         ini: "RELAY" "max_connections" => ini::max_connections,
         flag: (long, value_parser = ini::max_connections),
     }
     /// Connections of one IP address that may be in their TLS or SMP handshake at once; more are
-    /// closed at accept (ini `[RELAY] max_handshakes_per_address`; default 16).
+    /// closed at accept (ini `[RELAY] max_handshakes_per_address`).
     max_handshakes_per_address: usize {
         set: |c, v| c.max_handshakes_per_address = v,
+        default: Some(limits::MAX_HANDSHAKES_PER_ADDRESS),
         ini: "RELAY" "max_handshakes_per_address" => ini::max_connections,
         flag: (long, value_parser = ini::max_connections),
     }
-    /// Seconds a client has to complete TLS (ini `[RELAY] tls_timeout_secs`; default 60).
+    /// Seconds a client has to complete TLS (ini `[RELAY] tls_timeout_secs`).
     tls_timeout: Duration {
         set: |c, v| c.tls_timeout = v,
+        default: Some(limits::TLS_SETUP_TIMEOUT),
         ini: "RELAY" "tls_timeout_secs" => ini::seconds,
         flag: (
             long = "tls-timeout-secs",
@@ -145,9 +191,10 @@ start_settings! {
         ),
     }
     /// Seconds a client has to complete the SMP handshake after TLS (ini `[RELAY]
-    /// handshake_timeout_secs`; default 120).
+    /// handshake_timeout_secs`).
     handshake_timeout: Duration {
         set: |c, v| c.handshake_timeout = v,
+        default: Some(limits::SMP_HANDSHAKE_TIMEOUT),
         ini: "RELAY" "handshake_timeout_secs" => ini::seconds,
         flag: (
             long = "handshake-timeout-secs",
@@ -156,9 +203,10 @@ start_settings! {
         ),
     }
     /// Seconds a connection may leave its output over the bound (1 MiB) before it is closed
-    /// (ini `[RELAY] slow_reader_close_secs`; default 60).
+    /// (ini `[RELAY] slow_reader_close_secs`).
     slow_reader_close: Duration {
         set: |c, v| c.slow_reader_close = v,
+        default: Some(limits::SLOW_READER_CLOSE),
         ini: "RELAY" "slow_reader_close_secs" => ini::seconds,
         flag: (
             long = "slow-reader-close-secs",
@@ -166,15 +214,17 @@ start_settings! {
             value_parser = ini::seconds
         ),
     }
-    /// Messages a queue holds before senders get ERR QUOTA (ini `[RELAY] quota`; default 128).
+    /// Messages a queue holds before senders get ERR QUOTA (ini `[RELAY] quota`).
     quota: usize {
         set: |c, v| c.settings.quota = v,
+        default: Some(128),
         ini: "RELAY" "quota" => ini::quota,
         flag: (long, value_parser = ini::quota),
     }
-    /// Seconds a message is kept (ini `[STORE_LOG] expire_messages_days`; default 21 days).
+    /// Seconds a message is kept (ini `[STORE_LOG] expire_messages_days`).
     message_ttl: Duration {
         set: |c, v| c.settings.message_ttl = v,
+        default: Some(Duration::from_secs(21 * 86400)),
         ini: "STORE_LOG" "expire_messages_days" => |v| ini::duration(v, 86400),
         flag: (
             long = "message-ttl-secs",
@@ -182,10 +232,10 @@ start_settings! {
             value_parser = ini::seconds
         ),
     }
-    /// Seconds between expiration runs over all queues (ini `[RELAY] expire_interval_secs`;
-    /// default 2 hours).
+    /// Seconds between expiration runs over all queues (ini `[RELAY] expire_interval_secs`).
     expire_interval: Duration {
         set: |c, v| c.settings.expire_interval = v,
+        default: Some(Duration::from_secs(2 * 3600)),
         ini: "RELAY" "expire_interval_secs" => ini::seconds,
         flag: (
             long = "expire-interval-secs",
@@ -194,15 +244,17 @@ start_settings! {
         ),
     }
     /// Delete a queue's expired messages before each SEND to it: on or off (ini `[STORE_LOG]
-    /// expire_messages_on_send`; default on).
+    /// expire_messages_on_send`).
     expire_on_send: bool {
         set: |c, v| c.settings.expire_on_send = v,
+        default: Some(true),
         ini: "STORE_LOG" "expire_messages_on_send" => ini::on_off,
         flag: (long, value_parser = ini::on_off, action = clap::ArgAction::Set),
     }
-    /// Seconds a notification is kept (ini `[STORE_LOG] expire_ntfs_hours`; default 24 hours).
+    /// Seconds a notification is kept (ini `[STORE_LOG] expire_ntfs_hours`).
     notification_ttl: Duration {
         set: |c, v| c.settings.notification_ttl = v,
+        default: Some(Duration::from_secs(crate::store::memory::NTF_TTL_SECS as u64)),
         ini: "STORE_LOG" "expire_ntfs_hours" => |v| ini::duration(v, 3600),
         flag: (
             long = "notification-ttl-secs",
@@ -210,22 +262,26 @@ start_settings! {
             value_parser = ini::seconds
         ),
     }
-    /// Allow NEW (queue creation): on or off (ini `[AUTH] new_queues`; default on).
+    /// Allow NEW (queue creation): on or off (ini `[AUTH] new_queues`).
     new_queues: bool {
         set: |c, v| c.settings.new_queues = v,
+        default: Some(true),
         ini: "AUTH" "new_queues" => ini::on_off,
         flag: (long, value_parser = ini::on_off, action = clap::ArgAction::Set),
     }
     /// The password NEW must carry (the file only: a command line is visible to every user).
     create_password: Vec<u8> {
         set: |c, v| c.settings.create_password = Some(v),
+        // Unset: anyone may create queues.
+        default: None,
         ini: "AUTH" "create_password" => ini::create_password,
         flag: (skip),
     }
     /// Rewrite <data-dir>/smp-server-metrics.txt (Prometheus text) every SECS seconds (ini
-    /// `[STORE_LOG] prometheus_interval`; default: no metrics file).
+    /// `[STORE_LOG] prometheus_interval`).
     metrics_interval: Duration {
         set: |c, v| c.metrics_interval = Some(v),
+        default: None => "no metrics file",
         ini: "STORE_LOG" "prometheus_interval" => ini::seconds,
         flag: (long, value_name = "SECS", value_parser = ini::seconds),
     }
@@ -233,17 +289,61 @@ start_settings! {
     /// (ini `[PROXY] socks_proxy`).
     socks_proxy: SocketAddr {
         set: |c, v| c.settings.proxy.socks_proxy = Some(v),
+        default: None,
         ini: "PROXY" "socks_proxy" => ini::socket_addr,
-        flag: (long, value_name = "IP:PORT"),
+        flag: (long, value_name = "HOST:PORT", value_parser = ini::socket_addr),
     }
     /// Destinations on these domains (or their subdomains) are counted again as "own" in the proxy
     /// statistics (the file only, as the reference).
     own_server_domains: Vec<String> {
         set: |c, v| c.settings.proxy.own_server_domains = v,
+        default: Some(Vec::new()),
         ini: "PROXY" "own_server_domains" => |v| {
             Ok(v.split_whitespace().map(str::to_string).collect())
         },
         flag: (skip),
+    }
+}
+
+/// A default as `start --help` shows it, in the flag's form.
+trait ShowDefault {
+    fn show(&self) -> String;
+}
+
+impl ShowDefault for usize {
+    fn show(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl ShowDefault for bool {
+    fn show(&self) -> String {
+        if *self { "on" } else { "off" }.to_string()
+    }
+}
+
+/// Seconds, as the `--…-secs` flags take them, with days or hours when whole.
+impl ShowDefault for Duration {
+    fn show(&self) -> String {
+        let s = self.as_secs();
+        match s {
+            _ if s >= 2 * 86400 && s % 86400 == 0 => format!("{s} ({} days)", s / 86400),
+            _ if s >= 2 * 3600 && s % 3600 == 0 => format!("{s} ({} hours)", s / 3600),
+            _ => s.to_string(),
+        }
+    }
+}
+
+impl ShowDefault for SocketAddr {
+    fn show(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl<T: std::fmt::Display> ShowDefault for Vec<T> {
+    fn show(&self) -> String {
+        let shown: Vec<String> = self.iter().map(T::to_string).collect();
+        shown.join(", ")
     }
 }
 
@@ -299,6 +399,10 @@ mod tests {
         assert!(e.contains("expected a whole number from 1 to 64"), "{e}");
         let e = flags(&["--expire-on-send", "yes"]).unwrap_err();
         assert!(e.contains("expected on or off"), "{e}");
+        // The flag and the file share one bounded parser.
+        let e = flags(&["--port", "0"]).unwrap_err();
+        assert!(e.contains("expected a whole number from 1 to 65535"), "{e}");
+        assert!(ini::ports("5223,0").is_err());
         // Settings of the file only have no flag.
         for file_only in ["--create-password", "--own-server-domains"] {
             assert!(flags(&[file_only, "x"]).is_err(), "{file_only}");
@@ -322,5 +426,75 @@ mod tests {
         assert_eq!(c.settings.quota, 5);
         assert_eq!(c.settings.notification_ttl, Duration::from_secs(7));
         assert_eq!(c.max_connections, Some(9));
+    }
+
+    /// What `start` runs with when neither the file nor the command line sets anything: the
+    /// defaults the help and the documentation give (written out here on purpose, so that a
+    /// changed default, or one left blank in `StartConfig::new`, fails this test).
+    #[test]
+    fn with_nothing_set_each_setting_has_its_default() {
+        let mut c = StartConfig::new(std::path::Path::new("/d"));
+        StartOptions::default()
+            .or(StartOptions::default())
+            .apply_to(&mut c);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(c.ports, vec![5223]);
+        assert_eq!(c.shards, cores.min(64));
+        assert_eq!(c.max_connections, None);
+        assert_eq!(c.max_handshakes_per_address, 16);
+        assert_eq!(c.tls_timeout, Duration::from_secs(60));
+        assert_eq!(c.handshake_timeout, Duration::from_secs(120));
+        assert_eq!(c.slow_reader_close, Duration::from_secs(60));
+        assert_eq!(c.metrics_interval, None);
+        let s = &c.settings;
+        assert_eq!(s.quota, 128);
+        assert_eq!(s.message_ttl, Duration::from_secs(21 * 24 * 3600));
+        assert_eq!(s.expire_interval, Duration::from_secs(2 * 3600));
+        assert!(s.expire_on_send);
+        assert_eq!(s.notification_ttl, Duration::from_secs(24 * 3600));
+        assert!(s.new_queues);
+        assert_eq!(s.create_password, None);
+        assert_eq!(s.proxy.socks_proxy, None);
+        assert!(s.proxy.own_server_domains.is_empty());
+        // `Settings::default` (the queue settings without a `StartConfig`) is the same.
+        assert_eq!(
+            format!("{:?}", config::Settings::default()),
+            format!("{s:?}")
+        );
+    }
+
+    #[test]
+    fn each_flag_s_help_ends_with_its_default() {
+        let cmd = Start::command();
+        let help = |id: &str| {
+            let arg = cmd.get_arguments().find(|a| a.get_id() == id);
+            arg.and_then(|a| a.get_help()).map(|h| h.to_string())
+        };
+        for (id, default) in [
+            ("ports", "[default: 5223]"),
+            ("shards", "[default: every online core, at most 64]"),
+            (
+                "max_connections",
+                "[default: 65536, or what the open-file limit allows]",
+            ),
+            ("max_handshakes_per_address", "[default: 16]"),
+            ("tls_timeout", "[default: 60]"),
+            ("handshake_timeout", "[default: 120]"),
+            ("slow_reader_close", "[default: 60]"),
+            ("quota", "[default: 128]"),
+            ("message_ttl", "[default: 1814400 (21 days)]"),
+            ("expire_interval", "[default: 7200 (2 hours)]"),
+            ("expire_on_send", "[default: on]"),
+            ("notification_ttl", "[default: 86400 (24 hours)]"),
+            ("new_queues", "[default: on]"),
+            ("metrics_interval", "[default: no metrics file]"),
+        ] {
+            let h = help(id).unwrap_or_else(|| panic!("{id} has a help"));
+            assert!(h.ends_with(&format!(" {default}")), "{id}: {h}");
+            assert_eq!(h.matches("[default:").count(), 1, "{id}: {h}");
+        }
+        // No default, nothing appended (and the doc comment stays the help).
+        let h = help("socks_proxy").expect("socks_proxy has a help");
+        assert!(h.ends_with("(ini `[PROXY] socks_proxy`)"), "{h}");
     }
 }

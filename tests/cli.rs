@@ -158,6 +158,17 @@ fn help_works_for_every_subcommand() {
     for flag in ["--port", "--cores"] {
         assert!(start_help.contains(flag), "start --help mentions {flag}");
     }
+    // The defaults of the settings' table (`settings.rs`), each after its flag's help.
+    for default in [
+        "(ini `[RELAY] quota`) [default: 128]",
+        "(ini `[RELAY] tls_timeout_secs`) [default: 60]",
+        "(ini `[STORE_LOG] expire_messages_days`) [default: 1814400 (21 days)]",
+    ] {
+        assert!(
+            start_help.contains(default),
+            "start --help shows {default:?}:\n{start_help}"
+        );
+    }
 }
 
 #[test]
