@@ -1,9 +1,10 @@
 //! The owner of a shard's queues: it verifies and executes every command addressed to them, keeps
 //! who is subscribed to what, and delivers (`docs/ARCHITECTURE.md` §1–3).
 //!
-//! One owner per shard runs in the shard's single inbox task, so the work of one block is executed
-//! from start to end before any other: a SUB's registration and its first-message read happen in the
-//! same turn, and no SEND can fall between them (the reference's race, `docs/ARCHITECTURE.md` §3).
+//! One owner per shard. Its work runs as jobs of the shard's pipeline (`pipeline.rs`), which holds
+//! the queues of a block part from its first step to its last: a SUB's registration and its
+//! first-message read happen in the same turn, and no SEND on that queue can fall between them
+//! (the reference's race, `docs/ARCHITECTURE.md` §3), while jobs on other queues run meanwhile.
 //! Within a turn requests run in block order. Command semantics live in `commands/`.
 
 use std::cell::{Cell, RefCell};

@@ -1,7 +1,8 @@
 //! One shard: a glommio executor pinned to a core, its listeners on the SMP ports (SO_REUSEPORT, so
 //! every shard accepts on every port and the kernel spreads connections; see `listen.rs`), the connections it
-//! accepted, and the owner of its queues. One inbox task runs the owner and hands answers to the
-//! shard's connections, so the shard's work is done in the order it arrived.
+//! accepted, and the owner of its queues. One inbox task hands answers and events to the shard's
+//! connections as they arrive, and turns owner work into jobs of the pipeline (`pipeline.rs`),
+//! which run in per-queue order without holding up the inbox.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
