@@ -453,7 +453,7 @@ fn read_until_paced(
             // Keep to the rate: never ahead of it.
             let due = Duration::from_secs_f64(read_bytes / rate);
             if let Some(wait) = due.checked_sub(started.elapsed()) {
-                std::thread::sleep(wait);
+                common::sleep(wait);
             }
         }
         let block = match rd.recv_block() {
@@ -510,7 +510,7 @@ fn wait_until_unread(unread: impl Fn() -> usize) -> usize {
     let mut last = unread();
     let mut since = Instant::now();
     loop {
-        std::thread::sleep(Duration::from_millis(100));
+        common::sleep(Duration::from_millis(100));
         let now = unread();
         if now != last || now == 0 {
             last = now;
@@ -600,7 +600,7 @@ fn a_stopped_reader_is_bounded_and_gets_every_message_once_when_it_resumes() {
 
     let peak_kb = (0..10)
         .map(|_| {
-            std::thread::sleep(Duration::from_millis(100));
+            common::sleep(Duration::from_millis(100));
             relay.rss_anon_kb()
         })
         .max()
@@ -678,7 +678,7 @@ fn b_a_reader_paused_past_the_slow_reader_limit_is_closed_and_loses_nothing() {
         }
     });
     // The pause: the limit, the watchdog's 1 s tick, and a margin.
-    std::thread::sleep(Duration::from_secs(SLOW_READER_CLOSE_SECS + 3));
+    common::sleep(Duration::from_secs(SLOW_READER_CLOSE_SECS + 3));
     // Whatever was sent before the close may still be read; then the stream must end.
     rd.set_timeout(Duration::from_secs(10));
     let mut blocks = 0;
@@ -875,7 +875,7 @@ fn c2_stale_markers_first_do_not_stall_the_rest_with_the_default_bounds() {
     let (mut w, mut rd) = split_connect_small(&relay, 4096);
     subscribe_empty(&mut w, &mut rd, &qs);
     send_each(&mut setup, &qs, 0);
-    std::thread::sleep(Duration::from_millis(500));
+    common::sleep(Duration::from_millis(500));
     get_and_ack_elsewhere(&relay, &qs[..taken]);
     let got = msgs_of_the_last(&mut rd, &qs, n - taken, Duration::from_secs(30));
     assert_eq!(got, n - taken, "the last queues' MSGs stalled");
@@ -1050,7 +1050,7 @@ fn f_deld_reaches_a_connection_with_megabytes_of_unread_answers() {
     w.send(&qs.iter().map(sub_t).collect::<Vec<_>>())
         .expect("SUBs");
     // The relay answers the SUB blocks and holds what the sockets do not take: over 4 MiB.
-    std::thread::sleep(STALL);
+    common::sleep(STALL);
     let gone = &qs[0];
     assert_eq!(
         support::signed(&mut setup, gone.key(), gone.rid(), Command::Del),

@@ -248,7 +248,7 @@ fn half_open_connections_cost_little_memory() {
     let silent = silent_tcp(&relay, each);
     let tls = tls_without_hello(&relay, each);
     // The relay has answered every TLS handshake; give it a moment to account the silent ones.
-    std::thread::sleep(Duration::from_millis(500));
+    common::sleep(Duration::from_millis(500));
     control_pings(&relay, 100);
     let after_kb = relay.rss_anon_kb();
 
@@ -392,7 +392,7 @@ fn wait_closed(socks: &mut [TcpStream], n: usize, within: Duration) -> usize {
         if count >= n || Instant::now() > deadline {
             return count;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        common::sleep(Duration::from_millis(20));
     }
 }
 
@@ -452,7 +452,7 @@ fn the_connection_limit_is_one_number_over_the_shards() {
             Ok(c) => break c,
             Err(e) => assert!(Instant::now() < deadline, "no place freed: {e}"),
         }
-        std::thread::sleep(Duration::from_millis(50));
+        common::sleep(Duration::from_millis(50));
     };
     held.push(again);
     assert!(
@@ -476,7 +476,7 @@ fn idle_sockets_of_one_address_do_not_lock_out_other_clients() {
         max - PER_ADDRESS,
         "the idle sockets over the bound are closed"
     );
-    std::thread::sleep(Duration::from_millis(300));
+    common::sleep(Duration::from_millis(300));
     assert_eq!(
         wait_closed(&mut idle, max, Duration::ZERO),
         max - PER_ADDRESS,
@@ -503,7 +503,7 @@ fn an_address_gets_its_handshake_places_back_when_handshakes_time_out() {
     let deadline = Instant::now() + Duration::from_secs(10);
     while let Err(e) = hello_from(OTHER_ADDRESS, &relay) {
         assert!(Instant::now() < deadline, "still refused: {e}");
-        std::thread::sleep(Duration::from_millis(100));
+        common::sleep(Duration::from_millis(100));
     }
     // Finished handshakes hold no place: more sessions than the bound, all open at once.
     let mut sessions: Vec<_> = (0..PER_ADDRESS + 2).map(|_| relay.client()).collect();
@@ -528,7 +528,7 @@ fn refused_connections_do_not_flood_the_log() {
         if counted >= REFUSED || Instant::now() > deadline {
             break (lines, counted);
         }
-        std::thread::sleep(Duration::from_millis(100));
+        common::sleep(Duration::from_millis(100));
     };
     let secs = started.elapsed().as_secs();
     assert_eq!(counted, REFUSED, "every refusal is accounted for");

@@ -392,7 +392,7 @@ fn failed_prxy_warnings_do_not_flood_the_log() {
         if counted >= FAILED || Instant::now() > deadline {
             break (lines, counted);
         }
-        std::thread::sleep(Duration::from_millis(100));
+        common::sleep(Duration::from_millis(100));
     };
     let secs = started.elapsed().as_secs();
     assert_eq!(counted, FAILED, "every failed PRXY is accounted for");
@@ -645,7 +645,7 @@ fn fake_destination_with(versions: VersionRange, lie: Lie) -> FakeDestination {
         stream.read_exact(&mut got).ok()?;
         let client = ClientHello::decode(pad::unpad(&got).ok()?).ok();
         // Keep the session open a little, as a live destination would.
-        thread::sleep(Duration::from_millis(500));
+        common::sleep(Duration::from_millis(500));
         client
     });
     FakeDestination {
@@ -856,7 +856,7 @@ fn a_restarted_destination_gets_a_new_session() {
         match pfwd(&mut c, &pr, q.sid(), send_cmd(b"lost"), Authorization::None) {
             Forwarded::Err(ErrorType::Proxy(ProxyError::NoSession)) => break,
             Forwarded::Err(_) if Instant::now() < deadline => {
-                thread::sleep(Duration::from_millis(100))
+                common::sleep(Duration::from_millis(100))
             }
             other => panic!("NO_SESSION expected once the destination is gone, got {other:?}"),
         }

@@ -238,7 +238,7 @@ fn restart_drops_notifications_older_than_ntf_ttl() {
         expect_body(&mut h, &q2, b"two");
     }
     // Notification times are whole seconds: 2.5 s makes both older than a 1 s TTL at the restart.
-    std::thread::sleep(std::time::Duration::from_millis(2500));
+    common::sleep(std::time::Duration::from_millis(2500));
     stop_cleanly(&mut relay);
     relay.restart_with(&["--notification-ttl-secs", "86400"]);
     {
@@ -300,7 +300,7 @@ fn log_with(relay: &Relay, needle: &str) -> String {
         if text.contains(needle) || std::time::Instant::now() > deadline {
             return text;
         }
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        common::sleep(std::time::Duration::from_millis(20));
     }
 }
 
