@@ -349,7 +349,9 @@ impl Relay {
             .collect()
     }
 
-    /// Waits (at most 15 s) until the metrics file satisfies `done`; returns its samples.
+    /// Waits (at most 15 s) until the metrics file satisfies `done`; returns its samples. Each
+    /// look first makes the relay publish (`publish_metrics`), so that the wait is for the relay's
+    /// numbers, not for its next `--metrics-interval` (the relay must have one).
     pub fn metrics_until(
         &self,
         what: &str,
@@ -357,6 +359,7 @@ impl Relay {
     ) -> std::collections::HashMap<String, u64> {
         let deadline = std::time::Instant::now() + Duration::from_secs(15);
         loop {
+            self.publish_metrics();
             let m = self.metrics();
             if done(&m) {
                 return m;
@@ -365,7 +368,7 @@ impl Relay {
                 std::time::Instant::now() < deadline,
                 "metrics never showed {what}: {m:?}"
             );
-            sleep(Duration::from_millis(100));
+            sleep(Duration::from_millis(20));
         }
     }
 
