@@ -106,6 +106,11 @@ struct StartArgs {
     /// load at start, before the control socket serves).
     #[arg(long, hide = true, value_name = "SECS", value_parser = clap::value_parser!(u32))]
     test_clock_offset_secs: Option<u32>,
+    /// Test hook: rate-limited warnings (`server::log_limit`) write one line per MS milliseconds
+    /// instead of one a second, so that the log tests need not wait a second for the count.
+    #[arg(long, hide = true, value_name = "MS",
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    test_warning_interval_ms: Option<u64>,
     /// Store: `memory` (saved at a clean stop, restored at start; a crash loses what was not
     /// saved). The journal and PostgreSQL stores come later (ini `[STORE_LOG] store_messages`).
     #[arg(long, value_parser = ["memory"])]
@@ -394,6 +399,9 @@ fn start(data_dir: &Path, args: &StartArgs) -> Result<(), String> {
     c.test_clock_control = args.test_clock_control.clone();
     if let Some(secs) = args.test_clock_offset_secs {
         smp_relay::clock::advance(i64::from(secs));
+    }
+    if let Some(ms) = args.test_warning_interval_ms {
+        smp_relay::server::log_limit::set_interval(Duration::from_millis(ms));
     }
     cli.or(file.options).apply_to(&mut c);
     args.apply_proxy(&mut c.settings.proxy);

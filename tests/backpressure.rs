@@ -62,8 +62,12 @@ const RESUME_LIMIT: Duration = Duration::from_secs(120);
 /// room for allocator slack and is still a small fraction of the 160 MB an unbounded relay would
 /// queue. Socket buffers are kernel memory and do not count.
 const RSS_GROWTH_BOUND_KB: u64 = 64 * 1024;
-/// The slow-reader limit the close test starts the relay with.
-const SLOW_READER_CLOSE_SECS: u64 = 3;
+/// The slow-reader limit the close test starts the relay with (the relay then looks four times a
+/// second, `src/server/conn.rs`).
+const SLOW_READER_CLOSE_SECS: u64 = 1;
+/// Queues the re-subscribing connection takes at once: their MSGs (16 KB each) stay under the
+/// 1 MiB output bound, so that the short slow-reader limit cannot close that connection.
+const RESUB_CHUNK: usize = 32;
 
 /// `[min, default, max]` of `/proc/sys/net/ipv4/tcp_{w,r}mem`.
 fn tcp_mem(which: &str) -> [usize; 3] {
@@ -424,13 +428,20 @@ fn read_until(
     read_until_paced(rd, qs, acks, done, None)
 }
 
-/// `read_until`, reading at most `rate_bytes_per_sec` when given (a slow but steady reader).
+/// A slow but steady reader: at most `bytes_per_sec`, for its first `bytes`.
+#[derive(Clone, Copy)]
+struct Pace {
+    bytes_per_sec: f64,
+    bytes: f64,
+}
+
+/// `read_until`, keeping to `pace` when given.
 fn read_until_paced(
     rd: &mut SplitReader,
     qs: &[Queue],
     acks: &mpsc::Sender<Vec<ClientTransmission>>,
     done: impl Fn(&Tally) -> bool,
-    rate_bytes_per_sec: Option<f64>,
+    pace: Option<Pace>,
 ) -> Tally {
     let idx = index(qs);
     let mut read_bytes = 0f64;
@@ -449,11 +460,11 @@ fn read_until_paced(
             tally.msgs.len(),
             tally.acked
         );
-        if let Some(rate) = rate_bytes_per_sec {
+        if let Some(pace) = pace.filter(|p| read_bytes < p.bytes) {
             // Keep to the rate: never ahead of it.
-            let due = Duration::from_secs_f64(read_bytes / rate);
+            let due = Duration::from_secs_f64(read_bytes / pace.bytes_per_sec);
             if let Some(wait) = due.checked_sub(started.elapsed()) {
-                std::thread::sleep(wait);
+                common::sleep(wait);
             }
         }
         let block = match rd.recv_block() {
@@ -510,7 +521,7 @@ fn wait_until_unread(unread: impl Fn() -> usize) -> usize {
     let mut last = unread();
     let mut since = Instant::now();
     loop {
-        std::thread::sleep(Duration::from_millis(100));
+        common::sleep(Duration::from_millis(100));
         let now = unread();
         if now != last || now == 0 {
             last = now;
@@ -600,7 +611,7 @@ fn a_stopped_reader_is_bounded_and_gets_every_message_once_when_it_resumes() {
 
     let peak_kb = (0..10)
         .map(|_| {
-            std::thread::sleep(Duration::from_millis(100));
+            common::sleep(Duration::from_millis(100));
             relay.rss_anon_kb()
         })
         .max()
@@ -677,8 +688,11 @@ fn b_a_reader_paused_past_the_slow_reader_limit_is_closed_and_loses_nothing() {
             }
         }
     });
-    // The pause: the limit, the watchdog's 1 s tick, and a margin.
-    std::thread::sleep(Duration::from_secs(SLOW_READER_CLOSE_SECS + 3));
+    // The pause, reading nothing, until the relay says it closed a slow reader (the limit and a
+    // quarter of it); only then does the reader look.
+    relay.metrics_until("one slow-reader close", |m| {
+        m.get("smprelay_slow_reader_closes_total") == Some(&1)
+    });
     // Whatever was sent before the close may still be read; then the stream must end.
     rd.set_timeout(Duration::from_secs(10));
     let mut blocks = 0;
@@ -693,9 +707,6 @@ fn b_a_reader_paused_past_the_slow_reader_limit_is_closed_and_loses_nothing() {
         }
     };
     eprintln!("closed after the pause ({blocks} blocks were in the socket): {why}");
-    relay.metrics_until("one slow-reader close", |m| {
-        m.get("smprelay_slow_reader_closes_total") == Some(&1)
-    });
     let _ = rd.sock.shutdown(Shutdown::Both);
     writer.join().expect("writer thread");
 
@@ -704,7 +715,7 @@ fn b_a_reader_paused_past_the_slow_reader_limit_is_closed_and_loses_nothing() {
     let mut c = relay.client();
     let idx = index(&qs);
     let mut seen: HashMap<usize, Vec<u8>> = HashMap::new();
-    for chunk in qs.chunks(PIPELINE) {
+    for chunk in qs.chunks(RESUB_CHUNK) {
         let ts: Vec<ClientTransmission> = chunk.iter().map(sub_t).collect();
         c.send_batch(&ts).expect("SUBs");
         for t in &ts {
@@ -727,6 +738,9 @@ fn b_a_reader_paused_past_the_slow_reader_limit_is_closed_and_loses_nothing() {
         }
     }
     assert_eq!(seen.len(), n, "every queue's message");
+    relay.metrics_until("still one slow-reader close", |m| {
+        m.get("smprelay_slow_reader_closes_total") == Some(&1)
+    });
     eprintln!("re-subscribed {n} queues in {:.1?}", resub.elapsed());
     support::expect_nothing(&mut c, "one MSG per queue");
 }
@@ -868,14 +882,17 @@ fn c2_stale_markers_first_do_not_stall_the_rest_with_the_default_bounds() {
     let taken = n - 20;
     let relay = Relay::start_with(RelayOptions {
         cores: 1,
-        ..RelayOptions::default()
+        extra_args: vec!["--metrics-interval".into(), "1".into()],
     });
     let mut setup = relay.client();
     let qs = create_many(&mut setup, n, PIPELINE);
     let (mut w, mut rd) = split_connect_small(&relay, 4096);
     subscribe_empty(&mut w, &mut rd, &qs);
     send_each(&mut setup, &qs, 0);
-    std::thread::sleep(Duration::from_millis(500));
+    // The output is full and pushes are dropped to markers before any goes stale.
+    relay.metrics_until("dropped MSG deliveries", |m| {
+        m.get("smprelay_output_drops_total").copied().unwrap_or(0) > 0
+    });
     get_and_ack_elsewhere(&relay, &qs[..taken]);
     let got = msgs_of_the_last(&mut rd, &qs, n - taken, Duration::from_secs(30));
     assert_eq!(got, n - taken, "the last queues' MSGs stalled");
@@ -979,16 +996,18 @@ fn d_an_ack_of_a_dropped_delivery_deletes_nothing() {
 }
 
 /// (e) Issue: answers counted as unread output, so a client that reads steadily while draining a
-/// backlog stayed over the bound and was closed as a slow reader. Reading at ~1 MB/s through
-/// more MSGs than the sockets hold, with a 2 s slow-reader limit, it stays and gets everything.
+/// backlog stayed over the bound and was closed as a slow reader. Reading at ~2 MB/s through
+/// the MSGs the relay holds beyond what the sockets hold (its output is over the bound for the
+/// first 3 MiB, ~1.6 s: longer than the 1 s slow-reader limit and its quarter-second look), it
+/// stays and gets everything.
 #[test]
 fn e_a_steady_slow_reader_is_not_closed() {
-    const RATE_BYTES_PER_SEC: f64 = 1_000_000.0;
+    const RATE_BYTES_PER_SEC: f64 = 2_000_000.0;
     let relay = Relay::start_with(RelayOptions {
         cores: 2,
         extra_args: vec![
             "--slow-reader-close-secs".into(),
-            "2".into(),
+            "1".into(),
             "--metrics-interval".into(),
             "1".into(),
         ],
@@ -998,7 +1017,8 @@ fn e_a_steady_slow_reader_is_not_closed() {
     // the reading is paced, and every MB beyond what the scenario needs was a second of sleep.
     const RCVBUF: usize = 64 << 10;
     // The kernel doubles SO_RCVBUF for its bookkeeping.
-    let n = ((tcp_mem("w")[2] + 2 * RCVBUF + (4 << 20)) / BLOCK_SIZE).max(300);
+    let sockets = tcp_mem("w")[2] + 2 * RCVBUF;
+    let n = ((sockets + (4 << 20)) / BLOCK_SIZE).max(300);
     let mut setup = relay.client();
     let qs = create_many(&mut setup, n, PIPELINE);
     send_each(&mut setup, &qs, 0);
@@ -1019,7 +1039,12 @@ fn e_a_steady_slow_reader_is_not_closed() {
         &qs,
         &ack_tx,
         |t| t.soks == n && t.msgs.len() == n && t.acked == n,
-        Some(RATE_BYTES_PER_SEC),
+        // Paced while the relay holds MSGs beyond what the sockets hold; the sockets' share is
+        // then read at once (the relay's output is under its bound by then).
+        Some(Pace {
+            bytes_per_sec: RATE_BYTES_PER_SEC,
+            bytes: (n * BLOCK_SIZE - sockets) as f64,
+        }),
     );
     drop(ack_tx);
     writer.join().expect("writer");
@@ -1050,7 +1075,7 @@ fn f_deld_reaches_a_connection_with_megabytes_of_unread_answers() {
     w.send(&qs.iter().map(sub_t).collect::<Vec<_>>())
         .expect("SUBs");
     // The relay answers the SUB blocks and holds what the sockets do not take: over 4 MiB.
-    std::thread::sleep(STALL);
+    common::sleep(STALL);
     let gone = &qs[0];
     assert_eq!(
         support::signed(&mut setup, gone.key(), gone.rid(), Command::Del),

@@ -248,7 +248,7 @@ fn half_open_connections_cost_little_memory() {
     let silent = silent_tcp(&relay, each);
     let tls = tls_without_hello(&relay, each);
     // The relay has answered every TLS handshake; give it a moment to account the silent ones.
-    std::thread::sleep(Duration::from_millis(500));
+    common::sleep(Duration::from_millis(500));
     control_pings(&relay, 100);
     let after_kb = relay.rss_anon_kb();
 
@@ -392,7 +392,7 @@ fn wait_closed(socks: &mut [TcpStream], n: usize, within: Duration) -> usize {
         if count >= n || Instant::now() > deadline {
             return count;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        common::sleep(Duration::from_millis(20));
     }
 }
 
@@ -452,7 +452,7 @@ fn the_connection_limit_is_one_number_over_the_shards() {
             Ok(c) => break c,
             Err(e) => assert!(Instant::now() < deadline, "no place freed: {e}"),
         }
-        std::thread::sleep(Duration::from_millis(50));
+        common::sleep(Duration::from_millis(50));
     };
     held.push(again);
     assert!(
@@ -476,7 +476,7 @@ fn idle_sockets_of_one_address_do_not_lock_out_other_clients() {
         max - PER_ADDRESS,
         "the idle sockets over the bound are closed"
     );
-    std::thread::sleep(Duration::from_millis(300));
+    common::sleep(Duration::from_millis(300));
     assert_eq!(
         wait_closed(&mut idle, max, Duration::ZERO),
         max - PER_ADDRESS,
@@ -487,7 +487,9 @@ fn idle_sockets_of_one_address_do_not_lock_out_other_clients() {
 #[test]
 fn an_address_gets_its_handshake_places_back_when_handshakes_time_out() {
     use smp_relay::limits::MAX_HANDSHAKES_PER_ADDRESS as PER_ADDRESS;
-    let relay = relay_with(&["--tls-timeout-secs", "2"], 1);
+    // The shortest TLS timeout the flag takes: the few steps below before the sockets time out
+    // take milliseconds.
+    let relay = relay_with(&["--tls-timeout-secs", "1"], 1);
     let mut idle = silent_from(OTHER_ADDRESS, &relay, PER_ADDRESS);
     relay.assert_serves();
     assert!(
@@ -503,7 +505,7 @@ fn an_address_gets_its_handshake_places_back_when_handshakes_time_out() {
     let deadline = Instant::now() + Duration::from_secs(10);
     while let Err(e) = hello_from(OTHER_ADDRESS, &relay) {
         assert!(Instant::now() < deadline, "still refused: {e}");
-        std::thread::sleep(Duration::from_millis(100));
+        common::sleep(Duration::from_millis(100));
     }
     // Finished handshakes hold no place: more sessions than the bound, all open at once.
     let mut sessions: Vec<_> = (0..PER_ADDRESS + 2).map(|_| relay.client()).collect();
@@ -515,7 +517,18 @@ fn an_address_gets_its_handshake_places_back_when_handshakes_time_out() {
 #[test]
 fn refused_connections_do_not_flood_the_log() {
     const REFUSED: u64 = 2000;
-    let relay = relay_with(&["--max-connections", "1"], 1);
+    // One line per 100 ms instead of a second (a hidden test flag), so that the count of the last
+    // interval is written a tenth of a second after the flood.
+    const INTERVAL_MS: u64 = 100;
+    let relay = relay_with(
+        &[
+            "--max-connections",
+            "1",
+            "--test-warning-interval-ms",
+            &INTERVAL_MS.to_string(),
+        ],
+        1,
+    );
     let mut held = relay.client();
     let started = Instant::now();
     for _ in 0..REFUSED {
@@ -528,14 +541,15 @@ fn refused_connections_do_not_flood_the_log() {
         if counted >= REFUSED || Instant::now() > deadline {
             break (lines, counted);
         }
-        std::thread::sleep(Duration::from_millis(100));
+        common::sleep(Duration::from_millis(20));
     };
-    let secs = started.elapsed().as_secs();
+    let elapsed = started.elapsed();
+    let intervals = elapsed.as_millis() as u64 / INTERVAL_MS;
     assert_eq!(counted, REFUSED, "every refusal is accounted for");
-    // One line a second, and one for the count of the last second.
+    // One line an interval, and one for the count of the last.
     assert!(
-        lines as u64 <= secs + 2,
-        "{lines} lines for {REFUSED} refusals in {secs} s"
+        lines as u64 <= intervals + 2,
+        "{lines} lines for {REFUSED} refusals in {elapsed:?}"
     );
     assert_eq!(held.ping().expect("PING").command, b"PONG");
 }

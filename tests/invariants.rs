@@ -1271,7 +1271,7 @@ fn stopped_reader_is_closed(relay: &Relay) {
             Instant::now() < deadline,
             "the stopped reader was not closed as a slow reader"
         );
-        std::thread::sleep(Duration::from_millis(250));
+        common::sleep(Duration::from_millis(50));
     }
 }
 

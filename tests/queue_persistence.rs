@@ -216,7 +216,7 @@ fn restart_drops_messages_older_than_ttl() {
 /// The notification TTL (`--notification-ttl-secs`, ini `[STORE_LOG] expire_ntfs_hours`) also
 /// applies when the saved store is loaded, as the reference expires notifications with its
 /// configured `expire_ntfs_hours` (simplex-chat/simplexmq `src/Simplex/Messaging/Server/Main.hs`):
-/// two pending notifications about 2.5 s old; a restart with a long TTL keeps them (one is
+/// two pending notifications 3 s old on the restarted relay's clock; a restart with a long TTL keeps them (one is
 /// delivered), a restart with a 1 s TTL drops the other before anything could expire it while
 /// running (the periodic expiry is hours away).
 #[test]
@@ -237,10 +237,16 @@ fn restart_drops_notifications_older_than_ntf_ttl() {
         assert_eq!(r, BrokerMsg::Ok);
         expect_body(&mut h, &q2, b"two");
     }
-    // Notification times are whole seconds: 2.5 s makes both older than a 1 s TTL at the restart.
-    std::thread::sleep(std::time::Duration::from_millis(2500));
+    // Notification times are whole seconds: the restarted relay's clock starts 3 s ahead
+    // (`--test-clock-offset-secs`, which applies to the store's load), so both are over 2 s older
+    // than a 1 s TTL there, and no test sleeps for it.
     stop_cleanly(&mut relay);
-    relay.restart_with(&["--notification-ttl-secs", "86400"]);
+    relay.restart_with(&[
+        "--notification-ttl-secs",
+        "86400",
+        "--test-clock-offset-secs",
+        "3",
+    ]);
     {
         let mut h = relay.client();
         assert_eq!(nsub(&mut h, &n1), BrokerMsg::Sok(None));
@@ -251,7 +257,12 @@ fn restart_drops_notifications_older_than_ntf_ttl() {
         );
     }
     stop_cleanly(&mut relay);
-    relay.restart_with(&["--notification-ttl-secs", "1"]);
+    relay.restart_with(&[
+        "--notification-ttl-secs",
+        "1",
+        "--test-clock-offset-secs",
+        "3",
+    ]);
     let mut h = relay.client();
     assert_eq!(nsub(&mut h, &n2), BrokerMsg::Sok(None));
     expect_nothing(&mut h, "the old notification expired at start");
@@ -300,7 +311,7 @@ fn log_with(relay: &Relay, needle: &str) -> String {
         if text.contains(needle) || std::time::Instant::now() > deadline {
             return text;
         }
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        common::sleep(std::time::Duration::from_millis(20));
     }
 }
 

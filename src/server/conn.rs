@@ -563,13 +563,16 @@ fn coalesce(groups: impl Iterator<Item = Group>) -> Vec<Group> {
 
 /// Ends a connection whose output has stayed over its bound for `limit` while its socket took
 /// less than `SLOW_READER_MIN_PROGRESS_BYTES`: a reader that reads, however slowly, stays.
+/// It looks once a second, or four times per `limit` when that is shorter (a limit of a second or
+/// two, as tests set, is then kept to within a quarter of itself).
 async fn slow_reader_watchdog(
     tls: &SharedTls,
     state: &OutputState,
     limit: Duration,
 ) -> Result<(), ConnError> {
+    let tick = (limit / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
     loop {
-        glommio::timer::Timer::new(Duration::from_secs(1)).await;
+        glommio::timer::Timer::new(tick).await;
         if state.doomed.get() {
             return Err(ConnError::SlowReader);
         }

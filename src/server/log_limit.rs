@@ -7,10 +7,25 @@
 //! Each kind is one `static` shared by all shards: it is touched once per warning, never on a
 //! request's path.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::limits::WARNING_INTERVAL;
+
+/// The interval in milliseconds: `WARNING_INTERVAL` unless the hidden test flag
+/// `--test-warning-interval-ms` shortened it, so that the log tests wait for a flush in a tenth
+/// of a second instead of a second.
+static INTERVAL_MS: AtomicU64 = AtomicU64::new(WARNING_INTERVAL.as_millis() as u64);
+
+/// Test hook: the interval of every kind (set once at start, before any warning).
+pub fn set_interval(d: Duration) {
+    INTERVAL_MS.store(d.as_millis().max(1) as u64, Ordering::Relaxed);
+}
+
+fn interval() -> Duration {
+    Duration::from_millis(INTERVAL_MS.load(Ordering::Relaxed))
+}
 
 /// One kind of warning and what it held back.
 pub struct RateLimited {
@@ -68,14 +83,14 @@ impl RateLimited {
     pub fn decide(&self, now: Instant) -> Decision {
         let mut s = self.state();
         match s.last {
-            Some(t) if now.saturating_duration_since(t) < WARNING_INTERVAL => {
+            Some(t) if now.saturating_duration_since(t) < interval() => {
                 s.suppressed += 1;
                 if s.flush_pending {
                     Decision::Hold { flush_at: None }
                 } else {
                     s.flush_pending = true;
                     Decision::Hold {
-                        flush_at: Some(t + WARNING_INTERVAL),
+                        flush_at: Some(t + interval()),
                     }
                 }
             }
@@ -95,8 +110,8 @@ impl RateLimited {
             return Flush::Nothing;
         }
         match s.last {
-            Some(t) if now.saturating_duration_since(t) < WARNING_INTERVAL => {
-                Flush::Again(t + WARNING_INTERVAL)
+            Some(t) if now.saturating_duration_since(t) < interval() => {
+                Flush::Again(t + interval())
             }
             _ => {
                 s.last = Some(now);
@@ -125,7 +140,7 @@ pub fn warn(kind: &'static RateLimited, write: impl FnOnce(u64)) {
                                 suppressed = n,
                                 "{}: {n} more in the last {:?} were not logged",
                                 kind.what,
-                                WARNING_INTERVAL
+                                interval()
                             );
                             break;
                         }

@@ -18,6 +18,33 @@ pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 
 static DIR_COUNTER: AtomicU64 = AtomicU64::new(0);
 
+/// Every test sleeps through this: with `SMP_TEST_SLEEP_LOG=FILE` each sleep appends `<test
+/// binary> <seconds> <test>` to FILE (the test is the thread's name, `-` on a thread the test
+/// spawned), so that the time the suite spends sleeping can be summed (README). Polling loops call it for each short pause, so only what they actually slept counts.
+pub fn sleep(d: Duration) {
+    std::thread::sleep(d);
+    if let Some(path) = std::env::var_os("SMP_TEST_SLEEP_LOG") {
+        use std::io::Write;
+        let exe = std::env::current_exe().ok();
+        let name = exe
+            .as_deref()
+            .and_then(Path::file_name)
+            .and_then(|n| n.to_str())
+            .map(|n| n.rsplit_once('-').map_or(n, |(base, _)| base))
+            .unwrap_or("?");
+        // One short append per sleep: lines from parallel tests do not interleave.
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let test = std::thread::current().name().unwrap_or("-").to_string();
+            let line = format!("{name} {:.6} {test}\n", d.as_secs_f64());
+            let _ = f.write_all(line.as_bytes());
+        }
+    }
+}
+
 /// A fresh directory under the system temp dir, removed on drop.
 pub struct TempDir(PathBuf);
 
@@ -80,7 +107,7 @@ pub fn wait_output(mut child: Child, timeout: Duration) -> Output {
             let _ = child.wait();
             panic!("smp-relay did not exit within {timeout:?}");
         }
-        std::thread::sleep(Duration::from_millis(20));
+        sleep(Duration::from_millis(20));
     };
     let join = |h: Option<std::thread::JoinHandle<Vec<u8>>>| {
         h.map(|h| h.join().unwrap_or_default()).unwrap_or_default()
@@ -218,7 +245,7 @@ impl Relay {
                     self.log_text()
                 );
             }
-            std::thread::sleep(Duration::from_millis(10));
+            sleep(Duration::from_millis(10));
         }
     }
 
@@ -237,7 +264,7 @@ impl Relay {
                     return;
                 }
                 Err(e) if e.contains("in use") && Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(50))
+                    sleep(Duration::from_millis(50))
                 }
                 Err(e) => panic!("relay did not restart: {e}"),
             }
@@ -322,7 +349,9 @@ impl Relay {
             .collect()
     }
 
-    /// Waits (at most 15 s) until the metrics file satisfies `done`; returns its samples.
+    /// Waits (at most 15 s) until the metrics file satisfies `done`; returns its samples. Each
+    /// look first makes the relay publish (`publish_metrics`), so that the wait is for the relay's
+    /// numbers, not for its next `--metrics-interval` (the relay must have one).
     pub fn metrics_until(
         &self,
         what: &str,
@@ -330,6 +359,7 @@ impl Relay {
     ) -> std::collections::HashMap<String, u64> {
         let deadline = std::time::Instant::now() + Duration::from_secs(15);
         loop {
+            self.publish_metrics();
             let m = self.metrics();
             if done(&m) {
                 return m;
@@ -338,7 +368,7 @@ impl Relay {
                 std::time::Instant::now() < deadline,
                 "metrics never showed {what}: {m:?}"
             );
-            std::thread::sleep(Duration::from_millis(100));
+            sleep(Duration::from_millis(20));
         }
     }
 
