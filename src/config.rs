@@ -2,10 +2,9 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use crate::limits;
-use crate::settings::StartOptions;
+use std::time::Duration;
 
 /// Default SMP port (the reference's `defaultSMPPort`).
 pub const DEFAULT_PORT: u16 = 5223;
@@ -60,43 +59,6 @@ pub enum StartFault {
     Bind,
     /// Its thread ends before it reports anything, as when its executor cannot be built.
     Exit,
-}
-
-impl StartConfig {
-    /// The configuration with every default: those of the settings (`settings::StartOptions::
-    /// defaults`, written over the blank values below) and those of the fields no setting sets.
-    pub fn new(data_dir: &Path) -> Self {
-        let mut c = StartConfig {
-            data_dir: data_dir.to_path_buf(),
-            request_client_cert: false,
-            test_store_delay: None,
-            output_limits: limits::OutputLimits::default(),
-            store: crate::store::StoreKind::default(),
-            test_fail_start: None,
-            test_clock_control: None,
-            // The settings' fields, blank until their defaults are written below.
-            ports: Vec::new(),
-            shards: 0,
-            max_connections: None,
-            max_handshakes_per_address: 0,
-            tls_timeout: Duration::ZERO,
-            handshake_timeout: Duration::ZERO,
-            metrics_interval: None,
-            slow_reader_close: Duration::ZERO,
-            settings: Settings {
-                quota: 0,
-                message_ttl: Duration::ZERO,
-                expire_interval: Duration::ZERO,
-                expire_on_send: false,
-                notification_ttl: Duration::ZERO,
-                new_queues: false,
-                create_password: None,
-                proxy: ProxySettings::default(),
-            },
-        };
-        StartOptions::defaults().apply_to(&mut c);
-        c
-    }
 }
 
 /// Queue-protocol settings; their defaults, the reference's (simplexmq `Server/Main.hs`,

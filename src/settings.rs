@@ -347,6 +347,44 @@ impl<T: std::fmt::Display> ShowDefault for Vec<T> {
     }
 }
 
+impl StartConfig {
+    /// The configuration with every default: those of the settings (`StartOptions::defaults`,
+    /// written over the blank values below) and those of the fields no setting sets. Here rather
+    /// than in `config.rs`, so that `config` does not depend on this table.
+    pub fn new(data_dir: &std::path::Path) -> Self {
+        let mut c = StartConfig {
+            data_dir: data_dir.to_path_buf(),
+            request_client_cert: false,
+            test_store_delay: None,
+            output_limits: crate::limits::OutputLimits::default(),
+            store: crate::store::StoreKind::default(),
+            test_fail_start: None,
+            test_clock_control: None,
+            // The settings' fields, blank until their defaults are written below.
+            ports: Vec::new(),
+            shards: 0,
+            max_connections: None,
+            max_handshakes_per_address: 0,
+            tls_timeout: Duration::ZERO,
+            handshake_timeout: Duration::ZERO,
+            metrics_interval: None,
+            slow_reader_close: Duration::ZERO,
+            settings: config::Settings {
+                quota: 0,
+                message_ttl: Duration::ZERO,
+                expire_interval: Duration::ZERO,
+                expire_on_send: false,
+                notification_ttl: Duration::ZERO,
+                new_queues: false,
+                create_password: None,
+                proxy: config::ProxySettings::default(),
+            },
+        };
+        StartOptions::defaults().apply_to(&mut c);
+        c
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,7 +18,7 @@ use crate::protocol::transmission::{
     authorized_bytes, parse_transmission, RawTransmission, TransmissionError,
 };
 use crate::server::commands::random_id;
-use crate::server::owner::encode;
+use crate::server::router::encode;
 
 /// A routed block: what the connection answers itself, and the requests for each owner shard.
 #[derive(Default)]

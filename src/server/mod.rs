@@ -13,11 +13,13 @@ pub mod commands;
 /// RFWD, the destination role of private routing, lives with the other commands.
 pub use commands::forward;
 pub mod conn;
+pub mod context;
 pub mod directory;
 pub mod dispatch;
 pub mod listen;
 pub mod lock;
 pub mod log_limit;
+pub mod output;
 pub mod owner;
 pub mod pipeline;
 pub mod proxy;
@@ -169,7 +171,7 @@ fn run_on<S: ShardStore>(config: StartConfig) -> Result<(), StartError> {
                     return Ok(());
                 }
                 let settings = Rc::new(config.settings.clone());
-                let ctx = Rc::new(shard::ShardContext::new(
+                let ctx = Rc::new(context::ShardContext::new(
                     shard_id,
                     config,
                     credentials,

@@ -14,14 +14,13 @@ use std::sync::Arc;
 
 use super::directory::Directory;
 use super::router::{
-    ConnRef, Delivery, Group, GroupKind, Mesh, NtfReturn, Pending, Request, Session, ShardMsg,
+    ConnRef, Delivery, Group, GroupKind, Mesh, Pending, Request, Session, ShardMsg,
 };
 use crate::config::Settings;
 use crate::crypto::auth::{self, Authorization};
 use crate::crypto::keys::PublicAuthKey;
-use crate::limits::{FAILED_VERIFY_BUDGET, FAILED_VERIFY_REFILL_PER_SEC, NTFS_PER_PART};
-use crate::protocol::response::{encode_response, BrokerMsg};
-use crate::store::{EntityId, MessageStore, MsgId, MsgNtf, QueueStore};
+use crate::limits::{FAILED_VERIFY_BUDGET, FAILED_VERIFY_REFILL_PER_SEC};
+use crate::store::{EntityId, MessageStore, MsgId, QueueStore};
 
 /// The SUB-mode subscriber of a queue: at most one connection, with at most one message delivered
 /// and not acknowledged.
@@ -97,6 +96,20 @@ pub const T1_VARIANT_DELAY: std::time::Duration = std::time::Duration::from_mill
 /// runs several turns at once (`server/pipeline.rs`), each of which may be waiting for the store,
 /// and the per-queue order keeps them off each other's queues (`docs/ARCHITECTURE.md` §2). After
 /// an await a turn reads again what it needs; a connection's close may have changed it.
+/// A deliberately broken owner, to show that the simulation (`sim.rs`) catches it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Fault {
+    None,
+    /// Answers an ACK with OK and takes the next message as delivered without sending it.
+    AckWithoutNext,
+    /// Runs block parts without the per-queue order: a part may start while another part's
+    /// store operation on the same queue is in flight.
+    NoQueueOrder,
+    /// Registers a SUB's subscriber after its head was read, in a later step (the reference's
+    /// race, which the `t1-race-variant` build re-creates over real connections).
+    LateRegistration,
+}
+
 pub struct Owner<S> {
     pub shard: usize,
     pub store: S,
@@ -128,7 +141,7 @@ pub struct Owner<S> {
     next_epoch: Cell<u64>,
     /// A deliberately broken variant, for the simulation to catch (`server::sim`).
     #[cfg(test)]
-    pub fault: Cell<super::sim::Fault>,
+    pub fault: Cell<Fault>,
 }
 
 /// What one owner turn produces for the connection that sent the block, besides events to others.
@@ -174,50 +187,14 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             batch_off_all: Cell::new(0),
             next_epoch: Cell::new(0),
             #[cfg(test)]
-            fault: Cell::new(super::sim::Fault::None),
+            fault: Cell::new(Fault::None),
         }
-    }
-
-    /// Executes one block's requests for this owner and sends the connection its part.
-    pub async fn process(&self, session: Session, block_seq: u64, mut requests: Vec<Request>) {
-        let mut turn = Turn::default();
-        self.batch_verify(&session, &mut requests);
-        self.pre_verify_subs(&session, &mut requests);
-        let prefetched = self.prefetch_subs(&requests).await;
-        let mut prefetched = prefetched;
-        for (i, mut req) in requests.into_iter().enumerate() {
-            let head = prefetched.remove(&i);
-            let corr_id = req.corr_id.clone();
-            // A forwarded request (RFWD) runs in the forwarded session and its answer is sealed
-            // into RRES for the proxy (`commands/forward.rs`).
-            let fwd = req.forward.take();
-            let exec_session = fwd.as_ref().map_or(&session, |f| &f.inner);
-            let (entity, msg) = self.execute(exec_session, req, head, &mut turn).await;
-            turn.responses.push(match fwd {
-                Some(f) => super::forward::respond(&session, &f, &corr_id, &entity, &msg),
-                None => encode(&session, &corr_id, &entity, &msg),
-            });
-        }
-        // A SUB's first message goes out after the part's responses (O4); a later request of the same
-        // turn may have acknowledged it, deleted the queue or subscribed again. Only a delivery that
-        // is still its subscription's outstanding one is sent (I4: an ACKed message never again).
-        turn.sub_msgs
-            .retain(|(_, d)| self.is_outstanding(session.conn, d));
-        let groups = pack_turn(turn);
-        self.mesh.send(
-            session.conn.shard,
-            ShardMsg::Reply {
-                conn: session.conn,
-                block_seq,
-                groups,
-            },
-        );
     }
 
     /// SUBs of a part that was not batch-verified are verified before the part's heads are read, so
     /// that only verified SUBs cause a store read (a wrong key then costs what an unknown queue
     /// costs). The outcome stands at execution unless a request of the part changes recipient keys.
-    fn pre_verify_subs(&self, session: &Session, requests: &mut [Request]) {
+    pub(super) fn pre_verify_subs(&self, session: &Session, requests: &mut [Request]) {
         use crate::protocol::command::Command;
         if requests
             .iter()
@@ -310,7 +287,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
 
     /// One `peek_first_many` call for every verified SUB of the block whose queue exists
     /// (`docs/ARCHITECTURE.md` §2), so that a block of 135 SUBs costs this owner one store call.
-    async fn prefetch_subs(
+    pub(super) async fn prefetch_subs(
         &self,
         requests: &[Request],
     ) -> HashMap<usize, Option<crate::store::Message>> {
@@ -345,7 +322,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// not Ed25519, joins the batch with the dummy key, so its batch fails exactly as one with a
     /// wrong key does (equal-time AUTH, per block). A failed batch marks nothing: every request is
     /// then verified on its own as without batching, which decides.
-    fn batch_verify(&self, session: &Session, requests: &mut [Request]) {
+    pub(super) fn batch_verify(&self, session: &Session, requests: &mut [Request]) {
         {
             let mut off = self.batch_off.borrow_mut();
             if let Some(left) = off.get_mut(&session.conn) {
@@ -501,7 +478,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// The queues a block part works on, for the per-queue order (`pipeline.rs`).
     pub fn work_keys(&self, requests: &[Request]) -> super::pipeline::Keys {
         #[cfg(test)]
-        if self.fault.get() == super::sim::Fault::NoQueueOrder {
+        if self.fault.get() == Fault::NoQueueOrder {
             return super::pipeline::Keys::Queues(Vec::new());
         }
         super::pipeline::Keys::of(requests.iter().filter_map(|r| r.recipient_id.as_deref()))
@@ -519,123 +496,6 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     pub fn notifier_queue(&self, notifier_id: &[u8]) -> Option<EntityId> {
         self.directory
             .lookup(super::directory::IdSpace::Notifier, notifier_id)
-    }
-
-    /// A connection asks for what it held: MSGs it dropped while its output was over its bound
-    /// (each queue's head is handed again if that is still the subscription's outstanding
-    /// delivery), and the next notifications of a notifier it subscribes to. Always answered, even
-    /// with nothing, so that the connection asks for its next items (I2).
-    pub async fn redeliver(&self, conn: ConnRef, items: Vec<Pending>) {
-        let mut groups = Vec::new();
-        for item in items {
-            match item {
-                Pending::Msg(d) => {
-                    if let Some(g) = self.redeliver_msg(conn, d).await {
-                        groups.push(g);
-                    }
-                }
-                Pending::Ntfs { notifier_id, .. } => {
-                    let Some(session) = self
-                        .ntf_subs
-                        .borrow()
-                        .get(&notifier_id)
-                        .filter(|s| s.conn == conn)
-                        .cloned()
-                    else {
-                        continue;
-                    };
-                    groups.extend(self.ntf_part(&session, &notifier_id).await);
-                }
-            }
-        }
-        self.mesh
-            .send(conn.shard, ShardMsg::Redelivered { conn, groups });
-    }
-
-    async fn redeliver_msg(&self, conn: ConnRef, d: Delivery) -> Option<Group> {
-        let rid = d.recipient_id.clone();
-        if !self.is_outstanding(conn, &d) {
-            return None;
-        }
-        let head = self.store.peek_first(&rid).await.ok().flatten();
-        // The connection may have closed while the head was read.
-        if !self.is_outstanding(conn, &d) {
-            return None;
-        }
-        let secret = self.store.with_queue(&rid, |q| q.rcv_dh_secret)?;
-        let session = {
-            let mut subs = self.subs.borrow_mut();
-            let s = subs.get_mut(&rid)?;
-            s.delivered = head.as_ref().map(|m| *m.msg_id());
-            s.session.clone()
-        };
-        let m = head?;
-        let t = super::commands::msg_transmission(&session, b"", &rid, &secret, &m);
-        Some(Group {
-            transmissions: vec![t],
-            kind: GroupKind::Msg(self.delivery(&rid, m.msg_id())),
-        })
-    }
-
-    /// The next `NTFS_PER_PART` stored notifications of `nid` for its subscriber `session`, and a
-    /// marker to ask for more when more are stored.
-    pub async fn ntf_part(&self, session: &Session, nid: &[u8]) -> Vec<Group> {
-        let (part, more) = self
-            .store
-            .take_ntfs(nid, NTFS_PER_PART)
-            .await
-            .unwrap_or_default();
-        let mut groups = Vec::new();
-        if !part.is_empty() {
-            self.stats.borrow_mut().msg_ntfs += part.len() as u64;
-            groups.push(self.ntf_group(session, nid, part));
-        }
-        if more {
-            self.ntf_backlog.borrow_mut().insert(nid.to_vec());
-            groups.push(Group {
-                transmissions: Vec::new(),
-                kind: GroupKind::More(Pending::Ntfs {
-                    owner: self.shard,
-                    notifier_id: nid.to_vec(),
-                }),
-            });
-        } else {
-            self.ntf_backlog.borrow_mut().remove(nid);
-        }
-        groups
-    }
-
-    /// NMSGs for `ntfs`, kept with them so that a connection that cannot take them returns them.
-    pub fn ntf_group(&self, session: &Session, nid: &[u8], ntfs: Vec<MsgNtf>) -> Group {
-        Group {
-            transmissions: ntfs
-                .iter()
-                .map(|n| super::commands::nmsg(session, nid, n))
-                .collect(),
-            kind: GroupKind::Ntfs(NtfReturn {
-                owner: self.shard,
-                notifier_id: nid.to_vec(),
-                ntfs,
-            }),
-        }
-    }
-
-    /// Notifications a connection could not take (it closed before they were written): stored
-    /// again, ahead of any stored since, for the next NSUB.
-    pub async fn store_ntfs(&self, nid: &[u8], ntfs: Vec<MsgNtf>) {
-        {
-            let mut st = self.stats.borrow_mut();
-            st.msg_ntfs = st.msg_ntfs.saturating_sub(ntfs.len() as u64);
-        }
-        // A notifier deleted meanwhile keeps nothing.
-        if self
-            .directory
-            .lookup(super::directory::IdSpace::Notifier, nid)
-            .is_none()
-        {
-            return;
-        }
-        let _ = self.store.return_ntfs(nid, ntfs).await;
     }
 
     /// The GET-mode state of `conn` on `rid`.
@@ -670,19 +530,6 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         f(self.by_conn.borrow_mut().entry(conn).or_default())
     }
 
-    /// The periodic expiration of messages and notifications (simplexmq `Server.hs`,
-    /// `expireMessages`). A subscriber whose delivered message expired keeps waiting for its ACK,
-    /// as in the reference; the ACK then returns the new head.
-    pub async fn expire(&self) {
-        let now = super::commands::now_secs();
-        let old = now - self.settings.message_ttl.as_secs() as i64;
-        if let Ok(n) = self.store.expire_all(old).await {
-            self.stats.borrow_mut().msg_expired += n as u64;
-        }
-        let old_ntf = now - self.settings.notification_ttl.as_secs() as i64;
-        let _ = self.store.expire_ntfs(old_ntf).await;
-    }
-
     /// A connection closed: drop its subscriptions here. Nobody is told (the reference sends no END).
     pub fn connection_closed(&self, conn: ConnRef) {
         self.batch_off.borrow_mut().remove(&conn);
@@ -709,46 +556,6 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     }
 }
 
-/// Encodes one server transmission for `session` (`protocol::response::encode_response`).
-pub fn encode(session: &Session, corr_id: &[u8], entity_id: &[u8], msg: &BrokerMsg) -> Vec<u8> {
-    encode_response(
-        session.version,
-        &session.session_id,
-        corr_id,
-        entity_id,
-        msg,
-    )
-}
-
-/// The block layout of a turn (`docs/ARCHITECTURE.md` §3, O2 and O4): pushes first, each alone;
-/// then the responses, with the SUBs' first messages in the same group when the part has at most 4
-/// responses, else one block per message after them.
-fn pack_turn(turn: Turn) -> Vec<Group> {
-    let Turn {
-        responses,
-        sub_msgs,
-        pushes,
-        trailing,
-        ..
-    } = turn;
-    let mut groups = pushes;
-    if responses.len() <= 4 {
-        let mut g = responses;
-        g.extend(sub_msgs.into_iter().map(|(m, _)| m));
-        if !g.is_empty() {
-            groups.push(Group::plain(g));
-        }
-    } else {
-        groups.push(Group::plain(responses));
-        groups.extend(sub_msgs.into_iter().map(|(m, d)| Group {
-            transmissions: vec![m],
-            kind: GroupKind::Msg(d),
-        }));
-    }
-    groups.extend(trailing);
-    groups
-}
-
 #[cfg(test)]
 mod tests {
     //! Equal-time AUTH, asserted structurally (simplexmq `Server.hs`, `verifyTransmission` and its
@@ -767,9 +574,11 @@ mod tests {
     use crate::limits::{self, FAILED_VERIFY_REFILL_PER_SEC};
     use crate::protocol::command::{Command, MsgFlags};
     use crate::protocol::error::ErrorType;
+    use crate::protocol::response::BrokerMsg;
     use crate::protocol::transmission::{client_signed_bytes, parse_transmission};
     use crate::server::directory::IdSpace;
     use crate::server::router::{ConnRef, Mesh, Request, SessionInfo};
+    use crate::server::router::{GroupKind, Pending};
     use crate::store::memory::MemoryStore;
     use crate::store::{Message, MsgNtf, NotifierCreds, QueueRec, QueueStatus};
 

@@ -11,10 +11,40 @@ use std::sync::Arc;
 
 use x25519_dalek::StaticSecret;
 
-use super::forward::Forwarded;
+use crate::crypto::sxbox::NONCE_LEN;
 use crate::protocol::command::Command;
+use crate::protocol::response::{encode_response, BrokerMsg};
 use crate::protocol::version::Version;
 use crate::store::{group_of, EntityId, MsgId, MsgNtf, PARTITION_GROUPS};
+
+/// What an answer to a forwarded transmission needs: how to seal it for the client and for the
+/// proxy, and the session the inner transmission runs in.
+pub struct Forwarded {
+    /// The `RFWD`'s corrId (`n2`): `RRES` carries it, its reversed `cbNonce` seals `RRES`.
+    pub outer_corr_id: Vec<u8>,
+    /// The client's corrId from `FwdTransmission`, echoed in `FwdResponse`.
+    pub fwd_corr_id: Vec<u8>,
+    /// `cbNonce(fwd_corr_id)`; the answer to the client is sealed with its reverse.
+    pub nonce: [u8; NONCE_LEN],
+    /// X25519(client's per-command key, this connection's server key).
+    pub cmd_secret: [u8; 32],
+    /// X25519(proxy's hello key, this connection's server key).
+    pub sess_secret: [u8; 32],
+    /// The proxy connection's session at the forwarded version: the same connection, session ID and
+    /// server key (the client signed with the proxy↔relay session ID implied).
+    pub inner: Session,
+}
+
+/// Encodes one server transmission for `session` (`protocol::response::encode_response`).
+pub fn encode(session: &Session, corr_id: &[u8], entity_id: &[u8], msg: &BrokerMsg) -> Vec<u8> {
+    encode_response(
+        session.version,
+        &session.session_id,
+        corr_id,
+        entity_id,
+        msg,
+    )
+}
 
 /// A connection, named by the shard that holds it and a number unique on that shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

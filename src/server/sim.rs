@@ -20,9 +20,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use x25519_dalek::StaticSecret;
 
-use super::conn::OutputState;
 use super::directory::{Directory, IdSpace};
-use super::owner::Owner;
+use super::output::OutputState;
+use super::owner::{Fault, Owner};
 use super::pipeline::Pipeline;
 use super::router::{ConnRef, GroupKind, Mesh, Pending, Request, Session, SessionInfo, ShardMsg};
 use super::shard::owner_job;
@@ -46,20 +46,6 @@ const CONNS: usize = 3;
 const STEPS: usize = 120;
 /// A high water mark under one MSG (~16 KB): any queued MSG makes the next push a marker.
 const HIGH_WATER_BYTES: usize = 1024;
-
-/// A deliberately broken owner, to show that the simulation catches it.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Fault {
-    None,
-    /// Answers an ACK with OK and takes the next message as delivered without sending it.
-    AckWithoutNext,
-    /// Runs block parts without the per-queue order: a part may start while another part's
-    /// store operation on the same queue is in flight.
-    NoQueueOrder,
-    /// Registers a SUB's subscriber after its head was read, in a later step (the reference's
-    /// race, which the `t1-race-variant` build re-creates over real connections).
-    LateRegistration,
-}
 
 struct SimConn {
     session: Session,

@@ -18,8 +18,10 @@ use crate::protocol::pad::PAD_BYTE;
 use crate::protocol::response::BrokerMsg;
 use crate::protocol::transmission::encode_server_transmission;
 use crate::protocol::version::max_message_length;
-use crate::server::owner::{encode, Owner, Subscriber, Turn, T1_RACE_VARIANT, T1_VARIANT_DELAY};
-use crate::server::router::{Delivery, Group, GroupKind, Request, Session, ShardMsg};
+use crate::server::owner::{Owner, Subscriber, Turn, T1_RACE_VARIANT, T1_VARIANT_DELAY};
+use crate::server::router::{
+    encode, ConnRef, Delivery, Group, GroupKind, Pending, Request, Session, ShardMsg,
+};
 use crate::store::{Message, MessageStore, MsgId, QueueStatus, QueueStore, WriteOutcome};
 
 /// MSG bodies are always padded to this before sealing: `MaxRcvMessageLen + 2`
@@ -102,6 +104,62 @@ fn seal_msg_body_into(rcv_dh_secret: &[u8; 32], m: &Message, out: &mut Vec<u8>) 
 }
 
 impl<S: QueueStore + MessageStore> Owner<S> {
+    /// A connection asks for what it held: MSGs it dropped while its output was over its bound
+    /// (each queue's head is handed again if that is still the subscription's outstanding
+    /// delivery), and the next notifications of a notifier it subscribes to. Always answered, even
+    /// with nothing, so that the connection asks for its next items (I2).
+    pub async fn redeliver(&self, conn: ConnRef, items: Vec<Pending>) {
+        let mut groups = Vec::new();
+        for item in items {
+            match item {
+                Pending::Msg(d) => {
+                    if let Some(g) = self.redeliver_msg(conn, d).await {
+                        groups.push(g);
+                    }
+                }
+                Pending::Ntfs { notifier_id, .. } => {
+                    let Some(session) = self
+                        .ntf_subs
+                        .borrow()
+                        .get(&notifier_id)
+                        .filter(|s| s.conn == conn)
+                        .cloned()
+                    else {
+                        continue;
+                    };
+                    groups.extend(self.ntf_part(&session, &notifier_id).await);
+                }
+            }
+        }
+        self.mesh
+            .send(conn.shard, ShardMsg::Redelivered { conn, groups });
+    }
+
+    async fn redeliver_msg(&self, conn: ConnRef, d: Delivery) -> Option<Group> {
+        let rid = d.recipient_id.clone();
+        if !self.is_outstanding(conn, &d) {
+            return None;
+        }
+        let head = self.store.peek_first(&rid).await.ok().flatten();
+        // The connection may have closed while the head was read.
+        if !self.is_outstanding(conn, &d) {
+            return None;
+        }
+        let secret = self.store.with_queue(&rid, |q| q.rcv_dh_secret)?;
+        let session = {
+            let mut subs = self.subs.borrow_mut();
+            let s = subs.get_mut(&rid)?;
+            s.delivered = head.as_ref().map(|m| *m.msg_id());
+            s.session.clone()
+        };
+        let m = head?;
+        let t = msg_transmission(&session, b"", &rid, &secret, &m);
+        Some(Group {
+            transmissions: vec![t],
+            kind: GroupKind::Msg(self.delivery(&rid, m.msg_id())),
+        })
+    }
+
     /// SUB: registers this connection as the queue's subscriber (ending another connection's
     /// subscription) and returns the head, in the same owner turn.
     pub(super) async fn sub(
@@ -118,7 +176,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         self.stats.borrow_mut().subs += 1;
         let epoch = self.new_epoch();
         #[cfg(test)]
-        let late = self.fault.get() == crate::server::sim::Fault::LateRegistration;
+        let late = self.fault.get() == crate::server::owner::Fault::LateRegistration;
         #[cfg(not(test))]
         let late = false;
         if T1_RACE_VARIANT || late {
@@ -188,7 +246,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         let mesh = self.mesh.clone();
         let shard = self.shard;
         #[cfg(test)]
-        if self.fault.get() == crate::server::sim::Fault::LateRegistration {
+        if self.fault.get() == crate::server::owner::Fault::LateRegistration {
             let recipient_id = rid;
             mesh.send(
                 shard,
@@ -293,7 +351,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                         s.delivered = Some(*m.msg_id());
                     }
                     #[cfg(test)]
-                    if self.fault.get() == crate::server::sim::Fault::AckWithoutNext {
+                    if self.fault.get() == crate::server::owner::Fault::AckWithoutNext {
                         return BrokerMsg::Ok;
                     }
                     let secret = self

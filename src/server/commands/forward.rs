@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use crate::crypto::sxbox::{self, cb_nonce, NONCE_LEN};
+use crate::crypto::sxbox::{self, cb_nonce};
 use crate::protocol::batch::parse_batch;
 use crate::protocol::command::{check_credentials, parse_command, Command, Runs};
 use crate::protocol::encoding::put_word16;
@@ -27,26 +27,7 @@ use crate::protocol::transmission::{
     authorized_bytes, encode_server_transmission, parse_transmission, TransmissionError,
 };
 use crate::protocol::version::AUTH_CMDS;
-use crate::server::owner::encode;
-use crate::server::router::{Session, SessionInfo};
-
-/// What an answer to a forwarded transmission needs: how to seal it for the client and for the
-/// proxy, and the session the inner transmission runs in.
-pub struct Forwarded {
-    /// The `RFWD`'s corrId (`n2`): `RRES` carries it, its reversed `cbNonce` seals `RRES`.
-    pub outer_corr_id: Vec<u8>,
-    /// The client's corrId from `FwdTransmission`, echoed in `FwdResponse`.
-    pub fwd_corr_id: Vec<u8>,
-    /// `cbNonce(fwd_corr_id)`; the answer to the client is sealed with its reverse.
-    pub nonce: [u8; NONCE_LEN],
-    /// X25519(client's per-command key, this connection's server key).
-    pub cmd_secret: [u8; 32],
-    /// X25519(proxy's hello key, this connection's server key).
-    pub sess_secret: [u8; 32],
-    /// The proxy connection's session at the forwarded version: the same connection, session ID and
-    /// server key (the client signed with the proxy↔relay session ID implied).
-    pub inner: Session,
-}
+use crate::server::router::{encode, Forwarded, Session, SessionInfo};
 
 /// The inner transmission, checked as far as the connection checks anything (simplexmq
 /// `Protocol.hs` `tDecodeServer` at the forwarded version), with the allowed-command filter on top.

@@ -12,11 +12,10 @@ pub mod forward;
 pub use deliver::msg_transmission;
 mod link;
 mod notify;
-pub(crate) use notify::nmsg;
 mod queue;
 
 use super::owner::{Owner, Turn};
-use super::router::{Request, Session};
+use super::router::{encode, Group, GroupKind, Request, Session, ShardMsg};
 use crate::protocol::command::Command;
 use crate::protocol::error::ErrorType;
 use crate::protocol::response::BrokerMsg;
@@ -30,6 +29,55 @@ fn err(e: ErrorType) -> BrokerMsg {
 }
 
 impl<S: QueueStore + MessageStore> Owner<S> {
+    /// Executes one block's requests for this owner and sends the connection its part.
+    pub async fn process(&self, session: Session, block_seq: u64, mut requests: Vec<Request>) {
+        let mut turn = Turn::default();
+        self.batch_verify(&session, &mut requests);
+        self.pre_verify_subs(&session, &mut requests);
+        let prefetched = self.prefetch_subs(&requests).await;
+        let mut prefetched = prefetched;
+        for (i, mut req) in requests.into_iter().enumerate() {
+            let head = prefetched.remove(&i);
+            let corr_id = req.corr_id.clone();
+            // A forwarded request (RFWD) runs in the forwarded session and its answer is sealed
+            // into RRES for the proxy (`commands/forward.rs`).
+            let fwd = req.forward.take();
+            let exec_session = fwd.as_ref().map_or(&session, |f| &f.inner);
+            let (entity, msg) = self.execute(exec_session, req, head, &mut turn).await;
+            turn.responses.push(match fwd {
+                Some(f) => forward::respond(&session, &f, &corr_id, &entity, &msg),
+                None => encode(&session, &corr_id, &entity, &msg),
+            });
+        }
+        // A SUB's first message goes out after the part's responses (O4); a later request of the same
+        // turn may have acknowledged it, deleted the queue or subscribed again. Only a delivery that
+        // is still its subscription's outstanding one is sent (I4: an ACKed message never again).
+        turn.sub_msgs
+            .retain(|(_, d)| self.is_outstanding(session.conn, d));
+        let groups = pack_turn(turn);
+        self.mesh.send(
+            session.conn.shard,
+            ShardMsg::Reply {
+                conn: session.conn,
+                block_seq,
+                groups,
+            },
+        );
+    }
+
+    /// The periodic expiration of messages and notifications (simplexmq `Server.hs`,
+    /// `expireMessages`). A subscriber whose delivered message expired keeps waiting for its ACK,
+    /// as in the reference; the ACK then returns the new head.
+    pub async fn expire(&self) {
+        let now = now_secs();
+        let old = now - self.settings.message_ttl.as_secs() as i64;
+        if let Ok(n) = self.store.expire_all(old).await {
+            self.stats.borrow_mut().msg_expired += n as u64;
+        }
+        let old_ntf = now - self.settings.notification_ttl.as_secs() as i64;
+        let _ = self.store.expire_ntfs(old_ntf).await;
+    }
+
     /// Runs one request; returns the entity ID to answer with and the response.
     pub(super) async fn execute(
         &self,
@@ -170,4 +218,33 @@ pub fn random_id() -> EntityId {
     let mut id = vec![0u8; 24];
     rand::rngs::OsRng.fill_bytes(&mut id);
     id
+}
+
+/// The block layout of a turn (`docs/ARCHITECTURE.md` §3, O2 and O4): pushes first, each alone;
+/// then the responses, with the SUBs' first messages in the same group when the part has at most 4
+/// responses, else one block per message after them.
+fn pack_turn(turn: Turn) -> Vec<Group> {
+    let Turn {
+        responses,
+        sub_msgs,
+        pushes,
+        trailing,
+        ..
+    } = turn;
+    let mut groups = pushes;
+    if responses.len() <= 4 {
+        let mut g = responses;
+        g.extend(sub_msgs.into_iter().map(|(m, _)| m));
+        if !g.is_empty() {
+            groups.push(Group::plain(g));
+        }
+    } else {
+        groups.push(Group::plain(responses));
+        groups.extend(sub_msgs.into_iter().map(|(m, d)| Group {
+            transmissions: vec![m],
+            kind: GroupKind::Msg(d),
+        }));
+    }
+    groups.extend(trailing);
+    groups
 }

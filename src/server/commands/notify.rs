@@ -7,12 +7,13 @@ use x25519_dalek::{PublicKey as X25519Public, StaticSecret};
 use super::{err, random_id};
 use crate::crypto::keys::PublicAuthKey;
 use crate::crypto::sxbox;
+use crate::limits::NTFS_PER_PART;
 use crate::protocol::encoding::{put_int64, put_short_unchecked};
 use crate::protocol::error::ErrorType;
 use crate::protocol::response::BrokerMsg;
 use crate::server::directory::IdSpace;
-use crate::server::owner::{encode, Owner, Turn};
-use crate::server::router::{Request, Session};
+use crate::server::owner::{Owner, Turn};
+use crate::server::router::{encode, Group, GroupKind, NtfReturn, Pending, Request, Session};
 use crate::store::{Message, MessageStore, MsgNtf, NotifierCreds, QueueRec, QueueStore};
 
 /// Attempts at a free notifier ID (the reference's 3).
@@ -21,6 +22,64 @@ const NOTIFIER_ID_ATTEMPTS: usize = 3;
 const NMSG_META_PADDED_LEN: usize = 128;
 
 impl<S: QueueStore + MessageStore> Owner<S> {
+    /// The next `NTFS_PER_PART` stored notifications of `nid` for its subscriber `session`, and a
+    /// marker to ask for more when more are stored.
+    pub async fn ntf_part(&self, session: &Session, nid: &[u8]) -> Vec<Group> {
+        let (part, more) = self
+            .store
+            .take_ntfs(nid, NTFS_PER_PART)
+            .await
+            .unwrap_or_default();
+        let mut groups = Vec::new();
+        if !part.is_empty() {
+            self.stats.borrow_mut().msg_ntfs += part.len() as u64;
+            groups.push(self.ntf_group(session, nid, part));
+        }
+        if more {
+            self.ntf_backlog.borrow_mut().insert(nid.to_vec());
+            groups.push(Group {
+                transmissions: Vec::new(),
+                kind: GroupKind::More(Pending::Ntfs {
+                    owner: self.shard,
+                    notifier_id: nid.to_vec(),
+                }),
+            });
+        } else {
+            self.ntf_backlog.borrow_mut().remove(nid);
+        }
+        groups
+    }
+
+    /// NMSGs for `ntfs`, kept with them so that a connection that cannot take them returns them.
+    pub fn ntf_group(&self, session: &Session, nid: &[u8], ntfs: Vec<MsgNtf>) -> Group {
+        Group {
+            transmissions: ntfs.iter().map(|n| nmsg(session, nid, n)).collect(),
+            kind: GroupKind::Ntfs(NtfReturn {
+                owner: self.shard,
+                notifier_id: nid.to_vec(),
+                ntfs,
+            }),
+        }
+    }
+
+    /// Notifications a connection could not take (it closed before they were written): stored
+    /// again, ahead of any stored since, for the next NSUB.
+    pub async fn store_ntfs(&self, nid: &[u8], ntfs: Vec<MsgNtf>) {
+        {
+            let mut st = self.stats.borrow_mut();
+            st.msg_ntfs = st.msg_ntfs.saturating_sub(ntfs.len() as u64);
+        }
+        // A notifier deleted meanwhile keeps nothing.
+        if self
+            .directory
+            .lookup(crate::server::directory::IdSpace::Notifier, nid)
+            .is_none()
+        {
+            return;
+        }
+        let _ = self.store.return_ntfs(nid, ntfs).await;
+    }
+
     /// NKEY: a new notifier replaces any previous one, whose subscriber gets DELD.
     pub(super) async fn nkey(
         &self,

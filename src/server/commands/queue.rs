@@ -10,7 +10,8 @@ use crate::protocol::command::{Command, QueueMode, QueueReq, SubMode};
 use crate::protocol::error::{CommandError, ErrorType};
 use crate::protocol::response::{BrokerMsg, QueueIds, ServerNtfCreds};
 use crate::server::directory::IdSpace;
-use crate::server::owner::{encode, Owner, Subscriber, Turn};
+use crate::server::owner::{Owner, Subscriber, Turn};
+use crate::server::router::encode;
 use crate::server::router::{owner_shard, Request, Session};
 use crate::store::{
     EntityId, Message, MessageStore, NotifierCreds, QueueLink, QueueRec, QueueStatus, QueueStore,

@@ -1,0 +1,157 @@
+//! What a shard's connections share (`docs/ARCHITECTURE.md` §1): its settings and credentials,
+//! the mesh to other shards, the table of its established connections, and how owners' answers
+//! and events reach them.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::admission::Admission;
+use super::directory::Directory;
+use super::output::{ask_again, ConnHandle, Output};
+use super::router::{ConnRef, Gathering, Group, GroupKind, Mesh, ShardMsg};
+use crate::config::StartConfig;
+use crate::metrics::MetricsSnapshot;
+use crate::transport::certs::ServerCredentials;
+
+/// What every connection of a shard reads; built once per shard.
+pub struct ShardContext {
+    pub shard_id: usize,
+    pub config: StartConfig,
+    pub credentials: Arc<ServerCredentials>,
+    pub tls_config: Arc<rustls::ServerConfig>,
+    /// Connections this shard holds now (its part of the metrics' count).
+    pub connections: Cell<usize>,
+    /// The relay's connection limits, shared by every shard.
+    pub admission: Arc<Admission>,
+    /// Every socket read of this shard lands here first (see `tls_stream`).
+    pub read_scratch: super::tls_stream::ReadScratch,
+    pub directory: Arc<Directory>,
+    pub mesh: Mesh,
+    /// Established connections of this shard, by number: where owners' answers go.
+    pub connections_table: RefCell<HashMap<u64, ConnHandle>>,
+    next_conn: Cell<u64>,
+    /// The proxy role: this shard's sessions to destination relays.
+    pub proxy: super::proxy::ProxyAgent,
+    /// Shard 0's gathering of every shard's numbers for the metrics file (`ShardMsg::Metrics`).
+    pub(super) stats_round: RefCell<Option<Gathering<MetricsSnapshot>>>,
+    pub(super) next_stats_round: Cell<u64>,
+    /// Test hook (`clock_control`): told when the next metrics file is written.
+    pub(super) stats_waiters: RefCell<Vec<flume::Sender<()>>>,
+    /// Back-pressure counters of this shard's connections, exported as metrics.
+    pub conn_stats: ConnStats,
+}
+
+/// Counters of what back-pressure did to this shard's connections.
+#[derive(Default)]
+pub struct ConnStats {
+    pub output_drops: Cell<u64>,
+    pub output_reasks: Cell<u64>,
+    pub slow_reader_closes: Cell<u64>,
+}
+
+impl ShardContext {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        shard_id: usize,
+        config: StartConfig,
+        credentials: Arc<ServerCredentials>,
+        tls_config: Arc<rustls::ServerConfig>,
+        admission: Arc<Admission>,
+        directory: Arc<Directory>,
+        mesh: Mesh,
+    ) -> Self {
+        let proxy = super::proxy::ProxyAgent::new(&config.settings);
+        ShardContext {
+            shard_id,
+            config,
+            credentials,
+            tls_config,
+            connections: Cell::new(0),
+            admission,
+            read_scratch: super::tls_stream::new_scratch(),
+            directory,
+            mesh,
+            connections_table: RefCell::new(HashMap::new()),
+            next_conn: Cell::new(0),
+            proxy,
+            stats_round: RefCell::new(None),
+            next_stats_round: Cell::new(0),
+            stats_waiters: RefCell::new(Vec::new()),
+            conn_stats: ConnStats::default(),
+        }
+    }
+
+    pub fn next_conn_id(&self) -> u64 {
+        let id = self.next_conn.get();
+        self.next_conn.set(id + 1);
+        id
+    }
+
+    /// Hands groups to a connection of this shard. A connection that has gone drops them (its
+    /// owners are told by `Closed` and forget it), except notifications, which go back to their
+    /// owners to be stored.
+    pub(super) fn deliver(&self, conn: ConnRef, groups: Vec<Group>, block_seq: Option<u64>) {
+        let table = self.connections_table.borrow();
+        let Some(h) = table.get(&conn.id) else {
+            drop(table);
+            self.return_ntfs(groups);
+            return;
+        };
+        let admitted = h.state.admit(groups, block_seq.is_none());
+        let stats = &self.conn_stats;
+        stats
+            .output_drops
+            .set(stats.output_drops.get() + admitted.dropped as u64);
+        // An empty output still wakes the writer: it releases the block's permit, or ends a
+        // connection that was just doomed.
+        let _ = h.out.try_send(Output {
+            groups: admitted.kept,
+            block_seq,
+        });
+        drop(table);
+        for r in admitted.returned {
+            self.return_ntfs(vec![Group {
+                transmissions: Vec::new(),
+                kind: GroupKind::Ntfs(r),
+            }]);
+        }
+    }
+
+    /// Sends the notifications among `groups` back to their owners.
+    pub fn return_ntfs(&self, groups: Vec<Group>) {
+        for g in groups {
+            if let GroupKind::Ntfs(r) = g.kind {
+                self.mesh.send(
+                    r.owner,
+                    ShardMsg::ReturnNtfs {
+                        notifier_id: r.notifier_id,
+                        ntfs: r.ntfs,
+                    },
+                );
+            }
+        }
+    }
+
+    /// An owner answered a connection's ask (`conn::ask_again`): queue what it sent, and ask for
+    /// the next items once every owner asked has answered.
+    pub(super) fn redelivered(&self, conn: ConnRef, groups: Vec<Group>) {
+        self.deliver(conn, groups, None);
+        let table = self.connections_table.borrow();
+        if let Some(h) = table.get(&conn.id) {
+            h.state.asking.set(h.state.asking.get().saturating_sub(1));
+            ask_again(&self.mesh, &self.conn_stats.output_reasks, conn, &h.state);
+        }
+    }
+
+    /// Ends a connection at its owner's request.
+    pub(super) fn close(&self, conn: ConnRef) {
+        if let Some(h) = self.connections_table.borrow().get(&conn.id) {
+            h.state.doomed.set(true);
+            let _ = h.out.try_send(Output {
+                groups: Vec::new(),
+                block_seq: None,
+            });
+        }
+    }
+}
