@@ -18,6 +18,12 @@
 //!
 //! Keys are the first 8 bytes of a recipient ID (IDs are random): two queues that share them
 //! only wait for each other more than they need to.
+//!
+//! Bounds: jobs come from the shard's inbox, and what flows into it is bounded where it starts
+//! (`docs/ARCHITECTURE.md` §4): a connection has at most `MAX_BLOCKS_IN_FLIGHT` blocks being
+//! answered (one job per owner part of each) and at most one ask out; returned notifications and
+//! the expiration are one job each. So jobs waiting here are at most connections ×
+//! (`MAX_BLOCKS_IN_FLIGHT` + 1) plus those few, and their lines hold no more.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
