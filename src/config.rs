@@ -51,6 +51,9 @@ pub struct StartConfig {
     /// Test hook: shard 0 serves clock-control commands on this Unix socket
     /// (`src/server/clock_control.rs`).
     pub test_clock_control: Option<PathBuf>,
+    /// Test hook: how often the slow-reader watchdog looks (`src/server/conn.rs`), instead of a
+    /// quarter of the limit: tests that advance the clock past a long limit need not wait for it.
+    pub test_slow_reader_tick: Option<Duration>,
 }
 
 /// How the start-up test hook makes a shard fail.
@@ -74,6 +77,7 @@ impl StartConfig {
             store: crate::store::StoreKind::default(),
             test_fail_start: None,
             test_clock_control: None,
+            test_slow_reader_tick: None,
             // The settings' fields, blank until their defaults are written below.
             ports: Vec::new(),
             shards: 0,
