@@ -111,6 +111,16 @@ struct StartArgs {
     #[arg(long, hide = true, value_name = "MS",
           value_parser = clap::value_parser!(u64).range(1..=60_000))]
     test_warning_interval_ms: Option<u64>,
+    /// Test hook: the slow-reader watchdog looks every MS milliseconds instead of every quarter of
+    /// the limit, so that a test advancing the clock past a long limit sees the close at once.
+    #[arg(long, hide = true, value_name = "MS",
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    test_slow_reader_tick_ms: Option<u64>,
+    /// Test hook: the TLS handshake timeout in milliseconds instead of `--tls-timeout-secs`, so
+    /// that the handshake-timeout tests need not wait a whole second.
+    #[arg(long, hide = true, value_name = "MS",
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    test_tls_timeout_ms: Option<u64>,
     /// Store: `memory` (saved at a clean stop, restored at start; a crash loses what was not
     /// saved). The journal and PostgreSQL stores come later (ini `[STORE_LOG] store_messages`).
     #[arg(long, value_parser = ["memory"])]
@@ -397,6 +407,7 @@ fn start(data_dir: &Path, args: &StartArgs) -> Result<(), String> {
     }
     c.test_fail_start = args.test_fail_start;
     c.test_clock_control = args.test_clock_control.clone();
+    c.test_slow_reader_tick = args.test_slow_reader_tick_ms.map(Duration::from_millis);
     if let Some(secs) = args.test_clock_offset_secs {
         smp_relay::clock::advance(i64::from(secs));
     }
@@ -404,6 +415,9 @@ fn start(data_dir: &Path, args: &StartArgs) -> Result<(), String> {
         smp_relay::server::log_limit::set_interval(Duration::from_millis(ms));
     }
     cli.or(file.options).apply_to(&mut c);
+    if let Some(ms) = args.test_tls_timeout_ms {
+        c.tls_timeout = Duration::from_millis(ms);
+    }
     args.apply_proxy(&mut c.settings.proxy);
     smp_relay::server::run(c).map_err(|e| e.to_string())
 }

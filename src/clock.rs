@@ -6,6 +6,10 @@
 //! is 0 unless the hidden test flags (`--test-clock-offset-secs`, `--test-clock-control`, see
 //! `src/server/clock_control.rs`) move it, so that the expiry and persistence tests advance time
 //! instead of sleeping. On the request path it costs one relaxed atomic load.
+//!
+//! Durations the relay measures (the slow-reader limit, `src/server/conn.rs`) use [`Stamp`]: the
+//! monotonic clock plus whatever the test hooks advanced since, so that a test advances the clock
+//! past a limit instead of waiting for it, and wall-clock steps never move it.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
@@ -32,6 +36,29 @@ pub fn now_ms() -> u64 {
 /// logic, so a negative amount is refused by the callers.
 pub fn advance(secs: i64) {
     OFFSET_SECS.fetch_add(secs, Ordering::Relaxed);
+}
+
+/// A monotonic instant on the relay's clock: `Instant` plus the test offset at the time, so that
+/// `elapsed` counts what the test hooks advanced since as time passed.
+#[derive(Clone, Copy, Debug)]
+pub struct Stamp {
+    at: std::time::Instant,
+    offset_secs: i64,
+}
+
+impl Stamp {
+    pub fn now() -> Stamp {
+        Stamp {
+            at: std::time::Instant::now(),
+            offset_secs: OFFSET_SECS.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Time since this stamp as the relay sees it (the offset only grows: `advance`).
+    pub fn elapsed(&self) -> std::time::Duration {
+        let advanced = OFFSET_SECS.load(Ordering::Relaxed) - self.offset_secs;
+        self.at.elapsed() + std::time::Duration::from_secs(advanced.max(0) as u64)
+    }
 }
 
 /// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (H. Hinnant's

@@ -50,6 +50,9 @@ pub struct StartConfig {
     /// Test hook: shard 0 serves clock-control commands on this Unix socket
     /// (`src/server/clock_control.rs`).
     pub test_clock_control: Option<PathBuf>,
+    /// Test hook: how often the slow-reader watchdog looks (`src/server/conn.rs`), instead of a
+    /// quarter of the limit: tests that advance the clock past a long limit need not wait for it.
+    pub test_slow_reader_tick: Option<Duration>,
 }
 
 /// How the start-up test hook makes a shard fail.

@@ -360,6 +360,7 @@ impl StartConfig {
             store: crate::store::StoreKind::default(),
             test_fail_start: None,
             test_clock_control: None,
+            test_slow_reader_tick: None,
             // The settings' fields, blank until their defaults are written below.
             ports: Vec::new(),
             shards: 0,

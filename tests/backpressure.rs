@@ -47,7 +47,7 @@ const PIPELINE: usize = 400;
 const OTHER_PINGS: usize = 100;
 const OTHER_SENDS: usize = 100;
 /// How long the paused connection's writes must make no progress to count as refused.
-const STALL: Duration = Duration::from_millis(1500);
+const STALL: Duration = Duration::from_millis(1000);
 /// Bound on waiting for any one phase.
 const PHASE_LIMIT: Duration = Duration::from_secs(60);
 /// Bound on receiving everything once the paused reader resumes. The relay hands the messages it
@@ -62,11 +62,13 @@ const RESUME_LIMIT: Duration = Duration::from_secs(120);
 /// room for allocator slack and is still a small fraction of the 160 MB an unbounded relay would
 /// queue. Socket buffers are kernel memory and do not count.
 const RSS_GROWTH_BOUND_KB: u64 = 64 * 1024;
-/// The slow-reader limit the close test starts the relay with (the relay then looks four times a
-/// second, `src/server/conn.rs`).
-const SLOW_READER_CLOSE_SECS: u64 = 1;
+/// The slow-reader limit the close test starts the relay with: on the relay's clock, which the
+/// test advances past it (`src/server/conn.rs`), so long that real time never reaches it.
+const SLOW_READER_CLOSE_SECS: u32 = 60;
+/// How often the relay's slow-reader watchdog looks in the tests that advance its clock.
+const SLOW_READER_TICK_MS: &str = "10";
 /// Queues the re-subscribing connection takes at once: their MSGs (16 KB each) stay under the
-/// 1 MiB output bound, so that the short slow-reader limit cannot close that connection.
+/// 1 MiB output bound, so that the slow-reader limit cannot close that connection.
 const RESUB_CHUNK: usize = 32;
 
 /// `[min, default, max]` of `/proc/sys/net/ipv4/tcp_{w,r}mem`.
@@ -89,23 +91,30 @@ fn socket_capacity_bytes() -> usize {
 /// Bytes the relay has not read yet from the connection whose client side is `client_port`
 /// (`rx_queue` of the relay's socket in `/proc/net/tcp`).
 fn relay_unread_bytes(relay_port: u16, client_port: u16) -> usize {
+    socket_queues(relay_port, client_port).1
+}
+
+/// `(tx_queue, rx_queue)` of the loopback socket from `local_port` to `remote_port` in
+/// `/proc/net/tcp`: bytes written and not yet acknowledged by the peer, bytes not yet read.
+fn socket_queues(local_port: u16, remote_port: u16) -> (usize, usize) {
     let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
     let port = |addr: &str| {
         addr.split(':')
             .nth(1)
             .and_then(|p| u16::from_str_radix(p, 16).ok())
     };
+    let hex = |s: Option<&str>| usize::from_str_radix(s.unwrap_or("0"), 16).unwrap_or(0);
     table
         .lines()
         .skip(1)
         .find_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            (port(f[1]) == Some(relay_port) && port(f[2]) == Some(client_port)).then(|| {
-                let rx = f[4].split(':').nth(1).unwrap_or("0");
-                usize::from_str_radix(rx, 16).unwrap_or(0)
+            (port(f[1]) == Some(local_port) && port(f[2]) == Some(remote_port)).then(|| {
+                let mut q = f[4].split(':');
+                (hex(q.next()), hex(q.next()))
             })
         })
-        .expect("the relay's socket of the paused connection")
+        .unwrap_or_else(|| panic!("no socket {local_port} -> {remote_port} in /proc/net/tcp"))
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -125,6 +134,8 @@ struct SplitWriter {
     sock: TcpStream,
     tls: Arc<Mutex<TlsHalf>>,
     session: Arc<Session>,
+    /// TLS bytes written to the socket by `send_content`.
+    sent: usize,
 }
 
 struct SplitReader {
@@ -222,6 +233,7 @@ fn split_connect_with(relay: &Relay, mut sock: TcpStream) -> (SplitWriter, Split
             sock: sock.try_clone().expect("clone socket"),
             tls: tls.clone(),
             session: session.clone(),
+            sent: 0,
         },
         SplitReader {
             sock,
@@ -292,7 +304,9 @@ impl SplitWriter {
                 tls.conn.write_tls(&mut wire)?;
             }
         }
-        self.sock.write_all(&wire)
+        self.sock.write_all(&wire)?;
+        self.sent += wire.len();
+        Ok(())
     }
 
     fn send(&mut self, ts: &[ClientTransmission]) -> io::Result<()> {
@@ -521,7 +535,7 @@ fn wait_until_unread(unread: impl Fn() -> usize) -> usize {
     let mut last = unread();
     let mut since = Instant::now();
     loop {
-        common::sleep(Duration::from_millis(100));
+        common::sleep(Duration::from_millis(50));
         let now = unread();
         if now != last || now == 0 {
             last = now;
@@ -559,6 +573,9 @@ fn a_stopped_reader_is_bounded_and_gets_every_message_once_when_it_resumes() {
     }
     eprintln!("setup: {:.1?}", started.elapsed());
     let baseline_kb = relay.rss_anon_kb();
+    // RssAnon while paused: sampled at each step of the other connection's work below (the paused
+    // connection's share does not change while it stays paused; the other work adds its own).
+    let mut paused_kb = Vec::new();
 
     // The paused connection writes all its SUBs from a thread of its own (the relay may stop
     // reading before they are all written) and reads nothing.
@@ -587,6 +604,7 @@ fn a_stopped_reader_is_bounded_and_gets_every_message_once_when_it_resumes() {
          wrote {} of {total} SUB blocks",
         written.load(Ordering::SeqCst)
     );
+    paused_kb.push(relay.rss_anon_kb());
 
     // Meanwhile another connection is served in full, and its queues' subscriber gets its MSGs.
     let mut other = relay.client();
@@ -598,7 +616,9 @@ fn a_stopped_reader_is_bounded_and_gets_every_message_once_when_it_resumes() {
         let r = other.recv_for(&p.corr_id).expect("PONG");
         assert_eq!(r.msg, Ok(BrokerMsg::Pong));
     }
+    paused_kb.push(relay.rss_anon_kb());
     send_each(&mut other, &others, QUEUES);
+    paused_kb.push(relay.rss_anon_kb());
     let mut got = HashSet::new();
     let oidx = index(&others);
     while got.len() < OTHER_SENDS {
@@ -608,14 +628,9 @@ fn a_stopped_reader_is_bounded_and_gets_every_message_once_when_it_resumes() {
         assert_eq!(m.msg.body(), Some(&body(QUEUES + i)[..]));
         assert!(got.insert(i), "other queue {i}: one MSG");
     }
+    paused_kb.push(relay.rss_anon_kb());
 
-    let peak_kb = (0..10)
-        .map(|_| {
-            common::sleep(Duration::from_millis(100));
-            relay.rss_anon_kb()
-        })
-        .max()
-        .unwrap_or(0);
+    let peak_kb = paused_kb.into_iter().max().unwrap_or(0);
     let growth_kb = peak_kb.saturating_sub(baseline_kb);
     eprintln!(
         "RssAnon: {baseline_kb} kB before, {peak_kb} kB paused: +{growth_kb} kB \
@@ -667,6 +682,8 @@ fn b_a_reader_paused_past_the_slow_reader_limit_is_closed_and_loses_nothing() {
         extra_args: vec![
             "--slow-reader-close-secs".into(),
             SLOW_READER_CLOSE_SECS.to_string(),
+            "--test-slow-reader-tick-ms".into(),
+            SLOW_READER_TICK_MS.into(),
             "--metrics-interval".into(),
             "1".into(),
         ],
@@ -688,9 +705,9 @@ fn b_a_reader_paused_past_the_slow_reader_limit_is_closed_and_loses_nothing() {
             }
         }
     });
-    // The pause, reading nothing, until the relay says it closed a slow reader (the limit and a
-    // quarter of it); only then does the reader look.
-    relay.metrics_until("one slow-reader close", |m| {
+    // The pause, reading nothing, while the relay's clock moves past the limit again and again,
+    // until the relay says it closed a slow reader; only then does the reader look.
+    relay.metrics_advancing(SLOW_READER_CLOSE_SECS, "one slow-reader close", |m| {
         m.get("smprelay_slow_reader_closes_total") == Some(&1)
     });
     // Whatever was sent before the close may still be read; then the stream must end.
@@ -998,8 +1015,8 @@ fn d_an_ack_of_a_dropped_delivery_deletes_nothing() {
 /// (e) Issue: answers counted as unread output, so a client that reads steadily while draining a
 /// backlog stayed over the bound and was closed as a slow reader. Reading at ~2 MB/s through
 /// the MSGs the relay holds beyond what the sockets hold (its output is over the bound for the
-/// first 3 MiB, ~1.6 s: longer than the 1 s slow-reader limit and its quarter-second look), it
-/// stays and gets everything.
+/// first 2.5 MiB, ~1.3 s: longer than the 1 s slow-reader limit, which the relay looks at every
+/// 10 ms here), it stays and gets everything.
 #[test]
 fn e_a_steady_slow_reader_is_not_closed() {
     const RATE_BYTES_PER_SEC: f64 = 2_000_000.0;
@@ -1008,6 +1025,8 @@ fn e_a_steady_slow_reader_is_not_closed() {
         extra_args: vec![
             "--slow-reader-close-secs".into(),
             "1".into(),
+            "--test-slow-reader-tick-ms".into(),
+            SLOW_READER_TICK_MS.into(),
             "--metrics-interval".into(),
             "1".into(),
         ],
@@ -1018,7 +1037,7 @@ fn e_a_steady_slow_reader_is_not_closed() {
     const RCVBUF: usize = 64 << 10;
     // The kernel doubles SO_RCVBUF for its bookkeeping.
     let sockets = tcp_mem("w")[2] + 2 * RCVBUF;
-    let n = ((sockets + (4 << 20)) / BLOCK_SIZE).max(300);
+    let n = ((sockets + (7 << 19)) / BLOCK_SIZE).max(300);
     let mut setup = relay.client();
     let qs = create_many(&mut setup, n, PIPELINE);
     send_each(&mut setup, &qs, 0);
@@ -1058,6 +1077,41 @@ fn e_a_steady_slow_reader_is_not_closed() {
     assert_eq!(m["smprelay_slow_reader_closes_total"], 0);
 }
 
+/// Waits until the relay has read enough of the SUB blocks `(subs, blocks, wire bytes)` written
+/// on `rd`'s connection that their MSG answers (a block each) exceed, by `bytes`, what the two
+/// sockets hold (`/proc/net/tcp`): the rest waits in the relay for the client to read.
+fn wait_until_held(
+    relay: &Relay,
+    rd: &SplitReader,
+    (subs, blocks, wire): (usize, usize, usize),
+    bytes: usize,
+) {
+    let client_port = rd.sock.local_addr().expect("local address").port();
+    let started = Instant::now();
+    loop {
+        let (client_tx, client_rx) = socket_queues(client_port, relay.port);
+        let (relay_tx, relay_rx) = socket_queues(relay.port, client_port);
+        // Whole SUB blocks the relay took from its socket, each `subs / blocks` SUBs at least.
+        let read_blocks = wire.saturating_sub(client_tx + relay_rx) * blocks / wire;
+        let answered = read_blocks * (subs / blocks) * BLOCK_SIZE;
+        let held = answered.saturating_sub(relay_tx + client_rx);
+        if held > bytes {
+            eprintln!(
+                "the relay read {read_blocks} of {blocks} SUB blocks: {answered} bytes of MSGs, \
+                 {} in the sockets",
+                relay_tx + client_rx
+            );
+            return;
+        }
+        assert!(
+            started.elapsed() < PHASE_LIMIT,
+            "the relay read {read_blocks} of {blocks} SUB blocks in {PHASE_LIMIT:?}: it holds \
+             {held} bytes of answers, not {bytes}"
+        );
+        common::sleep(Duration::from_millis(10));
+    }
+}
+
 /// (f) Issue: unread answers counted against the hard limit of undroppable events, so a DEL from
 /// another connection while megabytes of SUB answers waited closed the subscriber at once. Now the
 /// DELD is queued, the connection stays, and everything arrives.
@@ -1072,10 +1126,14 @@ fn f_deld_reaches_a_connection_with_megabytes_of_unread_answers() {
     let qs = create_many(&mut setup, n, PIPELINE);
     send_each(&mut setup, &qs, 0);
     let (mut w, mut rd) = split_connect(&relay);
-    w.send(&qs.iter().map(sub_t).collect::<Vec<_>>())
-        .expect("SUBs");
-    // The relay answers the SUB blocks and holds what the sockets do not take: over 4 MiB.
-    common::sleep(STALL);
+    let subs = w.blocks(&qs.iter().map(sub_t).collect::<Vec<_>>());
+    for b in &subs {
+        w.send_content(b).expect("SUBs");
+    }
+    // The relay answers the SUB blocks it read and holds what the sockets do not take: wait until
+    // it has read enough of them that their MSGs exceed the sockets' bytes by more than the hard
+    // limit of undroppable events.
+    wait_until_held(&relay, &rd, (n, subs.len(), w.sent), 5 << 20);
     let gone = &qs[0];
     assert_eq!(
         support::signed(&mut setup, gone.key(), gone.rid(), Command::Del),

@@ -487,9 +487,9 @@ fn idle_sockets_of_one_address_do_not_lock_out_other_clients() {
 #[test]
 fn an_address_gets_its_handshake_places_back_when_handshakes_time_out() {
     use smp_relay::limits::MAX_HANDSHAKES_PER_ADDRESS as PER_ADDRESS;
-    // The shortest TLS timeout the flag takes: the few steps below before the sockets time out
-    // take milliseconds.
-    let relay = relay_with(&["--tls-timeout-secs", "1"], 1);
+    // Half a second (a hidden test flag; the public one takes whole seconds): the few steps below
+    // before the sockets time out take milliseconds.
+    let relay = relay_with(&["--test-tls-timeout-ms", "500"], 1);
     let mut idle = silent_from(OTHER_ADDRESS, &relay, PER_ADDRESS);
     relay.assert_serves();
     assert!(

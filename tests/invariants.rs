@@ -54,7 +54,7 @@ const QUIET: Duration = Duration::from_millis(100);
 /// The relay's output high water mark in these runs (`--test-output-high-water-bytes`).
 const OUTPUT_HIGH_WATER_BYTES: usize = 4096;
 /// The slow-reader limit of these runs, and the queues the stopped reader at the end subscribes.
-const SLOW_READER_CLOSE_SECS: u64 = 2;
+const SLOW_READER_CLOSE_SECS: u32 = 2;
 const STOPPED_READER_QUEUES: usize = 1200;
 /// Violations printed per failing seed.
 const MAX_REPORTED: usize = 12;
@@ -1167,6 +1167,9 @@ fn randomized_concurrent_operations_keep_the_delivery_invariants() {
             // only the stopped reader at the end is closed for it.
             "--slow-reader-close-secs".into(),
             SLOW_READER_CLOSE_SECS.to_string(),
+            // The stopped reader's close follows the test's clock advance within this.
+            "--test-slow-reader-tick-ms".into(),
+            "20".into(),
         ],
     });
     let started = Instant::now();
@@ -1237,7 +1240,7 @@ fn randomized_concurrent_operations_keep_the_delivery_invariants() {
 
 /// A connection subscribes to many queues with a message each and reads nothing: more answers
 /// than the sockets hold wait, its socket takes nothing, and the relay closes it after
-/// `SLOW_READER_CLOSE_SECS`.
+/// `SLOW_READER_CLOSE_SECS` on its clock, which the test advances instead of waiting.
 fn stopped_reader_is_closed(relay: &Relay) {
     let mut setup = relay.client();
     // ~16 KB per MSG: well past what loopback sockets buffer.
@@ -1261,18 +1264,11 @@ fn stopped_reader_is_closed(relay: &Relay) {
         })
         .collect();
     stopped.send_batch(&subs).expect("SUBs");
-    let deadline = Instant::now() + Duration::from_secs(SLOW_READER_CLOSE_SECS + 30);
-    loop {
-        relay.publish_metrics();
-        if relay.metrics().get("smprelay_slow_reader_closes_total") == Some(&1) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the stopped reader was not closed as a slow reader"
-        );
-        common::sleep(Duration::from_millis(50));
-    }
+    relay.metrics_advancing(
+        SLOW_READER_CLOSE_SECS,
+        "the stopped reader closed as a slow reader",
+        |m| m.get("smprelay_slow_reader_closes_total") == Some(&1),
+    );
 }
 
 // ------------------------------------------------------------------------------------------------

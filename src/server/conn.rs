@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_lite::{AsyncRead, AsyncWriteExt};
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
@@ -312,6 +312,7 @@ async fn write_loop(
     out: &LocalReceiver<Output>,
 ) -> Result<(), ConnError> {
     let slow_reader_close = ctx.config.slow_reader_close;
+    let slow_reader_tick = ctx.config.test_slow_reader_tick;
     while let Some(first) = out.recv().await {
         if state.doomed.get() {
             return Err(ConnError::SlowReader);
@@ -345,7 +346,7 @@ async fn write_loop(
         // connection runs no timer.
         futures_lite::future::or(
             async { Ok(tls_stream::flush(tls).await?) },
-            slow_reader_watchdog(tls, state, slow_reader_close),
+            slow_reader_watchdog(tls, state, slow_reader_close, slow_reader_tick),
         )
         .await?;
         state
@@ -373,13 +374,17 @@ async fn write_loop(
 /// Ends a connection whose output has stayed over its bound for `limit` while its socket took
 /// less than `SLOW_READER_MIN_PROGRESS_BYTES`: a reader that reads, however slowly, stays.
 /// It looks once a second, or four times per `limit` when that is shorter (a limit of a second or
-/// two, as tests set, is then kept to within a quarter of itself).
+/// two, as tests set, is then kept to within a quarter of itself), or every `test_tick`. The limit
+/// is measured on the relay's clock (`clock::Stamp`), so that a test advances it instead of
+/// waiting.
 async fn slow_reader_watchdog(
     tls: &SharedTls,
     state: &OutputState,
     limit: Duration,
+    test_tick: Option<Duration>,
 ) -> Result<(), ConnError> {
-    let tick = (limit / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    let tick = test_tick
+        .unwrap_or_else(|| (limit / 4).clamp(Duration::from_millis(10), Duration::from_secs(1)));
     loop {
         glommio::timer::Timer::new(tick).await;
         if state.doomed.get() {
@@ -389,7 +394,9 @@ async fn slow_reader_watchdog(
         match state.stall_mark.get() {
             None => state.note_level(written),
             Some((_, mark)) if written - mark >= SLOW_READER_MIN_PROGRESS_BYTES as u64 => {
-                state.stall_mark.set(Some((Instant::now(), written)));
+                state
+                    .stall_mark
+                    .set(Some((crate::clock::Stamp::now(), written)));
             }
             Some((since, _)) if since.elapsed() >= limit => return Err(ConnError::SlowReader),
             Some(_) => {}

@@ -4,7 +4,6 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
-use std::time::Instant;
 
 use glommio::channels::local_channel::LocalSender;
 
@@ -37,7 +36,7 @@ pub struct OutputState {
     pub asking: Cell<usize>,
     /// Since when the output has been over the high water mark, and how many bytes the socket had
     /// taken then (moved on whenever the reader makes progress).
-    pub stall_mark: Cell<Option<(Instant, u64)>>,
+    pub stall_mark: Cell<Option<(crate::clock::Stamp, u64)>>,
     /// An event was refused at the hard limit (or the owner asked for a close): the writer ends
     /// the connection (a lost event must not go unnoticed).
     pub doomed: Cell<bool>,
@@ -125,7 +124,8 @@ impl OutputState {
     pub fn note_level(&self, written: u64) {
         if self.queued_bytes.get() > self.limits.high_water_bytes {
             if self.stall_mark.get().is_none() {
-                self.stall_mark.set(Some((Instant::now(), written)));
+                self.stall_mark
+                    .set(Some((crate::clock::Stamp::now(), written)));
             }
         } else {
             self.stall_mark.set(None);
