@@ -586,6 +586,8 @@ pub(crate) struct RecordHeader {
     pub seq: u64,
     pub kind: u16,
     pub prev_crc: u32,
+    /// Chosen at random by each open of the journal (see `FORMAT.md`, "Records").
+    pub writer: u32,
     pub crc: u32,
 }
 
@@ -599,6 +601,7 @@ impl RecordHeader {
         b[8..16].copy_from_slice(&self.seq.to_le_bytes());
         b[16..18].copy_from_slice(&self.kind.to_le_bytes());
         b[20..24].copy_from_slice(&self.prev_crc.to_le_bytes());
+        b[24..28].copy_from_slice(&self.writer.to_le_bytes());
         b
     }
 
@@ -608,13 +611,14 @@ impl RecordHeader {
             seq: u64_at(b, 8),
             kind: u16_at(b, 16),
             prev_crc: u32_at(b, 20),
+            writer: u32_at(b, 24),
             crc: u32_at(b, 28),
         }
     }
 
-    /// Bytes 18..20 and 24..28 are reserved and must be zero in this version.
+    /// Bytes 18..20 are reserved and must be zero in this version.
     pub fn reserved_zero(b: &[u8]) -> bool {
-        b[18..20] == [0, 0] && b[24..28] == [0, 0, 0, 0]
+        b[18..20] == [0, 0]
     }
 }
 

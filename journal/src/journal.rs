@@ -132,6 +132,8 @@ pub struct Journal {
     active: Arc<Segment>,
     next_seq: u64,
     last_crc: u32,
+    /// This open's writer number, stored in every record it appends.
+    writer: u32,
     shared: Arc<Shared>,
 }
 
@@ -373,6 +375,7 @@ impl Journal {
                         slot.synced_end, bad.reason
                     ),
                 });
+                seg.zero_leftovers(bad.offset);
                 let rest = ids[i..].to_vec();
                 remove_files(&dir, &rest, &mut report)?;
                 ids.truncate(i);
@@ -448,6 +451,7 @@ impl Journal {
                 active,
                 next_seq,
                 last_crc,
+                writer: crate::segment::random_u32(next_seq),
                 shared,
             },
             report,
@@ -518,6 +522,7 @@ impl Journal {
             seq: self.next_seq,
             kind: rec.kind() as u16,
             prev_crc: self.last_crc,
+            writer: self.writer,
             crc: 0,
         };
         // SAFETY: we are the appender (`&mut self`), `at` is the segment's `written_end` and

@@ -169,7 +169,11 @@ pub fn read_group(
                 path.display()
             ));
         }
-        next_seq = Some(s.last_seq.map_or(s.first_seq, |x| x + 1));
+        // After damage the records that follow are unknown: do not report the gap again.
+        next_seq = match s.stop {
+            SegmentEnd::Damage { .. } => None,
+            _ => Some(s.last_seq.map_or(s.first_seq, |x| x + 1)),
+        };
         prev_id = Some(id);
         rep.records += s.records;
         for (k, n) in &s.by_kind {

@@ -46,9 +46,9 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), JournalError> {
         .map_err(|e| JournalError::io(dir, "fsync directory", e))
 }
 
-/// A random-enough chain seed: it only has to differ from the seed of an earlier file of the same
-/// name.
-fn chain_seed(id: u64) -> u32 {
+/// A random-enough number: a chain seed only has to differ from the seed of an earlier file of
+/// the same name, a writer number from the previous open's.
+pub(crate) fn random_u32(id: u64) -> u32 {
     use std::sync::atomic::AtomicU32;
     static COUNTER: AtomicU32 = AtomicU32::new(0);
     let nanos = std::time::SystemTime::now()
@@ -162,7 +162,7 @@ impl Segment {
             segment: id,
             segment_len: len,
             first_seq,
-            chain_seed: chain_seed(id),
+            chain_seed: random_u32(id),
         };
         let made = preallocate(&file, &tmp, len).and_then(|()| {
             file.write_all_at(&header.encode(), 0)
@@ -248,6 +248,24 @@ impl Segment {
         // the kernel's business) and written only by the appender, whom the caller guarantees.
         unsafe {
             std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(at as usize), n as usize)
+        }
+    }
+
+    /// Zeroes the bytes from `at` (the end of the records) up to the first all-zero window, so
+    /// that leftovers of a torn tail do not follow the records appended from now on. Only at
+    /// open, before any sync handle exists.
+    pub fn zero_leftovers(&self, at: u64) {
+        let mut p = at;
+        while p < self.len {
+            let n = crate::scan::ZERO_WINDOW.min(self.len - p);
+            // SAFETY: `p >= written_end` (the caller set `written_end` to `at`) and in bounds;
+            // we are the only user of the segment during open.
+            let chunk = unsafe { self.tail_mut(p, n) };
+            if chunk.iter().all(|&b| b == 0) {
+                break;
+            }
+            chunk.fill(0);
+            p += n;
         }
     }
 
