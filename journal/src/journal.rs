@@ -125,6 +125,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The journal of one partition group: `<root>/gNN/seg-NNNNNNNNN.jnl` files. Appends, reads by
 /// location and segment removal go through `&mut self`/`&self` on one thread (the relay's shard);
 /// durability comes from a [`SyncHandle`] that may run on any thread.
+///
+/// Dropping a journal does not sync: at a clean stop call [`SyncHandle::sync_all`] first. (What
+/// was appended stays in the files after a process crash; only a machine crash loses what was
+/// not synced.)
 pub struct Journal {
     group: u32,
     opts: Options,
@@ -315,10 +319,10 @@ impl Journal {
                         reason,
                     });
                 }
-                let (_, rest) = ids.split_at(i);
-                let rest = rest.to_vec();
+                let rest = ids[i..].to_vec();
+                let first_removed = report.warnings.len();
                 remove_files(&dir, &rest, &mut report)?;
-                if let Some(w) = report.warnings.first_mut() {
+                if let Some(w) = report.warnings.get_mut(first_removed) {
                     w.message = format!("{reason}; {}", w.message);
                 }
                 ids.truncate(i);
@@ -344,6 +348,14 @@ impl Journal {
             segments.insert(id, seg.clone());
             i += 1;
             let Some(bad) = end.bad else {
+                if end.end < slot.synced_end {
+                    return Err(JournalError::Damage {
+                        file: path,
+                        offset: end.end,
+                        synced: slot.synced_end,
+                        reason: "the records end before the synced offset".into(),
+                    });
+                }
                 continue;
             };
             if bad.offset < slot.synced_end {

@@ -557,7 +557,7 @@ fn syncs_from_another_thread_while_appends_go_on() {
 /// what was appended.
 #[test]
 fn random_crash_cuts_past_the_synced_offset_keep_everything_synced() {
-    for seed in 0..60u64 {
+    for seed in 0..30u64 {
         let t = TempDir::new("cut");
         let o = opts(8 << 10);
         let mut rng = splitmix(seed * 1000 + 7);
@@ -571,7 +571,7 @@ fn random_crash_cuts_past_the_synced_offset_keep_everything_synced() {
         let mut a = Vec::new();
         for i in 0..n {
             a.push(append_gen(&mut j, seed * 10_000 + i, 600));
-            if next() % 10 == 0 {
+            if next() % 16 == 0 {
                 h.sync_to(a.last().unwrap().end).unwrap();
             }
         }
@@ -670,7 +670,9 @@ fn child_append_forever(dir: &Path) {
     use std::io::Write;
     let (mut j, _, _) = open_collect(dir, 11, &opts(32 << 10)).unwrap();
     let h = j.sync_handle();
-    let (tx, rx) = std::sync::mpsc::channel::<(SyncPoint, u64)>();
+    // Bounded, so that the appender stays a few batches ahead of the syncs (as a relay that
+    // answers only after its records are durable) instead of filling the disk.
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(SyncPoint, u64)>(4);
     std::thread::spawn(move || {
         let out = std::io::stdout();
         while let Ok((p, seq)) = rx.recv() {
@@ -693,7 +695,7 @@ fn child_append_forever(dir: &Path) {
 
 #[test]
 fn a_child_killed_mid_append_keeps_every_record_it_reported_synced() {
-    for round in 0..3 {
+    for round in 0..2 {
         let t = TempDir::new("sigkill");
         let mut child = spawn_child("append-forever", t.path());
         let out = BufReader::new(child.stdout.take().unwrap());
@@ -704,7 +706,7 @@ fn a_child_killed_mid_append_keeps_every_record_it_reported_synced() {
             if let Some(n) = line.strip_prefix("synced ") {
                 reported = n.parse().unwrap();
                 lines += 1;
-                if lines >= 40 + round * 30 {
+                if lines >= 10 + round * 15 {
                     break;
                 }
             }
@@ -725,6 +727,11 @@ fn a_child_killed_mid_append_keeps_every_record_it_reported_synced() {
             assert_eq!(*seq, k as u64 + 1);
             assert_eq!(*text, Gen::text(k as u64, 500));
         }
+        eprintln!(
+            "round {round}: {reported} records reported synced, {} replayed, {} segments",
+            got.len(),
+            rep.segments
+        );
     }
 }
 
