@@ -1,7 +1,111 @@
-//! The journal store: byte-level, memory-mapped segment files per partition group.
+//! The journal store's storage layer: a crash-safe, memory-mapped, append-only journal per
+//! partition group (`docs/ARCHITECTURE.md` §1 and §5).
 //!
-//! This crate is a placeholder until the journal issue lands; it fixes the constants that reach the
-//! disk so that the relay and the inspection tool agree on them from the start.
+//! This crate knows bytes, not queues: the relay encodes its queue records and notifications into
+//! opaque payloads, and builds its in-memory state by replaying records at start. The on-disk
+//! format is described in `journal/FORMAT.md`.
+//!
+//! # Layout
+//!
+//! `<root>/gNN/seg-NNNNNNNNN.jnl`: one directory per partition group (`g00` … `g63`), each with
+//! numbered segment files. A segment is preallocated to its full size when created
+//! (`fallocate`), mapped `MAP_SHARED`, filled with records from the front, and never truncated;
+//! when a record does not fit, the journal rotates to a new segment. Every segment header records
+//! the group, the group count, the partition count and the partition function's name, so that a
+//! journal is never read with another partitioning.
+//!
+//! # For the relay (`src/store/journal.rs`)
+//!
+//! - [`Journal::open`] per group the shard owns: replays every record (with its [`Location`] and
+//!   sequence number) to a callback that builds the in-memory state; log the
+//!   [`OpenReport::warnings`] (torn tails cut). A [`JournalError::Damage`] means the operator must
+//!   run `smp-journal repair`.
+//! - [`Journal::append`] on the shard thread: a copy into the mapping, no syscall except when
+//!   rotating. It returns the record's [`Location`] (for [`Journal::read`], e.g. message bodies)
+//!   and the [`SyncPoint`] it is durable at.
+//! - [`Journal::sync_handle`] gives a [`SyncHandle`] (`Send + Sync + Clone`) for a sync thread:
+//!   [`SyncHandle::sync_to`] (or [`SyncHandle::sync_all`]) msyncs and records the durable point
+//!   in the segment header; answer a client only after its record's `end` is synced.
+//! - [`Journal::segments`] and [`Journal::remove_segment`] when every record of an old segment is
+//!   dead (the relay counts live records per segment). [`JournalError::NoSpace`] from `append`
+//!   means the disk is full: nothing was appended, and later appends work once there is room.
+//!
+//! # For the inspection tool (`smp-journal`)
+//!
+//! - [`reader::list_groups`], [`reader::read_group`], [`reader::read_segment`]: `pread` only, no
+//!   mapping, no lock, so they run beside a running relay; they verify every record's CRC and
+//!   report per segment and group counts and damage.
+//! - [`repair`]: cut a group at its first bad record (relay stopped), with a printable
+//!   [`RepairReport`].
+//!
+//! # Later
+//!
+//! Compaction (copying a segment's live records into a new segment written under a temporary
+//! name, fsynced, renamed, directory fsynced, then removing the old one) and checkpoints
+//! (snapshots of a group's state so that open need not replay everything; the
+//! [`Record::Checkpoint`] kind is reserved for marking them) are not written yet. Segment numbers
+//! only grow and gaps are allowed, so both fit the format as it is.
+
+mod error;
+mod format;
+mod journal;
+pub mod reader;
+mod repair;
+mod scan;
+mod segment;
+
+pub use error::{JournalError, Warning};
+pub use format::{
+    Kind, MsgId, Record, SegmentHeader, FORMAT_VERSION, HEADER_LEN, MIN_SEGMENT_SIZE, RECORD_ALIGN,
+    RECORD_HEADER_LEN, RECORD_MAGIC, SEGMENT_MAGIC,
+};
+pub use journal::{
+    Appended, Journal, OpenReport, Options, SegmentInfo, SyncHandle, DEFAULT_SEGMENT_SIZE,
+};
+pub use repair::{repair, RepairReport};
+pub use segment::{parse_segment_file_name, segment_file_name};
+
+use std::path::{Path, PathBuf};
 
 /// Number of journal groups; partition `p` lives in group `p mod JOURNAL_GROUPS`.
 pub const JOURNAL_GROUPS: u32 = 64;
+
+/// Number of partitions.
+pub const PARTITIONS: u32 = 4096;
+
+/// The name of the partition function, recorded in every segment header: partition = the first
+/// 8 bytes of SHA-256(recipient ID) as a big-endian integer, mod 4096; group = partition mod 64.
+pub const PARTITION_FUNCTION: &str = "sha256-be64-mod4096-mod64";
+
+/// The partition of a recipient ID (see [`PARTITION_FUNCTION`]).
+pub fn partition_of(recipient_id: &[u8]) -> u32 {
+    use sha2::Digest;
+    let h = sha2::Sha256::digest(recipient_id);
+    let b: [u8; 8] = h[..8].try_into().unwrap();
+    (u64::from_be_bytes(b) % PARTITIONS as u64) as u32
+}
+
+/// The partition group of a recipient ID.
+pub fn group_of(recipient_id: &[u8]) -> u32 {
+    partition_of(recipient_id) % JOURNAL_GROUPS
+}
+
+/// The directory of group `g`: `<root>/gNN` (two digits).
+pub fn group_dir(root: &Path, group: u32) -> PathBuf {
+    root.join(format!("g{group:02}"))
+}
+
+/// Where a record is: segment number and byte offset of its header in the segment file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Location {
+    pub segment: u64,
+    pub offset: u64,
+}
+
+/// A point in a group's journal: everything that ends at or before it (segment, then offset) is
+/// covered. `Appended::end` is the point just after a record; the durable point is one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct SyncPoint {
+    pub segment: u64,
+    pub offset: u64,
+}

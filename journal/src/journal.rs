@@ -1,0 +1,769 @@
+//! The journal of one partition group: open (recover), append, read by location, sync, remove
+//! dead segments.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::error::{JournalError, Warning};
+use crate::format::{
+    record_crc, Kind, Record, RecordHeader, HEADER_LEN, MIN_SEGMENT_SIZE, RECORD_ALIGN,
+    RECORD_HEADER_LEN, RECORD_MAGIC,
+};
+use crate::scan::{scan, SliceSource};
+use crate::segment::{list_segment_ids, read_header, sync_dir, Segment};
+use crate::{group_dir, Location, SyncPoint};
+
+/// How a journal is opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// Bytes of each new segment file, header included: a multiple of 4096, at least 8192. The
+    /// largest record is this minus 4096 + 32 bytes. Existing segments keep the size they were
+    /// made with.
+    pub segment_size: u64,
+}
+
+/// 64 MiB segments.
+pub const DEFAULT_SEGMENT_SIZE: u64 = 64 << 20;
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            segment_size: DEFAULT_SEGMENT_SIZE,
+        }
+    }
+}
+
+impl Options {
+    fn check(&self) -> Result<(), JournalError> {
+        let s = self.segment_size;
+        if s < MIN_SEGMENT_SIZE || s % HEADER_LEN != 0 || s > (1 << 40) {
+            return Err(JournalError::Options(format!(
+                "segment_size {s}: must be a multiple of {HEADER_LEN}, from {MIN_SEGMENT_SIZE} to 1 TiB"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What `append` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    /// Where the record is: give it to [`Journal::read`].
+    pub loc: Location,
+    /// The record's sequence number (1, 2, 3 … over the whole group).
+    pub seq: u64,
+    /// Sync to this point (`SyncHandle::sync_to`) to make the record durable.
+    pub end: SyncPoint,
+}
+
+/// What opening found, for the caller to log.
+#[derive(Debug, Clone, Default)]
+pub struct OpenReport {
+    /// Torn tails cut, unfinished segments removed: each with file and offset.
+    pub warnings: Vec<Warning>,
+    /// Records replayed.
+    pub records: u64,
+    /// Segments kept.
+    pub segments: usize,
+    /// The durable point found on disk. Records replayed past it are in the files but not yet
+    /// durable: a `sync_all` makes them so.
+    pub synced: SyncPoint,
+    /// The end of the last record (where appends go on).
+    pub written: SyncPoint,
+    /// The sequence number the next record will get.
+    pub next_seq: u64,
+}
+
+/// One segment as `Journal::segments` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentInfo {
+    pub id: u64,
+    pub path: PathBuf,
+    /// File length (as preallocated).
+    pub len: u64,
+    /// Sequence number of the segment's first record (of the next one, if it has none yet).
+    pub first_seq: u64,
+    /// End of the last record in it.
+    pub written_end: u64,
+    /// End of the records made durable.
+    pub synced_end: u64,
+    /// The segment appends go to; it cannot be removed.
+    pub active: bool,
+}
+
+/// State shared by the journal and its sync handles.
+struct Shared {
+    dir: PathBuf,
+    /// Segments that may hold records not yet durable, ascending; the last is the active one.
+    unsynced: Mutex<Vec<Arc<Segment>>>,
+    /// Serializes syncs; held across msyncs (the appender never takes it).
+    sync_lock: Mutex<SyncState>,
+    /// The durable point, readable without the sync lock.
+    synced_segment: AtomicU64,
+    synced_offset: AtomicU64,
+    /// The exclusive lock on the group directory, released when the journal and every handle
+    /// are gone.
+    _lock: File,
+}
+
+struct SyncState {
+    /// Set when a sync failed: nothing may be called durable after that.
+    failed: Option<String>,
+    /// Segments up to this number have their directory entry durable.
+    dir_synced_upto: u64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these locks leaves consistent data (plain fields).
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The journal of one partition group: `<root>/gNN/seg-NNNNNNNNN.jnl` files. Appends, reads by
+/// location and segment removal go through `&mut self`/`&self` on one thread (the relay's shard);
+/// durability comes from a [`SyncHandle`] that may run on any thread.
+///
+/// Dropping a journal does not sync: at a clean stop call [`SyncHandle::sync_all`] first. (What
+/// was appended stays in the files after a process crash; only a machine crash loses what was
+/// not synced.)
+pub struct Journal {
+    group: u32,
+    opts: Options,
+    segments: BTreeMap<u64, Arc<Segment>>,
+    active: Arc<Segment>,
+    next_seq: u64,
+    last_crc: u32,
+    /// This open's writer number, stored in every record it appends.
+    writer: u32,
+    shared: Arc<Shared>,
+}
+
+/// Makes appended records durable, from any thread. Cheap to clone; keeps the journal's files
+/// mapped and its lock held while it lives.
+#[derive(Clone)]
+pub struct SyncHandle {
+    shared: Arc<Shared>,
+}
+
+fn take_lock(dir: &Path) -> Result<File, JournalError> {
+    let path = dir.join(".lock");
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| JournalError::io(&path, "open lock file", e))?;
+    // SAFETY: plain syscall on a descriptor we own.
+    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Err(JournalError::Locked { path });
+        }
+        return Err(JournalError::io(&path, "flock", e));
+    }
+    Ok(f)
+}
+
+/// Opens the group directory exclusively (creating it) and removes leftover temporary files.
+pub(crate) fn open_dir(root: &Path, group: u32) -> Result<(PathBuf, File), JournalError> {
+    if group >= crate::JOURNAL_GROUPS {
+        return Err(JournalError::Options(format!(
+            "group {group}: groups are 0 to {}",
+            crate::JOURNAL_GROUPS - 1
+        )));
+    }
+    let dir = group_dir(root, group);
+    std::fs::create_dir_all(&dir).map_err(|e| JournalError::io(&dir, "create directory", e))?;
+    let lock = take_lock(&dir)?;
+    let rd = std::fs::read_dir(&dir).map_err(|e| JournalError::io(&dir, "read_dir", e))?;
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("seg-") && name.ends_with(".jnl.tmp") {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+    Ok((dir, lock))
+}
+
+/// A segment file whose creation did not finish before a crash: shorter than a header, or a
+/// header of zeros. (The sync handle makes a segment's header and directory entry durable before
+/// it calls anything in it durable, so such a file never held durable records.)
+fn unfinished(file: &File, path: &Path) -> Result<bool, JournalError> {
+    match read_header(file, path) {
+        Ok(_) => Ok(false),
+        Err(JournalError::Header { reason, .. })
+            if reason.contains("all zeros") || reason.contains("shorter than a header") =>
+        {
+            Ok(true)
+        }
+        Err(_) => Ok(false),
+    }
+}
+
+/// Whether any segment after `ids[i]` has durable records (then a cut at `ids[i]` would lose
+/// them: the cut point is damage, not a torn tail).
+fn later_synced(dir: &Path, ids: &[u64]) -> Result<Option<PathBuf>, JournalError> {
+    for &id in ids {
+        let path = dir.join(crate::segment_file_name(id));
+        let file = File::open(&path).map_err(|e| JournalError::io(&path, "open", e))?;
+        if let Ok((_, slot, _)) = read_header(&file, &path) {
+            if slot.synced_end > HEADER_LEN {
+                return Ok(Some(path));
+            }
+        }
+    }
+    Ok(None)
+}
+
+fn remove_files(dir: &Path, ids: &[u64], report: &mut OpenReport) -> Result<(), JournalError> {
+    for &id in ids {
+        let path = dir.join(crate::segment_file_name(id));
+        std::fs::remove_file(&path).map_err(|e| JournalError::io(&path, "remove", e))?;
+        report.warnings.push(Warning {
+            file: path,
+            offset: 0,
+            message: "removed: it followed the cut and held no durable record".into(),
+        });
+    }
+    if !ids.is_empty() {
+        sync_dir(dir)?;
+    }
+    Ok(())
+}
+
+impl Journal {
+    /// Opens (creating if needed) the journal of `group` under `root`, replaying every record to
+    /// `replay` in order with its location and sequence number.
+    ///
+    /// Recovery rules (`journal/FORMAT.md`, "Recovery"): a bad record at or past a segment's
+    /// synced offset is a torn tail: the journal is cut there (later segments, which can hold no
+    /// durable record, are removed) and a [`Warning`] names file and offset. A bad record before
+    /// the synced offset is damage: [`JournalError::Damage`], which names file and offset and
+    /// says to run `smp-journal repair`. A segment of another group or partitioning is
+    /// [`JournalError::Mismatch`]. On any error, discard what `replay` built.
+    ///
+    /// Takes an exclusive lock on the group directory ([`JournalError::Locked`] if held).
+    pub fn open(
+        root: &Path,
+        group: u32,
+        opts: &Options,
+        mut replay: impl FnMut(Location, u64, Record<'_>) -> Result<(), String>,
+    ) -> Result<(Journal, OpenReport), JournalError> {
+        opts.check()?;
+        let (dir, lock_file) = open_dir(root, group)?;
+        let mut ids = list_segment_ids(&dir)?;
+        let mut report = OpenReport::default();
+
+        // An unfinished last segment (crash during rotation) is removed.
+        if let Some(&last) = ids.last() {
+            let path = dir.join(crate::segment_file_name(last));
+            let file = File::open(&path).map_err(|e| JournalError::io(&path, "open", e))?;
+            if unfinished(&file, &path)? {
+                ids.pop();
+                remove_files(&dir, &[last], &mut report)?;
+                report.warnings.last_mut().unwrap().message =
+                    "removed: segment creation never finished (crash while rotating)".into();
+            }
+        }
+
+        let mut segments: BTreeMap<u64, Arc<Segment>> = BTreeMap::new();
+        let mut next_seq = 1u64;
+        let mut last_crc = 0u32;
+        let mut i = 0;
+        while i < ids.len() {
+            let id = ids[i];
+            let path = dir.join(crate::segment_file_name(id));
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map_err(|e| JournalError::io(&path, "open", e))?;
+            let (header, slot, len) = read_header(&file, &path)?;
+            header.check(&path, group, id, len)?;
+            if slot.synced_end < HEADER_LEN
+                || slot.synced_end > len
+                || slot.synced_end % RECORD_ALIGN != 0
+            {
+                return Err(JournalError::Damage {
+                    file: path,
+                    offset: 0,
+                    synced: slot.synced_end,
+                    reason: format!("impossible synced offset {} in the header", slot.synced_end),
+                });
+            }
+            // Sequence numbers go on from segment to segment; a segment removed as dead leaves
+            // a gap in the file numbers, and may leave one in the sequence numbers.
+            let follows = match segments.values().next_back() {
+                None => true,
+                Some(prev) if prev.id + 1 == id => header.first_seq == next_seq,
+                Some(_) => header.first_seq >= next_seq,
+            };
+            if !follows {
+                // Records of the previous segment are missing (lost with a crash) or this segment
+                // is stale: a cut at this segment's start.
+                let reason = format!(
+                    "first sequence number {}, expected {next_seq}: records before it are missing",
+                    header.first_seq
+                );
+                if let Some(p) = later_synced(&dir, &ids[i..])? {
+                    return Err(JournalError::Damage {
+                        file: p,
+                        offset: HEADER_LEN,
+                        synced: 0,
+                        reason,
+                    });
+                }
+                let rest = ids[i..].to_vec();
+                let first_removed = report.warnings.len();
+                remove_files(&dir, &rest, &mut report)?;
+                if let Some(w) = report.warnings.get_mut(first_removed) {
+                    w.message = format!("{reason}; {}", w.message);
+                }
+                ids.truncate(i);
+                break;
+            }
+            let seg = Segment::map(path.clone(), file, header, len, slot.synced_end, slot.count)?;
+            // SAFETY: the segment was just mapped and nothing else has it: no sync handle exists
+            // yet and the group lock keeps other journals out.
+            let bytes = unsafe { seg.whole() };
+            let end = scan(
+                &mut SliceSource(bytes),
+                &path,
+                &seg.header,
+                |loc, seq, rec| {
+                    report.records += 1;
+                    replay(loc, seq, rec)
+                },
+            )?;
+            seg.written_end.store(end.end, Ordering::Release);
+            next_seq = end.last_seq.map_or(seg.header.first_seq, |s| s + 1);
+            last_crc = end.last_crc;
+            let seg = Arc::new(seg);
+            segments.insert(id, seg.clone());
+            i += 1;
+            let Some(bad) = end.bad else {
+                if end.end < slot.synced_end {
+                    return Err(JournalError::Damage {
+                        file: path,
+                        offset: end.end,
+                        synced: slot.synced_end,
+                        reason: "the records end before the synced offset".into(),
+                    });
+                }
+                continue;
+            };
+            if bad.offset < slot.synced_end {
+                return Err(JournalError::Damage {
+                    file: path,
+                    offset: bad.offset,
+                    synced: slot.synced_end,
+                    reason: bad.reason,
+                });
+            }
+            if !bad.zero {
+                if let Some(p) = later_synced(&dir, &ids[i..])? {
+                    return Err(JournalError::Damage {
+                        file: path,
+                        offset: bad.offset,
+                        synced: slot.synced_end,
+                        reason: format!(
+                            "{} (and a later segment, {}, has durable records)",
+                            bad.reason,
+                            p.display()
+                        ),
+                    });
+                }
+                report.warnings.push(Warning {
+                    file: path.clone(),
+                    offset: bad.offset,
+                    message: format!(
+                        "torn tail cut (past the synced offset {}): {}",
+                        slot.synced_end, bad.reason
+                    ),
+                });
+                seg.zero_leftovers(bad.offset);
+                let rest = ids[i..].to_vec();
+                remove_files(&dir, &rest, &mut report)?;
+                ids.truncate(i);
+                break;
+            }
+            // Zeros: the end of this segment's records. A later segment must follow on (checked
+            // by sequence number on the next turn).
+        }
+
+        let active = match segments.values().next_back() {
+            Some(s) => s.clone(),
+            None => {
+                let id = ids.last().map_or(1, |&x| x + 1).max(1);
+                let seg = Arc::new(Segment::create(
+                    &dir,
+                    group,
+                    id,
+                    opts.segment_size,
+                    next_seq,
+                )?);
+                last_crc = seg.header.chain_seed;
+                segments.insert(id, seg.clone());
+                seg
+            }
+        };
+
+        let unsynced: Vec<Arc<Segment>> = segments
+            .values()
+            .filter(|s| {
+                s.id == active.id
+                    || s.synced_end.load(Ordering::Relaxed) < s.written_end.load(Ordering::Relaxed)
+            })
+            .cloned()
+            .collect();
+        let synced = segments
+            .values()
+            .rev()
+            .find(|s| s.synced_end.load(Ordering::Relaxed) > HEADER_LEN)
+            .map_or(
+                SyncPoint {
+                    segment: *segments.keys().next().unwrap(),
+                    offset: HEADER_LEN,
+                },
+                |s| SyncPoint {
+                    segment: s.id,
+                    offset: s.synced_end.load(Ordering::Relaxed),
+                },
+            );
+        let written = SyncPoint {
+            segment: active.id,
+            offset: active.written_end.load(Ordering::Relaxed),
+        };
+        report.segments = segments.len();
+        report.synced = synced;
+        report.written = written;
+        report.next_seq = next_seq;
+        let shared = Arc::new(Shared {
+            dir,
+            unsynced: Mutex::new(unsynced),
+            sync_lock: Mutex::new(SyncState {
+                failed: None,
+                dir_synced_upto: 0,
+            }),
+            synced_segment: AtomicU64::new(synced.segment),
+            synced_offset: AtomicU64::new(synced.offset),
+            _lock: lock_file,
+        });
+        Ok((
+            Journal {
+                group,
+                opts: opts.clone(),
+                segments,
+                active,
+                next_seq,
+                last_crc,
+                writer: crate::segment::random_u32(next_seq),
+                shared,
+            },
+            report,
+        ))
+    }
+
+    /// The partition group of this journal.
+    pub fn group(&self) -> u32 {
+        self.group
+    }
+
+    /// The group directory (`<root>/gNN`).
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// The sequence number the next record will get.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// The end of the last appended record: `sync_to(written())` makes everything durable.
+    pub fn written(&self) -> SyncPoint {
+        SyncPoint {
+            segment: self.active.id,
+            offset: self.active.written_end.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The durable point: records ending at or before it survive a crash.
+    pub fn synced(&self) -> SyncPoint {
+        self.sync_handle().synced()
+    }
+
+    /// A handle that makes appends durable, for another thread.
+    pub fn sync_handle(&self) -> SyncHandle {
+        SyncHandle {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Appends a record: copies it into the active segment's mapping (no syscall), or first
+    /// rotates to a new preallocated segment when it does not fit. Not durable until a sync
+    /// handle syncs past `Appended::end`.
+    ///
+    /// Errors: [`JournalError::NoSpace`] when a new segment cannot be preallocated (nothing was
+    /// appended; try again later), [`JournalError::TooLarge`], [`JournalError::IdTooLong`], I/O
+    /// errors of segment creation.
+    pub fn append(&mut self, rec: &Record<'_>) -> Result<Appended, JournalError> {
+        rec.check_ids()?;
+        let need = rec.stored_len();
+        let max = self.opts.segment_size - HEADER_LEN;
+        if need > max {
+            return Err(JournalError::TooLarge {
+                len: need,
+                max: max - RECORD_HEADER_LEN,
+            });
+        }
+        let mut at = self.active.written_end.load(Ordering::Relaxed);
+        if at + need > self.active.len {
+            self.rotate()?;
+            at = HEADER_LEN;
+        }
+        let seg = &self.active;
+        let payload_len = rec.payload_len();
+        let hdr = RecordHeader {
+            len: payload_len as u32,
+            seq: self.next_seq,
+            kind: rec.kind() as u16,
+            prev_crc: self.last_crc,
+            writer: self.writer,
+            crc: 0,
+        };
+        // SAFETY: we are the appender (`&mut self`), `at` is the segment's `written_end` and
+        // `at + need <= len` (checked above, or a fresh segment with `need <= len - HEADER_LEN`);
+        // the slice is dropped before `written_end` moves.
+        let dst = unsafe { seg.tail_mut(at, need) };
+        let h = RECORD_HEADER_LEN as usize;
+        dst[..h].copy_from_slice(&hdr.encode_without_crc());
+        rec.encode_payload(&mut dst[h..h + payload_len]);
+        dst[h + payload_len..].fill(0);
+        let crc = record_crc(&dst[..h], &dst[h..h + payload_len]);
+        dst[28..32].copy_from_slice(&crc.to_le_bytes());
+        let end = at + need;
+        seg.written_end.store(end, Ordering::Release);
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.last_crc = crc;
+        Ok(Appended {
+            loc: Location {
+                segment: seg.id,
+                offset: at,
+            },
+            seq,
+            end: SyncPoint {
+                segment: seg.id,
+                offset: end,
+            },
+        })
+    }
+
+    fn rotate(&mut self) -> Result<(), JournalError> {
+        let id = self.active.id + 1;
+        let seg = Arc::new(Segment::create(
+            &self.shared.dir,
+            self.group,
+            id,
+            self.opts.segment_size,
+            self.next_seq,
+        )?);
+        lock(&self.shared.unsynced).push(seg.clone());
+        self.segments.insert(id, seg.clone());
+        self.last_crc = seg.header.chain_seed;
+        self.active = seg;
+        Ok(())
+    }
+
+    /// The record at `loc` (from `Appended::loc` or the replay), read from the mapping with its
+    /// CRC checked, and its sequence number.
+    pub fn read(&self, loc: Location) -> Result<(u64, Record<'_>), JournalError> {
+        let bad = |reason: &str| JournalError::BadLocation {
+            segment: loc.segment,
+            offset: loc.offset,
+            reason: reason.to_string(),
+        };
+        let seg = self
+            .segments
+            .get(&loc.segment)
+            .ok_or_else(|| bad("no such segment"))?;
+        let written = seg.written_end.load(Ordering::Acquire);
+        if loc.offset < HEADER_LEN
+            || loc.offset % RECORD_ALIGN != 0
+            || loc.offset + RECORD_HEADER_LEN > written
+        {
+            return Err(bad("outside the segment's records"));
+        }
+        let hb = seg.records(loc.offset, loc.offset + RECORD_HEADER_LEN);
+        if hb[0..4] != RECORD_MAGIC {
+            return Err(bad("no record starts here"));
+        }
+        let h = RecordHeader::decode(hb);
+        let total = RECORD_HEADER_LEN + h.len as u64;
+        if loc.offset + total > written {
+            return Err(bad("record length runs past the written end"));
+        }
+        let all = seg.records(loc.offset, loc.offset + total);
+        let payload = &all[RECORD_HEADER_LEN as usize..];
+        if record_crc(all, payload) != h.crc {
+            return Err(bad("CRC mismatch"));
+        }
+        let kind = Kind::from_u16(h.kind).ok_or_else(|| bad("unknown record kind"))?;
+        let rec = Record::decode(kind, payload).map_err(|e| bad(&e))?;
+        Ok((h.seq, rec))
+    }
+
+    /// The segments, ascending.
+    pub fn segments(&self) -> Vec<SegmentInfo> {
+        self.segments
+            .values()
+            .map(|s| SegmentInfo {
+                id: s.id,
+                path: s.path.clone(),
+                len: s.len,
+                first_seq: s.header.first_seq,
+                written_end: s.written_end.load(Ordering::Relaxed),
+                synced_end: s.synced_end.load(Ordering::Relaxed),
+                active: s.id == self.active.id,
+            })
+            .collect()
+    }
+
+    /// Removes a segment whose records the caller no longer needs (every queue, message and
+    /// notification in it was deleted or rewritten later). Never the active segment. The file is
+    /// unlinked (a sync handle still syncing it keeps its mapping until done) and the directory
+    /// fsynced. Records in it must not be read afterwards ([`JournalError::BadLocation`]).
+    pub fn remove_segment(&mut self, id: u64) -> Result<(), JournalError> {
+        if id == self.active.id {
+            return Err(JournalError::ActiveSegment(id));
+        }
+        let seg = self
+            .segments
+            .remove(&id)
+            .ok_or(JournalError::NoSuchSegment(id))?;
+        lock(&self.shared.unsynced).retain(|s| s.id != id);
+        std::fs::remove_file(&seg.path).map_err(|e| JournalError::io(&seg.path, "remove", e))?;
+        sync_dir(&self.shared.dir)
+    }
+}
+
+impl SyncHandle {
+    /// Makes every record ending at or before `upto` durable: msync (MS_SYNC) of the record bytes
+    /// of every segment up to `upto` not yet synced, an fsync of the directory when a segment is
+    /// new, then the segment's sync slot updated and its header page msynced. Returns the durable
+    /// point. Blocks for the I/O: call it off the appending thread. Concurrent calls are
+    /// serialized. After a failure every later call fails ([`JournalError::SyncFailed`]).
+    pub fn sync_to(&self, upto: SyncPoint) -> Result<SyncPoint, JournalError> {
+        let mut st = lock(&self.shared.sync_lock);
+        if let Some(e) = &st.failed {
+            return Err(JournalError::SyncFailed(e.clone()));
+        }
+        let segs: Vec<Arc<Segment>> = lock(&self.shared.unsynced)
+            .iter()
+            .filter(|s| s.id <= upto.segment)
+            .cloned()
+            .collect();
+        match self.sync_segments(&mut st, &segs, upto) {
+            Ok(()) => {}
+            Err(e) => {
+                st.failed = Some(e.to_string());
+                return Err(e);
+            }
+        }
+        // Rotated segments synced to their end need no more syncs.
+        {
+            let mut list = lock(&self.shared.unsynced);
+            let last = list.last().map(|s| s.id);
+            list.retain(|s| {
+                Some(s.id) == last
+                    || s.synced_end.load(Ordering::Acquire) < s.written_end.load(Ordering::Acquire)
+            });
+        }
+        let cur = self.synced();
+        let new = segs
+            .iter()
+            .rev()
+            .find(|s| s.synced_end.load(Ordering::Acquire) > HEADER_LEN)
+            .map(|s| SyncPoint {
+                segment: s.id,
+                offset: s.synced_end.load(Ordering::Acquire),
+            });
+        if let Some(new) = new.filter(|n| *n > cur) {
+            self.shared
+                .synced_segment
+                .store(new.segment, Ordering::Relaxed);
+            self.shared
+                .synced_offset
+                .store(new.offset, Ordering::Relaxed);
+        }
+        Ok(self.synced())
+    }
+
+    fn sync_segments(
+        &self,
+        st: &mut SyncState,
+        segs: &[Arc<Segment>],
+        upto: SyncPoint,
+    ) -> Result<(), JournalError> {
+        for s in segs {
+            let written = s.written_end.load(Ordering::Acquire);
+            let end = if s.id < upto.segment {
+                written
+            } else {
+                upto.offset.min(written)
+            };
+            let synced = s.synced_end.load(Ordering::Acquire);
+            if end <= synced {
+                continue;
+            }
+            s.sync_range(synced, end)?;
+            if s.id > st.dir_synced_upto {
+                // The segment's name (and, the first time, the group directory's) must be
+                // durable before anything in it is called durable.
+                sync_dir(&self.shared.dir)?;
+                if st.dir_synced_upto == 0 {
+                    if let Some(parent) = self.shared.dir.parent() {
+                        sync_dir(parent)?;
+                    }
+                }
+                st.dir_synced_upto = segs.last().map_or(s.id, |l| l.id);
+            }
+            s.write_slot(end)?;
+        }
+        Ok(())
+    }
+
+    /// Makes everything appended so far durable.
+    pub fn sync_all(&self) -> Result<SyncPoint, JournalError> {
+        let upto = lock(&self.shared.unsynced).last().map(|s| SyncPoint {
+            segment: s.id,
+            offset: s.written_end.load(Ordering::Acquire),
+        });
+        match upto {
+            Some(p) => self.sync_to(p),
+            None => Ok(self.synced()),
+        }
+    }
+
+    /// The durable point so far.
+    pub fn synced(&self) -> SyncPoint {
+        SyncPoint {
+            segment: self.shared.synced_segment.load(Ordering::Relaxed),
+            offset: self.shared.synced_offset.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_send_sync() {
+    fn is<T: Send + Sync + Clone>() {}
+    is::<SyncHandle>();
+    fn send<T: Send>() {}
+    send::<Journal>();
+}

@@ -1,0 +1,220 @@
+//! The one record scanner, used over a mapping (open, repair) and over `pread` (the reader).
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use crate::error::JournalError;
+use crate::format::{
+    align, record_crc, Kind, Record, RecordHeader, SegmentHeader, HEADER_LEN, RECORD_HEADER_LEN,
+    RECORD_MAGIC,
+};
+use crate::Location;
+
+/// How far past a bad record the scanner looks for non-zero bytes to tell a torn tail from the
+/// zero-filled preallocated rest of a segment.
+pub(crate) const ZERO_WINDOW: u64 = 4096;
+
+/// Bytes of a segment file, by offset.
+pub(crate) trait Source {
+    fn len(&self) -> u64;
+    /// `n` bytes at `off`; the caller keeps `off + n <= len()`.
+    fn bytes(&mut self, off: u64, n: usize) -> Result<&[u8], JournalError>;
+}
+
+/// A segment's bytes in memory (a mapping with no writer running).
+pub(crate) struct SliceSource<'a>(pub &'a [u8]);
+
+impl Source for SliceSource<'_> {
+    fn len(&self) -> u64 {
+        self.0.len() as u64
+    }
+    fn bytes(&mut self, off: u64, n: usize) -> Result<&[u8], JournalError> {
+        Ok(&self.0[off as usize..off as usize + n])
+    }
+}
+
+/// A segment file read with `pread` through a window buffer; never maps.
+pub(crate) struct PreadSource<'p> {
+    file: File,
+    path: &'p Path,
+    len: u64,
+    buf: Vec<u8>,
+    buf_off: u64,
+}
+
+const WINDOW: usize = 1 << 20;
+
+impl<'p> PreadSource<'p> {
+    pub fn new(file: File, path: &'p Path, len: u64) -> Self {
+        PreadSource {
+            file,
+            path,
+            len,
+            buf: Vec::new(),
+            buf_off: 0,
+        }
+    }
+}
+
+impl Source for PreadSource<'_> {
+    fn len(&self) -> u64 {
+        self.len
+    }
+    fn bytes(&mut self, off: u64, n: usize) -> Result<&[u8], JournalError> {
+        let have = off >= self.buf_off && off + n as u64 <= self.buf_off + self.buf.len() as u64;
+        if !have {
+            let want = (n.max(WINDOW) as u64).min(self.len - off) as usize;
+            self.buf.resize(want, 0);
+            self.file
+                .read_exact_at(&mut self.buf, off)
+                .map_err(|e| JournalError::io(self.path, "pread", e))?;
+            self.buf_off = off;
+        }
+        let start = (off - self.buf_off) as usize;
+        Ok(&self.buf[start..start + n])
+    }
+}
+
+/// Why a scan stopped before the end of the segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Bad {
+    pub offset: u64,
+    pub reason: String,
+    /// The bytes at `offset` (and a little beyond) are all zero: the preallocated tail, no
+    /// record was ever started there.
+    pub zero: bool,
+}
+
+/// Where a scan of one segment ended.
+#[derive(Debug, Clone)]
+pub(crate) struct ScanEnd {
+    /// Offset after the last valid record.
+    pub end: u64,
+    pub records: u64,
+    /// Sequence number of the last valid record, if any.
+    pub last_seq: Option<u64>,
+    /// CRC of the last valid record (the chain seed when there is none).
+    pub last_crc: u32,
+    /// `None` when the scan reached the end of the file.
+    pub bad: Option<Bad>,
+}
+
+fn all_zero<S: Source>(src: &mut S, off: u64) -> Result<bool, JournalError> {
+    let n = ZERO_WINDOW.min(src.len() - off) as usize;
+    Ok(src.bytes(off, n)?.iter().all(|&b| b == 0))
+}
+
+/// Scans a segment's records from the first, calling `f` with each valid one, and stops at the
+/// first byte that is not a valid record following the previous one. Errors are I/O, an unknown
+/// kind (never a torn tail) and `f`'s refusals; everything else is a [`Bad`] stop for the caller
+/// to call a clean end, a torn tail or damage.
+pub(crate) fn scan<S: Source>(
+    src: &mut S,
+    path: &Path,
+    hdr: &SegmentHeader,
+    mut f: impl FnMut(Location, u64, Record<'_>) -> Result<(), String>,
+) -> Result<ScanEnd, JournalError> {
+    let len = src.len();
+    let mut off = HEADER_LEN;
+    let mut out = ScanEnd {
+        end: off,
+        records: 0,
+        last_seq: None,
+        last_crc: hdr.chain_seed,
+        bad: None,
+    };
+    let mut expect_seq = hdr.first_seq;
+    loop {
+        if off + RECORD_HEADER_LEN > len {
+            return Ok(out);
+        }
+        let hb: [u8; RECORD_HEADER_LEN as usize] = src
+            .bytes(off, RECORD_HEADER_LEN as usize)?
+            .try_into()
+            .unwrap();
+        let stop = |reason: String, zero: bool| Bad {
+            offset: off,
+            reason,
+            zero,
+        };
+        if hb[0..4] != RECORD_MAGIC {
+            let zero = all_zero(src, off)?;
+            let reason = if zero {
+                "zero bytes: end of records".to_string()
+            } else {
+                "no record magic".to_string()
+            };
+            out.bad = Some(stop(reason, zero));
+            return Ok(out);
+        }
+        let h = RecordHeader::decode(&hb);
+        if !RecordHeader::reserved_zero(&hb) {
+            out.bad = Some(stop("reserved header bytes are not zero".into(), false));
+            return Ok(out);
+        }
+        let total = RECORD_HEADER_LEN + h.len as u64;
+        if off + total > len {
+            out.bad = Some(stop(
+                format!(
+                    "impossible length {} (the segment ends {} bytes after the header)",
+                    h.len,
+                    len - off - RECORD_HEADER_LEN
+                ),
+                false,
+            ));
+            return Ok(out);
+        }
+        let all = src.bytes(off, total as usize)?;
+        let payload = &all[RECORD_HEADER_LEN as usize..];
+        if record_crc(&hb, payload) != h.crc {
+            out.bad = Some(stop("CRC mismatch".into(), false));
+            return Ok(out);
+        }
+        if h.prev_crc != out.last_crc {
+            out.bad = Some(stop(
+                "does not follow the previous record (chain CRC differs): left from an earlier \
+                 write"
+                    .into(),
+                false,
+            ));
+            return Ok(out);
+        }
+        if h.seq != expect_seq {
+            out.bad = Some(stop(
+                format!("sequence number {}, expected {expect_seq}", h.seq),
+                false,
+            ));
+            return Ok(out);
+        }
+        let Some(kind) = Kind::from_u16(h.kind) else {
+            return Err(JournalError::UnknownKind {
+                file: path.to_path_buf(),
+                offset: off,
+                kind: h.kind,
+            });
+        };
+        let rec = match Record::decode(kind, payload) {
+            Ok(r) => r,
+            Err(reason) => {
+                out.bad = Some(stop(reason, false));
+                return Ok(out);
+            }
+        };
+        let loc = Location {
+            segment: hdr.segment,
+            offset: off,
+        };
+        f(loc, h.seq, rec).map_err(|reason| JournalError::Replay {
+            file: path.to_path_buf(),
+            offset: off,
+            reason,
+        })?;
+        out.records += 1;
+        out.last_seq = Some(h.seq);
+        out.last_crc = h.crc;
+        expect_seq = h.seq + 1;
+        off += align(total);
+        out.end = off.min(len);
+    }
+}

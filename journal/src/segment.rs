@@ -1,0 +1,328 @@
+//! One segment file: created preallocated, mapped `MAP_SHARED`, never truncated.
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use memmap2::{MmapOptions, MmapRaw};
+
+use crate::error::JournalError;
+use crate::format::{SegmentHeader, Slot, FORMAT_VERSION, HEADER_LEN, SLOT_LEN};
+
+/// The file name of segment `id`: `seg-000000001.jnl`.
+pub fn segment_file_name(id: u64) -> String {
+    format!("seg-{id:09}.jnl")
+}
+
+/// The segment number of a file name made by [`segment_file_name`].
+pub fn parse_segment_file_name(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("seg-")?.strip_suffix(".jnl")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// Segment numbers in a group directory, ascending.
+pub(crate) fn list_segment_ids(dir: &Path) -> Result<Vec<u64>, JournalError> {
+    let mut ids = Vec::new();
+    let rd = std::fs::read_dir(dir).map_err(|e| JournalError::io(dir, "read_dir", e))?;
+    for e in rd {
+        let e = e.map_err(|e| JournalError::io(dir, "read_dir", e))?;
+        if let Some(id) = e.file_name().to_str().and_then(parse_segment_file_name) {
+            ids.push(id);
+        }
+    }
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+/// fsyncs a directory, so that file creations, renames and removals in it are durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), JournalError> {
+    let d = File::open(dir).map_err(|e| JournalError::io(dir, "open directory", e))?;
+    d.sync_all()
+        .map_err(|e| JournalError::io(dir, "fsync directory", e))
+}
+
+/// A random-enough number: a chain seed only has to differ from the seed of an earlier file of
+/// the same name, a writer number from the previous open's.
+pub(crate) fn random_u32(id: u64) -> u32 {
+    use std::sync::atomic::AtomicU32;
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let mut b = Vec::with_capacity(36);
+    b.extend_from_slice(&nanos.to_le_bytes());
+    b.extend_from_slice(&std::process::id().to_le_bytes());
+    b.extend_from_slice(&id.to_le_bytes());
+    b.extend_from_slice(&COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+    crc32c::crc32c(&b)
+}
+
+fn is_no_space(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EFBIG)
+    )
+}
+
+/// Allocates `len` bytes of disk for `file` (and sets its length), so that writes through the
+/// mapping never need new blocks: a full disk shows up here, never later as SIGBUS.
+fn preallocate(file: &File, path: &Path, len: u64) -> Result<(), JournalError> {
+    // SAFETY: plain syscalls on a file descriptor we own, no memory passed.
+    let r = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len as libc::off_t) };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    let e = if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+        // File systems without fallocate: posix_fallocate writes the blocks instead.
+        // SAFETY: as above.
+        let r = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len as libc::off_t) };
+        if r == 0 {
+            return Ok(());
+        }
+        std::io::Error::from_raw_os_error(r)
+    } else {
+        e
+    };
+    if is_no_space(&e) {
+        Err(JournalError::NoSpace {
+            path: path.to_path_buf(),
+            source: e,
+        })
+    } else {
+        Err(JournalError::io(path, "fallocate", e))
+    }
+}
+
+/// A mapped segment. Shared (`Arc`) between the journal, which appends, and its sync handles,
+/// which msync and write the sync slots.
+///
+/// Who touches which bytes: the appender (the `Journal`, one thread, `&mut`) writes record bytes
+/// at and after `written_end`, then publishes the new `written_end` (Release); readers on the
+/// appender's thread read record bytes below `written_end`; sync handles write only the sync slots
+/// in the header page, under the journal's sync lock, and never read or write record bytes (the
+/// kernel reads them for msync). No byte is written by one thread while another reads or writes
+/// it.
+pub(crate) struct Segment {
+    pub id: u64,
+    pub path: PathBuf,
+    pub header: SegmentHeader,
+    pub len: u64,
+    map: MmapRaw,
+    /// End of the last appended record.
+    pub written_end: AtomicU64,
+    /// End of the records made durable (the current sync slot's value).
+    pub synced_end: AtomicU64,
+    /// The count of the current sync slot; written under the sync lock only.
+    pub slot_count: AtomicU64,
+    _file: File,
+}
+
+impl Segment {
+    /// Creates segment `id` of `group` in `dir`: written under a temporary name, preallocated,
+    /// header written, then renamed. The directory is not fsynced here (a sync handle does it
+    /// before it reports anything in this segment durable).
+    pub fn create(
+        dir: &Path,
+        group: u32,
+        id: u64,
+        len: u64,
+        first_seq: u64,
+    ) -> Result<Segment, JournalError> {
+        let path = dir.join(segment_file_name(id));
+        let tmp = dir.join(format!("{}.tmp", segment_file_name(id)));
+        let _ = std::fs::remove_file(&tmp);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(|e| {
+                if is_no_space(&e) {
+                    JournalError::NoSpace {
+                        path: tmp.clone(),
+                        source: e,
+                    }
+                } else {
+                    JournalError::io(&tmp, "create", e)
+                }
+            })?;
+        let header = SegmentHeader {
+            version: FORMAT_VERSION,
+            group,
+            groups: crate::JOURNAL_GROUPS,
+            partitions: crate::PARTITIONS,
+            partition_function: crate::PARTITION_FUNCTION.to_string(),
+            segment: id,
+            segment_len: len,
+            first_seq,
+            chain_seed: random_u32(id),
+        };
+        let made = preallocate(&file, &tmp, len).and_then(|()| {
+            file.write_all_at(&header.encode(), 0)
+                .map_err(|e| JournalError::io(&tmp, "write header", e))?;
+            std::fs::rename(&tmp, &path).map_err(|e| JournalError::io(&tmp, "rename", e))
+        });
+        if let Err(e) = made {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        Segment::map(path, file, header, len, HEADER_LEN, 0)
+    }
+
+    /// Maps an existing segment file whose header was checked.
+    pub fn map(
+        path: PathBuf,
+        file: File,
+        header: SegmentHeader,
+        len: u64,
+        synced_end: u64,
+        slot_count: u64,
+    ) -> Result<Segment, JournalError> {
+        // Why mapping is sound (memmap2's `map_raw` is a safe call only because it hands out a raw
+        // pointer; the slices this type builds from it in `records`, `tail_mut` and `whole` rely
+        // on the following). A mapped file could be truncated (the next access would SIGBUS) or
+        // changed by someone else while mapped. Segment files are
+        // preallocated to their full length before they are mapped and this crate never truncates
+        // or resizes them (no `set_len`, no `ftruncate` anywhere): they only ever go away whole by
+        // unlink, which keeps the inode alive while mapped. Only one `Journal` per group has them
+        // mapped, guaranteed by the exclusive `flock` on the group's lock file held for as long as
+        // any handle of that journal lives; `repair` takes the same lock and the reader never
+        // maps. A person truncating a segment of a running relay by hand is outside this contract.
+        let map = MmapOptions::new()
+            .len(len as usize)
+            .map_raw(&file)
+            .map_err(|e| JournalError::io(&path, "mmap", e))?;
+        Ok(Segment {
+            id: header.segment,
+            path,
+            header,
+            len,
+            map,
+            written_end: AtomicU64::new(HEADER_LEN),
+            synced_end: AtomicU64::new(synced_end),
+            slot_count: AtomicU64::new(slot_count),
+            _file: file,
+        })
+    }
+
+    /// The whole file as bytes. Only while nothing else touches the segment (open, repair).
+    ///
+    /// # Safety
+    /// No thread may write the segment while the slice lives.
+    pub unsafe fn whole(&self) -> &[u8] {
+        // SAFETY: the mapping is `len` bytes long and lives as long as `self`; the caller
+        // guarantees no concurrent writes.
+        unsafe { std::slice::from_raw_parts(self.map.as_ptr(), self.len as usize) }
+    }
+
+    /// Record bytes `[from, to)`, both at or after the header page and at or before
+    /// `written_end`. Only on the appender's thread (see the type's comment).
+    pub fn records(&self, from: u64, to: u64) -> &[u8] {
+        assert!(HEADER_LEN <= from && from <= to && to <= self.written_end.load(Ordering::Acquire));
+        // SAFETY: in bounds (asserted: `written_end` never exceeds `len`). Bytes below
+        // `written_end` are complete records that nobody writes any more: the appender only writes
+        // at and after `written_end`, and sync handles write only the header page, which starts
+        // below `HEADER_LEN`.
+        unsafe {
+            std::slice::from_raw_parts(self.map.as_ptr().add(from as usize), (to - from) as usize)
+        }
+    }
+
+    /// The bytes `[at, at + n)` for the appender to fill. `at >= written_end`, `at + n <= len`.
+    ///
+    /// # Safety
+    /// Only the appender (the `Journal` through `&mut self`) may call this, and the slice must be
+    /// dropped before `written_end` is moved past it.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn tail_mut(&self, at: u64, n: u64) -> &mut [u8] {
+        assert!(at >= self.written_end.load(Ordering::Relaxed) && at + n <= self.len);
+        // SAFETY: in bounds (asserted). Bytes at and after `written_end` are read by no one in
+        // this process (readers stop at `written_end`, sync handles only msync them, which is
+        // the kernel's business) and written only by the appender, whom the caller guarantees.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(at as usize), n as usize)
+        }
+    }
+
+    /// Zeroes the bytes from `at` (the end of the records) up to the first all-zero window, so
+    /// that leftovers of a torn tail do not follow the records appended from now on. Only at
+    /// open, before any sync handle exists.
+    pub fn zero_leftovers(&self, at: u64) {
+        let mut p = at;
+        while p < self.len {
+            let n = crate::scan::ZERO_WINDOW.min(self.len - p);
+            // SAFETY: `p >= written_end` (the caller set `written_end` to `at`) and in bounds;
+            // we are the only user of the segment during open.
+            let chunk = unsafe { self.tail_mut(p, n) };
+            if chunk.iter().all(|&b| b == 0) {
+                break;
+            }
+            chunk.fill(0);
+            p += n;
+        }
+    }
+
+    /// msync (MS_SYNC) of record bytes `[from, to)`.
+    pub fn sync_range(&self, from: u64, to: u64) -> Result<(), JournalError> {
+        self.map
+            .flush_range(from as usize, (to - from) as usize)
+            .map_err(|e| JournalError::io(&self.path, "msync", e))
+    }
+
+    /// Writes the next sync slot saying "durable up to `end`" and msyncs the header page. Called
+    /// under the journal's sync lock, after the records up to `end` were msynced.
+    pub fn write_slot(&self, end: u64) -> Result<(), JournalError> {
+        let cur = Slot {
+            count: self.slot_count.load(Ordering::Relaxed),
+            synced_end: 0,
+        };
+        let next = Slot {
+            count: cur.count + 1,
+            synced_end: end,
+        };
+        let at = cur.next_at();
+        let bytes = next.encode();
+        // SAFETY: the slot lies inside the header page (`at + SLOT_LEN <= HEADER_LEN`), which no
+        // one else in this process reads or writes after open: the appender and readers touch
+        // only bytes from `HEADER_LEN` on, and slot writes are serialized by the sync lock.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.map.as_mut_ptr().add(at), SLOT_LEN);
+        }
+        self.map
+            .flush_range(0, HEADER_LEN as usize)
+            .map_err(|e| JournalError::io(&self.path, "msync header", e))?;
+        self.slot_count.store(next.count, Ordering::Relaxed);
+        self.synced_end.store(end, Ordering::Release);
+        Ok(())
+    }
+}
+
+/// Reads a segment file's header with `pread` (no mapping): the fixed header and the current
+/// sync slot.
+pub(crate) fn read_header(
+    file: &File,
+    path: &Path,
+) -> Result<(SegmentHeader, Slot, u64), JournalError> {
+    let len = file
+        .metadata()
+        .map_err(|e| JournalError::io(path, "stat", e))?
+        .len();
+    if len < HEADER_LEN {
+        return Err(JournalError::Header {
+            file: path.to_path_buf(),
+            reason: format!("file is {len} bytes, shorter than a header"),
+        });
+    }
+    let mut page = vec![0u8; HEADER_LEN as usize];
+    file.read_exact_at(&mut page, 0)
+        .map_err(|e| JournalError::io(path, "pread", e))?;
+    let header = SegmentHeader::decode(&page, path)?;
+    Ok((header, Slot::current(&page), len))
+}
