@@ -1,6 +1,7 @@
 //! The `smp-relay` command line: `init` creates a data directory (keys, certificates, the
 //! configuration file, the server address), `start` runs the relay on it, `block`/`unblock` change a
-//! queue's status in the store of a stopped relay.
+//! queue's status in the store of a stopped relay, `store export`/`store import` copy a stopped
+//! relay's store to a stream and a stream into an empty store (`store/transfer.rs`).
 
 use std::fs;
 use std::io::Write;
@@ -11,6 +12,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use rand::RngCore;
 
+use futures_lite::future::block_on;
 use smp_relay::config::{self, StartConfig};
 use smp_relay::crypto::hash;
 use smp_relay::ini;
@@ -18,7 +20,8 @@ use smp_relay::protocol::error::{BlockingInfo, BlockingReason};
 use smp_relay::server::{lock, lock::LockError};
 use smp_relay::settings::StartFlags;
 use smp_relay::store::{
-    with_store, QueueRec, QueueStatus, ShardStore, StoreKind, StoreSettings, WithStore,
+    all_groups, transfer, with_store, QueueRec, QueueStatus, ShardStore, StoreKind, StoreSettings,
+    WithStore,
 };
 use smp_relay::transport::certs;
 
@@ -77,6 +80,57 @@ enum Command {
         #[arg(allow_hyphen_values = true)]
         id: String,
     },
+    /// Copy the store of a stopped relay to a stream, or a stream into an empty store (to move a
+    /// relay between store kinds or machines).
+    Store {
+        #[command(subcommand)]
+        command: StoreCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum StoreCommand {
+    /// Write every queue of a stopped relay's store (records, messages in order with the quota
+    /// marker, pending notifications) to a file or stdout. Changes nothing.
+    Export {
+        /// The store to read.
+        #[arg(long, value_enum, default_value_t = StoreArg::Memory)]
+        store: StoreArg,
+        /// Where to write the stream; `-` is stdout (not a terminal).
+        #[arg(long, value_name = "FILE|-", default_value = "-")]
+        output: PathBuf,
+        /// No progress and no summary on stderr.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Read a stream `store export` wrote into the empty store of a stopped relay's data
+    /// directory (created if missing). Checks the stream's counts; on any error the store is left
+    /// empty.
+    Import {
+        /// The store to write.
+        #[arg(long, value_enum, default_value_t = StoreArg::Memory)]
+        store: StoreArg,
+        /// Where to read the stream; `-` is stdin (not a terminal).
+        #[arg(long, value_name = "FILE|-", default_value = "-")]
+        input: PathBuf,
+        /// No progress and no summary on stderr.
+        #[arg(long)]
+        quiet: bool,
+    },
+}
+
+/// `--store` of `store export`/`store import`: the kinds that exist.
+#[derive(Clone, Copy, ValueEnum)]
+enum StoreArg {
+    Memory,
+}
+
+impl StoreArg {
+    fn kind(self) -> StoreKind {
+        match self {
+            StoreArg::Memory => StoreKind::Memory,
+        }
+    }
 }
 
 #[derive(Args)]
@@ -213,6 +267,22 @@ pub fn main() -> ExitCode {
                 })
         }
         Command::Unblock { id } => offline_edit(&cli.data_dir, &id, Edit::Unblock),
+        Command::Store {
+            command:
+                StoreCommand::Export {
+                    store,
+                    output,
+                    quiet,
+                },
+        } => store_export(&cli.data_dir, store.kind(), &output, quiet),
+        Command::Store {
+            command:
+                StoreCommand::Import {
+                    store,
+                    input,
+                    quiet,
+                },
+        } => store_import(&cli.data_dir, store.kind(), &input, quiet),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -448,13 +518,7 @@ fn offline_edit(data_dir: &Path, id_text: &str, edit: Edit) -> Result<(), String
         ),
         e => e.to_string(),
     })?;
-    // The offline tools read the store a start would open (the memory store's saved files).
-    let settings = StoreSettings {
-        data_dir: data_dir.to_path_buf(),
-        message_ttl_secs: i64::MAX,
-        ntf_ttl_secs: i64::MAX,
-        test_delay: None,
-    };
+    let settings = offline_settings(data_dir);
     let kind = StoreKind::default();
     let rec = with_store(kind, false, FindOffline(&settings, &id))?.ok_or_else(|| {
         format!(
@@ -500,6 +564,226 @@ fn offline_edit(data_dir: &Path, id_text: &str, edit: Edit) -> Result<(), String
         (Edit::Unblock, _) => {}
     }
     Ok(())
+}
+
+/// What the offline tools open: the store a start would open (the memory store's saved files),
+/// nothing dropped for its age.
+fn offline_settings(data_dir: &Path) -> StoreSettings {
+    StoreSettings {
+        data_dir: data_dir.to_path_buf(),
+        message_ttl_secs: i64::MAX,
+        ntf_ttl_secs: i64::MAX,
+        test_delay: None,
+    }
+}
+
+/// The data directory's lock, as `start` takes it, for an offline tool (`what` it does).
+fn lock_stopped(data_dir: &Path, what: &str) -> Result<lock::DataDirLock, String> {
+    lock::lock_data_dir(data_dir).map_err(|e| match e {
+        LockError::Held(dir) => format!(
+            "a relay is running on {}; stop it first ({what})",
+            dir.display()
+        ),
+        e => e.to_string(),
+    })
+}
+
+/// Progress on stderr while a transfer runs: only when stderr is a terminal and not `--quiet`, at
+/// most every 200 ms.
+struct Progress {
+    on: bool,
+    verb: &'static str,
+    last: std::time::Instant,
+    shown: bool,
+}
+
+impl Progress {
+    fn new(quiet: bool, verb: &'static str) -> Self {
+        use std::io::IsTerminal;
+        Progress {
+            on: !quiet && std::io::stderr().is_terminal(),
+            verb,
+            last: std::time::Instant::now(),
+            shown: false,
+        }
+    }
+
+    fn update(&mut self, c: transfer::Counts) {
+        if self.on && self.last.elapsed() >= Duration::from_millis(200) {
+            self.last = std::time::Instant::now();
+            self.shown = true;
+            eprint!("\r{} {c}   ", self.verb);
+        }
+    }
+
+    /// Ends the progress line, if one was shown.
+    fn done(&self) {
+        if self.shown {
+            eprintln!();
+        }
+    }
+}
+
+/// `store export`: every queue of the stopped relay's store to `output` (`-`: stdout). A file is
+/// written as `FILE.partial` and renamed once complete, so a failed export leaves no `FILE`.
+fn store_export(
+    data_dir: &Path,
+    kind: StoreKind,
+    output: &Path,
+    quiet: bool,
+) -> Result<(), String> {
+    use std::io::IsTerminal;
+    if !data_dir.is_dir() {
+        return Err(format!(
+            "{} does not exist; pass the relay's --data-dir",
+            data_dir.display()
+        ));
+    }
+    let to_stdout = output == Path::new("-");
+    if to_stdout && std::io::stdout().is_terminal() {
+        return Err(
+            "refusing to write the binary export to a terminal: pass --output FILE or redirect stdout"
+                .into(),
+        );
+    }
+    let _lock = lock_stopped(data_dir, "export reads the store it saves at a clean stop")?;
+    let settings = offline_settings(data_dir);
+    let mut progress = Progress::new(quiet, "exported");
+    let (counts, bytes) = if to_stdout {
+        let out = std::io::BufWriter::new(std::io::stdout().lock());
+        let (c, b, _) = with_store(kind, false, Export(&settings, out, &mut progress))?;
+        (c, b)
+    } else {
+        let partial = with_suffix(output, ".partial");
+        let file = fs::File::create(&partial)
+            .map_err(|e| format!("cannot create {}: {e}", partial.display()))?;
+        let written = with_store(
+            kind,
+            false,
+            Export(&settings, std::io::BufWriter::new(file), &mut progress),
+        )
+        .and_then(|(c, b, out)| {
+            let file = out
+                .into_inner()
+                .map_err(|e| format!("cannot write {}: {}", partial.display(), e.error()))?;
+            file.sync_all()
+                .map_err(|e| format!("cannot write {}: {e}", partial.display()))?;
+            fs::rename(&partial, output).map_err(|e| {
+                format!(
+                    "cannot rename {} to {}: {e}",
+                    partial.display(),
+                    output.display()
+                )
+            })?;
+            Ok((c, b))
+        });
+        if written.is_err() {
+            let _ = fs::remove_file(&partial);
+        }
+        written?
+    };
+    progress.done();
+    if !quiet {
+        eprintln!(
+            "smp-relay: exported {counts} ({bytes} bytes) from the {} store of {}",
+            kind.name(),
+            data_dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// `store import`: the stream from `input` (`-`: stdin) into the empty store of `data_dir`.
+fn store_import(data_dir: &Path, kind: StoreKind, input: &Path, quiet: bool) -> Result<(), String> {
+    use std::io::IsTerminal;
+    let from_stdin = input == Path::new("-");
+    if from_stdin && std::io::stdin().is_terminal() {
+        return Err(
+            "refusing to read the export from a terminal: pass --input FILE or redirect stdin"
+                .into(),
+        );
+    }
+    let reader: Box<dyn std::io::Read> = if from_stdin {
+        Box::new(std::io::BufReader::new(std::io::stdin().lock()))
+    } else {
+        let f =
+            fs::File::open(input).map_err(|e| format!("cannot open {}: {e}", input.display()))?;
+        Box::new(std::io::BufReader::new(f))
+    };
+    fs::create_dir_all(data_dir)
+        .map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?;
+    let _lock = lock_stopped(data_dir, "import writes the store it opens at start")?;
+    let settings = offline_settings(data_dir);
+    let mut progress = Progress::new(quiet, "imported");
+    let report = with_store(kind, false, Import(&settings, reader, &mut progress));
+    progress.done();
+    let report = report?;
+    if !quiet {
+        eprintln!(
+            "smp-relay: imported into the {} store of {}: read {}; written {}; the stream's trailer records {}",
+            kind.name(),
+            data_dir.display(),
+            report.read,
+            report.written,
+            report.trailer
+        );
+    }
+    Ok(())
+}
+
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut p = path.as_os_str().to_os_string();
+    p.push(suffix);
+    PathBuf::from(p)
+}
+
+/// Opens every group of the stopped relay's store and writes it to the stream.
+struct Export<'a, W>(&'a StoreSettings, W, &'a mut Progress);
+
+impl<W: std::io::Write> WithStore for Export<'_, W> {
+    type Output = Result<(transfer::Counts, u64, W), String>;
+    fn run<S: ShardStore>(self) -> Self::Output {
+        let Export(settings, out, progress) = self;
+        let store = S::open_offline(settings)?;
+        block_on(transfer::export(&store, out, &mut |c| progress.update(c)))
+            .map_err(|e| e.to_string())
+        // The store is dropped without `close`: an export changes nothing.
+    }
+}
+
+/// Opens every group of the stopped relay's store, checks that it is empty, restores the stream
+/// into it and closes it (the memory store: saves it). A failed import is closed empty.
+struct Import<'a, R>(&'a StoreSettings, R, &'a mut Progress);
+
+impl<R: std::io::Read> WithStore for Import<'_, R> {
+    type Output = Result<transfer::ImportReport, String>;
+    fn run<S: ShardStore>(self) -> Self::Output {
+        let Import(settings, input, progress) = self;
+        let store = S::open_offline(settings)?;
+        let held = block_on(transfer::store_counts(&store)).map_err(|e| e.to_string())?;
+        if held != transfer::Counts::default() {
+            return Err(format!(
+                "the store of {} already holds {held}; import writes only into an empty store: choose another --data-dir, or move that store aside",
+                settings.data_dir.display()
+            ));
+        }
+        let imported = block_on(transfer::import(&store, input, &mut |c| progress.update(c)));
+        // Closed either way: a failed import has deleted what it restored, and a store that wrote
+        // as it went must make that durable too.
+        let closed = store.close(settings, &all_groups());
+        match (imported, closed) {
+            (Ok(report), Ok(())) => Ok(report),
+            (Ok(_), Err(e)) => Err(format!(
+                "the stream was read, but saving the store of {} failed: {e}; it may hold part of the import: remove that store before importing again",
+                settings.data_dir.display()
+            )),
+            (Err(e), Ok(())) => Err(format!(
+                "{e}; nothing was imported (the store of {} is empty)",
+                settings.data_dir.display()
+            )),
+            (Err(e), Err(c)) => Err(format!("{e}; and closing the store failed: {c}")),
+        }
+    }
 }
 
 fn describe(info: &BlockingInfo) -> String {

@@ -12,8 +12,8 @@
 use std::time::Duration;
 
 use super::{
-    EntityId, Message, MessageStore, MsgId, MsgNtf, QueueRec, QueueStatus, QueueStore, ShardStore,
-    StoreCounters, StoreError, StoreSettings, WriteOutcome,
+    EntityId, Message, MessageStore, MsgId, MsgNtf, QueueData, QueueRec, QueueStatus, QueueStore,
+    ShardStore, StoreCounters, StoreError, StoreSettings, WriteOutcome,
 };
 
 /// A store operation, as a [`Hold`] sees it.
@@ -178,6 +178,15 @@ impl<S: MessageStore, H: Hold> MessageStore for Held<S, H> {
     fn counters(&self) -> StoreCounters {
         self.inner.counters()
     }
+
+    // Offline reads (`store export`): not held.
+    async fn messages(&self, recipient_id: &[u8]) -> Result<Vec<Message>, StoreError> {
+        self.inner.messages(recipient_id).await
+    }
+
+    async fn ntfs(&self, notifier_id: &[u8]) -> Result<Vec<MsgNtf>, StoreError> {
+        self.inner.ntfs(notifier_id).await
+    }
 }
 
 /// Head reads wait this long (on a glommio timer), when set.
@@ -217,6 +226,17 @@ impl<S: ShardStore> ShardStore for Held<S, Delay> {
         status: QueueStatus,
     ) -> Result<(), String> {
         S::set_status_offline(s, sender_id, status)
+    }
+
+    fn open_offline(s: &StoreSettings) -> Result<Self, String> {
+        Ok(Held {
+            inner: S::open_offline(s)?,
+            hold: Delay(s.test_delay),
+        })
+    }
+
+    async fn restore(&self, q: QueueData) -> Result<(), StoreError> {
+        self.inner.restore(q).await
     }
 }
 

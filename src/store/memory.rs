@@ -19,7 +19,7 @@ use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 
 use super::{
-    EntityId, Message, MessageStore, MsgId, MsgNtf, QueueRec, QueueStore, StoreCounters,
+    EntityId, Message, MessageStore, MsgId, MsgNtf, QueueData, QueueRec, QueueStore, StoreCounters,
     StoreError, WriteOutcome,
 };
 
@@ -121,6 +121,35 @@ impl MemoryData {
                 can_write,
             },
         );
+    }
+
+    /// Puts a queue back as exported (`ShardStore::restore`): no quota rule, no notification
+    /// bound, `can_write` from the last message as at load.
+    pub(crate) fn restore(&mut self, q: QueueData) -> Result<(), StoreError> {
+        let QueueData { rec, msgs, ntfs } = q;
+        if self.queues.contains_key(&rec.recipient_id) {
+            return Err(StoreError::Duplicate);
+        }
+        if let Some(i) = msgs.iter().position(|m| matches!(m, Message::Quota { .. })) {
+            if i + 1 != msgs.len() {
+                return Err(StoreError::Failed(
+                    "a message after the quota marker".into(),
+                ));
+            }
+        }
+        if !ntfs.is_empty() {
+            let Some(n) = &rec.notifier else {
+                return Err(StoreError::Failed(
+                    "notifications for a queue without a notifier".into(),
+                ));
+            };
+            if self.ntfs.contains_key(&n.notifier_id) {
+                return Err(StoreError::Duplicate);
+            }
+            self.ntfs.insert(n.notifier_id.clone(), ntfs.into());
+        }
+        self.insert_loaded(rec, msgs.into());
+        Ok(())
     }
 
     fn push_ntf(&mut self, notifier_id: &[u8], ntf: MsgNtf) {
@@ -442,6 +471,22 @@ impl MessageStore for MemoryStore {
 
     async fn expire_ntfs(&self, older_than: i64) -> Result<usize, StoreError> {
         self.data.borrow_mut().expire_ntfs(older_than)
+    }
+
+    async fn messages(&self, recipient_id: &[u8]) -> Result<Vec<Message>, StoreError> {
+        let d = self.data.borrow();
+        Ok(d.queues
+            .get(recipient_id)
+            .map(|q| q.msgs.iter().cloned().collect())
+            .unwrap_or_default())
+    }
+
+    async fn ntfs(&self, notifier_id: &[u8]) -> Result<Vec<MsgNtf>, StoreError> {
+        let d = self.data.borrow();
+        Ok(d.ntfs
+            .get(notifier_id)
+            .map(|l| l.iter().cloned().collect())
+            .unwrap_or_default())
     }
 
     fn counters(&self) -> StoreCounters {

@@ -8,8 +8,10 @@
 //! them at once. The owner calls them in a per-queue order (`docs/ARCHITECTURE.md` §2), never
 //! concurrently for one queue.
 
+mod codec;
 pub mod held;
 pub mod memory;
+pub mod transfer;
 
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -274,6 +276,13 @@ pub trait MessageStore {
     /// Drops notifications older than `older_than`; returns how many.
     async fn expire_ntfs(&self, older_than: i64) -> Result<usize, StoreError>;
 
+    /// Every message of the queue, oldest first, the quota marker included; nothing changes
+    /// (`store export`, `store/transfer.rs`). Empty for an unknown queue.
+    async fn messages(&self, recipient_id: &[u8]) -> Result<Vec<Message>, StoreError>;
+    /// The pending notifications of `notifier_id`, oldest first, without taking them (`store
+    /// export`).
+    async fn ntfs(&self, notifier_id: &[u8]) -> Result<Vec<MsgNtf>, StoreError>;
+
     /// A copy of the store's call counters.
     fn counters(&self) -> StoreCounters;
 }
@@ -284,6 +293,15 @@ pub enum StoreKind {
     /// Kept in memory, saved at a clean stop and loaded at start.
     #[default]
     Memory,
+}
+
+impl StoreKind {
+    /// As `--store` and ini `[STORE_LOG] store_messages` spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            StoreKind::Memory => "memory",
+        }
+    }
 }
 
 /// What every store kind is opened with.
@@ -298,10 +316,26 @@ pub struct StoreSettings {
     pub test_delay: Option<std::time::Duration>,
 }
 
+/// Every partition group, `0..PARTITION_GROUPS`: what the offline tools open.
+pub fn all_groups() -> Vec<u32> {
+    (0..PARTITION_GROUPS).collect()
+}
+
+/// A queue as `store export` writes it and `store import` restores it: its record, its messages
+/// oldest first (the quota marker included) and the pending notifications of its notifier, oldest
+/// first (`store/transfer.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueData {
+    pub rec: QueueRec,
+    pub msgs: Vec<Message>,
+    pub ntfs: Vec<MsgNtf>,
+}
+
 /// A store as a shard holds it: opened for the partition groups the shard owns, told when every
 /// shard has opened its own and the relay serves, and closed at a clean stop. The offline tools
-/// (`block`, `unblock`) reach a stopped relay's data through it too. The relay and its command line
-/// name a concrete store only in [`with_store`].
+/// (`block`, `unblock`, `store export`, `store import`) reach a stopped relay's data through it too.
+/// The relay and its command line name a concrete store only in [`with_store`].
+#[allow(async_fn_in_trait)]
 pub trait ShardStore: QueueStore + MessageStore + Sized + 'static {
     /// Opens (loads) the groups `groups`; changes nothing on disk that a failed start would need.
     fn open(s: &StoreSettings, groups: &[u32], now: i64) -> Result<Self, String>;
@@ -317,6 +351,23 @@ pub trait ShardStore: QueueStore + MessageStore + Sized + 'static {
         sender_id: &[u8],
         status: QueueStatus,
     ) -> Result<(), String>;
+
+    /// Opens every partition group of a stopped relay's store (`store export`, `store import`;
+    /// the caller holds the data directory's lock). Nothing is dropped for its age when `s` has
+    /// lifetimes of `i64::MAX`. [`ShardStore::close`] with [`all_groups`] makes changes durable; a
+    /// store dropped without it keeps what it had made durable before (the memory store: nothing).
+    fn open_offline(s: &StoreSettings) -> Result<Self, String> {
+        Self::open(s, &all_groups(), crate::clock::now_secs())
+    }
+
+    /// Puts a queue back exactly as `q` has it (`store import`): the record, the messages in their
+    /// order with their IDs, times and flags, the quota marker included and no quota rule applied
+    /// (a queue ending with its marker stays closed to writes until drained), and the notifier's
+    /// pending notifications. `Duplicate` if the recipient ID or the notifier's notifications are
+    /// already there; `Failed` if `q` is not a queue a store could hold (a message after the
+    /// marker, notifications without a notifier). The caller checks sender, link and notifier IDs
+    /// for uniqueness, as the owner does for `create`.
+    async fn restore(&self, q: QueueData) -> Result<(), StoreError>;
 }
 
 /// Work generic over the store kind, run by [`with_store`] with the kind's type.

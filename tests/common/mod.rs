@@ -203,7 +203,14 @@ impl Relay {
 
     pub fn start_with(opts: RelayOptions) -> Relay {
         let dir = TempDir::new("relay");
-        let key_hash = init(dir.path());
+        init(dir.path());
+        Self::start_in(dir, opts)
+    }
+
+    /// Starts a relay on `dir`, a data directory that already holds an identity (keys and
+    /// `fingerprint`), e.g. one a test filled with `store import`.
+    pub fn start_in(dir: TempDir, opts: RelayOptions) -> Relay {
+        let key_hash = read_fingerprint(dir.path());
         // The port is chosen before the relay binds it; another process may take it in between, so
         // a failed start is retried on a new port.
         let mut last_err = String::new();

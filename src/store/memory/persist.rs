@@ -7,14 +7,11 @@
 //! ```text
 //! magic "SMPRMEM\0" (8) | version u16 = 1 | group u16 | payload length u64 | payload | SHA-256 (32)
 //! payload  = queue count u32, then per queue:
-//!   record   = bytes rId | u32 n, n × bytes SPKI | rcvDhSecret (32) | bytes sId | maybe(bytes SPKI)
-//!              | maybe('M'|'C') | maybe(bytes linkId, bytes fixed, bytes user)
-//!              | maybe(bytes nId, bytes SPKI, rcvNtfDhSecret (32), maybe(bytes svcId))
-//!              | 'A' | 'O' | 'B' bytes BlockingInfo | maybe(int64 updatedAt) | maybe(bytes svcId)
-//!   messages = u32 n, n × ('M' msgId (24) int64 ts bool body-bytes | 'Q' msgId (24) int64 ts)
-//!   ntfs     = u32 n, n × (msgId (24) int64 ts nonce (24) bytes encMeta), oldest first
-//! bytes = u32 length then the bytes; maybe = '0' | '1' value; bool = 'T' | 'F'
+//!   record, u32 n, n × message, u32 n, n × notification (oldest first)
 //! ```
+//!
+//! `record`, `message` and `notification` are the encodings of `store/codec.rs`, which the store
+//! export stream (`store/transfer.rs`) writes too.
 //!
 //! The checksum covers everything before it. `can_write` is not stored: a queue whose last message
 //! is a marker is closed to writes.
@@ -37,16 +34,11 @@ use std::path::{Path, PathBuf};
 
 use super::{MemoryData, MemoryStore, Queue};
 use crate::crypto::hash::{b64url, sha256};
-use crate::crypto::keys::PublicAuthKey;
-use crate::protocol::command::QueueMode;
-use crate::protocol::encoding::{
-    put_int64, put_maybe, put_word16, put_word32, DResult, DecodeError, Reader,
+use crate::protocol::encoding::{put_word16, DResult, Reader};
+use crate::store::codec::{
+    decode_msg, decode_ntf, decode_rec, encode_msg, encode_ntf, encode_rec, put_count, read_count,
 };
-use crate::protocol::error::BlockingInfo;
-use crate::store::{
-    group_of, EntityId, Message, MsgNtf, NotifierCreds, QueueLink, QueueRec, QueueStatus,
-    PARTITION_GROUPS,
-};
+use crate::store::{group_of, EntityId, Message, MsgNtf, QueueRec, QueueStatus, PARTITION_GROUPS};
 
 const MAGIC: [u8; 8] = *b"SMPRMEM\0";
 pub const FORMAT_VERSION: u16 = 1;
@@ -461,18 +453,6 @@ fn sync_dir(dir: &Path) -> Result<(), PersistError> {
 
 // ---- encoding ----
 
-fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
-    // Every field is far below 4 GiB (bodies are at most 16 KiB, link data a few KiB).
-    debug_assert!(u32::try_from(b.len()).is_ok());
-    put_word32(out, b.len() as u32);
-    out.extend_from_slice(b);
-}
-
-fn put_count(out: &mut Vec<u8>, n: usize) {
-    debug_assert!(u32::try_from(n).is_ok());
-    put_word32(out, n as u32);
-}
-
 fn encode_file<'a, M, N>(
     group: u32,
     queues: impl ExactSizeIterator<Item = (&'a QueueRec, M, N)>,
@@ -491,10 +471,7 @@ where
         }
         put_count(&mut payload, ntfs.len());
         for n in ntfs {
-            payload.extend_from_slice(&n.msg_id);
-            put_int64(&mut payload, n.ts);
-            payload.extend_from_slice(&n.nonce);
-            put_bytes(&mut payload, &n.enc_meta);
+            encode_ntf(&mut payload, n);
         }
     }
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len() + CHECKSUM_LEN);
@@ -508,99 +485,11 @@ where
     out
 }
 
-fn encode_rec(out: &mut Vec<u8>, rec: &QueueRec) {
-    put_bytes(out, &rec.recipient_id);
-    put_count(out, rec.recipient_keys.len());
-    for k in &rec.recipient_keys {
-        put_bytes(out, &k.to_spki());
-    }
-    out.extend_from_slice(&rec.rcv_dh_secret);
-    put_bytes(out, &rec.sender_id);
-    put_maybe(out, rec.sender_key.as_ref(), |o, k| {
-        put_bytes(o, &k.to_spki())
-    });
-    put_maybe(out, rec.queue_mode, |o, m| {
-        o.push(match m {
-            QueueMode::Messaging => b'M',
-            QueueMode::Contact => b'C',
-        })
-    });
-    put_maybe(out, rec.link.as_ref(), |o, l| {
-        put_bytes(o, &l.link_id);
-        put_bytes(o, &l.fixed);
-        put_bytes(o, &l.user);
-    });
-    put_maybe(out, rec.notifier.as_ref(), |o, n| {
-        put_bytes(o, &n.notifier_id);
-        put_bytes(o, &n.notifier_key.to_spki());
-        o.extend_from_slice(&n.rcv_ntf_dh_secret);
-        put_maybe(o, n.ntf_service_id.as_ref(), |o, s| put_bytes(o, s));
-    });
-    match &rec.status {
-        QueueStatus::Active => out.push(b'A'),
-        QueueStatus::Off => out.push(b'O'),
-        QueueStatus::Blocked(info) => {
-            out.push(b'B');
-            // An empty notice has no encoding that parses back (`,notice=` needs JSON after it).
-            let info = BlockingInfo {
-                reason: info.reason,
-                notice: info.notice.clone().filter(|n| !n.is_empty()),
-            };
-            let mut b = Vec::new();
-            info.encode(&mut b);
-            put_bytes(out, &b);
-        }
-    }
-    put_maybe(out, rec.updated_at, put_int64);
-    put_maybe(out, rec.rcv_service_id.as_ref(), |o, s| put_bytes(o, s));
-}
-
-fn encode_msg(out: &mut Vec<u8>, m: &Message) {
-    match m {
-        Message::Message {
-            msg_id,
-            ts,
-            notification,
-            body,
-        } => {
-            out.push(b'M');
-            out.extend_from_slice(msg_id);
-            put_int64(out, *ts);
-            out.push(if *notification { b'T' } else { b'F' });
-            put_bytes(out, body);
-        }
-        Message::Quota { msg_id, ts } => {
-            out.push(b'Q');
-            out.extend_from_slice(msg_id);
-            put_int64(out, *ts);
-        }
-    }
-}
-
 // ---- decoding ----
 
 /// Adds what was being read to a decode failure.
 fn ctx<T>(r: DResult<T>, what: &str) -> Result<T, String> {
     r.map_err(|_| format!("bad {what}"))
-}
-
-fn read_bytes<'a>(r: &mut Reader<'a>) -> DResult<&'a [u8]> {
-    let n = r.word32()? as usize;
-    r.take(n)
-}
-
-fn read_key(r: &mut Reader<'_>) -> DResult<PublicAuthKey> {
-    PublicAuthKey::from_spki(read_bytes(r)?).map_err(|_| DecodeError)
-}
-
-/// A count read from the file, checked against the bytes left so that a corrupt count cannot make
-/// us reserve memory the file could never fill (each item takes at least `min_item_bytes`).
-fn read_count(r: &mut Reader<'_>, min_item_bytes: usize) -> DResult<usize> {
-    let n = r.word32()? as usize;
-    if n.saturating_mul(min_item_bytes) > r.rest().len() {
-        return Err(DecodeError);
-    }
-    Ok(n)
 }
 
 fn decode_file(bytes: &[u8], group: u32) -> Result<Vec<SavedQueue>, String> {
@@ -677,89 +566,6 @@ fn decode_queue(r: &mut Reader<'_>) -> Result<SavedQueue, String> {
     Ok(SavedQueue { rec, msgs, ntfs })
 }
 
-fn decode_rec(r: &mut Reader<'_>) -> DResult<QueueRec> {
-    let recipient_id = read_bytes(r)?.to_vec();
-    let nkeys = read_count(r, 4)?;
-    let mut recipient_keys = Vec::with_capacity(nkeys);
-    for _ in 0..nkeys {
-        recipient_keys.push(read_key(r)?);
-    }
-    let rcv_dh_secret = r.array()?;
-    let sender_id = read_bytes(r)?.to_vec();
-    let sender_key = r.maybe(read_key)?;
-    let queue_mode = r.maybe(|r| match r.byte()? {
-        b'M' => Ok(QueueMode::Messaging),
-        b'C' => Ok(QueueMode::Contact),
-        _ => Err(DecodeError),
-    })?;
-    let link = r.maybe(|r| {
-        Ok(QueueLink {
-            link_id: read_bytes(r)?.to_vec(),
-            fixed: read_bytes(r)?.to_vec(),
-            user: read_bytes(r)?.to_vec(),
-        })
-    })?;
-    let notifier = r.maybe(|r| {
-        Ok(NotifierCreds {
-            notifier_id: read_bytes(r)?.to_vec(),
-            notifier_key: read_key(r)?,
-            rcv_ntf_dh_secret: r.array()?,
-            ntf_service_id: r.maybe(|r| Ok(read_bytes(r)?.to_vec()))?,
-        })
-    })?;
-    let status = match r.byte()? {
-        b'A' => QueueStatus::Active,
-        b'O' => QueueStatus::Off,
-        b'B' => {
-            let mut br = Reader::new(read_bytes(r)?);
-            let info = BlockingInfo::read(&mut br)?;
-            br.end()?;
-            QueueStatus::Blocked(info)
-        }
-        _ => return Err(DecodeError),
-    };
-    let updated_at = r.maybe(|r| r.int64())?;
-    let rcv_service_id = r.maybe(|r| Ok(read_bytes(r)?.to_vec()))?;
-    Ok(QueueRec {
-        recipient_id,
-        recipient_keys,
-        rcv_dh_secret,
-        sender_id,
-        sender_key,
-        queue_mode,
-        link,
-        notifier,
-        status,
-        updated_at,
-        rcv_service_id,
-    })
-}
-
-fn decode_msg(r: &mut Reader<'_>) -> DResult<Message> {
-    match r.byte()? {
-        b'M' => Ok(Message::Message {
-            msg_id: r.array()?,
-            ts: r.int64()?,
-            notification: r.bool()?,
-            body: read_bytes(r)?.into(),
-        }),
-        b'Q' => Ok(Message::Quota {
-            msg_id: r.array()?,
-            ts: r.int64()?,
-        }),
-        _ => Err(DecodeError),
-    }
-}
-
-fn decode_ntf(r: &mut Reader<'_>) -> DResult<MsgNtf> {
-    Ok(MsgNtf {
-        msg_id: r.array()?,
-        ts: r.int64()?,
-        nonce: r.array()?,
-        enc_meta: read_bytes(r)?.to_vec(),
-    })
-}
-
 /// Where the memory store saves its partition groups at a clean stop, under the data directory.
 pub const MEMORY_STORE_DIR: &str = "memory-store";
 
@@ -823,14 +629,21 @@ impl crate::store::ShardStore for MemoryStore {
             .map(|_| ())
             .map_err(|e| e.to_string())
     }
+
+    async fn restore(&self, q: crate::store::QueueData) -> Result<(), crate::store::StoreError> {
+        self.data.borrow_mut().restore(q)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::error::BlockingReason;
+    use crate::crypto::keys::PublicAuthKey;
+    use crate::protocol::command::QueueMode;
+    use crate::protocol::error::{BlockingInfo, BlockingReason};
     use crate::store::memory::tests::{msg, ntf, rec};
     use crate::store::{MessageStore, QueueStore, WriteOutcome};
+    use crate::store::{NotifierCreds, QueueLink};
     use futures_lite::future::block_on;
 
     /// A directory under the system temp dir, removed when dropped.
