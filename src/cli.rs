@@ -93,9 +93,9 @@ enum StoreCommand {
     /// Write every queue of a stopped relay's store (records, messages in order with the quota
     /// marker, pending notifications) to a file or stdout. Changes nothing.
     Export {
-        /// The store to read.
-        #[arg(long, value_enum, default_value_t = StoreArg::Memory)]
-        store: StoreArg,
+        /// The store to read (default: the one the data directory holds).
+        #[arg(long, value_enum)]
+        store: Option<StoreArg>,
         /// Where to write the stream; `-` is stdout (not a terminal).
         #[arg(long, value_name = "FILE|-", default_value = "-")]
         output: PathBuf,
@@ -108,7 +108,7 @@ enum StoreCommand {
     /// empty.
     Import {
         /// The store to write.
-        #[arg(long, value_enum, default_value_t = StoreArg::Memory)]
+        #[arg(long, value_enum, default_value_t = StoreArg::Journal)]
         store: StoreArg,
         /// Where to read the stream; `-` is stdin (not a terminal).
         #[arg(long, value_name = "FILE|-", default_value = "-")]
@@ -122,12 +122,14 @@ enum StoreCommand {
 /// `--store` of `store export`/`store import`: the kinds that exist.
 #[derive(Clone, Copy, ValueEnum)]
 enum StoreArg {
+    Journal,
     Memory,
 }
 
 impl StoreArg {
     fn kind(self) -> StoreKind {
         match self {
+            StoreArg::Journal => StoreKind::Journal,
             StoreArg::Memory => StoreKind::Memory,
         }
     }
@@ -175,10 +177,6 @@ struct StartArgs {
     #[arg(long, hide = true, value_name = "MS",
           value_parser = clap::value_parser!(u64).range(1..=60_000))]
     test_tls_timeout_ms: Option<u64>,
-    /// Store: `memory` (saved at a clean stop, restored at start; a crash loses what was not
-    /// saved). The journal and PostgreSQL stores come later (ini `[STORE_LOG] store_messages`).
-    #[arg(long, value_parser = ["memory"])]
-    store: Option<String>,
     /// Turn off the proxy role of private routing (PRXY is then refused with PROXY BASIC_AUTH).
     #[arg(long)]
     no_proxy: bool,
@@ -274,7 +272,16 @@ pub fn main() -> ExitCode {
                     output,
                     quiet,
                 },
-        } => store_export(&cli.data_dir, store.kind(), &output, quiet),
+        } => match store
+            .map(StoreArg::kind)
+            .or_else(|| StoreKind::found_in(&cli.data_dir))
+        {
+            Some(kind) => store_export(&cli.data_dir, kind, &output, quiet),
+            None => Err(format!(
+                "{} holds no store to export (neither journal/ nor memory-store/ files)",
+                cli.data_dir.display()
+            )),
+        },
         Command::Store {
             command:
                 StoreCommand::Import {
@@ -374,9 +381,13 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
     };
     format!(
         "[STORE_LOG]\n\
-         # Queues, messages and notifications are kept in memory, saved at a clean stop (SIGINT or\n\
-         # SIGTERM) and restored at start. The journal and database stores are not supported yet.\n\
-         store_messages = memory\n\
+         # Where queues, messages and notifications are kept: journal (memory-mapped files under the\n\
+         # data directory, nothing answered is lost if the relay is killed) or memory (saved at a\n\
+         # clean stop, SIGINT or SIGTERM, and restored at start). The database store is not\n\
+         # supported yet.\n\
+         store_messages = journal\n\
+         # When the journal is synced to the disk: every-batch, interval-ms N, or never.\n\
+         # fsync = interval-ms 50\n\
          \n\
          # How long messages and notifications are kept.\n\
          expire_messages_days = {days}\n\
@@ -519,7 +530,7 @@ fn offline_edit(data_dir: &Path, id_text: &str, edit: Edit) -> Result<(), String
         e => e.to_string(),
     })?;
     let settings = offline_settings(data_dir);
-    let kind = StoreKind::default();
+    let kind = StoreKind::found_in(data_dir).unwrap_or_default();
     let rec = with_store(kind, false, FindOffline(&settings, &id))?.ok_or_else(|| {
         format!(
             "no queue has the sender ID or link ID {} in the store of {}; check the ID (base64url)",
@@ -574,6 +585,8 @@ fn offline_settings(data_dir: &Path) -> StoreSettings {
         message_ttl_secs: i64::MAX,
         ntf_ttl_secs: i64::MAX,
         test_delay: None,
+        // Offline tools sync once, when they close the store.
+        durability: smp_relay::store::journal::Durability::Never,
     }
 }
 

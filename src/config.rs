@@ -45,6 +45,8 @@ pub struct StartConfig {
     pub output_limits: limits::OutputLimits,
     /// The store the relay runs on.
     pub store: crate::store::StoreKind,
+    /// When the journal store makes its records durable (`start --fsync`).
+    pub durability: crate::store::journal::Durability,
     /// Test hook: shard `.0` fails its start in the way `.1` names (failed-start tests).
     pub test_fail_start: Option<(usize, StartFault)>,
     /// Test hook: shard 0 serves clock-control commands on this Unix socket

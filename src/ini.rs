@@ -225,7 +225,6 @@ const KEYS: &[KeySpec] = &[
         ),
     ),
     k("STORE_LOG", "store_queues", Rule::Applied),
-    k("STORE_LOG", "store_messages", Rule::Applied),
     k("STORE_LOG", "db_connection", DB),
     k("STORE_LOG", "db_schema", DB),
     k("STORE_LOG", "db_pool_size", DB),
@@ -458,7 +457,6 @@ fn apply(config: &mut IniConfig, section: &str, key: &str, value: &str) -> Resul
     }
     match (section, key) {
         ("STORE_LOG", "store_queues") => store_kind(value, &["memory", "database"]),
-        ("STORE_LOG", "store_messages") => store_kind(value, &["memory", "journal", "database"]),
         ("TRANSPORT", "host") => {
             config.host = Some(value.to_string());
             Ok(())
@@ -487,6 +485,36 @@ fn store_kind(value: &str, known: &[&str]) -> Result<(), String> {
         )),
         _ => Err(format!("expected one of {}", known.join(", "))),
     }
+}
+
+/// The store of `[STORE_LOG] store_messages` and `start --store`: `memory` or `journal`
+/// (`database` is the reference's PostgreSQL store, not supported yet).
+pub fn store_messages(value: &str) -> Result<crate::store::StoreKind, String> {
+    use crate::store::StoreKind;
+    match value {
+        "memory" => Ok(StoreKind::Memory),
+        "journal" => Ok(StoreKind::Journal),
+        "database" => Err("the database store is not supported yet; use journal or memory".into()),
+        _ => Err("expected journal or memory".into()),
+    }
+}
+
+/// When the journal store syncs (`[STORE_LOG] fsync`, `start --fsync`): `every-batch`,
+/// `interval-ms N` (also `interval-ms=N`; 1 to 60000) or `never`.
+pub fn fsync(value: &str) -> Result<crate::store::journal::Durability, String> {
+    use crate::store::journal::Durability;
+    let v = value.trim();
+    match v {
+        "every-batch" => return Ok(Durability::EveryBatch),
+        "never" => return Ok(Durability::Never),
+        _ => {}
+    }
+    let ms = v
+        .strip_prefix("interval-ms")
+        .map(|r| r.trim_start_matches([' ', '=', ':']))
+        .ok_or_else(|| "expected every-batch, interval-ms N or never".to_string())?;
+    let ms = number(ms, 1, 60_000)?;
+    Ok(Durability::Interval(Duration::from_millis(ms)))
 }
 
 /// `on` or `off`, as every boolean of the reference's configuration; anything else is an error.
@@ -592,6 +620,7 @@ mod tests {
         for (section, key) in applied {
             let value = match key {
                 "store_queues" | "store_messages" => "memory",
+                "fsync" => "interval-ms 20",
                 "expire_messages_on_send" | "new_queues" => "on",
                 "create_password" => "secret",
                 "host" => "example.com",
@@ -671,6 +700,8 @@ mod tests {
         assert_eq!(
             c.options,
             StartOptions {
+                store: Some(crate::store::StoreKind::Memory),
+                durability: None,
                 ports: Some(vec![5223, 443]),
                 shards: Some(3),
                 max_connections: Some(100),
@@ -748,8 +779,10 @@ mod tests {
         let e = parse_err("[WEB]\nstatic_path = /var/www\n");
         assert!(e.contains("`static_path` in [WEB] is not supported"), "{e}");
 
-        let e = parse_err("[STORE_LOG]\nstore_messages = journal\n");
-        assert!(e.contains("journal store is not supported yet"), "{e}");
+        let e = parse_err("[STORE_LOG]\nstore_messages = database\n");
+        assert!(e.contains("database store is not supported yet"), "{e}");
+        let e = parse_err("[STORE_LOG]\nfsync = sometimes\n");
+        assert!(e.contains("every-batch, interval-ms N or never"), "{e}");
         let e = parse_err("[STORE_LOG]\nstore_queues = database\n");
         assert!(e.contains("database store is not supported yet"), "{e}");
 
@@ -796,5 +829,26 @@ mod tests {
         let c = parse_ok("[AUTH]\ncreate_password: pass\n[TRANSPORT]\nhost = a:b\n");
         assert_eq!(c.options.create_password, Some(b"pass".to_vec()));
         assert_eq!(c.host.as_deref(), Some("a:b"));
+    }
+
+    #[test]
+    fn store_and_fsync_settings() {
+        use crate::store::journal::Durability;
+        use crate::store::StoreKind;
+        assert_eq!(store_messages("journal"), Ok(StoreKind::Journal));
+        assert_eq!(store_messages("memory"), Ok(StoreKind::Memory));
+        assert!(store_messages("files").is_err());
+        assert_eq!(fsync("every-batch"), Ok(Durability::EveryBatch));
+        assert_eq!(fsync("never"), Ok(Durability::Never));
+        for v in ["interval-ms 50", "interval-ms=50", "interval-ms:50"] {
+            assert_eq!(
+                fsync(v),
+                Ok(Durability::Interval(Duration::from_millis(50))),
+                "{v}"
+            );
+        }
+        assert!(fsync("interval-ms 0").is_err());
+        assert!(fsync("interval-ms 60001").is_err());
+        assert!(fsync("interval-ms").is_err());
     }
 }

@@ -140,6 +140,23 @@ macro_rules! start_settings {
 }
 
 start_settings! {
+    /// The store: journal (memory-mapped journals under `<data-dir>/journal`) or memory (kept in
+    /// memory, saved at a clean stop) (ini `[STORE_LOG] store_messages`).
+    store: crate::store::StoreKind {
+        set: |c, v| c.store = v,
+        default: Some(crate::store::StoreKind::Journal) => "journal".to_string(),
+        ini: "STORE_LOG" "store_messages" => ini::store_messages,
+        flag: (long = "store", value_name = "journal|memory", value_parser = ini::store_messages),
+    }
+    /// When the journal store makes its records durable: every-batch (answers wait for the sync),
+    /// interval-ms N, or never (the system's write-back); a killed relay loses nothing either way,
+    /// an OS crash what was not synced (ini `[STORE_LOG] fsync`).
+    durability: crate::store::journal::Durability {
+        set: |c, v| c.durability = v,
+        default: Some(crate::store::journal::DEFAULT_DURABILITY) => "interval-ms 50".to_string(),
+        ini: "STORE_LOG" "fsync" => ini::fsync,
+        flag: (long = "fsync", value_name = "MODE", value_parser = ini::fsync),
+    }
     /// Port to listen on; repeat for several (ini `[TRANSPORT] port`).
     ports: Vec<u16> {
         set: |c, v| c.ports = v,
@@ -316,6 +333,23 @@ impl ShowDefault for usize {
     }
 }
 
+impl ShowDefault for crate::store::StoreKind {
+    fn show(&self) -> String {
+        self.name().to_string()
+    }
+}
+
+impl ShowDefault for crate::store::journal::Durability {
+    fn show(&self) -> String {
+        use crate::store::journal::Durability;
+        match self {
+            Durability::EveryBatch => "every-batch".into(),
+            Durability::Interval(d) => format!("interval-ms {}", d.as_millis()),
+            Durability::Never => "never".into(),
+        }
+    }
+}
+
 impl ShowDefault for bool {
     fn show(&self) -> String {
         if *self { "on" } else { "off" }.to_string()
@@ -358,6 +392,7 @@ impl StartConfig {
             test_store_delay: None,
             output_limits: crate::limits::OutputLimits::default(),
             store: crate::store::StoreKind::default(),
+            durability: crate::store::journal::DEFAULT_DURABILITY,
             test_fail_start: None,
             test_clock_control: None,
             test_slow_reader_tick: None,

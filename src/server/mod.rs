@@ -64,6 +64,7 @@ pub fn store_settings(config: &StartConfig) -> StoreSettings {
         message_ttl_secs: config.settings.message_ttl.as_secs() as i64,
         ntf_ttl_secs: config.settings.notification_ttl.as_secs() as i64,
         test_delay: None,
+        durability: config.durability,
     }
 }
 
@@ -81,6 +82,10 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
 
 fn run_on<S: ShardStore>(config: StartConfig) -> Result<(), StartError> {
     let _lock = lock::lock_data_dir(&config.data_dir)?;
+    config
+        .store
+        .check_data_dir(&config.data_dir)
+        .map_err(StartError::Setup)?;
     let credentials = Arc::new(
         certs::load_for_start(&config.data_dir).map_err(|e| StartError::Setup(e.to_string()))?,
     );

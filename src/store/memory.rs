@@ -8,7 +8,7 @@
 //! `queue_count × (quota + 1)`. Pending notifications are bounded per notifier by
 //! [`MAX_NTFS_PER_NOTIFIER`] (the oldest is dropped beyond it) and by their expiry.
 
-mod persist;
+pub(crate) mod persist;
 
 pub use persist::{
     group_file, group_files_present, set_aside_saved, set_status_offline, OfflineId, PersistError,

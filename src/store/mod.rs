@@ -10,6 +10,7 @@
 
 mod codec;
 pub mod held;
+pub mod journal;
 pub mod memory;
 pub mod transfer;
 
@@ -291,8 +292,10 @@ pub trait MessageStore {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StoreKind {
     /// Kept in memory, saved at a clean stop and loaded at start.
-    #[default]
     Memory,
+    /// Memory-mapped journals per partition group (`journal.rs`): the default.
+    #[default]
+    Journal,
 }
 
 impl StoreKind {
@@ -300,6 +303,46 @@ impl StoreKind {
     pub fn name(self) -> &'static str {
         match self {
             StoreKind::Memory => "memory",
+            StoreKind::Journal => "journal",
+        }
+    }
+}
+
+impl StoreKind {
+    /// The store whose files `data_dir` holds, if any (both: the journal, the default).
+    pub fn found_in(data_dir: &std::path::Path) -> Option<StoreKind> {
+        let journal = data_dir.join(journal::JOURNAL_STORE_DIR);
+        let has_journal = std::fs::read_dir(&journal)
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(false);
+        if has_journal {
+            Some(StoreKind::Journal)
+        } else if memory::group_files_present(&data_dir.join(memory::MEMORY_STORE_DIR)) {
+            Some(StoreKind::Memory)
+        } else {
+            None
+        }
+    }
+
+    /// Refuses to start `self` on a data directory that holds only the other kind's files, so
+    /// that a changed default or setting never starts an empty store beside the users' queues.
+    pub fn check_data_dir(self, data_dir: &std::path::Path) -> Result<(), String> {
+        match StoreKind::found_in(data_dir) {
+            Some(found) if found != self => Err(format!(
+                "{d} holds a {found} store, and this start asks for the {want} store; start with \
+                 --store {found} (or [STORE_LOG] store_messages = {found}), or move it: stop the \
+                 relay, `smp-relay --data-dir {d} store export --store {found} --output FILE`, \
+                 `smp-relay --data-dir {d} store import --store {want} --input FILE`, then move \
+                 {d}/{old} away",
+                d = data_dir.display(),
+                found = found.name(),
+                want = self.name(),
+                old = match found {
+                    StoreKind::Memory => memory::MEMORY_STORE_DIR,
+                    StoreKind::Journal => journal::JOURNAL_STORE_DIR,
+                },
+            )),
+            _ => Ok(()),
         }
     }
 }
@@ -314,6 +357,8 @@ pub struct StoreSettings {
     pub ntf_ttl_secs: i64,
     /// Test hook: this shard's reads of queue heads wait this long first (`held.rs`).
     pub test_delay: Option<std::time::Duration>,
+    /// When the journal store makes its records durable (`journal.rs`).
+    pub durability: journal::Durability,
 }
 
 /// Every partition group, `0..PARTITION_GROUPS`: what the offline tools open.
@@ -382,5 +427,7 @@ pub fn with_store<W: WithStore>(kind: StoreKind, test_delayed: bool, work: W) ->
     match (kind, test_delayed) {
         (StoreKind::Memory, false) => work.run::<memory::MemoryStore>(),
         (StoreKind::Memory, true) => work.run::<held::Held<memory::MemoryStore, held::Delay>>(),
+        (StoreKind::Journal, false) => work.run::<journal::JournalStore>(),
+        (StoreKind::Journal, true) => work.run::<held::Held<journal::JournalStore, held::Delay>>(),
     }
 }

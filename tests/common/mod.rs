@@ -505,6 +505,14 @@ fn spawn(dir: &Path, port: u16, opts: &RelayOptions) -> Result<(Child, SharedLog
         "--test-clock-control",
         clock.to_str().expect("utf-8 temp path"),
     ];
+    // `SMP_RELAY_TEST_STORE` (journal, memory) picks the store of relays whose test does not:
+    // CI runs the queue suites on each store.
+    let store = std::env::var("SMP_RELAY_TEST_STORE").ok();
+    if let Some(s) = store.as_deref() {
+        if !opts.extra_args.iter().any(|a| a.starts_with("--store")) {
+            args.extend(["--store", s]);
+        }
+    }
     args.extend(opts.extra_args.iter().map(String::as_str));
     let child = Command::new(BIN)
         .args(&args)

@@ -1,0 +1,1305 @@
+//! The journal store (`docs/ARCHITECTURE.md` §5): queues, messages and notifications of a shard's
+//! partition groups in the memory-mapped journals of the `smp-journal` crate (`journal/`, its
+//! format in `journal/FORMAT.md`), one journal per group under `<data-dir>/journal/`.
+//!
+//! Every change is a record appended to its queue's group journal before the call returns, so a
+//! killed relay loses nothing it answered: the record is in the page cache. When it is on the disk
+//! depends on the durability setting ([`Durability`]): after every batch of changes (the change's
+//! call waits for the sync, which a sync thread runs for all changes waiting then: group commit),
+//! every N milliseconds (the default, 50), or when the system writes the pages back. An OS crash or
+//! power loss may lose what was not synced yet.
+//!
+//! In memory: each queue's record and, per message, its ID, time, flags and where its record is
+//! ([`MsgEntry`]); bodies stay in the mapping and are read (and their CRC checked) when a head is
+//! peeked. At start each group is replayed from its first record.
+//!
+//! Space: a segment is removed once it and every older segment of its group hold no live record
+//! (a queue's latest record, a message not deleted, a stored notification); delete records in a
+//! segment only ever kill records of the same or older segments, so removing the oldest segments
+//! first never brings anything back. Compacting sparse old segments is not done yet.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use smp_journal::{Journal, JournalError, Location, Options, Record, SyncHandle, SyncPoint};
+
+use super::codec::{decode_ntf, decode_rec, encode_ntf, encode_rec};
+use super::memory::MAX_NTFS_PER_NOTIFIER;
+use super::{
+    group_of, EntityId, Message, MessageStore, MsgId, MsgNtf, QueueData, QueueRec, QueueStatus,
+    QueueStore, ShardStore, StoreCounters, StoreError, StoreSettings, WriteOutcome,
+};
+use crate::protocol::encoding::Reader;
+
+/// A queue record in the journal: the memory store's encoding (`store/codec.rs`).
+fn encode_queue_record(rec: &QueueRec) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_rec(&mut out, rec);
+    out
+}
+
+fn decode_queue_record(b: &[u8]) -> Result<QueueRec, String> {
+    let mut r = Reader::new(b);
+    let rec = decode_rec(&mut r).map_err(|_| "bad queue record".to_string())?;
+    if !r.rest().is_empty() {
+        return Err("bad queue record: trailing bytes".into());
+    }
+    Ok(rec)
+}
+
+fn encode_notification(n: &MsgNtf) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_ntf(&mut out, n);
+    out
+}
+
+fn decode_notification(b: &[u8]) -> Result<MsgNtf, String> {
+    let mut r = Reader::new(b);
+    let n = decode_ntf(&mut r).map_err(|_| "bad notification".to_string())?;
+    if !r.rest().is_empty() {
+        return Err("bad notification: trailing bytes".into());
+    }
+    Ok(n)
+}
+
+/// Where the journals live, under the data directory.
+pub const JOURNAL_STORE_DIR: &str = "journal";
+
+/// When appended records are made durable (`start --fsync`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// A change's call returns after a sync covering its record.
+    EveryBatch,
+    /// A sync thread syncs every group this often.
+    Interval(Duration),
+    /// Only the system's own write-back.
+    Never,
+}
+
+/// The default: every 50 ms.
+pub const DEFAULT_DURABILITY: Durability = Durability::Interval(Duration::from_millis(50));
+
+/// Message flags in `MsgAppend` records.
+const FLAG_NOTIFICATION: u8 = 1;
+const FLAG_QUOTA: u8 = 2;
+
+/// A message as the index keeps it.
+#[derive(Debug, Clone, Copy)]
+struct MsgEntry {
+    msg_id: MsgId,
+    ts: i64,
+    flags: u8,
+    loc: Location,
+}
+
+impl MsgEntry {
+    fn is_quota(&self) -> bool {
+        self.flags & FLAG_QUOTA != 0
+    }
+}
+
+struct QueueEntry {
+    rec: QueueRec,
+    /// The segment of the record that holds `rec` (its latest create or update).
+    rec_segment: u64,
+    msgs: VecDeque<MsgEntry>,
+    /// As the memory store's: false once a quota marker was written, until the queue is empty.
+    can_write: bool,
+}
+
+struct NtfEntry {
+    ntf: MsgNtf,
+    segment: u64,
+}
+
+/// Live records per segment of one group's journal.
+#[derive(Default)]
+struct Live(BTreeMap<u64, u64>);
+
+#[derive(Default)]
+struct Data {
+    queues: HashMap<EntityId, QueueEntry>,
+    ntfs: HashMap<EntityId, VecDeque<NtfEntry>>,
+    journals: HashMap<u32, Journal>,
+    live: HashMap<u32, Live>,
+    total_messages: usize,
+    counters: StoreCounters,
+}
+
+/// The store of one shard's groups; see the module comment.
+pub struct JournalStore {
+    data: RefCell<Data>,
+    syncer: Syncer,
+}
+
+fn failed(e: JournalError) -> StoreError {
+    match e {
+        JournalError::NoSpace { .. } => StoreError::Failed("no space left for the journal".into()),
+        e => StoreError::Failed(format!("journal: {e}")),
+    }
+}
+
+impl Live {
+    fn add(&mut self, segment: u64) {
+        *self.0.entry(segment).or_insert(0) += 1;
+    }
+
+    fn sub(&mut self, segment: u64) {
+        if let Some(n) = self.0.get_mut(&segment) {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
+
+impl Data {
+    fn live(&mut self, g: u32) -> &mut Live {
+        self.live.entry(g).or_default()
+    }
+
+    /// Appends `rec` to the journal of group `g`.
+    fn append(&mut self, g: u32, rec: &Record<'_>) -> Result<(Location, SyncPoint), StoreError> {
+        let j = self
+            .journals
+            .get_mut(&g)
+            .ok_or_else(|| StoreError::Failed(format!("group {g} is not this shard's")))?;
+        let a = j.append(rec).map_err(failed)?;
+        Ok((a.loc, a.end))
+    }
+
+    /// Removes the oldest segments of group `g` while they hold no live record (never the active
+    /// one).
+    fn release_dead_segments(&mut self, g: u32) {
+        let Some(j) = self.journals.get_mut(&g) else {
+            return;
+        };
+        let live = self.live.entry(g).or_default();
+        for s in j.segments() {
+            if s.active || live.0.get(&s.id).copied().unwrap_or(0) > 0 {
+                break;
+            }
+            if j.remove_segment(s.id).is_err() {
+                break;
+            }
+            live.0.remove(&s.id);
+        }
+    }
+
+    /// Replays one record of group `g` into the index.
+    fn replay(&mut self, g: u32, loc: Location, rec: Record<'_>) -> Result<(), String> {
+        match rec {
+            Record::QueueCreate { recipient_id, data }
+            | Record::QueueUpdate { recipient_id, data } => {
+                let rec = decode_queue_record(data)?;
+                if rec.recipient_id != recipient_id {
+                    return Err("a queue record under another recipient ID".into());
+                }
+                match self.queues.get_mut(recipient_id) {
+                    Some(q) => {
+                        let old = q.rec_segment;
+                        q.rec = rec;
+                        q.rec_segment = loc.segment;
+                        self.live(g).sub(old);
+                    }
+                    None => {
+                        self.queues.insert(
+                            recipient_id.to_vec(),
+                            QueueEntry {
+                                rec,
+                                rec_segment: loc.segment,
+                                msgs: VecDeque::new(),
+                                can_write: true,
+                            },
+                        );
+                    }
+                }
+                self.live(g).add(loc.segment);
+            }
+            Record::QueueDelete { recipient_id } => self.forget_queue(g, recipient_id),
+            Record::MsgAppend {
+                recipient_id,
+                msg_id,
+                ts,
+                flags,
+                ..
+            } => {
+                let Some(q) = self.queues.get_mut(recipient_id) else {
+                    return Ok(());
+                };
+                q.msgs.push_back(MsgEntry {
+                    msg_id: *msg_id,
+                    ts,
+                    flags,
+                    loc,
+                });
+                q.can_write = flags & FLAG_QUOTA == 0;
+                self.total_messages += 1;
+                self.live(g).add(loc.segment);
+            }
+            Record::MsgDelete {
+                recipient_id,
+                msg_id,
+            } => {
+                self.remove_msg(g, recipient_id, msg_id);
+            }
+            Record::NtfAppend { notifier_id, data } => {
+                let ntf = decode_notification(data)?;
+                self.push_ntf(g, notifier_id, ntf, loc.segment);
+            }
+            Record::NtfDelete {
+                notifier_id,
+                msg_id,
+            } => self.remove_ntf(g, notifier_id, msg_id),
+            Record::NtfClear { notifier_id } => {
+                self.clear_ntfs(g, notifier_id);
+            }
+            Record::Checkpoint { .. } => {}
+        }
+        Ok(())
+    }
+
+    fn forget_queue(&mut self, g: u32, rid: &[u8]) {
+        let Some(q) = self.queues.remove(rid) else {
+            return;
+        };
+        self.total_messages -= q.msgs.len();
+        let live = self.live(g);
+        live.sub(q.rec_segment);
+        for m in &q.msgs {
+            live.sub(m.loc.segment);
+        }
+        if let Some(n) = &q.rec.notifier {
+            self.clear_ntfs(g, &n.notifier_id.clone());
+        }
+    }
+
+    /// Removes message `msg_id` of queue `rid` from the index (normally its head).
+    fn remove_msg(&mut self, g: u32, rid: &[u8], msg_id: &MsgId) -> Option<MsgEntry> {
+        let q = self.queues.get_mut(rid)?;
+        let i = q.msgs.iter().position(|m| &m.msg_id == msg_id)?;
+        let m = q.msgs.remove(i)?;
+        if q.msgs.is_empty() {
+            q.can_write = true;
+        }
+        self.total_messages -= 1;
+        self.live(g).sub(m.loc.segment);
+        Some(m)
+    }
+
+    fn push_ntf(&mut self, g: u32, nid: &[u8], ntf: MsgNtf, segment: u64) {
+        let list = self.ntfs.entry(nid.to_vec()).or_default();
+        let dropped = if list.len() >= MAX_NTFS_PER_NOTIFIER {
+            list.pop_front()
+        } else {
+            None
+        };
+        list.push_back(NtfEntry { ntf, segment });
+        let live = self.live(g);
+        live.add(segment);
+        if let Some(d) = dropped {
+            live.sub(d.segment);
+        }
+    }
+
+    fn remove_ntf(&mut self, g: u32, nid: &[u8], msg_id: &MsgId) {
+        let Some(list) = self.ntfs.get_mut(nid) else {
+            return;
+        };
+        let Some(i) = list.iter().position(|n| &n.ntf.msg_id == msg_id) else {
+            return;
+        };
+        let n = list.remove(i);
+        if list.is_empty() {
+            self.ntfs.remove(nid);
+        }
+        if let Some(n) = n {
+            self.live(g).sub(n.segment);
+        }
+    }
+
+    fn clear_ntfs(&mut self, g: u32, nid: &[u8]) -> usize {
+        let Some(list) = self.ntfs.remove(nid) else {
+            return 0;
+        };
+        let live = self.live(g);
+        for n in &list {
+            live.sub(n.segment);
+        }
+        list.len()
+    }
+
+    /// The message at the head of `rid`, its body read from the journal.
+    fn head(&self, rid: &[u8]) -> Result<Option<Message>, StoreError> {
+        let Some(m) = self.queues.get(rid).and_then(|q| q.msgs.front()) else {
+            return Ok(None);
+        };
+        self.message(rid, m).map(Some)
+    }
+
+    fn message(&self, rid: &[u8], m: &MsgEntry) -> Result<Message, StoreError> {
+        if m.is_quota() {
+            return Ok(Message::Quota {
+                msg_id: m.msg_id,
+                ts: m.ts,
+            });
+        }
+        let g = group_of(rid);
+        let j = self
+            .journals
+            .get(&g)
+            .ok_or_else(|| StoreError::Failed(format!("group {g} is not this shard's")))?;
+        match j.read(m.loc).map_err(failed)? {
+            (_, Record::MsgAppend { body, .. }) => Ok(Message::Message {
+                msg_id: m.msg_id,
+                ts: m.ts,
+                notification: m.flags & FLAG_NOTIFICATION != 0,
+                body: Rc::from(body),
+            }),
+            _ => Err(StoreError::Failed(
+                "journal: a message's record is not a message".into(),
+            )),
+        }
+    }
+}
+
+/// The shard's sync thread (none for `Never`).
+struct Syncer {
+    durability: Durability,
+    tx: Option<flume::Sender<SyncReq>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+enum SyncReq {
+    /// Sync group `.0` to `.1`, then answer.
+    To(u32, SyncPoint, flume::Sender<Result<(), String>>),
+    Stop,
+}
+
+impl Syncer {
+    fn start(durability: Durability, handles: Vec<(u32, SyncHandle)>) -> Syncer {
+        if durability == Durability::Never {
+            return Syncer {
+                durability,
+                tx: None,
+                thread: None,
+            };
+        }
+        let (tx, rx) = flume::unbounded::<SyncReq>();
+        let handles: Arc<HashMap<u32, SyncHandle>> = Arc::new(handles.into_iter().collect());
+        let thread = std::thread::Builder::new()
+            .name("journal-sync".into())
+            .spawn(move || sync_thread(durability, &handles, &rx))
+            .ok();
+        Syncer {
+            durability,
+            tx: Some(tx),
+            thread,
+        }
+    }
+
+    /// Waits until group `g` is durable up to `upto` (only with `EveryBatch`).
+    async fn wait(&self, g: u32, upto: SyncPoint) -> Result<(), StoreError> {
+        if self.durability != Durability::EveryBatch {
+            return Ok(());
+        }
+        let Some(tx) = &self.tx else {
+            return Ok(());
+        };
+        let (done_tx, done_rx) = flume::bounded(1);
+        tx.send(SyncReq::To(g, upto, done_tx))
+            .map_err(|_| StoreError::Failed("journal: the sync thread stopped".into()))?;
+        match done_rx.recv_async().await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(StoreError::Failed(format!("journal sync: {e}"))),
+            Err(_) => Err(StoreError::Failed(
+                "journal: the sync thread stopped".into(),
+            )),
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.send(SyncReq::Stop);
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Syncer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Every-batch: takes every waiting request, syncs each group once to the furthest point asked,
+/// answers them all (group commit). Interval: syncs every group each period.
+fn sync_thread(
+    durability: Durability,
+    handles: &HashMap<u32, SyncHandle>,
+    rx: &flume::Receiver<SyncReq>,
+) {
+    let sync_all = || {
+        for (g, h) in handles {
+            if let Err(e) = h.sync_all() {
+                tracing::warn!(group = g, error = %e, "journal sync failed");
+            }
+        }
+    };
+    loop {
+        let first = match durability {
+            Durability::Interval(every) => match rx.recv_timeout(every) {
+                Ok(r) => r,
+                Err(flume::RecvTimeoutError::Timeout) => {
+                    sync_all();
+                    continue;
+                }
+                Err(flume::RecvTimeoutError::Disconnected) => SyncReq::Stop,
+            },
+            _ => rx.recv().unwrap_or(SyncReq::Stop),
+        };
+        let mut reqs = vec![first];
+        reqs.extend(rx.try_iter());
+        let mut stop = false;
+        let mut furthest: HashMap<u32, SyncPoint> = HashMap::new();
+        let mut waiting = Vec::new();
+        for r in reqs {
+            match r {
+                SyncReq::To(g, p, done) => {
+                    let f = furthest.entry(g).or_default();
+                    *f = (*f).max(p);
+                    waiting.push((g, done));
+                }
+                SyncReq::Stop => stop = true,
+            }
+        }
+        let mut results: HashMap<u32, Result<(), String>> = HashMap::new();
+        for (g, p) in furthest {
+            let r = match handles.get(&g) {
+                Some(h) => h.sync_to(p).map(|_| ()).map_err(|e| e.to_string()),
+                None => Err(format!("group {g} has no journal here")),
+            };
+            results.insert(g, r);
+        }
+        for (g, done) in waiting {
+            let _ = done.send(results.get(&g).cloned().unwrap_or(Ok(())));
+        }
+        if stop {
+            sync_all();
+            return;
+        }
+    }
+}
+
+impl JournalStore {
+    fn dir(s: &StoreSettings) -> PathBuf {
+        s.data_dir.join(JOURNAL_STORE_DIR)
+    }
+
+    /// Opens (replays) the journals of `groups`, then drops what expired while the relay was
+    /// stopped.
+    pub fn open_groups(
+        s: &StoreSettings,
+        groups: &[u32],
+        now: i64,
+        durability: Durability,
+    ) -> Result<Self, String> {
+        let root = Self::dir(s);
+        std::fs::create_dir_all(&root)
+            .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
+        let opts = Options::default();
+        let mut data = Data::default();
+        let mut handles = Vec::new();
+        for &g in groups {
+            let (journal, report) =
+                Journal::open(&root, g, &opts, |loc, _seq, rec| data.replay(g, loc, rec))
+                    .map_err(|e| e.to_string())?;
+            for w in &report.warnings {
+                tracing::warn!("{w}");
+            }
+            handles.push((g, journal.sync_handle()));
+            data.journals.insert(g, journal);
+        }
+        let store = JournalStore {
+            data: RefCell::new(data),
+            syncer: Syncer::start(durability, handles),
+        };
+        if s.message_ttl_secs < i64::MAX {
+            let old = now.saturating_sub(s.message_ttl_secs);
+            futures_lite::future::block_on(store.expire_all(old)).map_err(|e| e.to_string())?;
+        }
+        Ok(store)
+    }
+}
+
+impl QueueStore for JournalStore {
+    fn with_queue<R>(&self, recipient_id: &[u8], f: impl FnOnce(&QueueRec) -> R) -> Option<R> {
+        self.data
+            .borrow()
+            .queues
+            .get(recipient_id)
+            .map(|q| f(&q.rec))
+    }
+
+    fn for_each_queue(&self, f: &mut dyn FnMut(&QueueRec)) {
+        self.data.borrow().queues.values().for_each(|q| f(&q.rec));
+    }
+
+    fn queue_count(&self) -> usize {
+        self.data.borrow().queues.len()
+    }
+
+    async fn create(&self, rec: QueueRec) -> Result<(), StoreError> {
+        let g = group_of(&rec.recipient_id);
+        let end = {
+            let mut d = self.data.borrow_mut();
+            if d.queues.contains_key(&rec.recipient_id) {
+                return Err(StoreError::Duplicate);
+            }
+            let bytes = encode_queue_record(&rec);
+            let (loc, end) = d.append(
+                g,
+                &Record::QueueCreate {
+                    recipient_id: &rec.recipient_id,
+                    data: &bytes,
+                },
+            )?;
+            d.live(g).add(loc.segment);
+            d.queues.insert(
+                rec.recipient_id.clone(),
+                QueueEntry {
+                    rec,
+                    rec_segment: loc.segment,
+                    msgs: VecDeque::new(),
+                    can_write: true,
+                },
+            );
+            end
+        };
+        self.syncer.wait(g, end).await
+    }
+
+    async fn update(&self, rec: QueueRec) -> Result<(), StoreError> {
+        let g = group_of(&rec.recipient_id);
+        let end = {
+            let mut d = self.data.borrow_mut();
+            if !d.queues.contains_key(&rec.recipient_id) {
+                return Err(StoreError::NotFound);
+            }
+            let bytes = encode_queue_record(&rec);
+            let (loc, end) = d.append(
+                g,
+                &Record::QueueUpdate {
+                    recipient_id: &rec.recipient_id,
+                    data: &bytes,
+                },
+            )?;
+            let rid = rec.recipient_id.clone();
+            let old = d.queues.get(&rid).map(|q| q.rec_segment);
+            if let Some(q) = d.queues.get_mut(&rid) {
+                q.rec = rec;
+                q.rec_segment = loc.segment;
+            }
+            d.live(g).add(loc.segment);
+            if let Some(old) = old {
+                d.live(g).sub(old);
+            }
+            d.release_dead_segments(g);
+            end
+        };
+        self.syncer.wait(g, end).await
+    }
+
+    async fn delete(&self, recipient_id: &[u8]) -> Result<QueueRec, StoreError> {
+        let g = group_of(recipient_id);
+        let (rec, end) = {
+            let mut d = self.data.borrow_mut();
+            let Some(rec) = d.queues.get(recipient_id).map(|q| q.rec.clone()) else {
+                return Err(StoreError::NotFound);
+            };
+            let (_, end) = d.append(g, &Record::QueueDelete { recipient_id })?;
+            d.forget_queue(g, recipient_id);
+            d.release_dead_segments(g);
+            (rec, end)
+        };
+        self.syncer.wait(g, end).await?;
+        Ok(rec)
+    }
+}
+
+impl MessageStore for JournalStore {
+    async fn write(
+        &self,
+        recipient_id: &[u8],
+        msg: Message,
+        quota: usize,
+    ) -> Result<WriteOutcome, StoreError> {
+        let g = group_of(recipient_id);
+        let (outcome, end) = {
+            let mut d = self.data.borrow_mut();
+            d.counters.writes += 1;
+            let q = d.queues.get(recipient_id).ok_or(StoreError::NotFound)?;
+            let was_empty = q.msgs.is_empty();
+            if !(q.can_write || was_empty) {
+                return Ok(WriteOutcome::Full);
+            }
+            let under_quota = q.msgs.len() < quota;
+            let (entry_flags, body): (u8, &[u8]) = match (&msg, under_quota) {
+                (
+                    Message::Message {
+                        notification, body, ..
+                    },
+                    true,
+                ) => (if *notification { FLAG_NOTIFICATION } else { 0 }, &body[..]),
+                _ => (FLAG_QUOTA, &[]),
+            };
+            let (loc, end) = d.append(
+                g,
+                &Record::MsgAppend {
+                    recipient_id,
+                    msg_id: msg.msg_id(),
+                    ts: msg.ts(),
+                    flags: entry_flags,
+                    body,
+                },
+            )?;
+            d.live(g).add(loc.segment);
+            d.total_messages += 1;
+            let q = d.queues.get_mut(recipient_id).ok_or(StoreError::NotFound)?;
+            q.msgs.push_back(MsgEntry {
+                msg_id: *msg.msg_id(),
+                ts: msg.ts(),
+                flags: entry_flags,
+                loc,
+            });
+            q.can_write = under_quota;
+            let outcome = if under_quota {
+                WriteOutcome::Written { was_empty }
+            } else {
+                WriteOutcome::QuotaMarker { was_empty }
+            };
+            (outcome, end)
+        };
+        self.syncer.wait(g, end).await?;
+        Ok(outcome)
+    }
+
+    async fn peek_first(&self, recipient_id: &[u8]) -> Result<Option<Message>, StoreError> {
+        let mut d = self.data.borrow_mut();
+        d.counters.peek_first += 1;
+        d.head(recipient_id)
+    }
+
+    async fn peek_first_many(
+        &self,
+        recipient_ids: &[&[u8]],
+    ) -> Result<Vec<Option<Message>>, StoreError> {
+        let mut d = self.data.borrow_mut();
+        d.counters.peek_first_many += 1;
+        recipient_ids.iter().map(|rid| d.head(rid)).collect()
+    }
+
+    async fn try_del(
+        &self,
+        recipient_id: &[u8],
+        msg_id: &MsgId,
+    ) -> Result<Option<Message>, StoreError> {
+        let (deleted, _) = self.del_head(recipient_id, msg_id, false).await?;
+        Ok(deleted)
+    }
+
+    async fn try_del_peek(
+        &self,
+        recipient_id: &[u8],
+        msg_id: &MsgId,
+    ) -> Result<(Option<Message>, Option<Message>), StoreError> {
+        self.del_head(recipient_id, msg_id, true).await
+    }
+
+    async fn delete_expired(
+        &self,
+        recipient_id: &[u8],
+        older_than: i64,
+    ) -> Result<usize, StoreError> {
+        let g = group_of(recipient_id);
+        let (n, end) = {
+            let mut d = self.data.borrow_mut();
+            d.expire_queue(g, recipient_id, older_than)?
+        };
+        if let Some(end) = end {
+            self.syncer.wait(g, end).await?;
+        }
+        Ok(n)
+    }
+
+    fn size(&self, recipient_id: &[u8]) -> usize {
+        let d = self.data.borrow();
+        d.queues.get(recipient_id).map_or(0, |q| q.msgs.len())
+    }
+
+    fn total_messages(&self) -> usize {
+        self.data.borrow().total_messages
+    }
+
+    async fn expire_all(&self, older_than: i64) -> Result<usize, StoreError> {
+        let mut n = 0;
+        let mut ends: HashMap<u32, SyncPoint> = HashMap::new();
+        {
+            let mut d = self.data.borrow_mut();
+            let rids: Vec<EntityId> = d.queues.keys().cloned().collect();
+            for rid in rids {
+                let g = group_of(&rid);
+                let (k, end) = d.expire_queue(g, &rid, older_than)?;
+                n += k;
+                if let Some(e) = end {
+                    let f = ends.entry(g).or_default();
+                    *f = (*f).max(e);
+                }
+            }
+        }
+        for (g, end) in ends {
+            self.syncer.wait(g, end).await?;
+        }
+        Ok(n)
+    }
+
+    async fn add_ntf(&self, notifier_id: &[u8], ntf: MsgNtf) -> Result<(), StoreError> {
+        let Some(g) = self.notifier_group(notifier_id) else {
+            return Ok(());
+        };
+        let end = {
+            let mut d = self.data.borrow_mut();
+            let bytes = encode_notification(&ntf);
+            let (loc, end) = d.append(
+                g,
+                &Record::NtfAppend {
+                    notifier_id,
+                    data: &bytes,
+                },
+            )?;
+            d.push_ntf(g, notifier_id, ntf, loc.segment);
+            end
+        };
+        self.syncer.wait(g, end).await
+    }
+
+    async fn take_ntfs(
+        &self,
+        notifier_id: &[u8],
+        max: usize,
+    ) -> Result<(Vec<MsgNtf>, bool), StoreError> {
+        let Some(g) = self.notifier_group(notifier_id) else {
+            return Ok((Vec::new(), false));
+        };
+        let (part, more, end) = {
+            let mut d = self.data.borrow_mut();
+            let taken: Vec<MsgNtf> = match d.ntfs.get(notifier_id) {
+                Some(list) => list.iter().take(max).map(|n| n.ntf.clone()).collect(),
+                None => return Ok((Vec::new(), false)),
+            };
+            let mut end = None;
+            for n in &taken {
+                let (_, e) = d.append(
+                    g,
+                    &Record::NtfDelete {
+                        notifier_id,
+                        msg_id: &n.msg_id,
+                    },
+                )?;
+                end = Some(e);
+                d.remove_ntf(g, notifier_id, &n.msg_id);
+            }
+            let more = d.ntfs.get(notifier_id).is_some_and(|l| !l.is_empty());
+            d.release_dead_segments(g);
+            (taken, more, end)
+        };
+        if let Some(end) = end {
+            self.syncer.wait(g, end).await?;
+        }
+        Ok((part, more))
+    }
+
+    async fn return_ntfs(&self, notifier_id: &[u8], ntfs: Vec<MsgNtf>) -> Result<(), StoreError> {
+        let Some(g) = self.notifier_group(notifier_id) else {
+            return Ok(());
+        };
+        // Returned notifications go ahead of those stored since: the list is written again in
+        // its new order (returns are rare: a connection closed with NMSGs unwritten).
+        let end = {
+            let mut d = self.data.borrow_mut();
+            let mut list: Vec<MsgNtf> = ntfs;
+            if let Some(kept) = d.ntfs.get(notifier_id) {
+                list.extend(kept.iter().map(|n| n.ntf.clone()));
+            }
+            let (_, mut end) = d.append(g, &Record::NtfClear { notifier_id })?;
+            d.clear_ntfs(g, notifier_id);
+            let skip = list.len().saturating_sub(MAX_NTFS_PER_NOTIFIER);
+            for n in list.into_iter().skip(skip) {
+                let bytes = encode_notification(&n);
+                let (loc, e) = d.append(
+                    g,
+                    &Record::NtfAppend {
+                        notifier_id,
+                        data: &bytes,
+                    },
+                )?;
+                end = e;
+                d.push_ntf(g, notifier_id, n, loc.segment);
+            }
+            end
+        };
+        self.syncer.wait(g, end).await
+    }
+
+    async fn delete_ntfs(&self, notifier_id: &[u8]) -> Result<usize, StoreError> {
+        let Some(g) = self.notifier_group(notifier_id) else {
+            return Ok(0);
+        };
+        let (n, end) = {
+            let mut d = self.data.borrow_mut();
+            if !d.ntfs.contains_key(notifier_id) {
+                return Ok(0);
+            }
+            let (_, end) = d.append(g, &Record::NtfClear { notifier_id })?;
+            let n = d.clear_ntfs(g, notifier_id);
+            d.release_dead_segments(g);
+            (n, end)
+        };
+        self.syncer.wait(g, end).await?;
+        Ok(n)
+    }
+
+    fn ntf_ids(&self) -> Vec<EntityId> {
+        let d = self.data.borrow();
+        d.ntfs
+            .iter()
+            .filter(|(_, l)| !l.is_empty())
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    async fn expire_ntfs(&self, older_than: i64) -> Result<usize, StoreError> {
+        let mut n = 0;
+        let mut ends: HashMap<u32, SyncPoint> = HashMap::new();
+        {
+            let mut d = self.data.borrow_mut();
+            let old: Vec<(EntityId, MsgId)> = d
+                .ntfs
+                .iter()
+                .flat_map(|(nid, l)| {
+                    l.iter()
+                        .filter(|e| e.ntf.ts < older_than)
+                        .map(|e| (nid.clone(), e.ntf.msg_id))
+                })
+                .collect();
+            for (nid, msg_id) in old {
+                let Some(g) = notifier_group_in(&d, &nid) else {
+                    continue;
+                };
+                let (_, e) = d.append(
+                    g,
+                    &Record::NtfDelete {
+                        notifier_id: &nid,
+                        msg_id: &msg_id,
+                    },
+                )?;
+                d.remove_ntf(g, &nid, &msg_id);
+                n += 1;
+                let f = ends.entry(g).or_default();
+                *f = (*f).max(e);
+            }
+        }
+        for (g, end) in ends {
+            self.syncer.wait(g, end).await?;
+        }
+        Ok(n)
+    }
+
+    async fn messages(&self, recipient_id: &[u8]) -> Result<Vec<Message>, StoreError> {
+        let d = self.data.borrow();
+        let Some(q) = d.queues.get(recipient_id) else {
+            return Ok(Vec::new());
+        };
+        q.msgs.iter().map(|m| d.message(recipient_id, m)).collect()
+    }
+
+    async fn ntfs(&self, notifier_id: &[u8]) -> Result<Vec<MsgNtf>, StoreError> {
+        let d = self.data.borrow();
+        Ok(d.ntfs
+            .get(notifier_id)
+            .map(|l| l.iter().map(|n| n.ntf.clone()).collect())
+            .unwrap_or_default())
+    }
+
+    fn counters(&self) -> StoreCounters {
+        self.data.borrow().counters.clone()
+    }
+}
+
+/// The group whose journal holds a notifier's notifications: its queue's. Notifications of a
+/// notifier no queue of this store has are not kept.
+fn notifier_group_in(d: &Data, nid: &[u8]) -> Option<u32> {
+    d.queues
+        .values()
+        .find(|q| {
+            q.rec
+                .notifier
+                .as_ref()
+                .is_some_and(|n| n.notifier_id == nid)
+        })
+        .map(|q| group_of(&q.rec.recipient_id))
+}
+
+impl JournalStore {
+    fn notifier_group(&self, nid: &[u8]) -> Option<u32> {
+        notifier_group_in(&self.data.borrow(), nid)
+    }
+
+    /// Deletes the head of `rid` if it is `msg_id`; with `peek`, also returns the new head.
+    async fn del_head(
+        &self,
+        rid: &[u8],
+        msg_id: &MsgId,
+        peek: bool,
+    ) -> Result<(Option<Message>, Option<Message>), StoreError> {
+        let g = group_of(rid);
+        let (deleted, next, end) = {
+            let mut d = self.data.borrow_mut();
+            d.counters.deletes += 1;
+            let head = d.queues.get(rid).and_then(|q| q.msgs.front()).copied();
+            let mut deleted = None;
+            let mut end = None;
+            if let Some(h) = head.filter(|h| &h.msg_id == msg_id) {
+                let m = d.message(rid, &h)?;
+                let (_, e) = d.append(
+                    g,
+                    &Record::MsgDelete {
+                        recipient_id: rid,
+                        msg_id,
+                    },
+                )?;
+                d.remove_msg(g, rid, msg_id);
+                d.release_dead_segments(g);
+                deleted = Some(m);
+                end = Some(e);
+            }
+            let next = if peek { d.head(rid)? } else { None };
+            (deleted, next, end)
+        };
+        if let Some(end) = end {
+            self.syncer.wait(g, end).await?;
+        }
+        Ok((deleted, next))
+    }
+}
+
+impl Data {
+    /// Deletes the expired head messages of `rid` (never the quota marker); returns how many, and
+    /// the point that makes the deletions durable.
+    fn expire_queue(
+        &mut self,
+        g: u32,
+        rid: &[u8],
+        older_than: i64,
+    ) -> Result<(usize, Option<SyncPoint>), StoreError> {
+        let mut n = 0;
+        let mut end = None;
+        while let Some(h) = self.queues.get(rid).and_then(|q| q.msgs.front()).copied() {
+            if h.is_quota() || h.ts >= older_than {
+                break;
+            }
+            let (_, e) = self.append(
+                g,
+                &Record::MsgDelete {
+                    recipient_id: rid,
+                    msg_id: &h.msg_id,
+                },
+            )?;
+            self.remove_msg(g, rid, &h.msg_id);
+            end = Some(e);
+            n += 1;
+        }
+        if n > 0 {
+            self.release_dead_segments(g);
+        }
+        Ok((n, end))
+    }
+}
+
+impl ShardStore for JournalStore {
+    fn open(s: &StoreSettings, groups: &[u32], now: i64) -> Result<Self, String> {
+        JournalStore::open_groups(s, groups, now, s.durability)
+    }
+
+    fn all_opened(_s: &StoreSettings) -> Result<(), String> {
+        Ok(())
+    }
+
+    async fn restore(&self, q: QueueData) -> Result<(), StoreError> {
+        let QueueData { rec, msgs, ntfs } = q;
+        let rid = rec.recipient_id.clone();
+        let g = group_of(&rid);
+        if !ntfs.is_empty() && rec.notifier.is_none() {
+            return Err(StoreError::Failed(
+                "notifications without a notifier".into(),
+            ));
+        }
+        let nid = rec.notifier.as_ref().map(|n| n.notifier_id.clone());
+        if let Some(i) = msgs.iter().position(|m| matches!(m, Message::Quota { .. })) {
+            if i + 1 != msgs.len() {
+                return Err(StoreError::Failed(
+                    "a message after the quota marker".into(),
+                ));
+            }
+        }
+        self.create(rec).await?;
+        let end = {
+            let mut d = self.data.borrow_mut();
+            let mut end = None;
+            for m in &msgs {
+                let (flags, body): (u8, &[u8]) = match m {
+                    Message::Message {
+                        notification, body, ..
+                    } => (if *notification { FLAG_NOTIFICATION } else { 0 }, &body[..]),
+                    Message::Quota { .. } => (FLAG_QUOTA, &[]),
+                };
+                let (loc, e) = d.append(
+                    g,
+                    &Record::MsgAppend {
+                        recipient_id: &rid,
+                        msg_id: m.msg_id(),
+                        ts: m.ts(),
+                        flags,
+                        body,
+                    },
+                )?;
+                d.live(g).add(loc.segment);
+                d.total_messages += 1;
+                if let Some(q) = d.queues.get_mut(&rid) {
+                    q.msgs.push_back(MsgEntry {
+                        msg_id: *m.msg_id(),
+                        ts: m.ts(),
+                        flags,
+                        loc,
+                    });
+                    q.can_write = flags & FLAG_QUOTA == 0;
+                }
+                end = Some(e);
+            }
+            if let Some(nid) = &nid {
+                for n in ntfs {
+                    let bytes = encode_notification(&n);
+                    let (loc, e) = d.append(
+                        g,
+                        &Record::NtfAppend {
+                            notifier_id: nid,
+                            data: &bytes,
+                        },
+                    )?;
+                    d.push_ntf(g, nid, n, loc.segment);
+                    end = Some(e);
+                }
+            }
+            end
+        };
+        if let Some(end) = end {
+            self.syncer.wait(g, end).await?;
+        }
+        Ok(())
+    }
+
+    fn close(mut self, _s: &StoreSettings, _groups: &[u32]) -> Result<(), String> {
+        // The sync thread syncs everything before it ends.
+        self.syncer.stop();
+        if self.syncer.durability == Durability::Never {
+            for j in self.data.borrow().journals.values() {
+                j.sync_handle().sync_all().map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    fn find_offline(s: &StoreSettings, id: &[u8]) -> Result<Option<QueueRec>, String> {
+        let all: Vec<u32> = (0..super::PARTITION_GROUPS).collect();
+        let store = JournalStore::open_groups(
+            &StoreSettings {
+                message_ttl_secs: i64::MAX,
+                ..s.clone()
+            },
+            &all,
+            0,
+            Durability::Never,
+        )?;
+        let d = store.data.borrow();
+        Ok(d.queues
+            .values()
+            .map(|q| &q.rec)
+            .find(|r| r.sender_id == id || r.link.as_ref().is_some_and(|l| l.link_id == id))
+            .cloned())
+    }
+
+    fn set_status_offline(
+        s: &StoreSettings,
+        sender_id: &[u8],
+        status: QueueStatus,
+    ) -> Result<(), String> {
+        let all: Vec<u32> = (0..super::PARTITION_GROUPS).collect();
+        let store = JournalStore::open_groups(
+            &StoreSettings {
+                message_ttl_secs: i64::MAX,
+                ..s.clone()
+            },
+            &all,
+            0,
+            Durability::Never,
+        )?;
+        let rec = store
+            .data
+            .borrow()
+            .queues
+            .values()
+            .map(|q| &q.rec)
+            .find(|r| r.sender_id == sender_id)
+            .cloned()
+            .ok_or_else(|| "no queue has this sender ID".to_string())?;
+        futures_lite::future::block_on(store.update(QueueRec { status, ..rec }))
+            .map_err(|e| e.to_string())?;
+        store.close(s, &all)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::memory::tests::{msg, ntf, rec};
+    use futures_lite::future::block_on;
+
+    struct TempDir(PathBuf);
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn temp(name: &str) -> TempDir {
+        let d = std::env::temp_dir().join(format!("smp-jstore-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        TempDir(d)
+    }
+
+    fn settings(dir: &TempDir) -> StoreSettings {
+        StoreSettings {
+            data_dir: dir.0.clone(),
+            message_ttl_secs: i64::MAX,
+            ntf_ttl_secs: i64::MAX,
+            test_delay: None,
+            durability: Durability::EveryBatch,
+        }
+    }
+
+    fn all() -> Vec<u32> {
+        (0..crate::store::PARTITION_GROUPS).collect()
+    }
+
+    fn body(m: Option<Message>) -> Option<Vec<u8>> {
+        match m? {
+            Message::Message { body, .. } => Some(body.to_vec()),
+            Message::Quota { .. } => Some(b"QUOTA".to_vec()),
+        }
+    }
+
+    /// Queues, messages (the quota marker included), deletions and notifications survive a
+    /// reopen exactly.
+    #[test]
+    fn what_was_written_is_there_after_a_reopen() {
+        let dir = temp("reopen");
+        let s = settings(&dir);
+        let (a, b) = (vec![1u8; 24], vec![2u8; 24]);
+        {
+            let st = JournalStore::open(&s, &all(), 0).unwrap();
+            let mut ra = rec(&a);
+            ra.notifier = Some(crate::store::NotifierCreds {
+                notifier_id: vec![9; 24],
+                notifier_key: ra.recipient_keys[0].clone(),
+                rcv_ntf_dh_secret: [3; 32],
+                ntf_service_id: None,
+            });
+            block_on(st.create(ra)).unwrap();
+            block_on(st.create(rec(&b))).unwrap();
+            for i in 1..=3 {
+                block_on(st.write(&a, msg(i, 100 + i64::from(i)), 2)).unwrap();
+            }
+            block_on(st.write(&b, msg(7, 100), 10)).unwrap();
+            block_on(st.try_del(&b, msg(7, 100).msg_id())).unwrap();
+            block_on(st.add_ntf(&[9; 24], ntf(1, 5))).unwrap();
+            block_on(st.add_ntf(&[9; 24], ntf(2, 6))).unwrap();
+            let (taken, more) = block_on(st.take_ntfs(&[9; 24], 1)).unwrap();
+            assert_eq!((taken.len(), more), (1, true));
+            st.close(&s, &all()).unwrap();
+        }
+        let st = JournalStore::open(&s, &all(), 0).unwrap();
+        assert_eq!(st.queue_count(), 2);
+        assert_eq!(st.size(&a), 3, "two messages and the quota marker");
+        assert_eq!(st.size(&b), 0);
+        assert_eq!(
+            body(block_on(st.peek_first(&a)).unwrap()),
+            body(Some(msg(1, 101)))
+        );
+        block_on(st.try_del(&a, msg(1, 101).msg_id())).unwrap();
+        block_on(st.try_del(&a, msg(2, 102).msg_id())).unwrap();
+        assert_eq!(
+            body(block_on(st.peek_first(&a)).unwrap()),
+            Some(b"QUOTA".to_vec())
+        );
+        let (left, more) = block_on(st.take_ntfs(&[9; 24], 10)).unwrap();
+        assert_eq!(left, vec![ntf(2, 6)]);
+        assert!(!more);
+        assert_eq!(st.total_messages(), 1);
+    }
+
+    /// Segments whose records are all dead go, oldest first; a live record in the oldest segment
+    /// keeps the later ones too, until it is rewritten (here: the queue record updated).
+    #[test]
+    fn dead_segments_are_removed_oldest_first() {
+        let dir = temp("dead");
+        let s = StoreSettings {
+            durability: Durability::Never,
+            ..settings(&dir)
+        };
+        let a = vec![5u8; 24];
+        let st = JournalStore::open(&s, &all(), 0).unwrap();
+        block_on(st.create(rec(&a))).unwrap();
+        let g = group_of(&a);
+        // 64 MiB segments: ~16 KB bodies fill one in ~4,000 messages.
+        let big = vec![7u8; 16_000];
+        for i in 0..9_000u32 {
+            let mut id = [0u8; 24];
+            id[..4].copy_from_slice(&i.to_be_bytes());
+            let m = Message::Message {
+                msg_id: id,
+                ts: 1,
+                notification: false,
+                body: Rc::from(&big[..]),
+            };
+            block_on(st.write(&a, m, 100)).unwrap();
+            block_on(st.try_del(&a, &id)).unwrap();
+        }
+        let segments = || st.data.borrow().journals[&g].segments().len();
+        assert!(
+            segments() >= 3,
+            "the queue record's segment holds the rest: {}",
+            segments()
+        );
+        block_on(st.update(rec(&a))).unwrap();
+        assert_eq!(segments(), 1, "only the active segment is left");
+        st.close(&s, &all()).unwrap();
+        let st = JournalStore::open(&s, &all(), 0).unwrap();
+        assert_eq!(st.queue_count(), 1);
+        assert_eq!(st.size(&a), 0);
+    }
+}
