@@ -315,7 +315,7 @@ fn a_corrupt_group_file_is_reported_by_its_file_not_as_shard_0() {
     std::fs::create_dir_all(&store).expect("store dir");
     // Group 63 is shard 1's with two shards (`router::groups_of_shard`).
     std::fs::write(store.join("group-63.bin"), b"not a group file").expect("write");
-    let stderr = start_fails(dir.path(), &["--cores", "2"]);
+    let stderr = start_fails(dir.path(), &["--cores", "2", "--store", "memory"]);
     let path = store.join("group-63.bin").display().to_string();
     assert!(stderr.contains(&path), "names {path}:\n{stderr}");
     assert!(!stderr.contains("shard 0"), "not shard 0's:\n{stderr}");

@@ -15,6 +15,14 @@ use smp_relay::protocol::command::Command;
 use smp_relay::protocol::response::BrokerMsg;
 use support::*;
 
+/// The memory store, for the tests of its saved files (the default is the journal).
+fn memory_store() -> RelayOptions {
+    RelayOptions {
+        extra_args: vec!["--store".into(), "memory".into()],
+        ..Default::default()
+    }
+}
+
 fn stop_cleanly(relay: &mut Relay) {
     let status = relay.stop();
     assert!(
@@ -337,7 +345,7 @@ fn saved_files(relay: &Relay) -> std::collections::BTreeMap<String, Vec<u8>> {
 /// files and says that messages acknowledged since may be delivered again.
 #[test]
 fn a_crash_keeps_what_the_last_clean_stop_saved() {
-    let mut relay = Relay::start();
+    let mut relay = Relay::start_with(memory_store());
     let (s1, s2) = (auth_key(KeyAlg::Ed25519), auth_key(KeyAlg::Ed25519));
     let q1 = {
         let (mut h, mut rh) = (relay.client(), relay.client());
@@ -398,7 +406,7 @@ fn a_crash_keeps_what_the_last_clean_stop_saved() {
 fn a_failed_start_leaves_the_saved_store_as_it_was() {
     let mut relay = Relay::start_with(RelayOptions {
         cores: 2,
-        ..Default::default()
+        ..memory_store()
     });
     let qs: Vec<Queue> = {
         let (mut h, mut s) = (relay.client(), relay.client());
@@ -413,7 +421,7 @@ fn a_failed_start_leaves_the_saved_store_as_it_was() {
     let before = saved_files(&relay);
     assert!(!before.is_empty(), "the clean stop saved the queues");
     for fault in ["1:bind", "1:exit"] {
-        let out = relay.failed_start(&["--test-fail-start", fault]);
+        let out = relay.failed_start(&["--store", "memory", "--test-fail-start", fault]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
             !out.status.success(),
@@ -476,7 +484,12 @@ fn assert_message(h: &mut smp_relay::client::Client, q: &Queue, body: &str, what
 fn a_failed_save_keeps_the_previous_state_and_names_every_shard() {
     let mut relay = Relay::start_with(RelayOptions {
         cores: 2,
-        extra_args: vec!["--quota".into(), "400".into()],
+        extra_args: vec![
+            "--quota".into(),
+            "400".into(),
+            "--store".into(),
+            "memory".into(),
+        ],
     });
     stop_cleanly(&mut relay);
     let store = relay.dir.path().join("memory-store");

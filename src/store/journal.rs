@@ -528,9 +528,14 @@ impl JournalStore {
             data: RefCell::new(data),
             syncer: Syncer::start(durability, handles),
         };
+        // What expired while the relay was stopped goes now, as the memory store does not load it.
         if s.message_ttl_secs < i64::MAX {
             let old = now.saturating_sub(s.message_ttl_secs);
             futures_lite::future::block_on(store.expire_all(old)).map_err(|e| e.to_string())?;
+        }
+        if s.ntf_ttl_secs < i64::MAX {
+            let old = now.saturating_sub(s.ntf_ttl_secs);
+            futures_lite::future::block_on(store.expire_ntfs(old)).map_err(|e| e.to_string())?;
         }
         Ok(store)
     }
