@@ -768,8 +768,9 @@ mod tests {
         assert!(e.contains("`new_queues`"), "{e}");
         assert!(e.contains("expected on or off"), "{e}");
 
-        let e = parse_err("[TRANSPORT]\nwebsockets = 443\n");
-        assert!(e.contains("remove it or set it to off"), "{e}");
+        let e = parse_err("[TRANSPORT]\nwebsockets = yes\n");
+        assert!(e.contains("`websockets`"), "{e}");
+        assert!(e.contains("expected off, on or ports"), "{e}");
 
         let e = parse_err("[TRANSPORT]\ncontrol_port = 5224\n");
         assert!(e.contains("no control port"), "{e}");
