@@ -409,6 +409,9 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
          # host is only printed in the server address; list several ports separated by commas.\n\
          host = {host}\n\
          port = {port}\n\
+         # SMP over WebSocket for web clients (TLS with this certificate, then an HTTP/1.1\n\
+         # upgrade): off, on (port 80) or ports other than those above.\n\
+         websockets = off\n\
          \n\
          [RELAY]\n\
          # What the reference fixes in code. Messages a queue holds before ERR QUOTA:\n\

@@ -23,6 +23,8 @@ pub const LOCK_FILE: &str = "lock";
 pub struct StartConfig {
     pub data_dir: PathBuf,
     pub ports: Vec<u16>,
+    /// Ports serving SMP over WebSocket (`[TRANSPORT] websockets`); none when off.
+    pub websocket_ports: Vec<u16>,
     /// Number of shards, one per pinned core.
     pub shards: usize,
     /// Connections held at once over all shards; `None`: `limits::MAX_CONNECTIONS`, or fewer if

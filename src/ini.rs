@@ -22,7 +22,8 @@
 //! | | `create_password` | password NEW must carry |
 //! | `[TRANSPORT]` | `host` | informational (printed in the address by `init`) |
 //! | | `port` | comma-separated ports to listen on (default 5223) |
-//! | | `log_tls_errors`, `websockets` | accepted as `off` |
+//! | | `websockets` | `off`, `on` (port 80, as the reference) or comma-separated ports serving SMP over WebSocket |
+//! | | `log_tls_errors` | accepted as `off` |
 //! | `[RELAY]` | `quota` | messages a queue holds before ERR QUOTA (reference: fixed 128) |
 //! | | `cores` | shards, one pinned core each, 1 to 64 (default: every online core, at most 64) |
 //! | | `max_connections` | connections held at once over all shards (default 65,536, or what the open-file limit allows) |
@@ -262,11 +263,6 @@ const KEYS: &[KeySpec] = &[
         "TRANSPORT",
         "log_tls_errors",
         Rule::Only("off", "this relay has no separate TLS error log"),
-    ),
-    k(
-        "TRANSPORT",
-        "websockets",
-        Rule::Only("off", "this relay has no WebSocket transport"),
     ),
     k("TRANSPORT", "control_port", NO_CONTROL_PORT),
     k(
@@ -576,6 +572,25 @@ pub fn ports(value: &str) -> Result<Vec<u16>, String> {
     Ok(out)
 }
 
+/// `[TRANSPORT] websockets` (and `start --websockets`): the ports serving SMP over WebSocket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebSockets(pub Vec<u16>);
+
+/// `off` (none), `on` (port 80, as the reference: simplexmq `src/Simplex/Messaging/Server/CLI.hs`,
+/// `iniTransports`) or ports as `ports`.
+pub fn websockets(value: &str) -> Result<WebSockets, String> {
+    match value {
+        "off" => Ok(WebSockets(Vec::new())),
+        "on" => Ok(WebSockets(vec![80])),
+        v => ports(v)
+            .map(WebSockets)
+            .map_err(|e| match e.strip_prefix("expected ") {
+                Some(what) => format!("expected off, on or {what}"),
+                None => e,
+            }),
+    }
+}
+
 /// The reference's rule for the password in a server address: printable ASCII without whitespace,
 /// `@`, `:` or `/`.
 pub fn create_password(value: &str) -> Result<Vec<u8>, String> {
@@ -678,7 +693,7 @@ mod tests {
              host = smp.example.com\n\
              port = 5223, 443\n\
              log_tls_errors = off\n\
-             websockets = off\n\
+             websockets = 8443,80\n\
              \n\
              [RELAY]\n\
              quota = 2\n\
@@ -703,6 +718,7 @@ mod tests {
                 store: Some(crate::store::StoreKind::Memory),
                 durability: None,
                 ports: Some(vec![5223, 443]),
+                websockets: Some(WebSockets(vec![8443, 80])),
                 shards: Some(3),
                 max_connections: Some(100),
                 max_handshakes_per_address: Some(4),
@@ -724,6 +740,20 @@ mod tests {
                 ]),
             }
         );
+    }
+
+    #[test]
+    fn websockets_is_off_on_or_ports() {
+        assert_eq!(websockets("off"), Ok(WebSockets(vec![])));
+        // `on` is port 80, as the reference's `iniTransports`.
+        assert_eq!(websockets("on"), Ok(WebSockets(vec![80])));
+        assert_eq!(websockets("443, 8443"), Ok(WebSockets(vec![443, 8443])));
+        let e = websockets("yes").unwrap_err();
+        assert_eq!(
+            e,
+            "expected off, on or ports from 1 to 65535, separated by commas"
+        );
+        assert_eq!(websockets("80,80").unwrap_err(), "port 80 is listed twice");
     }
 
     #[test]
@@ -769,8 +799,9 @@ mod tests {
         assert!(e.contains("`new_queues`"), "{e}");
         assert!(e.contains("expected on or off"), "{e}");
 
-        let e = parse_err("[TRANSPORT]\nwebsockets = 443\n");
-        assert!(e.contains("remove it or set it to off"), "{e}");
+        let e = parse_err("[TRANSPORT]\nwebsockets = yes\n");
+        assert!(e.contains("`websockets`"), "{e}");
+        assert!(e.contains("expected off, on or ports"), "{e}");
 
         let e = parse_err("[TRANSPORT]\ncontrol_port = 5224\n");
         assert!(e.contains("no control port"), "{e}");

@@ -24,6 +24,18 @@ pub const SOCKET_READ_BYTES: usize = 32 * 1024;
 /// Bytes of TLS handshake captured per connection for the tls-unique extraction.
 pub const TLS_CAPTURE_MAX_BYTES: usize = 64 * 1024;
 
+/// Bytes of a WebSocket upgrade request (request line and headers) read at most; a longer one is
+/// answered `431` and closed (`server/ws.rs`). Browsers send well under 2 KiB.
+pub const WS_UPGRADE_MAX_BYTES: usize = 8 * 1024;
+
+/// Header lines of a WebSocket upgrade request accepted at most (`transport/websocket.rs`).
+pub const WS_UPGRADE_MAX_HEADERS: usize = 64;
+
+/// A client's WebSocket message, reassembled from its frames, is at most this long (the reference's
+/// `connectionMessageDataSizeLimit`, simplexmq `src/Simplex/Messaging/Transport/WebSockets.hs`);
+/// every accepted message is then exactly one 16384-byte block.
+pub const WS_MAX_MESSAGE_BYTES: usize = 65536;
+
 /// Memory glommio registers per executor ring with io_uring (counted against RLIMIT_MEMLOCK).
 pub const IO_MEMORY_BYTES: usize = 1 << 20;
 

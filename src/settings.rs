@@ -164,6 +164,14 @@ start_settings! {
         ini: "TRANSPORT" "port" => ini::ports,
         flag: (long = "port", value_parser = ini::port, action = clap::ArgAction::Append),
     }
+    /// SMP over WebSocket: off, on (port 80) or comma-separated ports, each other than the SMP
+    /// ports (ini `[TRANSPORT] websockets`).
+    websockets: ini::WebSockets {
+        set: |c, v| c.websocket_ports = v.0,
+        default: Some(ini::WebSockets(Vec::new())),
+        ini: "TRANSPORT" "websockets" => ini::websockets,
+        flag: (long, value_name = "off|on|PORTS", value_parser = ini::websockets),
+    }
     /// Number of shards, each pinned to its own core, 1 to 64 (ini `[RELAY] cores`).
     shards: usize {
         set: |c, v| c.shards = v,
@@ -368,6 +376,17 @@ impl ShowDefault for Duration {
     }
 }
 
+/// As the file and the flag take it: `off`, or the ports.
+impl ShowDefault for ini::WebSockets {
+    fn show(&self) -> String {
+        if self.0.is_empty() {
+            "off".to_string()
+        } else {
+            self.0.show()
+        }
+    }
+}
+
 impl ShowDefault for SocketAddr {
     fn show(&self) -> String {
         self.to_string()
@@ -398,6 +417,7 @@ impl StartConfig {
             test_slow_reader_tick: None,
             // The settings' fields, blank until their defaults are written below.
             ports: Vec::new(),
+            websocket_ports: Vec::new(),
             shards: 0,
             max_connections: None,
             max_handshakes_per_address: 0,
@@ -455,6 +475,8 @@ mod tests {
             "off",
             "--socks-proxy",
             "127.0.0.1:9050",
+            "--websockets",
+            "8443,8444",
         ])
         .unwrap();
         assert_eq!(
@@ -465,6 +487,7 @@ mod tests {
                 notification_ttl: Some(Duration::from_secs(5)),
                 new_queues: Some(false),
                 socks_proxy: Some(SocketAddr::from(([127, 0, 0, 1], 9050))),
+                websockets: Some(ini::WebSockets(vec![8443, 8444])),
                 ..StartOptions::default()
             }
         );
@@ -513,6 +536,7 @@ mod tests {
             .apply_to(&mut c);
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         assert_eq!(c.ports, vec![5223]);
+        assert!(c.websocket_ports.is_empty());
         assert_eq!(c.shards, cores.min(64));
         assert_eq!(c.max_connections, None);
         assert_eq!(c.max_handshakes_per_address, 16);
@@ -546,6 +570,7 @@ mod tests {
         };
         for (id, default) in [
             ("ports", "[default: 5223]"),
+            ("websockets", "[default: off]"),
             ("shards", "[default: every online core, at most 64]"),
             (
                 "max_connections",

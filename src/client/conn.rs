@@ -1,7 +1,10 @@
 //! A blocking TLS connection for the client: TCP with read/write timeouts, a rustls client session,
 //! and the client's own tls-unique (the verify_data of the Finished it wrote, simplexmq
 //! `Transport.hs`, `tlsUnique`), computed by `transport::tls::ClientCapture` from the bytes the
-//! client wrote.
+//! client wrote. Optionally a WebSocket over it (`websocket_upgrade`): then every block is one
+//! masked binary frame out and one binary message in (simplexmq
+//! `src/Simplex/Messaging/Transport/WebSockets.hs`). The framing here is the client's own, written
+//! from RFC 6455, not the relay's (`server/ws.rs`), so that a bug in one is not hidden by the other.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -16,7 +19,14 @@ pub struct TlsConn {
     sock: TcpStream,
     tls: ClientConnection,
     tls_unique: Vec<u8>,
+    /// Blocks travel as WebSocket messages.
+    websocket: bool,
 }
+
+/// Bytes of the server's upgrade answer read at most.
+const MAX_UPGRADE_ANSWER: usize = 8192;
+/// The largest message the client reassembles (the reference's limit).
+const MAX_WS_MESSAGE: usize = 65536;
 
 impl TlsConn {
     /// TCP connect, TLS handshake offering `alpn` (no extension when `None`), then the client's
@@ -39,7 +49,110 @@ impl TlsConn {
             sock,
             tls,
             tls_unique,
+            websocket: false,
         })
+    }
+
+    /// The WebSocket opening handshake (RFC 6455 §4.1) for `path` on `host`; blocks are framed
+    /// from here on.
+    pub fn websocket_upgrade(&mut self, host: &str, path: &str) -> Result<(), ClientError> {
+        use base64::Engine;
+        let b64 = &base64::engine::general_purpose::STANDARD;
+        let key = b64.encode(rand::random::<[u8; 16]>());
+        let request = format!(
+            "GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+             Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        );
+        self.write_all(request.as_bytes())?;
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            if head.len() >= MAX_UPGRADE_ANSWER {
+                return Err(ClientError::WebSocket("upgrade answer too long".into()));
+            }
+            self.read_exact(&mut byte)?;
+            head.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&head);
+        if !head.starts_with("HTTP/1.1 101 ") {
+            let status = head.lines().next().unwrap_or("").to_string();
+            return Err(ClientError::WebSocket(format!("upgrade refused: {status}")));
+        }
+        let mut sha1 = ring::digest::Context::new(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY);
+        sha1.update(key.as_bytes());
+        sha1.update(b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11");
+        let expected = b64.encode(sha1.finish().as_ref());
+        let accepted = head.lines().any(|l| {
+            l.split_once(':').is_some_and(|(n, v)| {
+                n.eq_ignore_ascii_case("sec-websocket-accept") && v.trim() == expected
+            })
+        });
+        if !accepted {
+            return Err(ClientError::WebSocket("wrong Sec-WebSocket-Accept".into()));
+        }
+        self.websocket = true;
+        Ok(())
+    }
+
+    /// Writes one block: as is, or as one masked binary frame.
+    pub fn write_block(&mut self, block: &[u8]) -> Result<(), ClientError> {
+        if !self.websocket {
+            return self.write_all(block);
+        }
+        let frame = client_frame(0x2, block);
+        self.write_all(&frame)
+    }
+
+    /// Reads one block: `buf.len()` bytes, or one WebSocket message of exactly that length
+    /// (answering pings on the way).
+    pub fn read_block(&mut self, buf: &mut [u8]) -> Result<(), ClientError> {
+        if !self.websocket {
+            return self.read_exact(buf);
+        }
+        let bad = |why: &str| Err(ClientError::WebSocket(why.to_string()));
+        let mut msg: Vec<u8> = Vec::new();
+        loop {
+            let mut h = [0u8; 2];
+            self.read_exact(&mut h)?;
+            let (fin, opcode, masked) = (h[0] & 0x80 != 0, h[0] & 0x0f, h[1] & 0x80 != 0);
+            if h[0] & 0x70 != 0 || masked {
+                return bad("reserved bits or a masked server frame");
+            }
+            let len = match h[1] & 0x7f {
+                126 => {
+                    let mut l = [0u8; 2];
+                    self.read_exact(&mut l)?;
+                    u16::from_be_bytes(l) as usize
+                }
+                127 => {
+                    let mut l = [0u8; 8];
+                    self.read_exact(&mut l)?;
+                    u64::from_be_bytes(l) as usize
+                }
+                n => n as usize,
+            };
+            if len > MAX_WS_MESSAGE || msg.len() + len > MAX_WS_MESSAGE {
+                return bad("message too large");
+            }
+            let mut payload = vec![0u8; len];
+            self.read_exact(&mut payload)?;
+            match opcode {
+                0x8 => return Err(ClientError::Closed),
+                0x9 => self.write_all(&client_frame(0xA, &payload))?,
+                0xA => {}
+                0x0 | 0x2 => {
+                    msg.extend_from_slice(&payload);
+                    if fin {
+                        if msg.len() != buf.len() {
+                            return bad("message is not one block");
+                        }
+                        buf.copy_from_slice(&msg);
+                        return Ok(());
+                    }
+                }
+                _ => return bad("unexpected opcode"),
+            }
+        }
     }
 
     pub fn tls_unique(&self) -> &[u8] {
@@ -141,4 +254,24 @@ impl TlsConn {
             }
         }
     }
+}
+
+/// One final client frame: masked with a random key (RFC 6455 §5.3).
+fn client_frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
+    let mut f = vec![0x80 | opcode];
+    match payload.len() {
+        n if n < 126 => f.push(0x80 | n as u8),
+        n if n <= u16::MAX as usize => {
+            f.push(0x80 | 126);
+            f.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        n => {
+            f.push(0x80 | 127);
+            f.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+    }
+    let mask: [u8; 4] = rand::random();
+    f.extend_from_slice(&mask);
+    f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    f
 }

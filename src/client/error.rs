@@ -37,6 +37,8 @@ pub enum ClientError {
     BadBlock,
     #[error("an X25519 authenticator needs the server session key, which this session lacks")]
     NoServerKey,
+    #[error("WebSocket: {0}")]
+    WebSocket(String),
     #[error("more than {0} unmatched transmissions are waiting")]
     TooManyPending(usize),
 }

@@ -59,6 +59,9 @@ pub struct ClientOptions {
     pub check_identity: bool,
     /// Bound on every wait for the server.
     pub timeout: Duration,
+    /// Speak SMP over WebSocket (a relay's `websockets` port): this path in the upgrade request.
+    /// Pair it with `alpn: Some(vec![b"http/1.1".to_vec()])` or `None`, as web clients offer.
+    pub websocket: Option<String>,
 }
 
 impl Default for ClientOptions {
@@ -71,6 +74,18 @@ impl Default for ClientOptions {
             service: None,
             check_identity: true,
             timeout: DEFAULT_TIMEOUT,
+            websocket: None,
+        }
+    }
+}
+
+impl ClientOptions {
+    /// A web client: SMP over WebSocket at `/`, offering ALPN `http/1.1`.
+    pub fn websocket() -> Self {
+        ClientOptions {
+            alpn: Some(vec![b"http/1.1".to_vec()]),
+            websocket: Some("/".to_string()),
+            ..ClientOptions::default()
         }
     }
 }
@@ -196,8 +211,11 @@ impl Client {
         opts: ClientOptions,
     ) -> Result<Client, ClientError> {
         let mut conn = TlsConn::connect(addr, opts.alpn.as_deref(), opts.timeout)?;
+        if let Some(path) = &opts.websocket {
+            conn.websocket_upgrade(&addr.ip().to_string(), path)?;
+        }
         let mut block = Box::new([0u8; BLOCK_SIZE]);
-        conn.read_exact(&mut block[..])?;
+        conn.read_block(&mut block[..])?;
         let params = HandshakeParams {
             key_hash: key_hash.to_vec(),
             versions: CLIENT_VERSIONS,
@@ -221,11 +239,11 @@ impl Client {
             HandshakeError::Version => ClientError::Version,
             HandshakeError::Block(e) => ClientError::Block(e),
         })?;
-        conn.write_all(&hello[..])?;
+        conn.write_block(&hello[..])?;
 
         let mut service_id = None;
         if session.expects_service_response {
-            conn.read_exact(&mut block[..])?;
+            conn.read_block(&mut block[..])?;
             service_id = Some(
                 handshake::service_response(&block[..]).map_err(|e| match e {
                     ServiceError::Parse => ClientError::HandshakeParse,
@@ -370,7 +388,7 @@ impl Client {
         self.codec
             .encode(content, &mut out)
             .map_err(ClientError::Block)?;
-        self.conn.write_all(&out[..])
+        self.conn.write_block(&out[..])
     }
 
     /// Sends `block` as the next block verbatim. In an encrypted session the send chain still
@@ -382,7 +400,7 @@ impl Client {
                 .encode(&[], &mut scratch)
                 .map_err(ClientError::Block)?;
         }
-        self.conn.write_all(&block[..])
+        self.conn.write_block(&block[..])
     }
 
     /// Writes bytes as TLS application data, outside any block framing.
@@ -402,7 +420,7 @@ impl Client {
 
     /// Reads one block and returns its transmissions in order (pending ones are not included).
     pub fn recv_block(&mut self) -> Result<Vec<ServerTransmission>, ClientError> {
-        self.conn.read_exact(&mut self.block[..])?;
+        self.conn.read_block(&mut self.block[..])?;
         let content = self
             .codec
             .decode(&mut self.block)

@@ -120,8 +120,10 @@ impl Admission {
 
 /// Open files the relay needs besides its client connections.
 fn other_files(config: &StartConfig, shards: usize) -> usize {
-    let per_shard =
-        config.ports.len() + config.settings.proxy.max_sessions_per_shard + FILES_PER_SHARD;
+    let per_shard = config.ports.len()
+        + config.websocket_ports.len()
+        + config.settings.proxy.max_sessions_per_shard
+        + FILES_PER_SHARD;
     shards * per_shard + FILES_FIXED
 }
 

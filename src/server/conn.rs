@@ -3,7 +3,8 @@
 //! blocks and routes their transmissions to the owners of their queues, and a writer that sends
 //! what owners answer, packed into as few blocks as fit. At most `MAX_BLOCKS_IN_FLIGHT` blocks are
 //! being answered at once; beyond that the reader stops reading the socket
-//! (`docs/ARCHITECTURE.md` §4).
+//! (`docs/ARCHITECTURE.md` §4). On a WebSocket port the same session runs after an HTTP upgrade;
+//! only how a block is read and written differs (`ws::Framing`, `server/ws.rs`).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -28,6 +29,7 @@ use super::dispatch::{self, RouteCtx};
 use super::output::{ask_again, coalesce, ConnHandle, Output, OutputState, MAX_COALESCED_OUTPUTS};
 use super::router::{ConnRef, Group, GroupKind, SessionInfo, ShardMsg};
 use super::tls_stream::{self, SharedTls, TlsStream};
+use super::ws::{self, Framing, PortKind, WsError};
 use crate::crypto::{signed_key, sxbox};
 use crate::limits::{MAX_BLOCKS_IN_FLIGHT, MAX_PROXIED_IN_FLIGHT, SLOW_READER_MIN_PROGRESS_BYTES};
 use crate::protocol::batch;
@@ -35,7 +37,7 @@ use crate::protocol::command::Command;
 use crate::protocol::error::{HandshakeError, TransportError};
 use crate::protocol::handshake::{CertChainPubKey, ClientHello, ServerHello, ServiceResponse};
 use crate::protocol::pad;
-use crate::protocol::version::{self, VersionRange};
+use crate::protocol::version::{self, VersionRange, SERVER_VERSIONS};
 use crate::transport::block::{BlockCodec, BLOCK_SIZE};
 use crate::transport::tls::{alpn_versions, AcceptState};
 
@@ -52,6 +54,17 @@ pub enum ConnError {
     Handshake(&'static str),
     #[error("the client did not read its output for too long")]
     SlowReader,
+    #[error("{0}")]
+    WebSocket(WsError),
+}
+
+impl From<WsError> for ConnError {
+    fn from(e: WsError) -> Self {
+        match e {
+            WsError::Io(e) => ConnError::Io(e),
+            e => ConnError::WebSocket(e),
+        }
+    }
 }
 
 /// What the SMP handshake settled for the rest of the session.
@@ -73,9 +86,14 @@ struct InFlight {
 
 /// Serves an accepted connection; `handshaking` counts it against its address until its SMP
 /// handshake is over (`admission`).
-pub async fn serve(sock: TcpStream, ctx: Rc<ShardContext>, handshaking: Handshaking) {
+pub async fn serve(
+    sock: TcpStream,
+    ctx: Rc<ShardContext>,
+    handshaking: Handshaking,
+    kind: PortKind,
+) {
     let peer = sock.peer_addr().ok();
-    match run(sock, &ctx, handshaking).await {
+    match run(sock, &ctx, handshaking, kind).await {
         Ok(()) => tracing::debug!(?peer, "connection closed"),
         Err(e) => tracing::debug!(?peer, error = %e, "connection ended"),
     }
@@ -85,22 +103,47 @@ async fn run(
     mut sock: TcpStream,
     ctx: &Rc<ShardContext>,
     handshaking: Handshaking,
+    kind: PortKind,
 ) -> Result<(), ConnError> {
     // Small handshake blocks would otherwise wait for delayed ACKs.
     sock.set_nodelay(true)
         .map_err(|e| io::Error::other(e.to_string()))?;
+    let setup_deadline = Instant::now() + ctx.config.tls_timeout;
+    let tls_config = match kind {
+        PortKind::Smp => &ctx.tls_config,
+        PortKind::WebSocket => &ctx.ws_tls_config,
+    };
     let (conn, session_id) = timed(
         ctx.config.tls_timeout,
         "TLS setup",
-        tls_accept(&mut sock, ctx),
+        tls_accept(&mut sock, ctx, tls_config),
     )
     .await?;
-    let versions = alpn_versions(conn.alpn_protocol());
+    // A WebSocket session offers every version: its ALPN is `http/1.1` (or none), which says
+    // nothing of the SMP client's age; the raw-TLS rule (`alpn_versions`) is for native clients.
+    let versions = match kind {
+        PortKind::Smp => alpn_versions(conn.alpn_protocol()),
+        PortKind::WebSocket => SERVER_VERSIONS,
+    };
     let tls: SharedTls = Rc::new(RefCell::new(TlsStream::new(
         sock,
         conn,
         ctx.read_scratch.clone(),
     )));
+    let framing = Framing::for_port(kind);
+    if kind == PortKind::WebSocket {
+        // The upgrade shares the TLS deadline, as the reference's TLS setup timeout covers it
+        // (simplexmq `src/Simplex/Messaging/Transport/Server.hs`, `runTransportServerSocketState_`).
+        let left = setup_deadline.saturating_duration_since(Instant::now());
+        let upgraded = timed(left, "WebSocket upgrade", async {
+            Ok(ws::upgrade(&tls).await?)
+        })
+        .await;
+        if let Err(e) = upgraded {
+            tls_stream::close(&tls).await;
+            return Err(e);
+        }
+    }
     let conn_ref = ConnRef {
         shard: ctx.shard_id,
         id: ctx.next_conn_id(),
@@ -108,7 +151,7 @@ async fn run(
     let handshake = timed(
         ctx.config.handshake_timeout,
         "SMP handshake",
-        smp_handshake(&tls, ctx, versions, session_id, conn_ref),
+        smp_handshake(&tls, &framing, ctx, versions, session_id, conn_ref),
     )
     .await;
     // Done with the handshake, well or not: the address may start another.
@@ -116,17 +159,24 @@ async fn run(
     let handshake = match handshake {
         Ok(h) => h,
         Err(e) => {
+            ws::queue_close(&tls, &framing);
             tls_stream::close(&tls).await;
             return Err(e);
         }
     };
-    let result = session(ctx, &tls, handshake).await;
+    let result = session(ctx, &tls, &framing, handshake).await;
+    ws::queue_close(&tls, &framing);
     tls_stream::close(&tls).await;
     result
 }
 
 /// The established session: reader and writer until either ends.
-async fn session(ctx: &Rc<ShardContext>, tls: &SharedTls, hs: Handshake) -> Result<(), ConnError> {
+async fn session(
+    ctx: &Rc<ShardContext>,
+    tls: &SharedTls,
+    framing: &Framing,
+    hs: Handshake,
+) -> Result<(), ConnError> {
     let Handshake {
         info,
         session_secret,
@@ -154,6 +204,7 @@ async fn session(ctx: &Rc<ShardContext>, tls: &SharedTls, hs: Handshake) -> Resu
         let r = read_loop(
             ctx,
             tls,
+            framing,
             &info,
             session_secret,
             &codec,
@@ -172,7 +223,7 @@ async fn session(ctx: &Rc<ShardContext>, tls: &SharedTls, hs: Handshake) -> Resu
         .await;
         r
     };
-    let writer = write_loop(ctx, conn, tls, &codec, &in_flight, &state, &out_rx);
+    let writer = write_loop(ctx, conn, tls, framing, &codec, &in_flight, &state, &out_rx);
     let result = futures_lite::future::or(reader, writer).await;
     if matches!(result, Err(ConnError::SlowReader)) {
         ctx.conn_stats
@@ -198,6 +249,7 @@ async fn session(ctx: &Rc<ShardContext>, tls: &SharedTls, hs: Handshake) -> Resu
 async fn read_loop(
     ctx: &Rc<ShardContext>,
     tls: &SharedTls,
+    framing: &Framing,
     info: &Arc<SessionInfo>,
     session_secret: Option<[u8; 32]>,
     codec: &RefCell<BlockCodec>,
@@ -223,7 +275,7 @@ async fn read_loop(
             .map_err(|e| io::Error::other(e.to_string()))?;
         // Allocated per block, so that an idle connection holds no block buffer.
         let mut block = Vec::new();
-        let read = tls_stream::read_block(tls, &mut block, BLOCK_SIZE).await;
+        let read = ws::read_block(tls, framing, &mut block, Some(out)).await;
         let block: Result<&mut [u8; BLOCK_SIZE], ConnError> = match read {
             Ok(()) => (&mut block[..])
                 .try_into()
@@ -302,10 +354,12 @@ fn mark_undelivered_acks(state: &OutputState, requests: &mut [super::router::Req
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn write_loop(
     ctx: &ShardContext,
     conn: ConnRef,
     tls: &SharedTls,
+    framing: &Framing,
     codec: &RefCell<BlockCodec>,
     in_flight: &InFlight,
     state: &OutputState,
@@ -340,7 +394,7 @@ async fn write_loop(
             .sum();
         let seqs: Vec<u64> = items.iter().filter_map(|i| i.block_seq).collect();
         let groups = coalesce(items.into_iter().flat_map(|i| i.groups));
-        queue_groups(tls, codec, &groups)?;
+        queue_groups(tls, framing, codec, &groups)?;
         drop(groups);
         // The slow-reader clock is only looked at while the socket refuses output, so an idle
         // connection runs no timer.
@@ -408,12 +462,15 @@ async fn slow_reader_watchdog(
 /// lives on the thread's stack, not in the connection's future.
 fn queue_groups(
     tls: &SharedTls,
+    framing: &Framing,
     codec: &RefCell<BlockCodec>,
     groups: &[Group],
 ) -> Result<(), ConnError> {
     let mut out_block = [0u8; BLOCK_SIZE];
     let mut codec = codec.borrow_mut();
     let mut tls = tls.borrow_mut();
+    // A pong the reader left (WebSocket only) goes out with this flush.
+    ws::queue_control(&mut tls, framing)?;
     for g in groups {
         // Each block's batch is written straight into the block (simplexmq `Protocol.hs`,
         // `batchTransmissions_`).
@@ -433,7 +490,7 @@ fn queue_groups(
             codec
                 .encode_with(&mut out_block, |out| batch::write_batch(&rest[..n], out))
                 .map_err(|_| ConnError::Handshake("response block too large"))?;
-            tls.queue(&out_block[..])?;
+            ws::queue_block(&mut tls, framing, &out_block[..])?;
             rest = &rest[n..];
         }
     }
@@ -455,8 +512,9 @@ async fn timed<T>(
 async fn tls_accept(
     sock: &mut TcpStream,
     ctx: &ShardContext,
+    tls_config: &Arc<rustls::ServerConfig>,
 ) -> Result<(rustls::ServerConnection, Vec<u8>), ConnError> {
-    let mut state = AcceptState::new(&ctx.tls_config).map_err(|e| ConnError::Tls(e.to_string()))?;
+    let mut state = AcceptState::new(tls_config).map_err(|e| ConnError::Tls(e.to_string()))?;
     let mut out = Vec::new();
     loop {
         // Read into the shard's scratch buffer and feed rustls at once, so that a connection
@@ -488,6 +546,7 @@ async fn tls_accept(
 
 async fn smp_handshake(
     tls: &SharedTls,
+    framing: &Framing,
     ctx: &ShardContext,
     versions: VersionRange,
     session_id: Vec<u8>,
@@ -504,10 +563,10 @@ async fn smp_handshake(
         session_id: session_id.clone(),
         cert_key,
     };
-    write_plain_block(tls, &hello.encode()).await?;
+    write_plain_block(tls, framing, &hello.encode()).await?;
 
     let mut block = Vec::new();
-    tls_stream::read_block(tls, &mut block, BLOCK_SIZE).await?;
+    ws::read_block(tls, framing, &mut block, None).await?;
     let content = pad::unpad(&block).map_err(|_| ConnError::Handshake("unpadded client hello"))?;
     let client = ClientHello::decode(content).map_err(|_| ConnError::Handshake("PARSE"))?;
     // The reference closes without a word on a wrong identity or version.
@@ -521,7 +580,7 @@ async fn smp_handshake(
         // A service must present the chain it signs with as its TLS client certificate; this relay
         // does not ask for one yet, so the chains cannot match (the reference's BAD_AUTH).
         let refusal = ServiceResponse::Err(TransportError::Handshake(HandshakeError::BadAuth));
-        write_plain_block(tls, &refusal.encode()).await?;
+        write_plain_block(tls, framing, &refusal.encode()).await?;
         return Err(ConnError::Handshake(
             "BAD_AUTH: service without a client certificate",
         ));
@@ -547,10 +606,14 @@ async fn smp_handshake(
     })
 }
 
-async fn write_plain_block(tls: &SharedTls, content: &[u8]) -> Result<(), ConnError> {
+async fn write_plain_block(
+    tls: &SharedTls,
+    framing: &Framing,
+    content: &[u8],
+) -> Result<(), ConnError> {
     let mut block = vec![0u8; BLOCK_SIZE];
     pad::pad_into(content, &mut block).map_err(|_| ConnError::Handshake("hello too large"))?;
-    tls.borrow_mut().queue(&block)?;
+    ws::queue_block(&mut tls.borrow_mut(), framing, &block)?;
     tls_stream::flush(tls).await?;
     Ok(())
 }

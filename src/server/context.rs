@@ -20,6 +20,8 @@ pub struct ShardContext {
     pub config: StartConfig,
     pub credentials: Arc<ServerCredentials>,
     pub tls_config: Arc<rustls::ServerConfig>,
+    /// The WebSocket ports' TLS: the same certificate, ALPN `http/1.1` only (`tls::websocket_config`).
+    pub ws_tls_config: Arc<rustls::ServerConfig>,
     /// Connections this shard holds now (its part of the metrics' count).
     pub connections: Cell<usize>,
     /// The relay's connection limits, shared by every shard.
@@ -57,6 +59,7 @@ impl ShardContext {
         config: StartConfig,
         credentials: Arc<ServerCredentials>,
         tls_config: Arc<rustls::ServerConfig>,
+        ws_tls_config: Arc<rustls::ServerConfig>,
         admission: Arc<Admission>,
         directory: Arc<Directory>,
         mesh: Mesh,
@@ -67,6 +70,7 @@ impl ShardContext {
             config,
             credentials,
             tls_config,
+            ws_tls_config,
             connections: Cell::new(0),
             admission,
             read_scratch: super::tls_stream::new_scratch(),

@@ -28,6 +28,7 @@ pub mod shard;
 #[cfg(test)]
 pub(crate) mod sim;
 pub mod tls_stream;
+pub mod ws;
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -96,7 +97,10 @@ fn run_on<S: ShardStore>(config: StartConfig) -> Result<(), StartError> {
         },
     )
     .map_err(|e| StartError::Setup(e.to_string()))?;
+    let ws_tls_config = tls::websocket_config(&tls_config);
+    check_websocket_ports(&config)?;
     check_ports_free(&config.ports)?;
+    check_ports_free(&config.websocket_ports)?;
     let store_settings = store_settings(&config);
     // Signals are taken before any shard runs, so a stop during start-up is not lost.
     let mut signals = signal_hook::iterator::Signals::new([
@@ -124,6 +128,7 @@ fn run_on<S: ShardStore>(config: StartConfig) -> Result<(), StartError> {
         let config = config.clone();
         let credentials = credentials.clone();
         let tls_config = tls_config.clone();
+        let ws_tls_config = ws_tls_config.clone();
         let mut reporter = Reporter::new(shard_id, report_tx.clone());
         let (go_tx, go_rx) = flume::bounded::<bool>(1);
         let mesh = mesh.clone();
@@ -155,18 +160,21 @@ fn run_on<S: ShardStore>(config: StartConfig) -> Result<(), StartError> {
                     .map_err(|e| reporter.fail(e))?;
                 fill_directory(&directory, &store);
                 let mut listeners = Vec::with_capacity(config.ports.len());
-                for port in &config.ports {
+                let ports = config.ports.iter().map(|p| (*p, ws::PortKind::Smp));
+                let ws_ports = config.websocket_ports.iter();
+                let ports = ports.chain(ws_ports.map(|p| (*p, ws::PortKind::WebSocket)));
+                for (port, kind) in ports {
                     let bound = if fault == Some(StartFault::Bind) {
                         Err(std::io::Error::new(
                             std::io::ErrorKind::AddrInUse,
                             "test hook",
                         ))
                     } else {
-                        listen::shard_listener(*port)
+                        listen::shard_listener(port)
                     };
                     let l = bound
                         .map_err(|e| reporter.fail(format!("cannot listen on port {port}: {e}")))?;
-                    listeners.push(l);
+                    listeners.push((l, kind));
                 }
                 reporter.bound();
                 // Nothing is accepted until every shard has loaded (its IDs are in the directory)
@@ -181,6 +189,7 @@ fn run_on<S: ShardStore>(config: StartConfig) -> Result<(), StartError> {
                     config,
                     credentials,
                     tls_config,
+                    ws_tls_config,
                     admission,
                     directory.clone(),
                     mesh.clone(),
@@ -240,6 +249,7 @@ fn run_on<S: ShardStore>(config: StartConfig) -> Result<(), StartError> {
     if started {
         tracing::info!(
             ports = ?config.ports,
+            websocket_ports = ?config.websocket_ports,
             shards,
             queues = directory.len(IdSpace::Sender),
             "listening on {}",
@@ -347,6 +357,24 @@ fn check_ports_free(ports: &[u16]) -> Result<(), StartError> {
         })?;
     }
     Ok(())
+}
+
+/// A port serves SMP over raw TLS or over WebSocket, not both: the reference tells them apart on a
+/// shared port by SNI (simplexmq `src/Simplex/Messaging/Server/CLI.hs`, `iniTransports`, drops
+/// such ports from the WebSocket list), which this relay does not do yet, so such a configuration
+/// is refused rather than half served.
+fn check_websocket_ports(config: &StartConfig) -> Result<(), StartError> {
+    match config
+        .websocket_ports
+        .iter()
+        .find(|p| config.ports.contains(p))
+    {
+        Some(p) => Err(StartError::Setup(format!(
+            "port {p} is both an SMP port and a WebSocket port; serving both on one port (split by \
+             SNI) is not supported yet: choose another port for websockets"
+        ))),
+        None => Ok(()),
+    }
 }
 
 fn fill_directory<S: ShardStore>(directory: &Directory, store: &S) {

@@ -17,6 +17,7 @@ use super::log_limit::{self, RateLimited};
 use super::owner::Owner;
 use super::pipeline::{Keys, Pipeline};
 use super::router::{Gathering, ShardMsg, Step};
+use super::ws::PortKind;
 use crate::metrics::{self, MetricsSnapshot};
 use crate::store::{MessageStore, QueueStore, ShardStore};
 
@@ -26,16 +27,16 @@ pub async fn run<S: ShardStore>(
     ctx: Rc<ShardContext>,
     owner: Owner<S>,
     inbox: flume::Receiver<ShardMsg>,
-    listeners: Vec<std::net::TcpListener>,
+    listeners: Vec<(std::net::TcpListener, PortKind)>,
     ready: impl FnOnce(),
 ) -> std::io::Result<S> {
-    let listeners = listeners.into_iter().map(|l| {
+    let listeners = listeners.into_iter().map(|(l, kind)| {
         // SAFETY: the descriptor is a bound, listening TCP socket that `into_raw_fd` gave up, so
         // the glommio listener is its only owner.
-        unsafe { TcpListener::from_raw_fd(l.into_raw_fd()) }
+        (unsafe { TcpListener::from_raw_fd(l.into_raw_fd()) }, kind)
     });
-    for l in listeners {
-        glommio::spawn_local(accept_loop(l, ctx.clone())).detach();
+    for (l, kind) in listeners {
+        glommio::spawn_local(accept_loop(l, kind, ctx.clone())).detach();
     }
     let ticker = {
         let mesh = ctx.mesh.clone();
@@ -269,7 +270,8 @@ static ACCEPT_FAILED: RateLimited = RateLimited::new("accept failed");
 static REFUSED_FULL: RateLimited = RateLimited::new("connection limit reached");
 static REFUSED_ADDRESS: RateLimited = RateLimited::new("too many handshakes from one address");
 
-async fn accept_loop(listener: TcpListener, ctx: Rc<ShardContext>) {
+/// Accepts on one port; every port, SMP or WebSocket, shares the connection limits and admission.
+async fn accept_loop(listener: TcpListener, kind: PortKind, ctx: Rc<ShardContext>) {
     loop {
         let sock = match listener.accept().await {
             Ok(s) => s,
@@ -314,7 +316,7 @@ async fn accept_loop(listener: TcpListener, ctx: Rc<ShardContext>) {
         ctx.connections.set(ctx.connections.get() + 1);
         let c = ctx.clone();
         glommio::spawn_local(async move {
-            conn::serve(sock, c.clone(), handshaking).await;
+            conn::serve(sock, c.clone(), handshaking, kind).await;
             c.connections.set(c.connections.get() - 1);
             drop(slot);
         })

@@ -152,6 +152,24 @@ where
         self.tls.writer().write_all(data)
     }
 
+    /// Encrypts `parts` as one piece of plaintext (a WebSocket frame header and its block go into
+    /// the same records rather than a record of 4 bytes each time).
+    pub fn queue_parts(&mut self, parts: &[&[u8]]) -> io::Result<()> {
+        let slices: Vec<io::IoSlice<'_>> = parts.iter().map(|p| io::IoSlice::new(p)).collect();
+        let mut done = self.tls.writer().write_vectored(&slices)?;
+        // rustls takes all of it (no buffer limit, see `new`); should it take less, the rest
+        // follows in order.
+        for p in parts {
+            if done >= p.len() {
+                done -= p.len();
+                continue;
+            }
+            self.tls.writer().write_all(&p[done..])?;
+            done = 0;
+        }
+        Ok(())
+    }
+
     fn drain_tls(&mut self) -> io::Result<()> {
         while self.tls.wants_write() {
             self.tls.write_tls(&mut self.out)?;

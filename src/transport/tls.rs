@@ -25,7 +25,9 @@ use crate::transport::tls_unique::{self, TlsUniqueError};
 pub const ALPN_SMP: &[u8] = b"smp/1";
 /// What the server accepts, in its order of preference (simplexmq `Transport.hs`,
 /// `alpnSupportedSMPHandshakes`); `http/1.1` is web-port mode.
-pub const SERVER_ALPN: [&[u8]; 3] = [ALPN_SMP, b"h2", b"http/1.1"];
+pub const SERVER_ALPN: [&[u8]; 3] = [ALPN_SMP, b"h2", ALPN_HTTP11];
+/// HTTP/1.1's ALPN id, the only one the WebSocket ports offer.
+pub const ALPN_HTTP11: &[u8] = b"http/1.1";
 /// Upper bound on the bytes captured during one handshake. A client flight is a ClientHello or two
 /// and at most a small certificate chain; a peer sending more is refused instead of buffered.
 pub const MAX_HANDSHAKE_CAPTURE_BYTES: usize = crate::limits::TLS_CAPTURE_MAX_BYTES;
@@ -108,6 +110,15 @@ pub fn server_config(
     config.max_early_data_size = 0;
     config.key_log = Arc::new(rustls::NoKeyLog {});
     Ok(Arc::new(config))
+}
+
+/// The WebSocket ports' config: `base` with ALPN `http/1.1` only. A browser offers `h2` too; the
+/// upgrade is HTTP/1.1's (RFC 6455), so `h2` must never be chosen there. A client offering neither
+/// gets no ALPN, and is served all the same (`server/conn.rs`).
+pub fn websocket_config(base: &Arc<ServerConfig>) -> Arc<ServerConfig> {
+    let mut config = ServerConfig::clone(base);
+    config.alpn_protocols = vec![ALPN_HTTP11.to_vec()];
+    Arc::new(config)
 }
 
 fn ed25519_pkcs8(key: &ed25519_dalek::SigningKey) -> PrivateKeyDer<'static> {

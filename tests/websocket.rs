@@ -1,0 +1,483 @@
+//! SMP over WebSocket on a dedicated port (`start --websockets`, simplexmq
+//! `src/Simplex/Messaging/Transport/WebSockets.hs`): the queue commands over wss next to a native
+//! client, and every malformed upgrade and frame closing only its own connection. The WebSocket
+//! side of these tests is written here by hand over OpenSSL (upgrade, masking, fragments), or is
+//! the client library's own framing (`src/client/conn.rs`), never the relay's.
+
+mod common;
+mod support;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+
+use base64::Engine;
+use common::wire::{self, BLOCK};
+use common::{free_port, Relay, RelayOptions};
+use openssl::ssl::SslStream;
+use smp_relay::client::queue::{auth_key, KeyAlg};
+use smp_relay::client::{Client, ClientOptions};
+use smp_relay::protocol::command::Command;
+use smp_relay::protocol::response::BrokerMsg;
+use smp_relay::protocol::version::SERVER_VERSIONS;
+use support::*;
+
+type Tls = SslStream<TcpStream>;
+
+/// A relay with one WebSocket port; returns it and that port's address.
+fn relay_with_ws(extra: &[&str]) -> (Relay, SocketAddr) {
+    let ws_port = free_port();
+    let mut extra_args = vec!["--websockets".to_string(), ws_port.to_string()];
+    extra_args.extend(extra.iter().map(|a| a.to_string()));
+    let relay = Relay::start_with(RelayOptions {
+        extra_args,
+        ..RelayOptions::default()
+    });
+    (relay, SocketAddr::from(([127, 0, 0, 1], ws_port)))
+}
+
+fn ws_client(relay: &Relay, ws: SocketAddr) -> Client {
+    Client::connect(ws, relay.key_hash, ClientOptions::websocket())
+        .unwrap_or_else(|e| panic!("wss connect: {e}\nrelay log:\n{}", relay.log_text()))
+}
+
+fn tls(ws: SocketAddr) -> Tls {
+    wire::openssl_connect(ws, Some(&[b"http/1.1"]), false).expect("TLS to the WebSocket port")
+}
+
+fn request(extra: &[&str], key: Option<&str>, version: &str) -> String {
+    let mut r = "GET /smp?x=1 HTTP/1.1\r\nHost: relay.test\r\nUpgrade: websocket\r\n\
+                 Connection: Upgrade\r\n"
+        .to_string();
+    if let Some(k) = key {
+        r += &format!("Sec-WebSocket-Key: {k}\r\n");
+    }
+    r += &format!("Sec-WebSocket-Version: {version}\r\n");
+    for h in extra {
+        r += h;
+        r += "\r\n";
+    }
+    r + "\r\n"
+}
+
+const KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
+
+/// The answer's head, up to its empty line (or what came before the connection closed).
+fn read_head(s: &mut Tls) -> String {
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut b) {
+            Ok(1) => head.push(b[0]),
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&head).into_owned()
+}
+
+/// A client frame, masked unless `mask` is `None`.
+fn frame(fin: bool, opcode: u8, mask: Option<[u8; 4]>, payload: &[u8]) -> Vec<u8> {
+    let mut f = vec![(if fin { 0x80 } else { 0 }) | opcode];
+    let m = if mask.is_some() { 0x80 } else { 0 };
+    match payload.len() {
+        n if n < 126 => f.push(m | n as u8),
+        n if n <= 0xffff => {
+            f.push(m | 126);
+            f.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        n => {
+            f.push(m | 127);
+            f.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+    }
+    match mask {
+        Some(k) => {
+            f.extend_from_slice(&k);
+            f.extend(payload.iter().enumerate().map(|(i, b)| b ^ k[i % 4]));
+        }
+        None => f.extend_from_slice(payload),
+    }
+    f
+}
+
+const MASK: Option<[u8; 4]> = Some([0x12, 0x34, 0x56, 0x78]);
+
+/// A server frame: (fin, opcode, payload); the server must never mask.
+fn read_frame(s: &mut Tls) -> std::io::Result<(bool, u8, Vec<u8>)> {
+    let mut h = [0u8; 2];
+    s.read_exact(&mut h)?;
+    assert_eq!(h[1] & 0x80, 0, "a server frame is never masked");
+    assert_eq!(h[0] & 0x70, 0, "no reserved bit");
+    let len = match h[1] & 0x7f {
+        126 => {
+            let mut l = [0u8; 2];
+            s.read_exact(&mut l)?;
+            u16::from_be_bytes(l) as usize
+        }
+        127 => {
+            let mut l = [0u8; 8];
+            s.read_exact(&mut l)?;
+            u64::from_be_bytes(l) as usize
+        }
+        n => n as usize,
+    };
+    let mut p = vec![0u8; len];
+    s.read_exact(&mut p)?;
+    Ok((h[0] & 0x80 != 0, h[0] & 0x0f, p))
+}
+
+/// A block from the relay: exactly one final binary frame of 16384 bytes.
+fn read_block_frame(s: &mut Tls) -> Vec<u8> {
+    let (fin, op, p) = read_frame(s).expect("a block frame");
+    assert!(fin, "a block is never fragmented");
+    assert_eq!(op, 2, "a block is a binary frame");
+    assert_eq!(p.len(), BLOCK, "one frame is one block");
+    p
+}
+
+/// TLS, the upgrade, and the server hello; returns the stream and the hello.
+fn open(ws: SocketAddr) -> (Tls, wire::Hello) {
+    let mut s = tls(ws);
+    s.write_all(request(&[], Some(KEY), "13").as_bytes())
+        .unwrap();
+    let head = read_head(&mut s);
+    assert!(
+        head.starts_with("HTTP/1.1 101 Switching Protocols\r\n"),
+        "{head}"
+    );
+    // RFC 6455 §1.3's example key and answer, computed by hand there.
+    assert!(
+        head.contains("\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n"),
+        "{head}"
+    );
+    assert!(!head
+        .to_ascii_lowercase()
+        .contains("sec-websocket-extensions"));
+    assert!(!head.to_ascii_lowercase().contains("sec-websocket-protocol"));
+    let block = read_block_frame(&mut s);
+    let hello = wire::parse_hello(wire::unpad(&block));
+    (s, hello)
+}
+
+/// `open`, then the client hello (no key: plain blocks) in one frame.
+fn session(relay: &Relay, ws: SocketAddr) -> (Tls, wire::Hello) {
+    let (mut s, hello) = open(ws);
+    let ch = wire::standard_hello(hello.max, &relay.key_hash, None);
+    s.write_all(&frame(true, 2, MASK, &wire::pad(&ch, BLOCK)))
+        .unwrap();
+    (s, hello)
+}
+
+fn ping_block(hello: &wire::Hello, corr: &[u8]) -> Vec<u8> {
+    let t = wire::transmission(hello.max, &hello.session_id, corr, b"", b"PING");
+    wire::pad(&wire::batch1(&t), BLOCK)
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// The relay closes the connection: what it sends until then is at most a close frame (whose
+/// status is returned), and the end comes before the read timeout. A reset counts as closed (the
+/// relay closes without reading what the client still sent).
+fn expect_closed(s: &mut Tls) -> Option<u16> {
+    let mut code = None;
+    loop {
+        match read_frame(s) {
+            Ok((_, 8, p)) => {
+                code = (p.len() >= 2).then(|| u16::from_be_bytes([p[0], p[1]]));
+            }
+            Ok((_, op, p)) => panic!("opcode {op} ({} bytes) instead of the close", p.len()),
+            Err(e) => {
+                assert!(
+                    !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
+                    "the relay did not close the connection: {e}"
+                );
+                return code;
+            }
+        }
+    }
+}
+
+fn still_served(keeper: &mut Client, native: &mut Client, what: &str) {
+    let p = keeper
+        .ping()
+        .unwrap_or_else(|e| panic!("wss after {what}: {e}"));
+    assert_eq!(p.msg, Ok(BrokerMsg::Pong), "wss after {what}");
+    let p = native
+        .ping()
+        .unwrap_or_else(|e| panic!("native after {what}: {e}"));
+    assert_eq!(p.msg, Ok(BrokerMsg::Pong), "native after {what}");
+}
+
+fn b64(b: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(b)
+}
+
+/// A queue's whole life with its recipient on wss and its sender on the SMP port, at once:
+/// NEW, SEND, MSG, ACK, KEY, SUB from a second wss connection, DEL.
+#[test]
+fn queue_commands_over_websocket_next_to_a_native_client() {
+    let (relay, ws) = relay_with_ws(&[]);
+    let mut alice = ws_client(&relay, ws);
+    assert_eq!(alice.alpn(), Some(&b"http/1.1"[..]));
+    assert_eq!(alice.server_versions(), SERVER_VERSIONS, "the full range");
+    assert!(alice.is_encrypted(), "block encryption as over raw TLS");
+    let mut bob = relay.client();
+
+    let q = create(&mut alice);
+    send_ok(&mut bob, &q, None, b"hello over the SMP port");
+    let m1 = expect_body(&mut alice, &q, b"hello over the SMP port");
+    assert_eq!(ack(&mut alice, &q, &m1.msg_id), BrokerMsg::Ok);
+
+    let bob_key = auth_key(KeyAlg::Ed25519);
+    let key = Command::Key(bob_key.public_key());
+    assert_eq!(signed(&mut alice, q.key(), q.rid(), key), BrokerMsg::Ok);
+    assert_eq!(send(&mut bob, &q, None, b"unsigned"), ERR_AUTH);
+    let body = format!("signed {}", b64(&[7; 40]));
+    send_ok(&mut bob, &q, Some(&bob_key), body.as_bytes());
+    let m2 = expect_body(&mut alice, &q, body.as_bytes());
+
+    // Unacknowledged, the message goes to the next subscriber, on another wss connection.
+    let mut alice2 = ws_client(&relay, ws);
+    let again = sub_with_msg(&mut alice2, &q);
+    assert_eq!(again.msg_id, m2.msg_id);
+    assert_eq!(ack(&mut alice2, &q, &again.msg_id), BrokerMsg::Ok);
+    expect_event(&mut alice, q.rid(), BrokerMsg::End);
+
+    // A large message crosses as well (the 16 KB block, one frame each way).
+    let large = vec![b'x'; 15_000];
+    send_ok(&mut bob, &q, Some(&bob_key), &large);
+    let m3 = expect_body(&mut alice2, &q, &large);
+    assert_eq!(ack(&mut alice2, &q, &m3.msg_id), BrokerMsg::Ok);
+
+    assert_eq!(
+        signed(&mut alice2, q.key(), q.rid(), Command::Del),
+        BrokerMsg::Ok
+    );
+    assert_eq!(send(&mut bob, &q, Some(&bob_key), b"gone"), ERR_AUTH);
+    expect_nothing(&mut alice2, "after DEL");
+}
+
+/// Without ALPN a WebSocket session still gets every version (the raw-TLS rule gives v6 only).
+/// A client offering `h2` and `http/1.1` gets `http/1.1`; one offering only `h2` no session.
+#[test]
+fn versions_and_alpn_on_the_websocket_port() {
+    let (relay, ws) = relay_with_ws(&[]);
+    let c = Client::connect(
+        ws,
+        relay.key_hash,
+        ClientOptions {
+            alpn: None,
+            ..ClientOptions::websocket()
+        },
+    )
+    .expect("wss without ALPN");
+    assert_eq!(c.alpn(), None);
+    assert_eq!(c.server_versions(), SERVER_VERSIONS);
+
+    let both: &[&[u8]] = &[b"h2", b"http/1.1"];
+    let s = wire::openssl_connect(ws, Some(both), false).expect("TLS");
+    assert_eq!(s.ssl().selected_alpn_protocol(), Some(&b"http/1.1"[..]));
+    let h2 = wire::openssl_connect(ws, Some(&[b"h2"]), false);
+    assert!(h2.is_err(), "h2 is never chosen on the WebSocket port");
+    // The SMP port is unchanged: no ALPN, v6 only.
+    let legacy = relay
+        .connect(ClientOptions {
+            alpn: None,
+            ..ClientOptions::default()
+        })
+        .expect("legacy native client");
+    assert_eq!(legacy.server_versions().max, 6);
+}
+
+/// The session ID is the tls-unique of the WebSocket's TLS; a client hello in three fragments with
+/// a ping between them is accepted (the pong comes at once); in the session, a block in two
+/// fragments is answered, a ping too, and a close with a close.
+#[test]
+fn fragments_pings_and_close() {
+    let (relay, ws) = relay_with_ws(&[]);
+    let (mut s, hello) = open(ws);
+    assert_eq!(hello.session_id, wire::own_finished(&s), "tls-unique");
+    assert_eq!(
+        (hello.min, hello.max),
+        (SERVER_VERSIONS.min, SERVER_VERSIONS.max)
+    );
+
+    let ch = wire::pad(
+        &wire::standard_hello(hello.max, &relay.key_hash, None),
+        BLOCK,
+    );
+    s.write_all(&frame(false, 2, MASK, &ch[..5000])).unwrap();
+    s.write_all(&frame(true, 9, MASK, b"are you there"))
+        .unwrap();
+    s.write_all(&frame(false, 0, MASK, &ch[5000..12000]))
+        .unwrap();
+    assert_eq!(
+        read_frame(&mut s).unwrap(),
+        (true, 10, b"are you there".to_vec()),
+        "pong with the ping's payload"
+    );
+    s.write_all(&frame(true, 0, MASK, &ch[12000..])).unwrap();
+
+    let ping = ping_block(&hello, b"corr-1");
+    s.write_all(&frame(false, 2, MASK, &ping[..1])).unwrap();
+    s.write_all(&frame(true, 0, MASK, &ping[1..])).unwrap();
+    let answer = read_block_frame(&mut s);
+    let content = wire::unpad(&answer);
+    assert!(contains(content, b"corr-1") && contains(content, b"PONG"));
+
+    s.write_all(&frame(true, 9, MASK, b"")).unwrap();
+    assert_eq!(read_frame(&mut s).unwrap(), (true, 10, vec![]), "pong");
+    s.write_all(&frame(true, 10, MASK, b"unsolicited pong"))
+        .unwrap();
+    let ping = ping_block(&hello, b"corr-2");
+    s.write_all(&frame(true, 2, MASK, &ping)).unwrap();
+    assert!(contains(wire::unpad(&read_block_frame(&mut s)), b"corr-2"));
+
+    s.write_all(&frame(true, 8, MASK, &1000u16.to_be_bytes()))
+        .unwrap();
+    assert_eq!(expect_closed(&mut s), Some(1000), "the close is answered");
+}
+
+/// Each bad frame closes its own connection only, in the handshake or the session.
+#[test]
+fn bad_frames_close_only_their_connection() {
+    let (relay, ws) = relay_with_ws(&[]);
+    let mut keeper = ws_client(&relay, ws);
+    let mut native = relay.client();
+
+    // A message of another length than one block, read whole, is refused with 1003.
+    let (mut s, _) = session(&relay, ws);
+    s.write_all(&frame(true, 2, MASK, &[0u8; 100])).unwrap();
+    assert_eq!(expect_closed(&mut s), Some(1003), "short message");
+    still_served(&mut keeper, &mut native, "a short message");
+
+    let (mut s, _) = open(ws);
+    s.write_all(&frame(true, 2, MASK, &vec![0u8; BLOCK + 1]))
+        .unwrap();
+    let code = expect_closed(&mut s);
+    assert!(matches!(code, None | Some(1009)), "{code:?}");
+    still_served(&mut keeper, &mut native, "a long frame");
+
+    // A block as text.
+    let (mut s, hello) = session(&relay, ws);
+    let _ = s.write_all(&frame(true, 1, MASK, &ping_block(&hello, b"t")));
+    let code = expect_closed(&mut s);
+    assert!(matches!(code, None | Some(1003)), "{code:?}");
+    still_served(&mut keeper, &mut native, "a text message");
+
+    // Unmasked.
+    let (mut s, hello) = session(&relay, ws);
+    let _ = s.write_all(&frame(true, 2, None, &ping_block(&hello, b"u")));
+    let code = expect_closed(&mut s);
+    assert!(matches!(code, None | Some(1002)), "{code:?}");
+    still_served(&mut keeper, &mut native, "an unmasked frame");
+
+    // Fragments past 65536 bytes: four block-sized fragments are taken, the fifth is too many.
+    let (mut s, _) = session(&relay, ws);
+    for i in 0..5 {
+        let op = if i == 0 { 2 } else { 0 };
+        if s.write_all(&frame(false, op, MASK, &[1u8; BLOCK])).is_err() {
+            break;
+        }
+    }
+    let code = expect_closed(&mut s);
+    assert!(matches!(code, None | Some(1009)), "{code:?}");
+    still_served(&mut keeper, &mut native, "an oversized message");
+
+    // A message of 20000 bytes in two fragments (under the 65536 limit): read, then refused.
+    let (mut s, _) = session(&relay, ws);
+    s.write_all(&frame(false, 2, MASK, &[2u8; 10_000])).unwrap();
+    s.write_all(&frame(true, 0, MASK, &[2u8; 10_000])).unwrap();
+    assert_eq!(
+        expect_closed(&mut s),
+        Some(1003),
+        "a message of two blocks' worth"
+    );
+
+    // A continuation with no message begun.
+    let (mut s, _) = session(&relay, ws);
+    s.write_all(&frame(true, 0, MASK, &[3u8; 10])).unwrap();
+    assert_eq!(expect_closed(&mut s), Some(1002), "orphan continuation");
+    still_served(&mut keeper, &mut native, "every bad frame");
+}
+
+/// A refused upgrade gets its HTTP answer and the connection is closed; others go on.
+#[test]
+fn malformed_upgrades_are_refused() {
+    let (relay, ws) = relay_with_ws(&[]);
+    let mut keeper = ws_client(&relay, ws);
+    let mut native = relay.client();
+    let refused = |req: &[u8], status: &str| {
+        let mut s = tls(ws);
+        s.write_all(req).unwrap();
+        let head = read_head(&mut s);
+        assert!(head.starts_with(&format!("HTTP/1.1 {status}")), "{head}");
+        let mut rest = Vec::new();
+        let end = s.read_to_end(&mut rest);
+        assert!(
+            !matches!(&end, Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)),
+            "closed after the answer: {end:?}"
+        );
+        assert!(rest.is_empty(), "nothing after the answer");
+        head
+    };
+    refused(request(&[], None, "13").as_bytes(), "400");
+    refused(request(&[], Some("c2hvcnQ="), "13").as_bytes(), "400");
+    let head = refused(request(&[], Some(KEY), "8").as_bytes(), "426");
+    assert!(head.contains("\r\nSec-WebSocket-Version: 13\r\n"), "{head}");
+    refused(b"GET / HTTP/1.1\r\nHost: relay.test\r\n\r\n", "400");
+    refused(
+        request(&[], Some(KEY), "13")
+            .replace("GET", "POST")
+            .as_bytes(),
+        "400",
+    );
+    // Headers that never end: refused once the limit (8 KiB) is read.
+    let mut endless = request(&[], Some(KEY), "13");
+    endless.truncate(endless.len() - 2);
+    let filler = format!("X-Filler: {}\r\n", "f".repeat(100));
+    while endless.len() + filler.len() < 8192 {
+        endless += &filler;
+    }
+    endless += &"g".repeat(8192 - endless.len());
+    refused(endless.as_bytes(), "431");
+    still_served(&mut keeper, &mut native, "malformed upgrades");
+}
+
+/// An upgrade still unfinished when the TLS deadline passes is closed without an answer.
+#[test]
+fn an_unfinished_upgrade_is_closed_at_the_tls_deadline() {
+    let (relay, ws) = relay_with_ws(&["--tls-timeout-secs", "2"]);
+    let mut s = tls(ws);
+    s.write_all(b"GET / HTTP/1.1\r\nHost: relay.test\r\n")
+        .unwrap();
+    let mut got = Vec::new();
+    let end = s.read_to_end(&mut got);
+    assert!(
+        !matches!(&end, Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)),
+        "closed by the relay, not by our read timeout: {end:?}"
+    );
+    assert!(
+        got.is_empty(),
+        "no answer: {:?}",
+        String::from_utf8_lossy(&got)
+    );
+    ws_client(&relay, ws).ping().expect("a new wss connection");
+}
+
+/// `start` refuses a port that is both an SMP and a WebSocket port (the reference splits such a
+/// port by SNI, which this relay does not do yet).
+#[test]
+fn a_port_cannot_be_both() {
+    let mut relay = Relay::start();
+    relay.stop();
+    let port = relay.port.to_string();
+    let out = relay.failed_start(&["--websockets", &port]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("both an SMP port and a WebSocket port"),
+        "{err}"
+    );
+}
