@@ -14,7 +14,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_lite::{AsyncRead, AsyncWriteExt};
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
