@@ -24,7 +24,15 @@ pub struct Options {
     /// largest record is this minus 4096 + 32 bytes. Existing segments keep the size they were
     /// made with.
     pub segment_size: u64,
+    /// Bytes of a group's first segment; each later one is twice the one before, up to
+    /// `segment_size` (and always large enough for the record that needs it). A multiple of 4096,
+    /// at least 8192, at most `segment_size`. Small, so that an idle group costs little disk: 64
+    /// groups × 256 KiB = 16 MiB for a new relay.
+    pub initial_segment_size: u64,
 }
+
+/// 256 KiB first segments.
+pub const DEFAULT_INITIAL_SEGMENT_SIZE: u64 = 256 << 10;
 
 /// 64 MiB segments.
 pub const DEFAULT_SEGMENT_SIZE: u64 = 64 << 20;
@@ -33,6 +41,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             segment_size: DEFAULT_SEGMENT_SIZE,
+            initial_segment_size: DEFAULT_INITIAL_SEGMENT_SIZE,
         }
     }
 }
@@ -43,6 +52,12 @@ impl Options {
         if s < MIN_SEGMENT_SIZE || s % HEADER_LEN != 0 || s > (1 << 40) {
             return Err(JournalError::Options(format!(
                 "segment_size {s}: must be a multiple of {HEADER_LEN}, from {MIN_SEGMENT_SIZE} to 1 TiB"
+            )));
+        }
+        let i = self.initial_segment_size;
+        if i < MIN_SEGMENT_SIZE || i % HEADER_LEN != 0 || i > s {
+            return Err(JournalError::Options(format!(
+                "initial_segment_size {i}: must be a multiple of {HEADER_LEN}, from {MIN_SEGMENT_SIZE} to segment_size"
             )));
         }
         Ok(())
@@ -405,7 +420,7 @@ impl Journal {
                     &dir,
                     group,
                     id,
-                    opts.segment_size,
+                    opts.initial_segment_size,
                     next_seq,
                 )?);
                 last_crc = seg.header.chain_seed;
@@ -524,7 +539,7 @@ impl Journal {
         }
         let mut at = self.active.written_end.load(Ordering::Relaxed);
         if at + need > self.active.len {
-            self.rotate()?;
+            self.rotate(need)?;
             at = HEADER_LEN;
         }
         let seg = &self.active;
@@ -565,13 +580,23 @@ impl Journal {
         })
     }
 
-    fn rotate(&mut self) -> Result<(), JournalError> {
+    /// A new active segment, twice the size of the last (up to `segment_size`) and large enough
+    /// for a record of `need` bytes.
+    fn rotate(&mut self, need: u64) -> Result<(), JournalError> {
         let id = self.active.id + 1;
+        let fits = (HEADER_LEN + need).div_ceil(HEADER_LEN) * HEADER_LEN;
+        let size = self
+            .active
+            .len
+            .saturating_mul(2)
+            .max(self.opts.initial_segment_size)
+            .min(self.opts.segment_size)
+            .max(fits);
         let seg = Arc::new(Segment::create(
             &self.shared.dir,
             self.group,
             id,
-            self.opts.segment_size,
+            size,
             self.next_seq,
         )?);
         lock(&self.shared.unsynced).push(seg.clone());

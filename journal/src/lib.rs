@@ -60,7 +60,8 @@ pub use format::{
     RECORD_HEADER_LEN, RECORD_MAGIC, SEGMENT_MAGIC,
 };
 pub use journal::{
-    Appended, Journal, OpenReport, Options, SegmentInfo, SyncHandle, DEFAULT_SEGMENT_SIZE,
+    Appended, Journal, OpenReport, Options, SegmentInfo, SyncHandle, DEFAULT_INITIAL_SEGMENT_SIZE,
+    DEFAULT_SEGMENT_SIZE,
 };
 pub use repair::{repair, RepairReport};
 pub use segment::{parse_segment_file_name, segment_file_name};

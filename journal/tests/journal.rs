@@ -121,7 +121,10 @@ impl Gen {
 }
 
 fn opts(segment_size: u64) -> Options {
-    Options { segment_size }
+    Options {
+        segment_size,
+        initial_segment_size: segment_size,
+    }
 }
 
 /// What a replay gave: location, sequence number, the record as text.
@@ -793,4 +796,52 @@ fn a_full_disk_is_no_space_at_rotation_and_the_journal_goes_on_after() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "child failed:\n{stdout}");
     assert!(stdout.contains("no-space child ok"), "{stdout}");
+}
+
+/// A group's first segment is small and each later one twice the last, up to the segment size,
+/// and a record larger than the next size gets a segment that fits it.
+#[test]
+fn segments_grow_from_the_initial_size() {
+    let dir = TempDir::new("grow");
+    let o = Options {
+        segment_size: 64 << 10,
+        initial_segment_size: 8 << 10,
+    };
+    let (mut j, _) = Journal::open(dir.path(), 3, &o, |_, _, _| Ok(())).unwrap();
+    let body = vec![1u8; 3000];
+    let id = [0u8; 24];
+    for _ in 0..60 {
+        j.append(&Record::MsgAppend {
+            recipient_id: b"q",
+            msg_id: &id,
+            ts: 1,
+            flags: 0,
+            body: &body,
+        })
+        .unwrap();
+    }
+    let sizes: Vec<u64> = j.segments().iter().map(|s| s.len).collect();
+    assert_eq!(
+        sizes[..4],
+        [8 << 10, 16 << 10, 32 << 10, 64 << 10],
+        "{sizes:?}"
+    );
+    assert!(sizes[4..].iter().all(|s| *s == 64 << 10), "{sizes:?}");
+    // In another group, a first record larger than the second segment's doubled size.
+    let (mut j2, _) = Journal::open(dir.path(), 4, &o, |_, _, _| Ok(())).unwrap();
+    let big = vec![2u8; 20_000];
+    j2.append(&Record::MsgAppend {
+        recipient_id: b"q",
+        msg_id: &id,
+        ts: 1,
+        flags: 0,
+        body: &big,
+    })
+    .unwrap();
+    let sizes: Vec<u64> = j2.segments().iter().map(|s| s.len).collect();
+    assert_eq!(sizes.len(), 2, "{sizes:?}");
+    assert!(
+        sizes[1] > 16 << 10 && sizes[1] < 64 << 10,
+        "fits the record, not the maximum: {sizes:?}"
+    );
 }
