@@ -34,9 +34,14 @@
 //!
 //! - [`reader::list_groups`], [`reader::read_group`], [`reader::read_segment`]: `pread` only, no
 //!   mapping, no lock, so they run beside a running relay; they verify every record's CRC and
-//!   report per segment and group counts and damage.
+//!   report per segment and group counts, damage (by [`Journal::open`]'s rules) and warnings
+//!   (torn tails, which open would cut).
 //! - [`repair`]: cut a group at its first bad record (relay stopped), with a printable
 //!   [`RepairReport`].
+//!
+//! The crate's binary, `smp-journal` (`src/bin/smp-journal/`), is that tool: `stats`, `queues`,
+//! `show`, `verify` beside a running relay, `repair` with the data directory's lock (README,
+//! "Inspecting journals").
 //!
 //! # Later
 //!

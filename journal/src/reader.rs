@@ -114,11 +114,22 @@ pub struct GroupReport {
     pub record_bytes: u64,
     /// Damage found: each names the file and offset. Empty when the group is sound.
     pub damage: Vec<String>,
+    /// What is not damage but worth saying, each naming the file and offset: a torn tail (on a
+    /// running relay, a record being written; after a crash, writes that were never synced),
+    /// which `Journal::open` cuts.
+    pub warnings: Vec<String>,
 }
 
 /// Reads every segment of `group` under `root` in order, calling `f` with each valid record, and
 /// checks that sequence numbers go on from one segment to the next. Segment files that cannot
-/// be read at all (bad header) are listed as damage and skipped.
+/// be read at all (bad header) are listed as damage and skipped; a segment removed while the
+/// group is read (a running relay dropping a dead segment) is skipped.
+///
+/// Damage and warnings follow `Journal::open`'s rules (`journal/FORMAT.md`, "Recovery"): a bad
+/// record before a segment's synced offset is damage; a bad record past it (a torn tail), or
+/// records missing between two segments, is damage only when a later segment has durable
+/// records, and otherwise a warning (open cuts there). Records after such a cut are still given
+/// to `f`.
 pub fn read_group(
     root: &Path,
     group: u32,
@@ -135,7 +146,11 @@ pub fn read_group(
         file_bytes: 0,
         record_bytes: 0,
         damage: Vec::new(),
+        warnings: Vec::new(),
     };
+    // Cut points found on the way (index into `rep.segments`, message), judged once every
+    // segment's synced offset is known.
+    let mut cuts: Vec<(usize, String)> = Vec::new();
     let mut next_seq: Option<u64> = None;
     let mut prev_id: Option<u64> = None;
     for id in ids {
@@ -144,6 +159,11 @@ pub fn read_group(
             Ok(s) => s,
             Err(e @ (JournalError::Header { .. } | JournalError::Mismatch { .. })) => {
                 rep.damage.push(e.to_string());
+                continue;
+            }
+            Err(JournalError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
                 continue;
             }
             Err(e) => return Err(e),
@@ -155,23 +175,36 @@ pub fn read_group(
                 s.first_seq >= n
             };
             if !ok {
-                rep.damage.push(format!(
-                    "{}: first sequence number {}, expected {n} (records missing between \
-                     segments)",
-                    path.display(),
-                    s.first_seq
+                cuts.push((
+                    rep.segments.len(),
+                    format!(
+                        "{}: first sequence number {}, expected {n} (records missing between \
+                         segments)",
+                        path.display(),
+                        s.first_seq
+                    ),
                 ));
             }
         }
-        if let SegmentEnd::Damage { offset, reason } = &s.stop {
-            rep.damage.push(format!(
+        match &s.stop {
+            SegmentEnd::Damage { offset, reason } => rep.damage.push(format!(
                 "{}: damaged at offset {offset}: {reason}",
                 path.display()
-            ));
+            )),
+            SegmentEnd::Torn { offset, reason } => cuts.push((
+                rep.segments.len() + 1,
+                format!(
+                    "{}: torn tail at offset {offset}, past the synced offset {}: {reason}",
+                    path.display(),
+                    s.synced_end
+                ),
+            )),
+            _ => {}
         }
-        // After damage the records that follow are unknown: do not report the gap again.
+        // After damage or a torn tail the records that follow are unknown: do not report the
+        // gap again.
         next_seq = match s.stop {
-            SegmentEnd::Damage { .. } => None,
+            SegmentEnd::Damage { .. } | SegmentEnd::Torn { .. } => None,
             _ => Some(s.last_seq.map_or(s.first_seq, |x| x + 1)),
         };
         prev_id = Some(id);
@@ -182,6 +215,23 @@ pub fn read_group(
         rep.file_bytes += s.len;
         rep.record_bytes += s.end - HEADER_LEN;
         rep.segments.push(s);
+    }
+    // A cut loses the segments from `from` on: damage if one of them has durable records.
+    for (from, msg) in cuts {
+        match rep.segments[from.min(rep.segments.len())..]
+            .iter()
+            .find(|s| s.synced_end > HEADER_LEN)
+        {
+            Some(later) => rep.damage.push(format!(
+                "{msg} (and a later segment, {}, has durable records)",
+                later.path.display()
+            )),
+            None if from >= rep.segments.len() => rep.warnings.push(msg),
+            None => rep.warnings.push(format!(
+                "{msg}; the segments after it hold no durable record (opening the journal cuts \
+                 there)"
+            )),
+        }
     }
     Ok(rep)
 }

@@ -845,3 +845,36 @@ fn segments_grow_from_the_initial_size() {
         "fits the record, not the maximum: {sizes:?}"
     );
 }
+
+#[test]
+fn the_reader_calls_a_torn_tail_before_non_durable_segments_a_warning_as_open_does() {
+    let t = TempDir::new("torn-rotated");
+    let o = opts(1 << 14);
+    let (mut j, _, _) = open_collect(t.path(), 2, &o).unwrap();
+    let a: Vec<_> = (0..150).map(|i| append_gen(&mut j, i, 900)).collect();
+    assert!(a.last().unwrap().loc.segment >= 3, "rotated");
+    // Durable up to record 2 only; records in segment 1 after it and every later segment are not.
+    j.sync_handle().sync_to(a[2].end).unwrap();
+    drop(j);
+    let torn = a
+        .iter()
+        .position(|x| x.loc.segment == 1 && x.seq > 4)
+        .unwrap();
+    let path = seg_path(t.path(), 2, 1);
+    let off = a[torn].loc.offset + RECORD_PAYLOAD_BYTE;
+    let b = read_at(&path, off, 1);
+    write_at(&path, off, &[b[0] ^ 1]);
+    let g = reader::read_group(t.path(), 2, |_, _, _| Ok(())).unwrap();
+    assert!(g.damage.is_empty(), "{:?}", g.damage);
+    assert_eq!(g.warnings.len(), 1, "{:?}", g.warnings);
+    assert!(g.warnings[0].contains("torn tail"), "{:?}", g.warnings);
+    assert!(
+        g.warnings[0].contains(&a[torn].loc.offset.to_string()),
+        "{:?}",
+        g.warnings
+    );
+    // Open agrees: the tail is cut and the later segments removed, no damage.
+    let (_j, rep, got) = open_collect(t.path(), 2, &o).unwrap();
+    assert_eq!(got.len(), torn);
+    assert!(!rep.warnings.is_empty());
+}
