@@ -93,21 +93,47 @@ pub fn run_bin(args: &[&str]) -> Output {
     wait_output(child, COMMAND_TIMEOUT)
 }
 
+/// Waits until `child` exits or `timeout` passes, without sleeping: poll(2) on a pidfd of the
+/// process, which becomes readable when it exits (Linux 5.3+); then reaps it. `None`: still
+/// running at the deadline.
+pub fn wait_exit(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    if let Some(s) = child.try_wait().expect("try_wait") {
+        return Some(s);
+    }
+    // SAFETY: pidfd_open(2) on our own child's pid, not reaped yet (try_wait above returned
+    // None and nothing else reaps it); the descriptor is closed below.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, child.id() as libc::pid_t, 0) } as i32;
+    assert!(fd >= 0, "pidfd_open: {}", std::io::Error::last_os_error());
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, for the duration of the call.
+        let n = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        if n > 0 || left.is_zero() {
+            break;
+        }
+        if n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            break;
+        }
+    }
+    // SAFETY: `fd` is the pidfd opened above, closed once.
+    unsafe { libc::close(fd) };
+    child.try_wait().expect("try_wait")
+}
+
 /// Waits for a child with piped stdout/stderr; kills it after `timeout`.
 pub fn wait_output(mut child: Child, timeout: Duration) -> Output {
     let out = child.stdout.take().map(drain);
     let err = child.stderr.take().map(drain);
-    let deadline = Instant::now() + timeout;
-    let status: ExitStatus = loop {
-        if let Some(s) = child.try_wait().expect("try_wait") {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("smp-relay did not exit within {timeout:?}");
-        }
-        sleep(Duration::from_millis(20));
+    let Some(status) = wait_exit(&mut child, timeout) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("smp-relay did not exit within {timeout:?}");
     };
     let join = |h: Option<std::thread::JoinHandle<Vec<u8>>>| {
         h.map(|h| h.join().unwrap_or_default()).unwrap_or_default()
@@ -241,18 +267,12 @@ impl Relay {
             // SAFETY: kill(2) on the pid of our own child, which has not been reaped yet.
             unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
         }
-        let deadline = Instant::now() + COMMAND_TIMEOUT;
-        loop {
-            if let Some(s) = self.child.try_wait().expect("try_wait") {
-                return s;
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "relay did not stop within {COMMAND_TIMEOUT:?}:\n{}",
-                    self.log_text()
-                );
-            }
-            sleep(Duration::from_millis(10));
+        match wait_exit(&mut self.child, COMMAND_TIMEOUT) {
+            Some(s) => s,
+            None => panic!(
+                "relay did not stop within {COMMAND_TIMEOUT:?}:\n{}",
+                self.log_text()
+            ),
         }
     }
 
