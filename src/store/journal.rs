@@ -35,35 +35,41 @@ use super::{
 };
 use crate::protocol::encoding::Reader;
 
-/// A queue record in the journal: the memory store's encoding (`store/codec.rs`).
-fn encode_queue_record(rec: &QueueRec) -> Vec<u8> {
+/// Queue records and notifications in the journal: the memory store's encodings
+/// (`store/codec.rs`), each record's payload exactly one of them.
+fn encoded<T>(x: &T, encode: fn(&mut Vec<u8>, &T)) -> Vec<u8> {
     let mut out = Vec::new();
-    encode_rec(&mut out, rec);
+    encode(&mut out, x);
     out
+}
+
+fn decoded<T>(
+    b: &[u8],
+    what: &str,
+    decode: fn(&mut Reader<'_>) -> crate::protocol::encoding::DResult<T>,
+) -> Result<T, String> {
+    let mut r = Reader::new(b);
+    let x = decode(&mut r).map_err(|_| format!("bad {what}"))?;
+    if !r.rest().is_empty() {
+        return Err(format!("bad {what}: trailing bytes"));
+    }
+    Ok(x)
+}
+
+fn encode_queue_record(rec: &QueueRec) -> Vec<u8> {
+    encoded(rec, encode_rec)
 }
 
 fn decode_queue_record(b: &[u8]) -> Result<QueueRec, String> {
-    let mut r = Reader::new(b);
-    let rec = decode_rec(&mut r).map_err(|_| "bad queue record".to_string())?;
-    if !r.rest().is_empty() {
-        return Err("bad queue record: trailing bytes".into());
-    }
-    Ok(rec)
+    decoded(b, "queue record", decode_rec)
 }
 
 fn encode_notification(n: &MsgNtf) -> Vec<u8> {
-    let mut out = Vec::new();
-    encode_ntf(&mut out, n);
-    out
+    encoded(n, encode_ntf)
 }
 
 fn decode_notification(b: &[u8]) -> Result<MsgNtf, String> {
-    let mut r = Reader::new(b);
-    let n = decode_ntf(&mut r).map_err(|_| "bad notification".to_string())?;
-    if !r.rest().is_empty() {
-        return Err("bad notification: trailing bytes".into());
-    }
-    Ok(n)
+    decoded(b, "notification", decode_ntf)
 }
 
 /// Where the journals live, under the data directory.
