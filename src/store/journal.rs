@@ -132,6 +132,8 @@ struct Data {
     ntfs: HashMap<EntityId, VecDeque<NtfEntry>>,
     journals: HashMap<u32, Journal>,
     live: HashMap<u32, Live>,
+    /// Notifier ID → the group of its queue, where its notifications are recorded.
+    notifiers: HashMap<EntityId, u32>,
     total_messages: usize,
     counters: StoreCounters,
 }
@@ -176,6 +178,15 @@ impl Data {
         Ok((a.loc, a.end))
     }
 
+    /// Appends `rec` to group `g` and applies it to the index exactly as the replay at start does,
+    /// so that what a restart rebuilds is what was served. Returns the point that makes it durable.
+    fn record(&mut self, g: u32, rec: &Record<'_>) -> Result<SyncPoint, StoreError> {
+        let (loc, end) = self.append(g, rec)?;
+        self.replay(g, loc, *rec)
+            .map_err(|e| StoreError::Failed(format!("journal: {e}")))?;
+        Ok(end)
+    }
+
     /// Removes the oldest segments of group `g` while they hold no live record (never the active
     /// one).
     fn release_dead_segments(&mut self, g: u32) {
@@ -202,6 +213,16 @@ impl Data {
                 let rec = decode_queue_record(data)?;
                 if rec.recipient_id != recipient_id {
                     return Err("a queue record under another recipient ID".into());
+                }
+                let old_nid = self
+                    .queues
+                    .get(recipient_id)
+                    .and_then(|q| q.rec.notifier.as_ref().map(|n| n.notifier_id.clone()));
+                if let Some(old) = old_nid {
+                    self.notifiers.remove(&old);
+                }
+                if let Some(n) = &rec.notifier {
+                    self.notifiers.insert(n.notifier_id.clone(), g);
                 }
                 match self.queues.get_mut(recipient_id) {
                     Some(q) => {
@@ -278,6 +299,7 @@ impl Data {
             live.sub(m.loc.segment);
         }
         if let Some(n) = &q.rec.notifier {
+            self.notifiers.remove(&n.notifier_id);
             self.clear_ntfs(g, &n.notifier_id.clone());
         }
     }
@@ -368,6 +390,16 @@ impl Data {
                 "journal: a message's record is not a message".into(),
             )),
         }
+    }
+}
+
+/// A message's flags and body as its `MsgAppend` record holds them.
+fn flags_and_body(m: &Message) -> (u8, &[u8]) {
+    match m {
+        Message::Message {
+            notification, body, ..
+        } => (if *notification { FLAG_NOTIFICATION } else { 0 }, &body[..]),
+        Message::Quota { .. } => (FLAG_QUOTA, &[]),
     }
 }
 
@@ -572,24 +604,13 @@ impl QueueStore for JournalStore {
                 return Err(StoreError::Duplicate);
             }
             let bytes = encode_queue_record(&rec);
-            let (loc, end) = d.append(
+            d.record(
                 g,
                 &Record::QueueCreate {
                     recipient_id: &rec.recipient_id,
                     data: &bytes,
                 },
-            )?;
-            d.live(g).add(loc.segment);
-            d.queues.insert(
-                rec.recipient_id.clone(),
-                QueueEntry {
-                    rec,
-                    rec_segment: loc.segment,
-                    msgs: VecDeque::new(),
-                    can_write: true,
-                },
-            );
-            end
+            )?
         };
         self.syncer.wait(g, end).await
     }
@@ -602,23 +623,13 @@ impl QueueStore for JournalStore {
                 return Err(StoreError::NotFound);
             }
             let bytes = encode_queue_record(&rec);
-            let (loc, end) = d.append(
+            let end = d.record(
                 g,
                 &Record::QueueUpdate {
                     recipient_id: &rec.recipient_id,
                     data: &bytes,
                 },
             )?;
-            let rid = rec.recipient_id.clone();
-            let old = d.queues.get(&rid).map(|q| q.rec_segment);
-            if let Some(q) = d.queues.get_mut(&rid) {
-                q.rec = rec;
-                q.rec_segment = loc.segment;
-            }
-            d.live(g).add(loc.segment);
-            if let Some(old) = old {
-                d.live(g).sub(old);
-            }
             d.release_dead_segments(g);
             end
         };
@@ -632,8 +643,7 @@ impl QueueStore for JournalStore {
             let Some(rec) = d.queues.get(recipient_id).map(|q| q.rec.clone()) else {
                 return Err(StoreError::NotFound);
             };
-            let (_, end) = d.append(g, &Record::QueueDelete { recipient_id })?;
-            d.forget_queue(g, recipient_id);
+            let end = d.record(g, &Record::QueueDelete { recipient_id })?;
             d.release_dead_segments(g);
             (rec, end)
         };
@@ -658,36 +668,23 @@ impl MessageStore for JournalStore {
             if !(q.can_write || was_empty) {
                 return Ok(WriteOutcome::Full);
             }
+            // Over the quota the message becomes the marker, with its ID and time.
             let under_quota = q.msgs.len() < quota;
-            let (entry_flags, body): (u8, &[u8]) = match (&msg, under_quota) {
-                (
-                    Message::Message {
-                        notification, body, ..
-                    },
-                    true,
-                ) => (if *notification { FLAG_NOTIFICATION } else { 0 }, &body[..]),
-                _ => (FLAG_QUOTA, &[]),
+            let (flags, body) = if under_quota {
+                flags_and_body(&msg)
+            } else {
+                (FLAG_QUOTA, &[][..])
             };
-            let (loc, end) = d.append(
+            let end = d.record(
                 g,
                 &Record::MsgAppend {
                     recipient_id,
                     msg_id: msg.msg_id(),
                     ts: msg.ts(),
-                    flags: entry_flags,
+                    flags,
                     body,
                 },
             )?;
-            d.live(g).add(loc.segment);
-            d.total_messages += 1;
-            let q = d.queues.get_mut(recipient_id).ok_or(StoreError::NotFound)?;
-            q.msgs.push_back(MsgEntry {
-                msg_id: *msg.msg_id(),
-                ts: msg.ts(),
-                flags: entry_flags,
-                loc,
-            });
-            q.can_write = under_quota;
             let outcome = if under_quota {
                 WriteOutcome::Written { was_empty }
             } else {
@@ -785,15 +782,13 @@ impl MessageStore for JournalStore {
         let end = {
             let mut d = self.data.borrow_mut();
             let bytes = encode_notification(&ntf);
-            let (loc, end) = d.append(
+            d.record(
                 g,
                 &Record::NtfAppend {
                     notifier_id,
                     data: &bytes,
                 },
-            )?;
-            d.push_ntf(g, notifier_id, ntf, loc.segment);
-            end
+            )?
         };
         self.syncer.wait(g, end).await
     }
@@ -814,15 +809,13 @@ impl MessageStore for JournalStore {
             };
             let mut end = None;
             for n in &taken {
-                let (_, e) = d.append(
+                end = Some(d.record(
                     g,
                     &Record::NtfDelete {
                         notifier_id,
                         msg_id: &n.msg_id,
                     },
-                )?;
-                end = Some(e);
-                d.remove_ntf(g, notifier_id, &n.msg_id);
+                )?);
             }
             let more = d.ntfs.get(notifier_id).is_some_and(|l| !l.is_empty());
             d.release_dead_segments(g);
@@ -846,20 +839,17 @@ impl MessageStore for JournalStore {
             if let Some(kept) = d.ntfs.get(notifier_id) {
                 list.extend(kept.iter().map(|n| n.ntf.clone()));
             }
-            let (_, mut end) = d.append(g, &Record::NtfClear { notifier_id })?;
-            d.clear_ntfs(g, notifier_id);
+            let mut end = d.record(g, &Record::NtfClear { notifier_id })?;
             let skip = list.len().saturating_sub(MAX_NTFS_PER_NOTIFIER);
             for n in list.into_iter().skip(skip) {
                 let bytes = encode_notification(&n);
-                let (loc, e) = d.append(
+                end = d.record(
                     g,
                     &Record::NtfAppend {
                         notifier_id,
                         data: &bytes,
                     },
                 )?;
-                end = e;
-                d.push_ntf(g, notifier_id, n, loc.segment);
             }
             end
         };
@@ -875,8 +865,8 @@ impl MessageStore for JournalStore {
             if !d.ntfs.contains_key(notifier_id) {
                 return Ok(0);
             }
-            let (_, end) = d.append(g, &Record::NtfClear { notifier_id })?;
-            let n = d.clear_ntfs(g, notifier_id);
+            let n = d.ntfs.get(notifier_id).map_or(0, VecDeque::len);
+            let end = d.record(g, &Record::NtfClear { notifier_id })?;
             d.release_dead_segments(g);
             (n, end)
         };
@@ -911,14 +901,13 @@ impl MessageStore for JournalStore {
                 let Some(g) = notifier_group_in(&d, &nid) else {
                     continue;
                 };
-                let (_, e) = d.append(
+                let e = d.record(
                     g,
                     &Record::NtfDelete {
                         notifier_id: &nid,
                         msg_id: &msg_id,
                     },
                 )?;
-                d.remove_ntf(g, &nid, &msg_id);
                 n += 1;
                 let f = ends.entry(g).or_default();
                 *f = (*f).max(e);
@@ -954,15 +943,7 @@ impl MessageStore for JournalStore {
 /// The group whose journal holds a notifier's notifications: its queue's. Notifications of a
 /// notifier no queue of this store has are not kept.
 fn notifier_group_in(d: &Data, nid: &[u8]) -> Option<u32> {
-    d.queues
-        .values()
-        .find(|q| {
-            q.rec
-                .notifier
-                .as_ref()
-                .is_some_and(|n| n.notifier_id == nid)
-        })
-        .map(|q| group_of(&q.rec.recipient_id))
+    d.notifiers.get(nid).copied()
 }
 
 impl JournalStore {
@@ -986,17 +967,15 @@ impl JournalStore {
             let mut end = None;
             if let Some(h) = head.filter(|h| &h.msg_id == msg_id) {
                 let m = d.message(rid, &h)?;
-                let (_, e) = d.append(
+                end = Some(d.record(
                     g,
                     &Record::MsgDelete {
                         recipient_id: rid,
                         msg_id,
                     },
-                )?;
-                d.remove_msg(g, rid, msg_id);
+                )?);
                 d.release_dead_segments(g);
                 deleted = Some(m);
-                end = Some(e);
             }
             let next = if peek { d.head(rid)? } else { None };
             (deleted, next, end)
@@ -1023,15 +1002,13 @@ impl Data {
             if h.is_quota() || h.ts >= older_than {
                 break;
             }
-            let (_, e) = self.append(
+            end = Some(self.record(
                 g,
                 &Record::MsgDelete {
                     recipient_id: rid,
                     msg_id: &h.msg_id,
                 },
-            )?;
-            self.remove_msg(g, rid, &h.msg_id);
-            end = Some(e);
+            )?);
             n += 1;
         }
         if n > 0 {
@@ -1072,13 +1049,8 @@ impl ShardStore for JournalStore {
             let mut d = self.data.borrow_mut();
             let mut end = None;
             for m in &msgs {
-                let (flags, body): (u8, &[u8]) = match m {
-                    Message::Message {
-                        notification, body, ..
-                    } => (if *notification { FLAG_NOTIFICATION } else { 0 }, &body[..]),
-                    Message::Quota { .. } => (FLAG_QUOTA, &[]),
-                };
-                let (loc, e) = d.append(
+                let (flags, body) = flags_and_body(m);
+                end = Some(d.record(
                     g,
                     &Record::MsgAppend {
                         recipient_id: &rid,
@@ -1087,32 +1059,18 @@ impl ShardStore for JournalStore {
                         flags,
                         body,
                     },
-                )?;
-                d.live(g).add(loc.segment);
-                d.total_messages += 1;
-                if let Some(q) = d.queues.get_mut(&rid) {
-                    q.msgs.push_back(MsgEntry {
-                        msg_id: *m.msg_id(),
-                        ts: m.ts(),
-                        flags,
-                        loc,
-                    });
-                    q.can_write = flags & FLAG_QUOTA == 0;
-                }
-                end = Some(e);
+                )?);
             }
             if let Some(nid) = &nid {
                 for n in ntfs {
                     let bytes = encode_notification(&n);
-                    let (loc, e) = d.append(
+                    end = Some(d.record(
                         g,
                         &Record::NtfAppend {
                             notifier_id: nid,
                             data: &bytes,
                         },
-                    )?;
-                    d.push_ntf(g, nid, n, loc.segment);
-                    end = Some(e);
+                    )?);
                 }
             }
             end
