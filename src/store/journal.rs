@@ -1092,23 +1092,21 @@ impl ShardStore for JournalStore {
         Ok(())
     }
 
+    /// Every group of a stopped relay, as it is: nothing dropped for its age, synced once at
+    /// `close`.
+    fn open_offline(s: &StoreSettings) -> Result<Self, String> {
+        let s = StoreSettings {
+            message_ttl_secs: i64::MAX,
+            ntf_ttl_secs: i64::MAX,
+            ..s.clone()
+        };
+        JournalStore::open_groups(&s, &super::all_groups(), 0, Durability::Never)
+    }
+
     fn find_offline(s: &StoreSettings, id: &[u8]) -> Result<Option<QueueRec>, String> {
-        let all: Vec<u32> = (0..super::PARTITION_GROUPS).collect();
-        let store = JournalStore::open_groups(
-            &StoreSettings {
-                message_ttl_secs: i64::MAX,
-                ..s.clone()
-            },
-            &all,
-            0,
-            Durability::Never,
-        )?;
-        let d = store.data.borrow();
-        Ok(d.queues
-            .values()
-            .map(|q| &q.rec)
-            .find(|r| r.sender_id == id || r.link.as_ref().is_some_and(|l| l.link_id == id))
-            .cloned())
+        let store = Self::open_offline(s)?;
+        Ok(store
+            .find_rec(|r| r.sender_id == id || r.link.as_ref().is_some_and(|l| l.link_id == id)))
     }
 
     fn set_status_offline(
@@ -1116,28 +1114,25 @@ impl ShardStore for JournalStore {
         sender_id: &[u8],
         status: QueueStatus,
     ) -> Result<(), String> {
-        let all: Vec<u32> = (0..super::PARTITION_GROUPS).collect();
-        let store = JournalStore::open_groups(
-            &StoreSettings {
-                message_ttl_secs: i64::MAX,
-                ..s.clone()
-            },
-            &all,
-            0,
-            Durability::Never,
-        )?;
+        let store = Self::open_offline(s)?;
         let rec = store
-            .data
-            .borrow()
-            .queues
-            .values()
-            .map(|q| &q.rec)
-            .find(|r| r.sender_id == sender_id)
-            .cloned()
+            .find_rec(|r| r.sender_id == sender_id)
             .ok_or_else(|| "no queue has this sender ID".to_string())?;
         futures_lite::future::block_on(store.update(QueueRec { status, ..rec }))
             .map_err(|e| e.to_string())?;
-        store.close(s, &all)
+        store.close(s, &super::all_groups())
+    }
+}
+
+impl JournalStore {
+    /// The first queue record `matches`, searched over every queue (offline tools only).
+    fn find_rec(&self, matches: impl Fn(&QueueRec) -> bool) -> Option<QueueRec> {
+        let d = self.data.borrow();
+        d.queues
+            .values()
+            .map(|q| &q.rec)
+            .find(|r| matches(r))
+            .cloned()
     }
 }
 
