@@ -21,10 +21,10 @@ use rand::{Rng, SeedableRng};
 use x25519_dalek::StaticSecret;
 
 use super::directory::{Directory, IdSpace};
-use super::output::OutputState;
+use super::output::{ask_again, OutputState};
 use super::owner::{Fault, Owner};
 use super::pipeline::Pipeline;
-use super::router::{ConnRef, GroupKind, Mesh, Pending, Request, Session, SessionInfo, ShardMsg};
+use super::router::{ConnRef, GroupKind, Mesh, Request, Session, SessionInfo, ShardMsg};
 use super::shard::owner_job;
 use crate::client::queue::decrypt_msg;
 use crate::config::Settings;
@@ -53,8 +53,6 @@ struct SimConn {
     /// Transmissions queued for the client, in order, with whether each counted as an event and
     /// when the owner produced it (its place in the owner's output).
     socket: VecDeque<(Vec<u8>, bool, u64)>,
-    /// An ask for held items is out and not yet answered (`conn::ask_again`).
-    asking: bool,
     /// Per queue: the message IDs received in the current subscription (since its last SOK).
     segment: HashMap<usize, Vec<Vec<u8>>>,
     /// Per queue: the message delivered and not yet acknowledged, as the client sees it, and when
@@ -99,6 +97,8 @@ struct World {
     /// Message ID → (queue, sequence number), learnt when a MSG is read.
     seq_of: HashMap<Vec<u8>, (usize, u64)>,
     violations: Vec<String>,
+    /// Asks sent (the shard's `output_reasks` counter).
+    reasks: std::cell::Cell<u64>,
 }
 
 impl World {
@@ -165,6 +165,7 @@ impl World {
             ack_sent: HashSet::new(),
             seq_of: HashMap::new(),
             violations: Vec::new(),
+            reasks: std::cell::Cell::new(0),
         };
         for _ in 0..CONNS {
             let c = w.new_conn();
@@ -187,7 +188,6 @@ impl World {
             }),
             out: OutputState::new(OutputLimits::from_high_water(HIGH_WATER_BYTES)),
             socket: VecDeque::new(),
-            asking: false,
             segment: HashMap::new(),
             unacked: HashMap::new(),
             unacked_at: HashMap::new(),
@@ -328,7 +328,7 @@ impl World {
                 self.close_conn_ref(conn);
                 return true;
             }
-            m @ ShardMsg::RegisterSub { .. } => {
+            m @ (ShardMsg::RegisterSub { .. } | ShardMsg::Redeliver { .. }) => {
                 self.owner_msg(m);
                 return true;
             }
@@ -347,35 +347,17 @@ impl World {
             }
         }
         if answer_to_ask {
-            sc.asking = false;
+            sc.out.asking.set(sc.out.asking.get().saturating_sub(1));
         }
         self.ask(i);
         true
     }
 
-    /// `conn::ask_again`: held items are asked for under the low water mark, one ask at a time.
+    /// Held items are asked for as the shard does it (`output::ask_again`): under the low water
+    /// mark, one ask out at a time; the ask reaches the owner through the inbox.
     fn ask(&mut self, i: usize) {
-        let sc = &mut self.conns[i];
-        if sc.asking || sc.out.queued_bytes.get() > sc.out.limits.low_water_bytes {
-            return;
-        }
-        let items: Vec<Pending> = {
-            let mut pending = sc.out.pending.borrow_mut();
-            let keys: Vec<_> = pending
-                .keys()
-                .take(sc.out.limits.redeliver_batch)
-                .cloned()
-                .collect();
-            keys.into_iter()
-                .filter_map(|k| pending.remove(&k))
-                .collect()
-        };
-        if items.is_empty() {
-            return;
-        }
-        sc.asking = true;
-        let conn = sc.session.conn;
-        self.owner_msg(ShardMsg::Redeliver { conn, items });
+        let sc = &self.conns[i];
+        ask_again(&self.owner.mesh, &self.reasks, sc.session.conn, &sc.out);
     }
 
     /// The client of connection `i` reads its next transmission.
