@@ -80,6 +80,13 @@ pub enum JournalError {
     /// `remove_segment` on the segment being appended to.
     #[error("segment {0} is the active segment and cannot be removed")]
     ActiveSegment(u64),
+    /// `remove_segment` or `start_compaction` on a segment a running compaction replaces, or a
+    /// second compaction while one runs.
+    #[error("segment {0} is being compacted")]
+    Compacting(u64),
+    /// `start_compaction` with a prefix or records it cannot compact.
+    #[error("cannot compact: {0}")]
+    BadCompaction(String),
     /// `remove_segment` on a segment the journal does not have.
     #[error("no segment {0}")]
     NoSuchSegment(u64),

@@ -8,8 +8,12 @@ use std::path::Path;
 
 /// The first 8 bytes of every segment file.
 pub const SEGMENT_MAGIC: [u8; 8] = *b"SMPJSEG\0";
-/// The on-disk format version this crate writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The on-disk format version this crate writes. Version 2 added the header flags (compaction);
+/// version 1 segments (flags always zero) are read as they are.
+pub const FORMAT_VERSION: u32 = 2;
+
+/// The oldest format version this crate reads.
+pub const OLDEST_READ_VERSION: u32 = 1;
 /// Bytes before the first record of a segment (one page: the header page holds the sync slots).
 pub const HEADER_LEN: u64 = 4096;
 /// Length of the fixed part of the header that the header CRC covers.
@@ -74,7 +78,14 @@ pub struct SegmentHeader {
     /// Random number the first record's `prev_crc` must equal, so that records left in a file of
     /// an earlier life of the same name never join this one's chain.
     pub chain_seed: u32,
+    /// [`SEGMENT_COMPACTED`] or 0 (other bits are zero in this version).
+    pub flags: u32,
 }
+
+/// Header flag: the segment was written by compaction and replaces every lower-numbered segment
+/// of its group (`journal/FORMAT.md`, "Compaction"); such segments still found at open are
+/// leftovers of an interrupted compaction and are removed.
+pub const SEGMENT_COMPACTED: u32 = 1;
 
 impl SegmentHeader {
     /// The header's fixed bytes and CRC (the first `HEADER_CRC_AT + 4` bytes of the file).
@@ -90,6 +101,7 @@ impl SegmentHeader {
         b[40..48].copy_from_slice(&self.segment_len.to_le_bytes());
         b[48..56].copy_from_slice(&self.first_seq.to_le_bytes());
         b[56..60].copy_from_slice(&self.chain_seed.to_le_bytes());
+        b[60..64].copy_from_slice(&self.flags.to_le_bytes());
         let name = self.partition_function.as_bytes();
         let n = name.len().min(PARTITION_NAME_LEN);
         b[64..64 + n].copy_from_slice(&name[..n]);
@@ -125,10 +137,15 @@ impl SegmentHeader {
             return Err(bad("header CRC mismatch".into()));
         }
         let version = u32_at(b, 8);
-        if version != FORMAT_VERSION {
+        if !(OLDEST_READ_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(bad(format!(
-                "format version {version}, this smp-journal reads version {FORMAT_VERSION} only"
+                "format version {version}, this smp-journal reads versions \
+                 {OLDEST_READ_VERSION} to {FORMAT_VERSION}"
             )));
+        }
+        let flags = u32_at(b, 60);
+        if flags & !SEGMENT_COMPACTED != 0 || (flags != 0 && u32_at(b, 8) < 2) {
+            return Err(bad(format!("unknown header flags {flags:#x}")));
         }
         let header_len = u32_at(b, 12) as u64;
         if header_len != HEADER_LEN {
@@ -148,6 +165,7 @@ impl SegmentHeader {
             segment_len: u64_at(b, 40),
             first_seq: u64_at(b, 48),
             chain_seed: u32_at(b, 56),
+            flags,
         })
     }
 

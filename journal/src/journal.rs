@@ -14,7 +14,8 @@ use crate::format::{
     RECORD_HEADER_LEN, RECORD_MAGIC,
 };
 use crate::scan::{scan, SliceSource};
-use crate::segment::{list_segment_ids, read_header, sync_dir, Segment};
+use crate::compact::{CompactJob, Compacted};
+use crate::segment::{list_segment_ids, read_header, replaced_ids, sync_dir, Segment};
 use crate::{group_dir, Location, SyncPoint};
 
 /// How a journal is opened.
@@ -153,6 +154,8 @@ pub struct Journal {
     last_crc: u32,
     /// This open's writer number, stored in every record it appends.
     writer: u32,
+    /// The last segment a running compaction replaces (segments up to it must stay).
+    compacting_upto: Option<u64>,
     shared: Arc<Shared>,
 }
 
@@ -285,6 +288,19 @@ impl Journal {
                 report.warnings.last_mut().unwrap().message =
                     "removed: segment creation never finished (crash while rotating)".into();
             }
+        }
+
+        // Segments a compacted one replaced, left by a compaction interrupted after its rename.
+        let replaced = replaced_ids(&dir, &ids)?;
+        if !replaced.is_empty() {
+            let first = report.warnings.len();
+            remove_files(&dir, &replaced, &mut report)?;
+            for w in &mut report.warnings[first..] {
+                w.message = "removed: a compacted segment replaces it (a compaction was \
+                             interrupted before it removed it)"
+                    .into();
+            }
+            ids.drain(..replaced.len());
         }
 
         let mut segments: BTreeMap<u64, Arc<Segment>> = BTreeMap::new();
@@ -479,6 +495,7 @@ impl Journal {
                 next_seq,
                 last_crc,
                 writer: crate::segment::random_u32(next_seq),
+                compacting_upto: None,
                 shared,
             },
             report,
@@ -668,6 +685,9 @@ impl Journal {
         if id == self.active.id {
             return Err(JournalError::ActiveSegment(id));
         }
+        if self.compacting_upto.is_some_and(|u| id <= u) {
+            return Err(JournalError::Compacting(id));
+        }
         let seg = self
             .segments
             .remove(&id)
@@ -675,6 +695,138 @@ impl Journal {
         lock(&self.shared.unsynced).retain(|s| s.id != id);
         std::fs::remove_file(&seg.path).map_err(|e| JournalError::io(&seg.path, "remove", e))?;
         sync_dir(&self.shared.dir)
+    }
+}
+
+/// One segment, as [`Journal::segment_sizes`] lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentSize {
+    pub id: u64,
+    /// File length.
+    pub len: u64,
+    /// End of the last record.
+    pub written_end: u64,
+    pub active: bool,
+}
+
+impl Journal {
+    /// The segments' numbers and sizes, ascending, without allocating (for deciding what to
+    /// remove or compact on every delete).
+    pub fn segment_sizes(&self) -> impl Iterator<Item = SegmentSize> + '_ {
+        self.segments.values().map(|s| SegmentSize {
+            id: s.id,
+            len: s.len,
+            written_end: s.written_end.load(Ordering::Relaxed),
+            active: s.id == self.active.id,
+        })
+    }
+
+    /// Calls `f` with up to `max` records of segment `id` from offset `from` (`HEADER_LEN` for
+    /// the first), in order; returns where to go on, or `None` at the segment's end. For a
+    /// compaction's caller deciding which records to keep. Records were checked when they were
+    /// appended or replayed, so their CRCs are not checked again here.
+    pub fn scan_segment(
+        &self,
+        id: u64,
+        from: u64,
+        max: usize,
+        mut f: impl FnMut(Location, Record<'_>),
+    ) -> Result<Option<u64>, JournalError> {
+        let seg = self.segments.get(&id).ok_or(JournalError::NoSuchSegment(id))?;
+        let written = seg.written_end.load(Ordering::Acquire);
+        let mut off = from.max(HEADER_LEN);
+        for _ in 0..max {
+            if off + RECORD_HEADER_LEN > written {
+                return Ok(None);
+            }
+            let bad = |reason: &str| JournalError::BadLocation {
+                segment: id,
+                offset: off,
+                reason: reason.to_string(),
+            };
+            let hb = seg.records(off, off + RECORD_HEADER_LEN);
+            if hb[0..4] != RECORD_MAGIC {
+                return Err(bad("no record starts here"));
+            }
+            let h = RecordHeader::decode(hb);
+            let total = RECORD_HEADER_LEN + h.len as u64;
+            if off + total > written {
+                return Err(bad("record length runs past the written end"));
+            }
+            let payload = &seg.records(off, off + total)[RECORD_HEADER_LEN as usize..];
+            let kind = Kind::from_u16(h.kind).ok_or_else(|| bad("unknown record kind"))?;
+            let rec = Record::decode(kind, payload).map_err(|e| bad(&e))?;
+            f(Location { segment: id, offset: off }, rec);
+            off += crate::format::align(total);
+        }
+        Ok((off + RECORD_HEADER_LEN <= written).then_some(off))
+    }
+
+    /// Starts compacting the group's segments up to `upto` (the oldest ones, never the active
+    /// one), keeping the records at `keep` (ascending). Run the returned job on another thread,
+    /// then give its result to [`Journal::install_compaction`] (or call
+    /// [`Journal::abandon_compaction`] if it failed). Until then those segments are not removed.
+    pub fn start_compaction(
+        &mut self,
+        upto: u64,
+        keep: Vec<Location>,
+    ) -> Result<CompactJob, JournalError> {
+        if let Some(u) = self.compacting_upto {
+            return Err(JournalError::Compacting(u));
+        }
+        if upto >= self.active.id || !self.segments.contains_key(&upto) {
+            return Err(JournalError::BadCompaction(format!(
+                "segment {upto} is not an inactive segment of this journal"
+            )));
+        }
+        let sources: Vec<Arc<Segment>> = self.segments.range(..=upto).map(|(_, s)| s.clone()).collect();
+        if keep.windows(2).any(|w| w[0] >= w[1]) || keep.iter().any(|l| l.segment > upto) {
+            return Err(JournalError::BadCompaction(
+                "the records to keep are not ascending locations in the segments compacted".into(),
+            ));
+        }
+        let next_seq = self
+            .segments
+            .range(upto + 1..)
+            .next()
+            .map_or(self.next_seq, |(_, s)| s.header.first_seq);
+        self.compacting_upto = Some(upto);
+        Ok(CompactJob {
+            dir: self.shared.dir.clone(),
+            group: self.group,
+            sources,
+            keep,
+            next_seq,
+        })
+    }
+
+    /// Swaps in a finished compaction: the segments it replaced are forgotten (their mappings
+    /// go when the last reader drops them) and reads of kept records must now use the new
+    /// locations in [`Compacted::moved`], which this returns.
+    pub fn install_compaction(
+        &mut self,
+        c: Compacted,
+    ) -> Result<Vec<(Location, Location)>, JournalError> {
+        if self.compacting_upto != Some(c.upto) {
+            return Err(JournalError::BadCompaction(format!(
+                "no compaction up to segment {} was started",
+                c.upto
+            )));
+        }
+        self.compacting_upto = None;
+        let gone: Vec<u64> = self.segments.range(..=c.upto).map(|(&id, _)| id).collect();
+        for id in gone {
+            self.segments.remove(&id);
+        }
+        lock(&self.shared.unsynced).retain(|s| s.id > c.upto);
+        let seg = Arc::new(c.segment);
+        self.segments.insert(seg.id, seg);
+        Ok(c.moved)
+    }
+
+    /// Forgets a compaction that failed before its rename (its segments may be removed again).
+    pub fn abandon_compaction(&mut self) {
+        self.compacting_upto = None;
     }
 }
 

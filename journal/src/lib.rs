@@ -43,14 +43,17 @@
 //! `show`, `verify` beside a running relay, `repair` with the data directory's lock (README,
 //! "Inspecting journals").
 //!
-//! # Later
+//! # Compaction
 //!
-//! Compaction (copying a segment's live records into a new segment written under a temporary
-//! name, fsynced, renamed, directory fsynced, then removing the old one) and checkpoints
-//! (snapshots of a group's state so that open need not replay everything; the
-//! [`Record::Checkpoint`] kind is reserved for marking them) are not written yet. Segment numbers
-//! only grow and gaps are allowed, so both fit the format as it is.
+//! [`Journal::start_compaction`] (on the appending thread, with the records the caller keeps,
+//! found with [`Journal::scan_segment`]) gives a [`CompactJob`] to run on another thread; its
+//! [`Compacted`] goes back to [`Journal::install_compaction`], which returns where each kept
+//! record went. The compacted segment replaces the group's oldest segments (see `compact.rs` and
+//! `journal/FORMAT.md`, "Compaction"). Checkpoints (snapshots of a group's state so that open
+//! need not replay everything; the [`Record::Checkpoint`] kind is reserved for marking them) are
+//! not written yet.
 
+mod compact;
 mod error;
 mod format;
 mod journal;
@@ -59,13 +62,14 @@ mod repair;
 mod scan;
 mod segment;
 
+pub use compact::{CompactJob, Compacted};
 pub use error::{JournalError, Warning};
 pub use format::{
-    Kind, MsgId, Record, SegmentHeader, FORMAT_VERSION, HEADER_LEN, MIN_SEGMENT_SIZE, RECORD_ALIGN,
+    Kind, MsgId, Record, SegmentHeader, SEGMENT_COMPACTED, FORMAT_VERSION, HEADER_LEN, MIN_SEGMENT_SIZE, RECORD_ALIGN,
     RECORD_HEADER_LEN, RECORD_MAGIC, SEGMENT_MAGIC,
 };
 pub use journal::{
-    Appended, Journal, OpenReport, Options, SegmentInfo, SyncHandle, DEFAULT_INITIAL_SEGMENT_SIZE,
+    Appended, Journal, OpenReport, Options, SegmentInfo, SegmentSize, SyncHandle, DEFAULT_INITIAL_SEGMENT_SIZE,
     DEFAULT_SEGMENT_SIZE,
 };
 pub use repair::{repair, RepairReport};

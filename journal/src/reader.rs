@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use crate::error::JournalError;
 use crate::format::{Kind, Record, HEADER_LEN};
 use crate::scan::{scan, PreadSource};
+use crate::format::SEGMENT_COMPACTED;
 use crate::segment::{list_segment_ids, read_header};
 use crate::{group_dir, segment_file_name, Location};
 
@@ -56,6 +57,16 @@ pub fn read_segment(
     mut f: impl FnMut(Location, u64, Record<'_>) -> Result<(), String>,
 ) -> Result<SegmentReport, JournalError> {
     let file = File::open(path).map_err(|e| JournalError::io(path, "open", e))?;
+    read_open_segment(file, path, group, &mut f)
+}
+
+/// [`read_segment`] of a file already open.
+fn read_open_segment(
+    file: File,
+    path: &Path,
+    group: u32,
+    mut f: impl FnMut(Location, u64, Record<'_>) -> Result<(), String>,
+) -> Result<SegmentReport, JournalError> {
     let (header, slot, len) = read_header(&file, path)?;
     let id = header.segment;
     header.check(path, group, id, len)?;
@@ -153,9 +164,26 @@ pub fn read_group(
     let mut cuts: Vec<(usize, String)> = Vec::new();
     let mut next_seq: Option<u64> = None;
     let mut prev_id: Option<u64> = None;
+    // Every file is opened before any is read, so that a running relay's compaction (which
+    // renames a compacted segment over the last one it replaces, then removes the others) is
+    // seen whole or not at all: files opened before it are read as they were.
+    let mut files = Vec::new();
     for id in ids {
         let path = dir.join(segment_file_name(id));
-        let s = match read_segment(&path, group, &mut f) {
+        match File::open(&path) {
+            Ok(file) => files.push((id, path, file)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(JournalError::io(&path, "open", e)),
+        }
+    }
+    let compacted = files.iter().rposition(|(_, path, file)| {
+        read_header(file, path).is_ok_and(|(h, _, _)| h.flags & SEGMENT_COMPACTED != 0)
+    });
+    if let Some(i) = compacted {
+        files.drain(..i);
+    }
+    for (id, path, file) in files {
+        let s = match read_open_segment(file, &path, group, &mut f) {
             Ok(s) => s,
             Err(e @ (JournalError::Header { .. } | JournalError::Mismatch { .. })) => {
                 rep.damage.push(e.to_string());

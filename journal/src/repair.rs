@@ -9,7 +9,7 @@ use crate::error::JournalError;
 use crate::format::{Slot, HEADER_LEN};
 use crate::journal::open_dir;
 use crate::scan::{scan, PreadSource, ZERO_WINDOW};
-use crate::segment::{list_segment_ids, read_header, sync_dir};
+use crate::segment::{list_segment_ids, read_header, replaced_ids, sync_dir};
 use crate::segment_file_name;
 
 /// What `repair` did.
@@ -60,7 +60,17 @@ impl fmt::Display for RepairReport {
 /// touched ([`JournalError::Mismatch`]): move them away by hand.
 pub fn repair(root: &std::path::Path, group: u32) -> Result<RepairReport, JournalError> {
     let (dir, _lock) = open_dir(root, group)?;
-    let ids = list_segment_ids(&dir)?;
+    let mut ids = list_segment_ids(&dir)?;
+    // Leftovers of an interrupted compaction are not part of the journal (open removes them too).
+    let replaced = replaced_ids(&dir, &ids)?;
+    for &id in &replaced {
+        let path = dir.join(segment_file_name(id));
+        std::fs::remove_file(&path).map_err(|e| JournalError::io(&path, "remove", e))?;
+    }
+    if !replaced.is_empty() {
+        sync_dir(&dir)?;
+        ids.drain(..replaced.len());
+    }
     let mut rep = RepairReport {
         group,
         ..Default::default()

@@ -39,6 +39,26 @@ pub(crate) fn list_segment_ids(dir: &Path) -> Result<Vec<u64>, JournalError> {
     Ok(ids)
 }
 
+/// The segments of `ids` (ascending) that a compacted segment replaced: every one numbered below
+/// the highest segment whose header has the `SEGMENT_COMPACTED` flag. Such files are left over
+/// from a compaction interrupted between its rename and its removals; they are not read.
+pub(crate) fn replaced_ids(dir: &Path, ids: &[u64]) -> Result<Vec<u64>, JournalError> {
+    for (i, &id) in ids.iter().enumerate().rev() {
+        let path = dir.join(segment_file_name(id));
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(JournalError::io(&path, "open", e)),
+        };
+        if let Ok((h, _, _)) = read_header(&file, &path) {
+            if h.flags & crate::format::SEGMENT_COMPACTED != 0 {
+                return Ok(ids[..i].to_vec());
+            }
+        }
+    }
+    Ok(Vec::new())
+}
+
 /// fsyncs a directory, so that file creations, renames and removals in it are durable.
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), JournalError> {
     let d = File::open(dir).map_err(|e| JournalError::io(dir, "open directory", e))?;
@@ -63,7 +83,7 @@ pub(crate) fn random_u32(id: u64) -> u32 {
     crc32c::crc32c(&b)
 }
 
-fn is_no_space(e: &std::io::Error) -> bool {
+pub(crate) fn is_no_space(e: &std::io::Error) -> bool {
     matches!(
         e.raw_os_error(),
         Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EFBIG)
@@ -72,7 +92,7 @@ fn is_no_space(e: &std::io::Error) -> bool {
 
 /// Allocates `len` bytes of disk for `file` (and sets its length), so that writes through the
 /// mapping never need new blocks: a full disk shows up here, never later as SIGBUS.
-fn preallocate(file: &File, path: &Path, len: u64) -> Result<(), JournalError> {
+pub(crate) fn preallocate(file: &File, path: &Path, len: u64) -> Result<(), JournalError> {
     // SAFETY: plain syscalls on a file descriptor we own, no memory passed.
     let r = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len as libc::off_t) };
     if r == 0 {
@@ -163,6 +183,7 @@ impl Segment {
             segment_len: len,
             first_seq,
             chain_seed: random_u32(id),
+            flags: 0,
         };
         let made = preallocate(&file, &tmp, len).and_then(|()| {
             file.write_all_at(&header.encode(), 0)
@@ -223,7 +244,8 @@ impl Segment {
     }
 
     /// Record bytes `[from, to)`, both at or after the header page and at or before
-    /// `written_end`. Only on the appender's thread (see the type's comment).
+    /// `written_end`. Any thread may read them: bytes below `written_end` are never written again
+    /// (the compaction thread reads non-active segments this way).
     pub fn records(&self, from: u64, to: u64) -> &[u8] {
         assert!(HEADER_LEN <= from && from <= to && to <= self.written_end.load(Ordering::Acquire));
         // SAFETY: in bounds (asserted: `written_end` never exceeds `len`). Bytes below

@@ -345,10 +345,17 @@ fn a_header_of_another_partitioning_or_group_is_an_error_naming_the_file() {
     assert!(e.to_string().contains("group 2"), "{e}");
 
     // A newer format version.
-    patch_header(&path, 8, &2u32.to_le_bytes());
+    patch_header(&path, 8, &3u32.to_le_bytes());
     let e = open_collect(t.path(), 2, &o).err().unwrap();
     assert!(matches!(e, JournalError::Header { .. }), "{e}");
-    assert!(e.to_string().contains("version 2"), "{e}");
+    assert!(e.to_string().contains("version 3"), "{e}");
+    // Version 1 (no header flags) is read; a version 1 header with flags is not.
+    write_at(&path, 0, &orig);
+    patch_header(&path, 8, &1u32.to_le_bytes());
+    open_collect(t.path(), 2, &o).unwrap();
+    patch_header(&path, 60, &1u32.to_le_bytes());
+    let e = open_collect(t.path(), 2, &o).err().unwrap();
+    assert!(e.to_string().contains("flags"), "{e}");
     write_at(&path, 0, &orig);
     open_collect(t.path(), 2, &o).unwrap();
 }

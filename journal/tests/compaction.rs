@@ -1,0 +1,186 @@
+//! Compaction on real files: the kept records replace a group's oldest segments, in order, and a
+//! reopen (also one after a compaction interrupted between its rename and its removals) replays
+//! exactly them followed by the later segments.
+
+mod common;
+use common::TempDir;
+
+use std::path::Path;
+
+use smp_journal::{
+    reader, segment_file_name, Journal, JournalError, Location, Options, Record, SEGMENT_COMPACTED,
+};
+
+fn opts() -> Options {
+    Options {
+        segment_size: 16 << 10,
+        initial_segment_size: 16 << 10,
+    }
+}
+
+/// Message `i` of queue `q`: its ID and body say which.
+fn msg_id(i: u32) -> [u8; 24] {
+    let mut id = [0u8; 24];
+    id[..4].copy_from_slice(&i.to_be_bytes());
+    id
+}
+
+fn append_msg(j: &mut Journal, q: u8, i: u32) -> Location {
+    let body = vec![q ^ i as u8; 700];
+    j.append(&Record::MsgAppend {
+        recipient_id: &[q; 24],
+        msg_id: &msg_id(i),
+        ts: i as i64,
+        flags: 0,
+        body: &body,
+    })
+    .unwrap()
+    .loc
+}
+
+/// Every record a reopen replays, as text, and the open's warnings.
+fn replay(root: &Path) -> Result<(Vec<String>, Vec<String>), JournalError> {
+    let mut got = Vec::new();
+    let (_j, rep) = Journal::open(root, 5, &opts(), |_, _, r| {
+        got.push(format!("{r:?}"));
+        Ok(())
+    })?;
+    Ok((got, rep.warnings.iter().map(|w| w.to_string()).collect()))
+}
+
+fn text(j: &Journal, loc: Location) -> String {
+    format!("{:?}", j.read(loc).unwrap().1)
+}
+
+/// A journal of queue 1's record and messages 0..60 of queues 1 and 2, where every message of
+/// queue 2 is deleted; returns the journal and the locations of what is live.
+fn build(root: &Path) -> (Journal, Vec<Location>) {
+    let (mut j, _) = Journal::open(root, 5, &opts(), |_, _, _| Ok(())).unwrap();
+    let mut live = vec![
+        j.append(&Record::QueueCreate {
+            recipient_id: &[1; 24],
+            data: b"queue one",
+        })
+        .unwrap()
+        .loc,
+    ];
+    for i in 0..60 {
+        let a = append_msg(&mut j, 1, i);
+        if i % 10 == 0 {
+            live.push(a);
+        }
+        append_msg(&mut j, 2, i);
+        j.append(&Record::MsgDelete {
+            recipient_id: &[2; 24],
+            msg_id: &msg_id(i),
+        })
+        .unwrap();
+    }
+    (j, live)
+}
+
+#[test]
+fn a_compacted_prefix_keeps_its_live_records_in_order_and_later_segments_follow_it() {
+    let t = TempDir::new("compact");
+    let (mut j, live) = build(t.path());
+    let before: Vec<_> = j.segments();
+    assert!(before.len() >= 5, "{before:?}");
+    let upto = before[before.len() - 3].id;
+    let keep: Vec<Location> = live.iter().copied().filter(|l| l.segment <= upto).collect();
+    let kept_texts: Vec<String> = keep.iter().map(|&l| text(&j, l)).collect();
+    let later_live: Vec<Location> = live.iter().copied().filter(|l| l.segment > upto).collect();
+
+    let job = j.start_compaction(upto, keep.clone()).unwrap();
+    // While it runs, its segments stay and appends go on.
+    assert!(matches!(
+        j.remove_segment(before[0].id),
+        Err(JournalError::Compacting(_))
+    ));
+    let tail = append_msg(&mut j, 1, 1000);
+    let done = std::thread::spawn(move || job.run()).join().unwrap().unwrap();
+    assert!(done.bytes_after < done.bytes_before);
+    let moved = j.install_compaction(done).unwrap();
+    assert_eq!(moved.len(), keep.len());
+    for ((old, new), want) in moved.iter().zip(&kept_texts) {
+        assert!(old.segment <= upto);
+        assert_eq!(new.segment, upto);
+        assert_eq!(&text(&j, *new), want, "a kept record reads the same at its new place");
+    }
+    let after = j.segments();
+    assert_eq!(after[0].id, upto, "one segment replaces the prefix");
+    assert_eq!(after.len(), before.len() - (upto - before[0].id) as usize);
+    for id in before[0].id..upto {
+        assert!(!smp_journal::group_dir(t.path(), 5)
+            .join(segment_file_name(id))
+            .exists());
+    }
+    // Appends and syncs go on after the swap.
+    let last = append_msg(&mut j, 1, 1001);
+    j.sync_handle().sync_all().unwrap();
+    let later_texts: Vec<String> = later_live.iter().map(|&l| text(&j, l)).collect();
+    let (tail_text, last_text) = (text(&j, tail), text(&j, last));
+    drop(j);
+
+    let (got, warnings) = replay(t.path()).unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(&got[..kept_texts.len()], &kept_texts[..], "kept records first, in order");
+    for w in later_texts.iter().chain([&tail_text, &last_text]) {
+        assert!(got.contains(w), "later record {w} replayed");
+    }
+    let g = reader::read_group(t.path(), 5, |_, _, _| Ok(())).unwrap();
+    assert!(g.damage.is_empty() && g.warnings.is_empty(), "{g:?}");
+}
+
+#[test]
+fn segments_left_by_an_interrupted_compaction_are_removed_at_open() {
+    let t = TempDir::new("interrupted");
+    let (mut j, live) = build(t.path());
+    let segs = j.segments();
+    let upto = segs[segs.len() - 2].id;
+    let first = segs[0].id;
+    let dir = smp_journal::group_dir(t.path(), 5);
+    let old_first = std::fs::read(dir.join(segment_file_name(first))).unwrap();
+    let keep: Vec<Location> = live.iter().copied().filter(|l| l.segment <= upto).collect();
+    let job = j.start_compaction(upto, keep.clone()).unwrap();
+    let done = job.run().unwrap();
+    j.install_compaction(done).unwrap();
+    j.sync_handle().sync_all().unwrap();
+    drop(j);
+    let (clean, _) = replay(t.path()).unwrap();
+    // As if the crash came between the rename and the removals: an old segment is back.
+    std::fs::write(dir.join(segment_file_name(first)), &old_first).unwrap();
+    let header = std::fs::read(dir.join(segment_file_name(upto))).unwrap();
+    let flags = u32::from_le_bytes(header[60..64].try_into().unwrap());
+    assert_eq!(flags, SEGMENT_COMPACTED);
+    let g = reader::read_group(t.path(), 5, |_, _, _| Ok(())).unwrap();
+    assert!(g.damage.is_empty(), "the reader skips the leftover: {g:?}");
+    let (got, warnings) = replay(t.path()).unwrap();
+    assert_eq!(got, clean, "the leftover is not replayed");
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("compacted segment replaces it"), "{warnings:?}");
+    assert!(!dir.join(segment_file_name(first)).exists());
+}
+
+#[test]
+fn a_compaction_that_cannot_start_leaves_the_journal_as_it_was() {
+    let t = TempDir::new("refused");
+    let (mut j, live) = build(t.path());
+    let active = j.segments().last().unwrap().id;
+    assert!(matches!(
+        j.start_compaction(active, vec![]),
+        Err(JournalError::BadCompaction(_))
+    ));
+    let reversed: Vec<Location> = live.iter().rev().copied().collect();
+    assert!(matches!(
+        j.start_compaction(active - 1, reversed),
+        Err(JournalError::BadCompaction(_))
+    ));
+    let job = j.start_compaction(active - 1, vec![]).unwrap();
+    assert!(matches!(
+        j.start_compaction(active - 1, vec![]),
+        Err(JournalError::Compacting(_))
+    ));
+    drop(job);
+    j.abandon_compaction();
+    j.remove_segment(j.segments()[0].id).unwrap();
+}
