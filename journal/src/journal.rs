@@ -8,13 +8,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::compact::{CompactJob, Compacted};
 use crate::error::{JournalError, Warning};
 use crate::format::{
     record_crc, Kind, Record, RecordHeader, HEADER_LEN, MIN_SEGMENT_SIZE, RECORD_ALIGN,
     RECORD_HEADER_LEN, RECORD_MAGIC,
 };
 use crate::scan::{scan, SliceSource};
-use crate::compact::{CompactJob, Compacted};
 use crate::segment::{list_segment_ids, read_header, replaced_ids, sync_dir, Segment};
 use crate::{group_dir, Location, SyncPoint};
 
@@ -166,6 +166,10 @@ pub struct SyncHandle {
     shared: Arc<Shared>,
 }
 
+/// How long a group lock held elsewhere is waited for before open says [`JournalError::Locked`].
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(300);
+const LOCK_RETRY_EVERY: std::time::Duration = std::time::Duration::from_millis(5);
+
 fn take_lock(dir: &Path) -> Result<File, JournalError> {
     let path = dir.join(".lock");
     let f = OpenOptions::new()
@@ -175,16 +179,25 @@ fn take_lock(dir: &Path) -> Result<File, JournalError> {
         .truncate(false)
         .open(&path)
         .map_err(|e| JournalError::io(&path, "open lock file", e))?;
-    // SAFETY: plain syscall on a descriptor we own.
-    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if r != 0 {
+    // A child process forked by this process between its fork and its exec holds a copy of every
+    // descriptor, close-on-exec or not, and so the lock of a journal this process just closed:
+    // the lock is tried again for a moment before it counts as held by someone else.
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        // SAFETY: plain syscall on a descriptor we own.
+        let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if r == 0 {
+            return Ok(f);
+        }
         let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(JournalError::io(&path, "flock", e));
+        }
+        if std::time::Instant::now() >= deadline {
             return Err(JournalError::Locked { path });
         }
-        return Err(JournalError::io(&path, "flock", e));
+        std::thread::sleep(LOCK_RETRY_EVERY);
     }
-    Ok(f)
 }
 
 /// Opens the group directory exclusively (creating it) and removes leftover temporary files.
@@ -732,7 +745,10 @@ impl Journal {
         max: usize,
         mut f: impl FnMut(Location, Record<'_>),
     ) -> Result<Option<u64>, JournalError> {
-        let seg = self.segments.get(&id).ok_or(JournalError::NoSuchSegment(id))?;
+        let seg = self
+            .segments
+            .get(&id)
+            .ok_or(JournalError::NoSuchSegment(id))?;
         let written = seg.written_end.load(Ordering::Acquire);
         let mut off = from.max(HEADER_LEN);
         for _ in 0..max {
@@ -756,7 +772,13 @@ impl Journal {
             let payload = &seg.records(off, off + total)[RECORD_HEADER_LEN as usize..];
             let kind = Kind::from_u16(h.kind).ok_or_else(|| bad("unknown record kind"))?;
             let rec = Record::decode(kind, payload).map_err(|e| bad(&e))?;
-            f(Location { segment: id, offset: off }, rec);
+            f(
+                Location {
+                    segment: id,
+                    offset: off,
+                },
+                rec,
+            );
             off += crate::format::align(total);
         }
         Ok((off + RECORD_HEADER_LEN <= written).then_some(off))
@@ -779,7 +801,11 @@ impl Journal {
                 "segment {upto} is not an inactive segment of this journal"
             )));
         }
-        let sources: Vec<Arc<Segment>> = self.segments.range(..=upto).map(|(_, s)| s.clone()).collect();
+        let sources: Vec<Arc<Segment>> = self
+            .segments
+            .range(..=upto)
+            .map(|(_, s)| s.clone())
+            .collect();
         if keep.windows(2).any(|w| w[0] >= w[1]) || keep.iter().any(|l| l.segment > upto) {
             return Err(JournalError::BadCompaction(
                 "the records to keep are not ascending locations in the segments compacted".into(),

@@ -65,12 +65,12 @@ mod segment;
 pub use compact::{CompactJob, Compacted};
 pub use error::{JournalError, Warning};
 pub use format::{
-    Kind, MsgId, Record, SegmentHeader, SEGMENT_COMPACTED, FORMAT_VERSION, HEADER_LEN, MIN_SEGMENT_SIZE, RECORD_ALIGN,
-    RECORD_HEADER_LEN, RECORD_MAGIC, SEGMENT_MAGIC,
+    Kind, MsgId, Record, SegmentHeader, FORMAT_VERSION, HEADER_LEN, MIN_SEGMENT_SIZE, RECORD_ALIGN,
+    RECORD_HEADER_LEN, RECORD_MAGIC, SEGMENT_COMPACTED, SEGMENT_MAGIC,
 };
 pub use journal::{
-    Appended, Journal, OpenReport, Options, SegmentInfo, SegmentSize, SyncHandle, DEFAULT_INITIAL_SEGMENT_SIZE,
-    DEFAULT_SEGMENT_SIZE,
+    Appended, Journal, OpenReport, Options, SegmentInfo, SegmentSize, SyncHandle,
+    DEFAULT_INITIAL_SEGMENT_SIZE, DEFAULT_SEGMENT_SIZE,
 };
 pub use repair::{repair, RepairReport};
 pub use segment::{parse_segment_file_name, segment_file_name};

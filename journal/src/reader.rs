@@ -8,9 +8,9 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use crate::error::JournalError;
+use crate::format::SEGMENT_COMPACTED;
 use crate::format::{Kind, Record, HEADER_LEN};
 use crate::scan::{scan, PreadSource};
-use crate::format::SEGMENT_COMPACTED;
 use crate::segment::{list_segment_ids, read_header};
 use crate::{group_dir, segment_file_name, Location};
 

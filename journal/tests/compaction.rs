@@ -97,14 +97,21 @@ fn a_compacted_prefix_keeps_its_live_records_in_order_and_later_segments_follow_
         Err(JournalError::Compacting(_))
     ));
     let tail = append_msg(&mut j, 1, 1000);
-    let done = std::thread::spawn(move || job.run()).join().unwrap().unwrap();
+    let done = std::thread::spawn(move || job.run())
+        .join()
+        .unwrap()
+        .unwrap();
     assert!(done.bytes_after < done.bytes_before);
     let moved = j.install_compaction(done).unwrap();
     assert_eq!(moved.len(), keep.len());
     for ((old, new), want) in moved.iter().zip(&kept_texts) {
         assert!(old.segment <= upto);
         assert_eq!(new.segment, upto);
-        assert_eq!(&text(&j, *new), want, "a kept record reads the same at its new place");
+        assert_eq!(
+            &text(&j, *new),
+            want,
+            "a kept record reads the same at its new place"
+        );
     }
     let after = j.segments();
     assert_eq!(after[0].id, upto, "one segment replaces the prefix");
@@ -123,7 +130,11 @@ fn a_compacted_prefix_keeps_its_live_records_in_order_and_later_segments_follow_
 
     let (got, warnings) = replay(t.path()).unwrap();
     assert!(warnings.is_empty(), "{warnings:?}");
-    assert_eq!(&got[..kept_texts.len()], &kept_texts[..], "kept records first, in order");
+    assert_eq!(
+        &got[..kept_texts.len()],
+        &kept_texts[..],
+        "kept records first, in order"
+    );
     for w in later_texts.iter().chain([&tail_text, &last_text]) {
         assert!(got.contains(w), "later record {w} replayed");
     }
@@ -157,7 +168,10 @@ fn segments_left_by_an_interrupted_compaction_are_removed_at_open() {
     let (got, warnings) = replay(t.path()).unwrap();
     assert_eq!(got, clean, "the leftover is not replayed");
     assert_eq!(warnings.len(), 1, "{warnings:?}");
-    assert!(warnings[0].contains("compacted segment replaces it"), "{warnings:?}");
+    assert!(
+        warnings[0].contains("compacted segment replaces it"),
+        "{warnings:?}"
+    );
     assert!(!dir.join(segment_file_name(first)).exists());
 }
 

@@ -16,7 +16,8 @@
 //! Space: a segment is removed once it and every older segment of its group hold no live record
 //! (a queue's latest record, a message not deleted, a stored notification); delete records in a
 //! segment only ever kill records of the same or older segments, so removing the oldest segments
-//! first never brings anything back. Compacting sparse old segments is not done yet.
+//! first never brings anything back. Oldest segments that hold mostly dead bytes are compacted in
+//! the background (`journal/compaction.rs`).
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -34,6 +35,9 @@ use super::{
     QueueStore, ShardStore, StoreCounters, StoreError, StoreSettings, WriteOutcome,
 };
 use crate::protocol::encoding::Reader;
+
+mod compaction;
+use compaction::Compaction;
 
 /// Queue records and notifications in the journal: the memory store's encodings
 /// (`store/codec.rs`), each record's payload exactly one of them.
@@ -99,6 +103,8 @@ struct MsgEntry {
     msg_id: MsgId,
     ts: i64,
     flags: u8,
+    /// Bytes of its record in the journal.
+    len: u32,
     loc: Location,
 }
 
@@ -110,8 +116,9 @@ impl MsgEntry {
 
 struct QueueEntry {
     rec: QueueRec,
-    /// The segment of the record that holds `rec` (its latest create or update).
-    rec_segment: u64,
+    /// The record that holds `rec` (its latest create or update), and its bytes.
+    rec_loc: Location,
+    rec_len: u32,
     msgs: VecDeque<MsgEntry>,
     /// As the memory store's: false once a quota marker was written, until the queue is empty.
     can_write: bool,
@@ -119,15 +126,21 @@ struct QueueEntry {
 
 struct NtfEntry {
     ntf: MsgNtf,
-    segment: u64,
+    loc: Location,
+    len: u32,
 }
 
-/// Live records per segment of one group's journal.
+/// Live records per segment of one group's journal: how many, and their bytes.
 #[derive(Default)]
-struct Live(BTreeMap<u64, u64>);
+struct Live(BTreeMap<u64, (u64, u64)>);
 
 #[derive(Default)]
 struct Data {
+    /// The compaction under way, if any (first, so that it is dropped, and its thread joined,
+    /// before the journals' locks go).
+    compaction: Option<Compaction>,
+    /// Records to append before a failed compaction is tried again.
+    compaction_backoff: u64,
     queues: HashMap<EntityId, QueueEntry>,
     ntfs: HashMap<EntityId, VecDeque<NtfEntry>>,
     journals: HashMap<u32, Journal>,
@@ -152,14 +165,25 @@ fn failed(e: JournalError) -> StoreError {
 }
 
 impl Live {
-    fn add(&mut self, segment: u64) {
-        *self.0.entry(segment).or_insert(0) += 1;
+    fn add(&mut self, segment: u64, bytes: u32) {
+        let e = self.0.entry(segment).or_insert((0, 0));
+        e.0 += 1;
+        e.1 += u64::from(bytes);
     }
 
-    fn sub(&mut self, segment: u64) {
-        if let Some(n) = self.0.get_mut(&segment) {
-            *n = n.saturating_sub(1);
+    fn sub(&mut self, segment: u64, bytes: u32) {
+        if let Some(e) = self.0.get_mut(&segment) {
+            e.0 = e.0.saturating_sub(1);
+            e.1 = e.1.saturating_sub(u64::from(bytes));
         }
+    }
+
+    fn count(&self, segment: u64) -> u64 {
+        self.0.get(&segment).map_or(0, |e| e.0)
+    }
+
+    fn bytes(&self, segment: u64) -> u64 {
+        self.0.get(&segment).map_or(0, |e| e.1)
     }
 }
 
@@ -184,6 +208,7 @@ impl Data {
         let (loc, end) = self.append(g, rec)?;
         self.replay(g, loc, *rec)
             .map_err(|e| StoreError::Failed(format!("journal: {e}")))?;
+        self.compaction_step();
         Ok(end)
     }
 
@@ -194,19 +219,23 @@ impl Data {
             return;
         };
         let live = self.live.entry(g).or_default();
-        for s in j.segments() {
-            if s.active || live.0.get(&s.id).copied().unwrap_or(0) > 0 {
+        let dead: Vec<u64> = j
+            .segment_sizes()
+            .take_while(|s| !s.active && live.count(s.id) == 0)
+            .map(|s| s.id)
+            .collect();
+        for id in dead {
+            if j.remove_segment(id).is_err() {
                 break;
             }
-            if j.remove_segment(s.id).is_err() {
-                break;
-            }
-            live.0.remove(&s.id);
+            live.0.remove(&id);
         }
+        self.consider_compaction(g);
     }
 
     /// Replays one record of group `g` into the index.
     fn replay(&mut self, g: u32, loc: Location, rec: Record<'_>) -> Result<(), String> {
+        let len = rec.stored_len() as u32;
         match rec {
             Record::QueueCreate { recipient_id, data }
             | Record::QueueUpdate { recipient_id, data } => {
@@ -226,24 +255,26 @@ impl Data {
                 }
                 match self.queues.get_mut(recipient_id) {
                     Some(q) => {
-                        let old = q.rec_segment;
+                        let (old, old_len) = (q.rec_loc.segment, q.rec_len);
                         q.rec = rec;
-                        q.rec_segment = loc.segment;
-                        self.live(g).sub(old);
+                        q.rec_loc = loc;
+                        q.rec_len = len;
+                        self.live(g).sub(old, old_len);
                     }
                     None => {
                         self.queues.insert(
                             recipient_id.to_vec(),
                             QueueEntry {
                                 rec,
-                                rec_segment: loc.segment,
+                                rec_loc: loc,
+                                rec_len: len,
                                 msgs: VecDeque::new(),
                                 can_write: true,
                             },
                         );
                     }
                 }
-                self.live(g).add(loc.segment);
+                self.live(g).add(loc.segment, len);
             }
             Record::QueueDelete { recipient_id } => self.forget_queue(g, recipient_id),
             Record::MsgAppend {
@@ -260,11 +291,12 @@ impl Data {
                     msg_id: *msg_id,
                     ts,
                     flags,
+                    len,
                     loc,
                 });
                 q.can_write = flags & FLAG_QUOTA == 0;
                 self.total_messages += 1;
-                self.live(g).add(loc.segment);
+                self.live(g).add(loc.segment, len);
             }
             Record::MsgDelete {
                 recipient_id,
@@ -274,7 +306,7 @@ impl Data {
             }
             Record::NtfAppend { notifier_id, data } => {
                 let ntf = decode_notification(data)?;
-                self.push_ntf(g, notifier_id, ntf, loc.segment);
+                self.push_ntf(g, notifier_id, ntf, loc, len);
             }
             Record::NtfDelete {
                 notifier_id,
@@ -294,9 +326,9 @@ impl Data {
         };
         self.total_messages -= q.msgs.len();
         let live = self.live(g);
-        live.sub(q.rec_segment);
+        live.sub(q.rec_loc.segment, q.rec_len);
         for m in &q.msgs {
-            live.sub(m.loc.segment);
+            live.sub(m.loc.segment, m.len);
         }
         if let Some(n) = &q.rec.notifier {
             self.notifiers.remove(&n.notifier_id);
@@ -313,22 +345,22 @@ impl Data {
             q.can_write = true;
         }
         self.total_messages -= 1;
-        self.live(g).sub(m.loc.segment);
+        self.live(g).sub(m.loc.segment, m.len);
         Some(m)
     }
 
-    fn push_ntf(&mut self, g: u32, nid: &[u8], ntf: MsgNtf, segment: u64) {
+    fn push_ntf(&mut self, g: u32, nid: &[u8], ntf: MsgNtf, loc: Location, len: u32) {
         let list = self.ntfs.entry(nid.to_vec()).or_default();
         let dropped = if list.len() >= MAX_NTFS_PER_NOTIFIER {
             list.pop_front()
         } else {
             None
         };
-        list.push_back(NtfEntry { ntf, segment });
+        list.push_back(NtfEntry { ntf, loc, len });
         let live = self.live(g);
-        live.add(segment);
+        live.add(loc.segment, len);
         if let Some(d) = dropped {
-            live.sub(d.segment);
+            live.sub(d.loc.segment, d.len);
         }
     }
 
@@ -344,7 +376,7 @@ impl Data {
             self.ntfs.remove(nid);
         }
         if let Some(n) = n {
-            self.live(g).sub(n.segment);
+            self.live(g).sub(n.loc.segment, n.len);
         }
     }
 
@@ -354,7 +386,7 @@ impl Data {
         };
         let live = self.live(g);
         for n in &list {
-            live.sub(n.segment);
+            live.sub(n.loc.segment, n.len);
         }
         list.len()
     }
@@ -1082,6 +1114,7 @@ impl ShardStore for JournalStore {
     }
 
     fn close(mut self, _s: &StoreSettings, _groups: &[u32]) -> Result<(), String> {
+        self.data.borrow_mut().finish_compaction();
         // The sync thread syncs everything before it ends.
         self.syncer.stop();
         if self.syncer.durability == Durability::Never {
@@ -1226,8 +1259,9 @@ mod tests {
         assert_eq!(st.total_messages(), 1);
     }
 
-    /// Segments whose records are all dead go, oldest first; a live record in the oldest segment
-    /// keeps the later ones too, until it is rewritten (here: the queue record updated).
+    /// Segments whose records are all dead go, oldest first; without compaction (turned off
+    /// here), a live record in the oldest segment keeps the later ones too, until it is rewritten
+    /// (here: the queue record updated).
     #[test]
     fn dead_segments_are_removed_oldest_first() {
         let dir = temp("dead");
@@ -1237,6 +1271,7 @@ mod tests {
         };
         let a = vec![5u8; 24];
         let st = JournalStore::open(&s, &all(), 0).unwrap();
+        st.data.borrow_mut().compaction_backoff = u64::MAX;
         block_on(st.create(rec(&a))).unwrap();
         let g = group_of(&a);
         // 64 MiB segments: ~16 KB bodies fill one in ~4,000 messages.
@@ -1264,6 +1299,107 @@ mod tests {
         st.close(&s, &all()).unwrap();
         let st = JournalStore::open(&s, &all(), 0).unwrap();
         assert_eq!(st.queue_count(), 1);
+        assert_eq!(st.size(&a), 0);
+    }
+
+    fn big_msg(i: u32, body: &[u8]) -> Message {
+        let mut id = [0u8; 24];
+        id[..4].copy_from_slice(&i.to_be_bytes());
+        Message::Message {
+            msg_id: id,
+            ts: i64::from(i),
+            notification: false,
+            body: Rc::from(body),
+        }
+    }
+
+    /// Bytes of the group's segment files that are not being appended to.
+    fn inactive_bytes(st: &JournalStore, g: u32) -> u64 {
+        let d = st.data.borrow();
+        d.journals[&g]
+            .segment_sizes()
+            .filter(|s| !s.active)
+            .map(|s| s.len)
+            .sum()
+    }
+
+    /// A live record in an old segment (a queue's record, messages nobody received) no longer
+    /// keeps the later segments: compaction moves it, and the messages stay in order, before and
+    /// after a reopen.
+    #[test]
+    fn compaction_moves_old_live_records_and_keeps_message_order() {
+        let dir = temp("compact");
+        let s = StoreSettings {
+            durability: Durability::Never,
+            ..settings(&dir)
+        };
+        // Two queues of one group: `a` keeps a message in every thousand, `b` churns.
+        let a = vec![5u8; 24];
+        let g = group_of(&a);
+        let b = (0..=255u8)
+            .map(|x| vec![x; 24])
+            .find(|b| *b != a && group_of(b) == g)
+            .unwrap();
+        let st = JournalStore::open(&s, &all(), 0).unwrap();
+        let mut ra = rec(&a);
+        let nid = vec![9u8; 24];
+        ra.notifier = Some(crate::store::NotifierCreds {
+            notifier_id: nid.clone(),
+            notifier_key: ra.recipient_keys[0].clone(),
+            rcv_ntf_dh_secret: [3; 32],
+            ntf_service_id: None,
+        });
+        block_on(st.create(ra)).unwrap();
+        block_on(st.create(rec(&b))).unwrap();
+        let body_for = |i: u32| vec![(i % 251) as u8; 16_000];
+        let mut kept = Vec::new();
+        for i in 0..9_000u32 {
+            if i % 1000 == 0 {
+                block_on(st.write(&a, big_msg(i, &body_for(i)), 100)).unwrap();
+                block_on(st.add_ntf(&nid, ntf(i as u8, i64::from(i)))).unwrap();
+                kept.push(i);
+            }
+            block_on(st.write(&b, big_msg(i, &body_for(i)), 100)).unwrap();
+            block_on(st.try_del(&b, big_msg(i, &[]).msg_id())).unwrap();
+        }
+        st.data.borrow_mut().settle_compaction(g);
+        let first = st.data.borrow().journals[&g].segments()[0].path.clone();
+        let header = std::fs::read(&first).unwrap();
+        assert_eq!(
+            u32::from_le_bytes(header[60..64].try_into().unwrap()),
+            smp_journal::SEGMENT_COMPACTED,
+            "the oldest segment is a compacted one"
+        );
+        // 144 MB went through the group; without compaction `a`'s first message would keep all
+        // of it.
+        let left = inactive_bytes(&st, g);
+        assert!(left < 4 << 20, "{left} bytes of inactive segments left");
+        let bodies = |st: &JournalStore| -> Vec<Vec<u8>> {
+            block_on(st.messages(&a))
+                .unwrap()
+                .into_iter()
+                .map(|m| body(Some(m)).unwrap())
+                .collect()
+        };
+        let want: Vec<Vec<u8>> = kept.iter().map(|&i| body_for(i)).collect();
+        assert_eq!(bodies(&st), want, "read from their new places, in order");
+        st.close(&s, &all()).unwrap();
+        let st = JournalStore::open(&s, &all(), 0).unwrap();
+        assert_eq!(st.queue_count(), 2);
+        assert_eq!(st.size(&b), 0);
+        assert_eq!(bodies(&st), want, "the same after a reopen");
+        let ntfs: Vec<MsgNtf> = kept.iter().map(|&i| ntf(i as u8, i64::from(i))).collect();
+        assert_eq!(
+            block_on(st.ntfs(&nid)).unwrap(),
+            ntfs,
+            "and the notifications"
+        );
+        // Acknowledged in order, head by head.
+        for &i in &kept {
+            let head = block_on(st.peek_first(&a)).unwrap();
+            assert_eq!(body(head), Some(body_for(i)));
+            block_on(st.try_del(&a, big_msg(i, &[]).msg_id())).unwrap();
+        }
         assert_eq!(st.size(&a), 0);
     }
 }

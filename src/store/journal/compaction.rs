@@ -1,0 +1,317 @@
+//! Background compaction of the journal store (`docs/ARCHITECTURE.md` §5, `journal/FORMAT.md`
+//! "Compaction").
+//!
+//! Dead segments go as soon as they and every older one hold nothing live. A live record in an
+//! old segment (a queue created long ago, a message nobody has received) would keep every later
+//! segment of its group; compaction moves such records out of the way. When a group's oldest
+//! segments (never the one appended to) are at least [`COMPACT_MIN_BYTES`] and at most a
+//! [`COMPACT_LIVE_SHARE`]th of their bytes is live, they are rewritten as one segment holding only
+//! the live records:
+//!
+//! 1. *Scan*, on the shard, a few records per appended record ([`COMPACT_SCAN_STEP`]): each record
+//!    of those segments is looked up in the index, and the live ones are listed.
+//! 2. *Write*, on a thread of its own: the journal crate copies the listed records into a new file,
+//!    syncs it and renames it over the last of those segments, then removes the others.
+//! 3. *Install*, on the shard when the thread is done: the journal maps the new segment and the
+//!    index's locations of the moved records are updated.
+//!
+//! A record that dies while this runs is copied anyway; its deletion is recorded in a later
+//! segment, so a replay kills it again, and it is not counted live in the new segment. Nothing
+//! changes order: the kept records come before every later segment, as they did.
+
+use std::thread::JoinHandle;
+
+use smp_journal::{Compacted, JournalError, Location, Record, HEADER_LEN};
+
+use super::{Data, EntityId};
+
+/// A group's oldest segments are compacted once they take at least this much disk…
+pub(super) const COMPACT_MIN_BYTES: u64 = 1 << 20;
+
+/// …and at most one byte in this many is live.
+pub(super) const COMPACT_LIVE_SHARE: u64 = 4;
+
+/// The most live bytes one compaction copies (the size of a full segment).
+pub(super) const COMPACT_MAX_LIVE_BYTES: u64 = smp_journal::DEFAULT_SEGMENT_SIZE;
+
+/// Records looked at per appended record while finding what to keep.
+pub(super) const COMPACT_SCAN_STEP: usize = 256;
+
+/// Records appended before a compaction that failed is tried again.
+pub(super) const COMPACT_RETRY_AFTER: u64 = 100_000;
+
+/// A compaction under way: its group, the last segment it replaces, the live records found.
+pub(super) struct Compaction {
+    g: u32,
+    upto: u64,
+    keep: Vec<(Location, Kept)>,
+    phase: Phase,
+}
+
+enum Phase {
+    /// Looking for live records from this point on.
+    Scanning { segment: u64, offset: u64 },
+    /// The new segment is being written by `thread`.
+    Writing {
+        rx: flume::Receiver<Result<Compacted, JournalError>>,
+        thread: Option<JoinHandle<()>>,
+    },
+}
+
+/// What a kept record is, to find its index entry again.
+enum Kept {
+    Queue(EntityId),
+    Msg(EntityId),
+    Ntf(EntityId),
+}
+
+impl Drop for Compaction {
+    fn drop(&mut self) {
+        if let Phase::Writing { thread, .. } = &mut self.phase {
+            if let Some(t) = thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// Whether the record at `loc` is live in the index, and how to find it again.
+fn kept(d: &Data, loc: Location, rec: &Record<'_>) -> Option<Kept> {
+    match *rec {
+        Record::QueueCreate { recipient_id, .. } | Record::QueueUpdate { recipient_id, .. } => d
+            .queues
+            .get(recipient_id)
+            .filter(|q| q.rec_loc == loc)
+            .map(|_| Kept::Queue(recipient_id.to_vec())),
+        Record::MsgAppend { recipient_id, .. } => d
+            .queues
+            .get(recipient_id)
+            .filter(|q| q.msgs.iter().any(|m| m.loc == loc))
+            .map(|_| Kept::Msg(recipient_id.to_vec())),
+        Record::NtfAppend { notifier_id, .. } => d
+            .ntfs
+            .get(notifier_id)
+            .filter(|l| l.iter().any(|n| n.loc == loc))
+            .map(|_| Kept::Ntf(notifier_id.to_vec())),
+        _ => None,
+    }
+}
+
+impl Data {
+    /// Starts compacting group `g` if its oldest segments are worth it (see the module comment)
+    /// and no compaction runs.
+    pub(super) fn consider_compaction(&mut self, g: u32) {
+        if self.compaction.is_some() || self.compaction_backoff > 0 {
+            return;
+        }
+        let (Some(j), Some(live)) = (self.journals.get(&g), self.live.get(&g)) else {
+            return;
+        };
+        let (mut disk, mut kept, mut upto) = (0u64, 0u64, None);
+        for s in j.segment_sizes() {
+            let bytes = live.bytes(s.id);
+            if s.active || kept + bytes > COMPACT_MAX_LIVE_BYTES {
+                break;
+            }
+            disk += s.len;
+            kept += bytes;
+            if disk >= COMPACT_MIN_BYTES && kept * COMPACT_LIVE_SHARE <= disk {
+                upto = Some(s.id);
+            }
+        }
+        let (Some(upto), Some(first)) = (upto, j.segment_sizes().next()) else {
+            return;
+        };
+        self.compaction = Some(Compaction {
+            g,
+            upto,
+            keep: Vec::new(),
+            phase: Phase::Scanning {
+                segment: first.id,
+                offset: HEADER_LEN,
+            },
+        });
+    }
+
+    /// One bounded step of the compaction under way: a few records scanned, the writing thread
+    /// started, or its result installed.
+    pub(super) fn compaction_step(&mut self) {
+        if self.compaction_backoff > 0 {
+            self.compaction_backoff -= 1;
+        }
+        let Some(c) = &self.compaction else {
+            return;
+        };
+        let g = c.g;
+        let result = match c.phase {
+            Phase::Scanning { segment, offset } => self.scan_step(segment, offset),
+            Phase::Writing { .. } => self.install_if_done(),
+        };
+        if let Err(e) = result {
+            self.compaction = None;
+            tracing::warn!(group = g, error = %e, "journal compaction failed; tried again later");
+            if let Some(j) = self.journals.get_mut(&g) {
+                j.abandon_compaction();
+            }
+            self.compaction_backoff = COMPACT_RETRY_AFTER;
+        }
+    }
+
+    fn scan_step(&mut self, segment: u64, offset: u64) -> Result<(), JournalError> {
+        let c = self.compaction.as_ref().expect("a compaction is under way");
+        let (g, upto) = (c.g, c.upto);
+        let j = &self.journals[&g];
+        let mut found = Vec::new();
+        let next = j.scan_segment(segment, offset, COMPACT_SCAN_STEP, |loc, rec| {
+            if let Some(k) = kept(self, loc, &rec) {
+                found.push((loc, k));
+            }
+        })?;
+        let next_segment = match next {
+            Some(_) => None,
+            None => j.segment_sizes().map(|s| s.id).find(|&id| id > segment),
+        };
+        let c = self.compaction.as_mut().expect("a compaction is under way");
+        c.keep.extend(found);
+        c.phase = match (next, next_segment) {
+            (Some(offset), _) => Phase::Scanning { segment, offset },
+            (None, Some(s)) if s <= upto => Phase::Scanning {
+                segment: s,
+                offset: HEADER_LEN,
+            },
+            _ => {
+                let keep = c.keep.iter().map(|(l, _)| *l).collect();
+                let job = self
+                    .journals
+                    .get_mut(&g)
+                    .expect("the compacted group is this shard's")
+                    .start_compaction(upto, keep)?;
+                let (tx, rx) = flume::bounded(1);
+                let thread = std::thread::Builder::new()
+                    .name("journal-compact".into())
+                    .spawn(move || {
+                        let _ = tx.send(job.run());
+                    })
+                    .map_err(|e| JournalError::BadCompaction(format!("no thread: {e}")))?;
+                Phase::Writing {
+                    rx,
+                    thread: Some(thread),
+                }
+            }
+        };
+        Ok(())
+    }
+
+    fn install_if_done(&mut self) -> Result<(), JournalError> {
+        let c = self.compaction.as_ref().expect("a compaction is under way");
+        let Phase::Writing { rx, .. } = &c.phase else {
+            return Ok(());
+        };
+        let done = match rx.try_recv() {
+            Ok(r) => r?,
+            Err(flume::TryRecvError::Empty) => return Ok(()),
+            Err(flume::TryRecvError::Disconnected) => {
+                return Err(JournalError::BadCompaction(
+                    "the compaction thread ended without a result".into(),
+                ))
+            }
+        };
+        self.install(done)
+    }
+
+    /// Waits for a compaction being written and installs it; drops one still scanning (at
+    /// close: the files are consistent either way).
+    pub(super) fn finish_compaction(&mut self) {
+        let Some(c) = &self.compaction else {
+            return;
+        };
+        let g = c.g;
+        let done = match &c.phase {
+            Phase::Writing { rx, .. } => rx.recv().ok(),
+            Phase::Scanning { .. } => None,
+        };
+        let r = match done {
+            Some(Ok(done)) => self.install(done),
+            Some(Err(e)) => Err(e),
+            None => Ok(()),
+        };
+        self.compaction = None;
+        if let Err(e) = r {
+            tracing::warn!(group = g, error = %e, "journal compaction failed");
+        }
+        if let Some(j) = self.journals.get_mut(&g) {
+            j.abandon_compaction();
+        }
+    }
+
+    /// Swaps the compacted segment in and points the index at the records' new places.
+    fn install(&mut self, done: Compacted) -> Result<(), JournalError> {
+        let c = self.compaction.take().expect("a compaction is under way");
+        for w in &done.warnings {
+            tracing::warn!("{w}");
+        }
+        let (before, after) = (done.bytes_before, done.bytes_after);
+        let j = self
+            .journals
+            .get_mut(&c.g)
+            .expect("the compacted group is this shard's");
+        let moved = j.install_compaction(done)?;
+        let (mut count, mut bytes) = (0u64, 0u64);
+        for ((old, new), (_, k)) in moved.iter().zip(&c.keep) {
+            let len = match k {
+                Kept::Queue(rid) => {
+                    self.queues
+                        .get_mut(rid)
+                        .filter(|q| q.rec_loc == *old)
+                        .map(|q| {
+                            q.rec_loc = *new;
+                            q.rec_len
+                        })
+                }
+                Kept::Msg(rid) => self.queues.get_mut(rid).and_then(|q| {
+                    let m = q.msgs.iter_mut().find(|m| m.loc == *old)?;
+                    m.loc = *new;
+                    Some(m.len)
+                }),
+                Kept::Ntf(nid) => self.ntfs.get_mut(nid).and_then(|l| {
+                    let n = l.iter_mut().find(|n| n.loc == *old)?;
+                    n.loc = *new;
+                    Some(n.len)
+                }),
+            };
+            if let Some(len) = len {
+                count += 1;
+                bytes += u64::from(len);
+            }
+        }
+        let live = self.live(c.g);
+        live.0.retain(|&id, _| id > c.upto);
+        live.0.insert(c.upto, (count, bytes));
+        tracing::info!(
+            group = c.g,
+            upto = c.upto,
+            records = count,
+            bytes_before = before,
+            bytes_after = after,
+            "journal compacted"
+        );
+        Ok(())
+    }
+
+    /// Runs compactions of group `g` to the end, with every dead segment removed between them.
+    #[cfg(test)]
+    pub(super) fn settle_compaction(&mut self, g: u32) {
+        for _ in 0..1_000_000 {
+            self.release_dead_segments(g);
+            match &self.compaction {
+                None => return,
+                Some(Compaction {
+                    phase: Phase::Scanning { .. },
+                    ..
+                }) => self.compaction_step(),
+                Some(_) => self.finish_compaction(),
+            }
+        }
+        panic!("compaction of group {g} does not settle");
+    }
+}
