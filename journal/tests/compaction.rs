@@ -1,11 +1,14 @@
 //! Compaction on real files: the kept records replace a group's oldest segments, in order, and a
 //! reopen (also one after a compaction interrupted between its rename and its removals) replays
-//! exactly them followed by the later segments.
+//! exactly them followed by the later segments; a child process compacting all the time and
+//! killed at random points loses none of the records it keeps, and never replays one twice.
 
 mod common;
 use common::TempDir;
 
-use std::path::Path;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 
 use smp_journal::{
     reader, segment_file_name, Journal, JournalError, Location, Options, Record, SEGMENT_COMPACTED,
@@ -197,4 +200,106 @@ fn a_compaction_that_cannot_start_leaves_the_journal_as_it_was() {
     drop(job);
     j.abandon_compaction();
     j.remove_segment(j.segments()[0].id).unwrap();
+}
+
+const CHILD_DIR_ENV: &str = "SMP_JOURNAL_COMPACT_CHILD_DIR";
+
+/// Not a test of its own: the child process of the SIGKILL test. Without the environment
+/// variable it does nothing. Appends messages forever, keeping every seventh (of queue 1;
+/// printing `kept N` once it is appended) and dropping the others (queue 2), and after every
+/// rotation compacts every inactive segment, keeping exactly the kept messages.
+#[test]
+fn child_compacting_forever() {
+    let Ok(dir) = std::env::var(CHILD_DIR_ENV) else {
+        return;
+    };
+    let (mut j, _) = Journal::open(Path::new(&dir), 5, &opts(), |_, _, _| Ok(())).unwrap();
+    let mut kept: Vec<Location> = Vec::new();
+    let out = std::io::stdout();
+    let mut last_active = 0;
+    for i in 0u32.. {
+        let q = if i % 7 == 0 { 1 } else { 2 };
+        let loc = append_msg(&mut j, q, i);
+        if q == 1 {
+            kept.push(loc);
+            let mut o = out.lock();
+            writeln!(o, "kept {i}").unwrap();
+            o.flush().unwrap();
+        }
+        let active = j.segments().last().unwrap().id;
+        if active != last_active && active > 1 {
+            last_active = active;
+            let upto = active - 1;
+            let keep: Vec<Location> = kept.iter().copied().filter(|l| l.segment <= upto).collect();
+            let job = j.start_compaction(upto, keep).unwrap();
+            let done = job.run().unwrap();
+            // The kept records of the prefix are the first ones of `kept`, in the same order.
+            let moved = j.install_compaction(done).unwrap();
+            for (k, (old, new)) in moved.into_iter().enumerate() {
+                assert_eq!(kept[k], old);
+                kept[k] = new;
+            }
+        }
+    }
+}
+
+/// The message numbers of queue 1 a reopen replays, in order.
+fn replayed_kept(root: &Path) -> Vec<u32> {
+    let mut got = Vec::new();
+    let (_j, _) = Journal::open(root, 5, &opts(), |_, _, r| {
+        if let Record::MsgAppend {
+            recipient_id,
+            msg_id,
+            ..
+        } = r
+        {
+            if recipient_id == [1u8; 24] {
+                got.push(u32::from_be_bytes(msg_id[..4].try_into().unwrap()));
+            }
+        }
+        Ok(())
+    })
+    .unwrap();
+    got
+}
+
+#[test]
+fn a_child_killed_while_compacting_keeps_every_kept_record_once_and_in_order() {
+    for round in 0..6u64 {
+        let t = TempDir::new("compact-kill");
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "child_compacting_forever", "--nocapture"])
+            .env(CHILD_DIR_ENV, t.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        // Killed after a number of kept messages that differs from round to round, so that the
+        // kill lands at different steps of a compaction.
+        let stop_after = 20 + common::splitmix(round) % 160;
+        let mut reported = Vec::new();
+        for line in out.lines() {
+            if let Some(n) = line.unwrap().strip_prefix("kept ") {
+                reported.push(n.parse::<u32>().unwrap());
+                if reported.len() as u64 >= stop_after {
+                    break;
+                }
+            }
+        }
+        child.kill().unwrap();
+        assert!(!child.wait().unwrap().success());
+        let got = replayed_kept(t.path());
+        assert!(
+            got.len() >= reported.len(),
+            "round {round}: {} kept messages replayed, {} reported",
+            got.len(),
+            reported.len()
+        );
+        let want: Vec<u32> = (0..got.len() as u32).map(|k| k * 7).collect();
+        assert_eq!(got, want, "round {round}: every kept message once, in order");
+        let dir: PathBuf = smp_journal::group_dir(t.path(), 5);
+        let segments = std::fs::read_dir(&dir).unwrap().count();
+        assert!(segments < 10, "round {round}: {segments} files left in {}", dir.display());
+    }
 }

@@ -19,6 +19,7 @@
 //! segment, so a replay kills it again, and it is not counted live in the new segment. Nothing
 //! changes order: the kept records come before every later segment, as they did.
 
+use std::collections::{HashMap, HashSet};
 use std::thread::JoinHandle;
 
 use smp_journal::{Compacted, JournalError, Location, Record, HEADER_LEN};
@@ -256,32 +257,44 @@ impl Data {
             .get_mut(&c.g)
             .expect("the compacted group is this shard's");
         let moved = j.install_compaction(done)?;
+        // Old locations to new ones. Each entry is looked at once: a new location can equal
+        // the old location of another record of the same segment number.
+        let moved: HashMap<Location, Location> = moved.into_iter().collect();
+        let mut msg_queues = HashSet::new();
+        let mut notifiers = HashSet::new();
         let (mut count, mut bytes) = (0u64, 0u64);
-        for ((old, new), (_, k)) in moved.iter().zip(&c.keep) {
-            let len = match k {
-                Kept::Queue(rid) => {
-                    self.queues
-                        .get_mut(rid)
-                        .filter(|q| q.rec_loc == *old)
-                        .map(|q| {
-                            q.rec_loc = *new;
-                            q.rec_len
-                        })
-                }
-                Kept::Msg(rid) => self.queues.get_mut(rid).and_then(|q| {
-                    let m = q.msgs.iter_mut().find(|m| m.loc == *old)?;
-                    m.loc = *new;
-                    Some(m.len)
-                }),
-                Kept::Ntf(nid) => self.ntfs.get_mut(nid).and_then(|l| {
-                    let n = l.iter_mut().find(|n| n.loc == *old)?;
-                    n.loc = *new;
-                    Some(n.len)
-                }),
-            };
-            if let Some(len) = len {
+        let mut moved_one = |loc: &mut Location, len: u32| {
+            if let Some(new) = moved.get(loc) {
+                *loc = *new;
                 count += 1;
                 bytes += u64::from(len);
+            }
+        };
+        for (_, k) in &c.keep {
+            match k {
+                Kept::Queue(rid) => {
+                    if let Some(q) = self.queues.get_mut(rid) {
+                        moved_one(&mut q.rec_loc, q.rec_len);
+                    }
+                }
+                Kept::Msg(rid) => {
+                    if msg_queues.insert(rid) {
+                        if let Some(q) = self.queues.get_mut(rid) {
+                            for m in q.msgs.iter_mut() {
+                                moved_one(&mut m.loc, m.len);
+                            }
+                        }
+                    }
+                }
+                Kept::Ntf(nid) => {
+                    if notifiers.insert(nid) {
+                        if let Some(l) = self.ntfs.get_mut(nid) {
+                            for n in l.iter_mut() {
+                                moved_one(&mut n.loc, n.len);
+                            }
+                        }
+                    }
+                }
             }
         }
         let live = self.live(c.g);
