@@ -87,7 +87,7 @@ enum Cmd {
     },
     /// Cut every damaged group at its first bad record (the relay must be stopped).
     Repair,
-    /// Compact the journals (not available yet).
+    /// Say how journals are compacted: by the relay, in the background (nothing is changed).
     Compact,
 }
 
@@ -857,8 +857,9 @@ fn compact(cli: &Cli, root: &Path) -> Result<u8, Fail> {
     let _lock = lock_data_dir(cli, root)?;
     groups(root)?;
     Err(Fail(
-        "compaction is not available yet: the journal crate does not write compacted segments \
-         yet; nothing was changed"
+        "nothing was changed: journals are compacted by the relay while it runs, in the \
+         background, because only the relay knows which records are still live (journal/FORMAT.md, \
+         \"Compaction\"); start the relay and `smp-journal stats` shows the space it gives back"
             .into(),
     ))
 }
