@@ -297,9 +297,16 @@ fn a_child_killed_while_compacting_keeps_every_kept_record_once_and_in_order() {
             reported.len()
         );
         let want: Vec<u32> = (0..got.len() as u32).map(|k| k * 7).collect();
-        assert_eq!(got, want, "round {round}: every kept message once, in order");
+        assert_eq!(
+            got, want,
+            "round {round}: every kept message once, in order"
+        );
         let dir: PathBuf = smp_journal::group_dir(t.path(), 5);
         let segments = std::fs::read_dir(&dir).unwrap().count();
-        assert!(segments < 10, "round {round}: {segments} files left in {}", dir.display());
+        assert!(
+            segments < 10,
+            "round {round}: {segments} files left in {}",
+            dir.display()
+        );
     }
 }
