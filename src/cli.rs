@@ -328,6 +328,16 @@ fn init(dir: &Path, host: &str, port: u16, no_password: bool) -> Result<(), Stri
         ));
     }
     fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    // None of the files was there: on a failure (a full disk) every one written goes again, so
+    // that the directory is not left half initialised, which neither `init` nor `start` accepts.
+    write_identity(dir, host, port, no_password).inspect_err(|_| {
+        for f in INIT_FILES {
+            let _ = fs::remove_file(dir.join(f));
+        }
+    })
+}
+
+fn write_identity(dir: &Path, host: &str, port: u16, no_password: bool) -> Result<(), String> {
     let creds = certs::generate(host).map_err(|e| e.to_string())?;
     write_file(dir, config::CA_KEY_FILE, &creds.ca_key_pem, true)?;
     write_file(dir, config::CA_CERT_FILE, &creds.ca_cert_pem, false)?;
@@ -388,6 +398,9 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
          store_messages = journal\n\
          # When the journal is synced to the disk: every-batch, interval-ms N, or never.\n\
          # fsync = interval-ms 50\n\
+         # The most bytes the journal's files may take (K, M, G, T; at least 16M); no cap when\n\
+         # unset. At the cap, as on a full disk, SEND and NEW answer ERR STORE; deletes go on.\n\
+         # journal_max_size = 4G\n\
          \n\
          # How long messages and notifications are kept.\n\
          expire_messages_days = {days}\n\
@@ -590,6 +603,8 @@ fn offline_settings(data_dir: &Path) -> StoreSettings {
         test_delay: None,
         // Offline tools sync once, when they close the store.
         durability: smp_relay::store::journal::Durability::Never,
+        // No cap: `store import` fills a stopped relay's store, whose own start applies the cap.
+        journal_budget: None,
     }
 }
 
@@ -971,6 +986,7 @@ mod tests {
             .collect();
         let c = ini::parse(Path::new("smp-server.ini"), &uncommented).expect("uncommented parses");
         assert_eq!(c.options.quota, Some(d.quota));
+        assert_eq!(c.options.journal_max_size, Some(4 << 30));
         let no_password = ini_template("h", 1, None);
         let c = ini::parse(Path::new("smp-server.ini"), &no_password).expect("parses");
         assert_eq!(c.options.create_password, None);

@@ -49,6 +49,9 @@ pub struct StartConfig {
     pub store: crate::store::StoreKind,
     /// When the journal store makes its records durable (`start --fsync`).
     pub durability: crate::store::journal::Durability,
+    /// The cap on the bytes of the journal store's segment files (`start --journal-max-size`);
+    /// `None`: no cap.
+    pub journal_max_size: Option<u64>,
     /// Test hook: shard `.0` fails its start in the way `.1` names (failed-start tests).
     pub test_fail_start: Option<(usize, StartFault)>,
     /// Test hook: shard 0 serves clock-control commands on this Unix socket

@@ -16,6 +16,7 @@
 //! | | `expire_messages_on_send` | `on`/`off` (default `on`) |
 //! | | `expire_ntfs_hours` | notification TTL in hours (default 24) |
 //! | | `prometheus_interval` | seconds between rewrites of the metrics file; absent = no file |
+//! | | `journal_max_size` | the most bytes the journal store's segment files may take (K, M, G, T suffixes; at least 16M); absent = no cap |
 //! | | `enable`, `restore_messages`, `expire_messages_on_start` | accepted as `on` (what this relay always does) |
 //! | | `log_stats` | accepted as `off` |
 //! | `[AUTH]` | `new_queues` | `on`/`off` (default `on`) |
@@ -48,6 +49,12 @@ use crate::settings;
 pub const MAX_QUOTA: usize = 4096;
 /// Longest TTL or interval accepted in any unit (10 years), so that conversions cannot overflow.
 pub const MAX_DURATION_SECS: u64 = 10 * 365 * 86400;
+/// The smallest journal size cap: what a new relay preallocates (every group's first segment),
+/// so that a relay under the cap can always start.
+pub const MIN_JOURNAL_MAX_SIZE: u64 =
+    smp_journal::JOURNAL_GROUPS as u64 * smp_journal::DEFAULT_INITIAL_SEGMENT_SIZE;
+/// The largest journal size cap accepted (1 PiB), far above any disk, so sums cannot overflow.
+pub const MAX_JOURNAL_MAX_SIZE: u64 = 1 << 50;
 
 pub use crate::settings::StartOptions;
 
@@ -541,6 +548,43 @@ pub fn seconds(value: &str) -> Result<Duration, String> {
     duration(value, 1)
 }
 
+/// A size in bytes (`[STORE_LOG] journal_max_size`, `start --journal-max-size`): a whole number,
+/// optionally followed by K, M, G or T (powers of 1024), from `MIN_JOURNAL_MAX_SIZE` to
+/// `MAX_JOURNAL_MAX_SIZE`.
+pub fn size_bytes(value: &str) -> Result<u64, String> {
+    let expected = || {
+        format!(
+            "expected a size from {}M to {}T: a whole number of bytes, or one with K, M, G or T \
+             (powers of 1024), e.g. 4G",
+            MIN_JOURNAL_MAX_SIZE >> 20,
+            MAX_JOURNAL_MAX_SIZE >> 40
+        )
+    };
+    let v = value.trim();
+    let (digits, shift) = match v.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(expected()),
+            };
+            (&v[..i], shift)
+        }
+        _ => (v, 0),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(expected());
+    }
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+        .filter(|n| (MIN_JOURNAL_MAX_SIZE..=MAX_JOURNAL_MAX_SIZE).contains(n))
+        .ok_or_else(expected)
+}
+
 pub fn quota(value: &str) -> Result<usize, String> {
     number(value, 1, MAX_QUOTA as u64).map(|n| n as usize)
 }
@@ -641,6 +685,7 @@ mod tests {
                 "host" => "example.com",
                 "port" => "5223",
                 "socks_proxy" => "127.0.0.1:9050",
+                "journal_max_size" => "4G",
                 _ => "7",
             };
             let mut c = IniConfig::default();
@@ -717,6 +762,7 @@ mod tests {
             StartOptions {
                 store: Some(crate::store::StoreKind::Memory),
                 durability: None,
+                journal_max_size: None,
                 ports: Some(vec![5223, 443]),
                 websockets: Some(WebSockets(vec![8443, 80])),
                 shards: Some(3),
@@ -881,5 +927,33 @@ mod tests {
         assert!(fsync("interval-ms 0").is_err());
         assert!(fsync("interval-ms 60001").is_err());
         assert!(fsync("interval-ms").is_err());
+    }
+
+    #[test]
+    fn journal_max_size_takes_bytes_or_a_binary_suffix_within_bounds() {
+        assert_eq!(size_bytes("512M"), Ok(512 << 20));
+        assert_eq!(size_bytes("4g"), Ok(4 << 30));
+        assert_eq!(size_bytes("2T"), Ok(2 << 40));
+        assert_eq!(size_bytes(" 16777216 "), Ok(16 << 20));
+        assert_eq!(size_bytes("16384K"), Ok(MIN_JOURNAL_MAX_SIZE));
+        for bad in [
+            "",
+            "M",
+            "15M",
+            "4X",
+            "4GB",
+            "-1G",
+            "1.5G",
+            "1025T",
+            "99999999999999999999",
+        ] {
+            let e = size_bytes(bad).unwrap_err();
+            assert!(
+                e.contains("expected a size from 16M to 1024T"),
+                "{bad:?}: {e}"
+            );
+        }
+        let c = parse_ok("[STORE_LOG]\njournal_max_size = 20G\n");
+        assert_eq!(c.options.journal_max_size, Some(20 << 30));
     }
 }

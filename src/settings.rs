@@ -157,6 +157,15 @@ start_settings! {
         ini: "STORE_LOG" "fsync" => ini::fsync,
         flag: (long = "fsync", value_name = "MODE", value_parser = ini::fsync),
     }
+    /// The most bytes the journal store's segment files may take, over all groups: BYTES, or with a
+    /// suffix K, M, G or T (powers of 1024). At the cap SEND and NEW answer ERR STORE, deletes go
+    /// on (ini `[STORE_LOG] journal_max_size`).
+    journal_max_size: u64 {
+        set: |c, v| c.journal_max_size = Some(v),
+        default: None => "no cap",
+        ini: "STORE_LOG" "journal_max_size" => ini::size_bytes,
+        flag: (long, value_name = "BYTES", value_parser = ini::size_bytes),
+    }
     /// Port to listen on; repeat for several (ini `[TRANSPORT] port`).
     ports: Vec<u16> {
         set: |c, v| c.ports = v,
@@ -335,6 +344,12 @@ trait ShowDefault {
     fn show(&self) -> String;
 }
 
+impl ShowDefault for u64 {
+    fn show(&self) -> String {
+        self.to_string()
+    }
+}
+
 impl ShowDefault for usize {
     fn show(&self) -> String {
         self.to_string()
@@ -412,6 +427,7 @@ impl StartConfig {
             output_limits: crate::limits::OutputLimits::default(),
             store: crate::store::StoreKind::default(),
             durability: crate::store::journal::DEFAULT_DURABILITY,
+            journal_max_size: None,
             test_fail_start: None,
             test_clock_control: None,
             test_slow_reader_tick: None,
@@ -544,6 +560,7 @@ mod tests {
         assert_eq!(c.handshake_timeout, Duration::from_secs(120));
         assert_eq!(c.slow_reader_close, Duration::from_secs(60));
         assert_eq!(c.metrics_interval, None);
+        assert_eq!(c.journal_max_size, None);
         let s = &c.settings;
         assert_eq!(s.quota, 128);
         assert_eq!(s.message_ttl, Duration::from_secs(21 * 24 * 3600));
@@ -587,6 +604,7 @@ mod tests {
             ("notification_ttl", "[default: 86400 (24 hours)]"),
             ("new_queues", "[default: on]"),
             ("metrics_interval", "[default: no metrics file]"),
+            ("journal_max_size", "[default: no cap]"),
         ] {
             let h = help(id).unwrap_or_else(|| panic!("{id} has a help"));
             assert!(h.ends_with(&format!(" {default}")), "{id}: {h}");

@@ -15,14 +15,24 @@ pub enum JournalError {
         source: std::io::Error,
     },
     /// A new segment could not be preallocated: the disk (or quota, or file size limit) has no
-    /// room. Nothing was appended; the journal stays usable, and the same append may be tried
-    /// again once there is room.
+    /// room. Nothing was appended; the journal stays usable (release appends still go into the
+    /// active segment's reserve, `crate::Priority`), and the same append may be tried again once
+    /// there is room.
     #[error("{path}: no space to preallocate a new segment: {source}")]
     NoSpace {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
+    /// A new segment would take the segment files of the journals sharing a
+    /// [`crate::SpaceBudget`] past its cap. Nothing was appended; as with
+    /// [`JournalError::NoSpace`], release appends still go into the reserve, and the same append
+    /// works once removed segments bring the total under the cap.
+    #[error(
+        "journal size cap of {cap} bytes reached ({used} bytes in segment files, a new segment \
+         needs {need}); deletes free segments, or raise the cap"
+    )]
+    SizeCap { cap: u64, used: u64, need: u64 },
     /// A segment header cannot be read (wrong magic, bad CRC, unknown version, all zeros).
     #[error("{file}: bad segment header: {reason}")]
     Header { file: PathBuf, reason: String },
@@ -100,6 +110,15 @@ pub enum JournalError {
 }
 
 impl JournalError {
+    /// The journal cannot grow now (a full disk or the size cap): nothing was appended, and the
+    /// same append may work later; release appends may still work meanwhile.
+    pub fn is_out_of_space(&self) -> bool {
+        matches!(
+            self,
+            JournalError::NoSpace { .. } | JournalError::SizeCap { .. }
+        )
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, op: &'static str, source: std::io::Error) -> Self {
         JournalError::Io {
             path: path.into(),

@@ -16,6 +16,9 @@ use crate::format::{
 };
 use crate::scan::{scan, SliceSource};
 use crate::segment::{list_segment_ids, read_header, replaced_ids, sync_dir, Segment};
+use crate::space::{
+    reserve_of, Priority, SpaceBudget, DEFAULT_RELEASE_RESERVE, RESERVE_SHARE_DIVISOR,
+};
 use crate::{group_dir, Location, SyncPoint};
 
 /// How a journal is opened.
@@ -30,6 +33,13 @@ pub struct Options {
     /// at least 8192, at most `segment_size`. Small, so that an idle group costs little disk: 64
     /// groups × 256 KiB = 16 MiB for a new relay.
     pub initial_segment_size: u64,
+    /// The release reserve: the last bytes of each segment, which only [`Priority::Release`]
+    /// appends fill (`journal/FORMAT.md`, "Space"). A segment's reserve is the smaller of this and
+    /// an eighth of the segment. 0: no reserve.
+    pub release_reserve: u64,
+    /// A cap on the bytes of segment files shared with other journals; `None`: only the disk's
+    /// size bounds them.
+    pub budget: Option<SpaceBudget>,
 }
 
 /// 256 KiB first segments.
@@ -43,6 +53,8 @@ impl Default for Options {
         Options {
             segment_size: DEFAULT_SEGMENT_SIZE,
             initial_segment_size: DEFAULT_INITIAL_SEGMENT_SIZE,
+            release_reserve: DEFAULT_RELEASE_RESERVE,
+            budget: None,
         }
     }
 }
@@ -63,6 +75,50 @@ impl Options {
         }
         Ok(())
     }
+
+    /// The reserve of a segment of `len` bytes.
+    fn reserve(&self, len: u64) -> u64 {
+        reserve_of(len, self.release_reserve)
+    }
+
+    /// The smallest segment length (a multiple of `HEADER_LEN`, or nearly) that holds a record of
+    /// `need` bytes before its reserve: either length below does, as the reserve is at most an
+    /// eighth of the segment and at most `release_reserve`.
+    fn fits_before_reserve(&self, need: u64) -> u64 {
+        let up = |n: u64| n.div_ceil(HEADER_LEN) * HEADER_LEN;
+        let x = HEADER_LEN + need;
+        let by_share = up((x * RESERVE_SHARE_DIVISOR).div_ceil(RESERVE_SHARE_DIVISOR - 1));
+        let by_max = up(x + self.release_reserve);
+        by_share.min(by_max)
+    }
+
+    /// Where appends of `priority` must stop in a segment of `len` bytes.
+    fn limit(&self, len: u64, priority: Priority) -> u64 {
+        match priority {
+            Priority::Ordinary => len - self.reserve(len),
+            Priority::Release => len,
+        }
+    }
+}
+
+/// Creates a segment, taking its bytes from the budget first (and giving them back if the
+/// creation fails).
+fn create_segment(
+    opts: &Options,
+    dir: &Path,
+    group: u32,
+    id: u64,
+    len: u64,
+    first_seq: u64,
+) -> Result<Segment, JournalError> {
+    if let Some(b) = &opts.budget {
+        b.take(len)?;
+    }
+    Segment::create(dir, group, id, len, first_seq).inspect_err(|_| {
+        if let Some(b) = &opts.budget {
+            b.give_back(len);
+        }
+    })
 }
 
 /// What `append` did.
@@ -156,6 +212,8 @@ pub struct Journal {
     writer: u32,
     /// The last segment a running compaction replaces (segments up to it must stay).
     compacting_upto: Option<u64>,
+    /// Bytes of this journal's segment files counted in `opts.budget`, given back when dropped.
+    counted_bytes: u64,
     shared: Arc<Shared>,
 }
 
@@ -441,11 +499,15 @@ impl Journal {
             // by sequence number on the next turn).
         }
 
+        // The files kept count in the budget, over its cap or not (see `SpaceBudget`); from here
+        // on nothing fails but the creation of a first segment, which counts itself.
+        let found_bytes: u64 = segments.values().map(|s| s.len).sum();
         let active = match segments.values().next_back() {
             Some(s) => s.clone(),
             None => {
                 let id = ids.last().map_or(1, |&x| x + 1).max(1);
-                let seg = Arc::new(Segment::create(
+                let seg = Arc::new(create_segment(
+                    opts,
                     &dir,
                     group,
                     id,
@@ -484,6 +546,10 @@ impl Journal {
             segment: active.id,
             offset: active.written_end.load(Ordering::Relaxed),
         };
+        if let Some(b) = &opts.budget {
+            b.count(found_bytes);
+        }
+        let counted_bytes = segments.values().map(|s| s.len).sum();
         report.segments = segments.len();
         report.synced = synced;
         report.written = written;
@@ -509,6 +575,7 @@ impl Journal {
                 last_crc,
                 writer: crate::segment::random_u32(next_seq),
                 compacting_upto: None,
+                counted_bytes,
                 shared,
             },
             report,
@@ -550,29 +617,47 @@ impl Journal {
         }
     }
 
+    /// Appends a record with [`Priority::Ordinary`]: see [`Journal::append_with`].
+    pub fn append(&mut self, rec: &Record<'_>) -> Result<Appended, JournalError> {
+        self.append_with(rec, Priority::Ordinary)
+    }
+
     /// Appends a record: copies it into the active segment's mapping (no syscall), or first
     /// rotates to a new preallocated segment when it does not fit. Not durable until a sync
     /// handle syncs past `Appended::end`.
     ///
-    /// Errors: [`JournalError::NoSpace`] when a new segment cannot be preallocated (nothing was
-    /// appended; try again later), [`JournalError::TooLarge`], [`JournalError::IdTooLong`], I/O
-    /// errors of segment creation.
-    pub fn append(&mut self, rec: &Record<'_>) -> Result<Appended, JournalError> {
+    /// An ordinary record fits when it ends before the segment's release reserve, a release
+    /// record when it ends before the segment's end. So when no new segment can be made, ordinary
+    /// appends fail while release appends go on in the reserve until it is full too.
+    ///
+    /// Errors: [`JournalError::NoSpace`] when a new segment cannot be preallocated, and
+    /// [`JournalError::SizeCap`] when it would pass the budget's cap (nothing was appended; try
+    /// again later: [`JournalError::is_out_of_space`]), [`JournalError::TooLarge`],
+    /// [`JournalError::IdTooLong`], I/O errors of segment creation.
+    pub fn append_with(
+        &mut self,
+        rec: &Record<'_>,
+        priority: Priority,
+    ) -> Result<Appended, JournalError> {
         rec.check_ids()?;
         let need = rec.stored_len();
-        let max = self.opts.segment_size - HEADER_LEN;
+        let max = self.opts.limit(self.opts.segment_size, priority) - HEADER_LEN;
         if need > max {
             return Err(JournalError::TooLarge {
                 len: need,
-                max: max - RECORD_HEADER_LEN,
+                max: max.saturating_sub(RECORD_HEADER_LEN),
             });
         }
         let mut at = self.active.written_end.load(Ordering::Relaxed);
-        if at + need > self.active.len {
+        if at + need > self.opts.limit(self.active.len, priority) {
             self.rotate(need)?;
             at = HEADER_LEN;
         }
         let seg = &self.active;
+        assert!(
+            at + need <= self.opts.limit(seg.len, priority),
+            "a new segment is made large enough for the record that needs it"
+        );
         let payload_len = rec.payload_len();
         let hdr = RecordHeader {
             len: payload_len as u32,
@@ -611,24 +696,27 @@ impl Journal {
     }
 
     /// A new active segment, twice the size of the last (up to `segment_size`) and large enough
-    /// for a record of `need` bytes.
+    /// for an ordinary record of `need` bytes before its reserve.
     fn rotate(&mut self, need: u64) -> Result<(), JournalError> {
         let id = self.active.id + 1;
-        let fits = (HEADER_LEN + need).div_ceil(HEADER_LEN) * HEADER_LEN;
+        // `append_with` refused records that do not fit before the reserve of `segment_size`.
+        let fits = self.opts.fits_before_reserve(need);
         let size = self
             .active
             .len
             .saturating_mul(2)
             .max(self.opts.initial_segment_size)
-            .min(self.opts.segment_size)
-            .max(fits);
-        let seg = Arc::new(Segment::create(
+            .max(fits)
+            .min(self.opts.segment_size);
+        let seg = Arc::new(create_segment(
+            &self.opts,
             &self.shared.dir,
             self.group,
             id,
             size,
             self.next_seq,
         )?);
+        self.counted_bytes += seg.len;
         lock(&self.shared.unsynced).push(seg.clone());
         self.segments.insert(id, seg.clone());
         self.last_crc = seg.header.chain_seed;
@@ -707,6 +795,11 @@ impl Journal {
             .ok_or(JournalError::NoSuchSegment(id))?;
         lock(&self.shared.unsynced).retain(|s| s.id != id);
         std::fs::remove_file(&seg.path).map_err(|e| JournalError::io(&seg.path, "remove", e))?;
+        // The file is gone (its blocks are freed once no sync handle maps it any more).
+        if let Some(b) = &self.opts.budget {
+            b.give_back(seg.len);
+        }
+        self.counted_bytes -= seg.len;
         sync_dir(&self.shared.dir)
     }
 }
@@ -841,9 +934,19 @@ impl Journal {
         }
         self.compacting_upto = None;
         let gone: Vec<u64> = self.segments.range(..=c.upto).map(|(&id, _)| id).collect();
+        let mut freed = 0;
         for id in gone {
-            self.segments.remove(&id);
+            if let Some(s) = self.segments.remove(&id) {
+                freed += s.len;
+            }
         }
+        // The budget: the replaced files go, the new one counts (it is smaller than what it
+        // replaces, so a compaction is never refused for the cap).
+        if let Some(b) = &self.opts.budget {
+            b.give_back(freed);
+            b.count(c.segment.len);
+        }
+        self.counted_bytes = self.counted_bytes - freed + c.segment.len;
         lock(&self.shared.unsynced).retain(|s| s.id > c.upto);
         let seg = Arc::new(c.segment);
         self.segments.insert(seg.id, seg);
@@ -853,6 +956,15 @@ impl Journal {
     /// Forgets a compaction that failed before its rename (its segments may be removed again).
     pub fn abandon_compaction(&mut self) {
         self.compacting_upto = None;
+    }
+}
+
+impl Drop for Journal {
+    /// Gives back to the budget what this journal counted: a later open counts the files again.
+    fn drop(&mut self) {
+        if let Some(b) = &self.opts.budget {
+            b.give_back(self.counted_bytes);
+        }
     }
 }
 

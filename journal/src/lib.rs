@@ -10,7 +10,8 @@
 //! `<root>/gNN/seg-NNNNNNNNN.jnl`: one directory per partition group (`g00` … `g63`), each with
 //! numbered segment files. A segment is preallocated to its full size when created
 //! (`fallocate`), mapped `MAP_SHARED`, filled with records from the front, and never truncated;
-//! when a record does not fit, the journal rotates to a new segment. Every segment header records
+//! when a record does not fit (an ordinary one: before the segment's release reserve), the
+//! journal rotates to a new segment. Every segment header records
 //! the group, the group count, the partition count and the partition function's name, so that a
 //! journal is never read with another partitioning.
 //!
@@ -22,13 +23,20 @@
 //!   run `smp-journal repair`.
 //! - [`Journal::append`] on the shard thread: a copy into the mapping, no syscall except when
 //!   rotating. It returns the record's [`Location`] (for [`Journal::read`], e.g. message bodies)
-//!   and the [`SyncPoint`] it is durable at.
+//!   and the [`SyncPoint`] it is durable at. [`Journal::append_with`] and [`Priority::Release`]
+//!   for records that end or shrink state (deletes): they may fill the last bytes of a segment,
+//!   its release reserve ([`Options::release_reserve`]), which ordinary appends leave free.
 //! - [`Journal::sync_handle`] gives a [`SyncHandle`] (`Send + Sync + Clone`) for a sync thread:
 //!   [`SyncHandle::sync_to`] (or [`SyncHandle::sync_all`]) msyncs and records the durable point
 //!   in the segment header; answer a client only after its record's `end` is synced.
 //! - [`Journal::segments`] and [`Journal::remove_segment`] when every record of an old segment is
-//!   dead (the relay counts live records per segment). [`JournalError::NoSpace`] from `append`
-//!   means the disk is full: nothing was appended, and later appends work once there is room.
+//!   dead (the relay counts live records per segment).
+//! - Space (`journal/FORMAT.md`, "Space"): [`JournalError::NoSpace`] from an append means no new
+//!   segment could be preallocated (the disk is full), [`JournalError::SizeCap`] that a new one
+//!   would pass the cap of the [`SpaceBudget`] the journals share ([`Options::budget`]; segment
+//!   files found at open count, removed ones are given back). Either way nothing was appended, a
+//!   release append still goes into the active segment's reserve until that is full too, and
+//!   later appends work once there is room.
 //!
 //! # For the inspection tool (`smp-journal`)
 //!
@@ -61,6 +69,7 @@ pub mod reader;
 mod repair;
 mod scan;
 mod segment;
+mod space;
 
 pub use compact::{CompactJob, Compacted};
 pub use error::{JournalError, Warning};
@@ -74,6 +83,7 @@ pub use journal::{
 };
 pub use repair::{repair, RepairReport};
 pub use segment::{parse_segment_file_name, segment_file_name};
+pub use space::{Priority, SpaceBudget, DEFAULT_RELEASE_RESERVE, RESERVE_SHARE_DIVISOR};
 
 use std::path::{Path, PathBuf};
 

@@ -18,6 +18,7 @@ fn opts() -> Options {
     Options {
         segment_size: 16 << 10,
         initial_segment_size: 16 << 10,
+        ..Options::default()
     }
 }
 
@@ -118,7 +119,15 @@ fn a_compacted_prefix_keeps_its_live_records_in_order_and_later_segments_follow_
     }
     let after = j.segments();
     assert_eq!(after[0].id, upto, "one segment replaces the prefix");
-    assert_eq!(after.len(), before.len() - (upto - before[0].id) as usize);
+    let later = |v: &[smp_journal::SegmentInfo]| -> Vec<u64> {
+        v.iter().map(|s| s.id).filter(|&id| id > upto).collect()
+    };
+    let (was, now) = (later(&before), later(&after));
+    assert_eq!(
+        &now[..was.len()],
+        &was[..],
+        "later segments stay (the tail may add one)"
+    );
     for id in before[0].id..upto {
         assert!(!smp_journal::group_dir(t.path(), 5)
             .join(segment_file_name(id))
@@ -309,4 +318,27 @@ fn a_child_killed_while_compacting_keeps_every_kept_record_once_and_in_order() {
             dir.display()
         );
     }
+}
+
+#[test]
+fn a_size_cap_counts_the_compacted_segment_instead_of_those_it_replaces() {
+    let t = TempDir::new("compact-budget");
+    let budget = smp_journal::SpaceBudget::new(1 << 30);
+    let o = Options {
+        budget: Some(budget.clone()),
+        ..opts()
+    };
+    let (mut j, _) = Journal::open(t.path(), 5, &o, |_, _, _| Ok(())).unwrap();
+    for i in 0..60 {
+        append_msg(&mut j, 2, i);
+    }
+    let files = |j: &Journal| j.segments().iter().map(|s| s.len).sum::<u64>();
+    assert_eq!(budget.used_bytes(), files(&j));
+    let upto = j.segments()[j.segments().len() - 2].id;
+    let job = j.start_compaction(upto, vec![]).unwrap();
+    let done = job.run().unwrap();
+    j.install_compaction(done).unwrap();
+    assert_eq!(budget.used_bytes(), files(&j), "counted as the files are");
+    drop(j);
+    assert_eq!(budget.used_bytes(), 0, "all given back at close");
 }

@@ -94,6 +94,7 @@ fn opts(segment_size: u64) -> Options {
     Options {
         segment_size,
         initial_segment_size: segment_size,
+        ..Options::default()
     }
 }
 
@@ -783,6 +784,7 @@ fn segments_grow_from_the_initial_size() {
     let o = Options {
         segment_size: 64 << 10,
         initial_segment_size: 8 << 10,
+        ..Options::default()
     };
     let (mut j, _) = Journal::open(dir.path(), 3, &o, |_, _, _| Ok(())).unwrap();
     let body = vec![1u8; 3000];

@@ -56,6 +56,7 @@ impl Writer {
             opts: Options {
                 segment_size,
                 initial_segment_size: segment_size,
+                ..Options::default()
             },
             open: HashMap::new(),
         }

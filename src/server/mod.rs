@@ -66,6 +66,8 @@ pub fn store_settings(config: &StartConfig) -> StoreSettings {
         ntf_ttl_secs: config.settings.notification_ttl.as_secs() as i64,
         test_delay: None,
         durability: config.durability,
+        // Created here, once: the shards' settings are clones that share it.
+        journal_budget: config.journal_max_size.map(smp_journal::SpaceBudget::new),
     }
 }
 

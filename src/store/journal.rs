@@ -17,7 +17,10 @@
 //! (a queue's latest record, a message not deleted, a stored notification); delete records in a
 //! segment only ever kill records of the same or older segments, so removing the oldest segments
 //! first never brings anything back. Oldest segments that hold mostly dead bytes are compacted in
-//! the background (`journal/compaction.rs`).
+//! the background (`journal/compaction.rs`). When the
+//! journal cannot grow (a full disk, or the cap of `start --journal-max-size`), records that end
+//! or shrink state go on in the active segment's reserve (`priority_of`) and the others answer
+//! `ERR STORE` ([`NO_SPACE`], [`SIZE_CAP`]) with nothing recorded.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -26,7 +29,9 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use smp_journal::{Journal, JournalError, Location, Options, Record, SyncHandle, SyncPoint};
+use smp_journal::{
+    Journal, JournalError, Location, Options, Priority, Record, SyncHandle, SyncPoint,
+};
 
 use super::codec::{decode_ntf, decode_rec, encode_ntf, encode_rec};
 use super::memory::MAX_NTFS_PER_NOTIFIER;
@@ -147,6 +152,9 @@ struct Data {
     live: HashMap<u32, Live>,
     /// Notifier ID → the group of its queue, where its notifications are recorded.
     notifiers: HashMap<EntityId, u32>,
+    /// Groups whose journal could not grow, with the segment that was active then: logged once,
+    /// and again when an append goes to a later segment.
+    full_groups: HashMap<u32, u64>,
     total_messages: usize,
     counters: StoreCounters,
 }
@@ -157,10 +165,34 @@ pub struct JournalStore {
     syncer: Syncer,
 }
 
+/// What a client gets (`ERR STORE …`) when the journal cannot grow: the disk is full.
+pub const NO_SPACE: &str = "no space left for the journal";
+/// The same for the configured size cap (`start --journal-max-size`).
+pub const SIZE_CAP: &str = "journal size cap reached";
+
 fn failed(e: JournalError) -> StoreError {
     match e {
-        JournalError::NoSpace { .. } => StoreError::Failed("no space left for the journal".into()),
+        JournalError::NoSpace { .. } => StoreError::Failed(NO_SPACE.into()),
+        JournalError::SizeCap { .. } => StoreError::Failed(SIZE_CAP.into()),
         e => StoreError::Failed(format!("journal: {e}")),
+    }
+}
+
+/// How a record may use its segment (`journal/FORMAT.md`, "Space"): records that end or shrink
+/// state go on in the segment's reserve when the journal cannot grow, so that on a full disk ACK,
+/// DEL, the daily queue-record touch of SUB and the other queue updates keep working while SEND
+/// (messages, notifications) and NEW (queue records) answer `ERR STORE`.
+fn priority_of(rec: &Record<'_>) -> Priority {
+    match rec {
+        Record::QueueUpdate { .. }
+        | Record::QueueDelete { .. }
+        | Record::MsgDelete { .. }
+        | Record::NtfDelete { .. }
+        | Record::NtfClear { .. } => Priority::Release,
+        Record::QueueCreate { .. }
+        | Record::MsgAppend { .. }
+        | Record::NtfAppend { .. }
+        | Record::Checkpoint { .. } => Priority::Ordinary,
     }
 }
 
@@ -192,20 +224,56 @@ impl Data {
         self.live.entry(g).or_default()
     }
 
-    /// Appends `rec` to the journal of group `g`.
-    fn append(&mut self, g: u32, rec: &Record<'_>) -> Result<(Location, SyncPoint), StoreError> {
+    /// Appends `rec` to the journal of group `g`. When the journal cannot grow, the operator is
+    /// told once (and again once it grew).
+    fn append(
+        &mut self,
+        g: u32,
+        rec: &Record<'_>,
+        priority: Priority,
+    ) -> Result<(Location, SyncPoint), StoreError> {
         let j = self
             .journals
             .get_mut(&g)
             .ok_or_else(|| StoreError::Failed(format!("group {g} is not this shard's")))?;
-        let a = j.append(rec).map_err(failed)?;
-        Ok((a.loc, a.end))
+        let active = j.written().segment;
+        match j.append_with(rec, priority) {
+            Ok(a) => {
+                if self.full_groups.get(&g).is_some_and(|&s| a.loc.segment > s) {
+                    self.full_groups.remove(&g);
+                    tracing::info!(group = g, "the journal has room again");
+                }
+                Ok((a.loc, a.end))
+            }
+            Err(e) => {
+                if e.is_out_of_space() && self.full_groups.insert(g, active).is_none() {
+                    tracing::warn!(
+                        group = g,
+                        error = %e,
+                        "the journal cannot grow: SEND and NEW answer ERR STORE, deletes use the \
+                         segment's reserve until that is full; free disk space or raise \
+                         --journal-max-size"
+                    );
+                }
+                Err(failed(e))
+            }
+        }
     }
 
     /// Appends `rec` to group `g` and applies it to the index exactly as the replay at start does,
     /// so that what a restart rebuilds is what was served. Returns the point that makes it durable.
     fn record(&mut self, g: u32, rec: &Record<'_>) -> Result<SyncPoint, StoreError> {
-        let (loc, end) = self.append(g, rec)?;
+        self.record_with(g, rec, priority_of(rec))
+    }
+
+    /// As `record`, with the priority given instead of the record kind's.
+    fn record_with(
+        &mut self,
+        g: u32,
+        rec: &Record<'_>,
+        priority: Priority,
+    ) -> Result<SyncPoint, StoreError> {
+        let (loc, end) = self.append(g, rec, priority)?;
         self.replay(g, loc, *rec)
             .map_err(|e| StoreError::Failed(format!("journal: {e}")))?;
         self.compaction_step();
@@ -581,7 +649,10 @@ impl JournalStore {
         let root = Self::dir(s);
         std::fs::create_dir_all(&root)
             .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
-        let opts = Options::default();
+        let opts = Options {
+            budget: s.journal_budget.clone(),
+            ..Options::default()
+        };
         let mut data = Data::default();
         let mut handles = Vec::new();
         for &g in groups {
@@ -599,13 +670,22 @@ impl JournalStore {
             syncer: Syncer::start(durability, handles),
         };
         // What expired while the relay was stopped goes now, as the memory store does not load it.
+        // On a full journal (the reserve used up) they are left for the periodic expiry: a relay
+        // that cannot grow must still start and serve its deletes.
+        let later = |r: Result<usize, StoreError>| match r {
+            Err(StoreError::Failed(e)) if e == NO_SPACE || e == SIZE_CAP => {
+                tracing::warn!("what expired while the relay was stopped is deleted later: {e}");
+                Ok(0)
+            }
+            r => r.map_err(|e| e.to_string()),
+        };
         if s.message_ttl_secs < i64::MAX {
             let old = now.saturating_sub(s.message_ttl_secs);
-            futures_lite::future::block_on(store.expire_all(old)).map_err(|e| e.to_string())?;
+            later(futures_lite::future::block_on(store.expire_all(old)))?;
         }
         if s.ntf_ttl_secs < i64::MAX {
             let old = now.saturating_sub(s.ntf_ttl_secs);
-            futures_lite::future::block_on(store.expire_ntfs(old)).map_err(|e| e.to_string())?;
+            later(futures_lite::future::block_on(store.expire_ntfs(old)))?;
         }
         Ok(store)
     }
@@ -871,7 +951,10 @@ impl MessageStore for JournalStore {
             if let Some(kept) = d.ntfs.get(notifier_id) {
                 list.extend(kept.iter().map(|n| n.ntf.clone()));
             }
-            let mut end = d.record(g, &Record::NtfClear { notifier_id })?;
+            // Ordinary, not the reserve: the clear is the start of a rewrite, whose appends would
+            // fail after it when the journal cannot grow.
+            let mut end =
+                d.record_with(g, &Record::NtfClear { notifier_id }, Priority::Ordinary)?;
             let skip = list.len().saturating_sub(MAX_NTFS_PER_NOTIFIER);
             for n in list.into_iter().skip(skip) {
                 let bytes = encode_notification(&n);
@@ -1196,6 +1279,7 @@ mod tests {
             ntf_ttl_secs: i64::MAX,
             test_delay: None,
             durability: Durability::EveryBatch,
+            journal_budget: None,
         }
     }
 

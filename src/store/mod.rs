@@ -359,6 +359,9 @@ pub struct StoreSettings {
     pub test_delay: Option<std::time::Duration>,
     /// When the journal store makes its records durable (`journal.rs`).
     pub durability: journal::Durability,
+    /// The cap on the journal store's segment files, one budget shared by every shard's groups
+    /// (`start --journal-max-size`); `None`: no cap but the disk's size.
+    pub journal_budget: Option<smp_journal::SpaceBudget>,
 }
 
 /// Every partition group, `0..PARTITION_GROUPS`: what the offline tools open.
