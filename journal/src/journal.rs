@@ -959,6 +959,68 @@ impl Journal {
     }
 }
 
+/// Pages of records to bring into memory on another thread ([`Journal::prefetch`]).
+#[derive(Default)]
+pub struct Prefetch {
+    ranges: Vec<(Arc<Segment>, u64, u64)>,
+}
+
+impl Prefetch {
+    /// Adds `other`'s records.
+    pub fn append(&mut self, other: Prefetch) {
+        self.ranges.extend(other.ranges);
+    }
+
+    /// Reads a byte of every page of the records (blocking on the disk for cold ones): run it
+    /// off the appending thread, then read the records there without waiting.
+    pub fn run(self) {
+        for (seg, from, to) in &self.ranges {
+            seg.touch(*from, *to);
+        }
+    }
+
+    /// How many records it covers.
+    pub fn len(&self) -> usize {
+        self.ranges.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+}
+
+impl Journal {
+    /// Asks the kernel to drop the pages of segment `id` from memory (its synced ones: sync
+    /// first); later reads fault them in again. For memory pressure by hand and for tests of
+    /// cold reads; the relay does not call it.
+    pub fn evict(&self, id: u64) -> Result<(), JournalError> {
+        self.segments
+            .get(&id)
+            .ok_or(JournalError::NoSuchSegment(id))?
+            .evict()
+    }
+
+    /// The records among `records` (location and stored length) whose pages are not all in
+    /// memory, as a [`Prefetch`] for another thread (empty when every page is resident). Asking
+    /// costs one mincore per record outside the active segment (recent appends are in memory).
+    pub fn prefetch(&self, records: &[(Location, u64)]) -> Prefetch {
+        let mut ranges = Vec::new();
+        for &(loc, len) in records {
+            if loc.segment == self.active.id {
+                continue;
+            }
+            let Some(seg) = self.segments.get(&loc.segment) else {
+                continue;
+            };
+            let (from, to) = (loc.offset, loc.offset + len);
+            if !seg.resident(from, to) {
+                ranges.push((seg.clone(), from, to));
+            }
+        }
+        Prefetch { ranges }
+    }
+}
+
 impl Drop for Journal {
     /// Gives back to the budget what this journal counted: a later open counts the files again.
     fn drop(&mut self) {

@@ -78,7 +78,7 @@ pub use format::{
     RECORD_HEADER_LEN, RECORD_MAGIC, SEGMENT_COMPACTED, SEGMENT_MAGIC,
 };
 pub use journal::{
-    Appended, Journal, OpenReport, Options, SegmentInfo, SegmentSize, SyncHandle,
+    Appended, Journal, OpenReport, Options, Prefetch, SegmentInfo, SegmentSize, SyncHandle,
     DEFAULT_INITIAL_SEGMENT_SIZE, DEFAULT_SEGMENT_SIZE,
 };
 pub use repair::{repair, RepairReport};

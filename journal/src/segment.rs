@@ -291,6 +291,82 @@ impl Segment {
         }
     }
 
+    /// Whether every page of record bytes `[from, to)` is in memory (mincore), so that reading
+    /// them takes no disk read. `false` when it cannot tell.
+    pub fn resident(&self, from: u64, to: u64) -> bool {
+        const PAGE: u64 = 4096;
+        let to = to.min(self.len);
+        if from >= to {
+            return true;
+        }
+        let start = from / PAGE * PAGE;
+        let pages = (to - start).div_ceil(PAGE) as usize;
+        let mut vec = vec![0u8; pages];
+        // SAFETY: `start` is page-aligned (the mapping starts on a page and `start` is a multiple
+        // of 4096, the page size of every Linux platform this runs on; on a larger page size
+        // mincore fails with EINVAL and we say "not resident") and `[start, to)` lies inside the
+        // mapping, which lives as long as `self`. mincore only reads the page tables for that
+        // range and writes one byte per page into `vec`, which has room for `pages` bytes.
+        let r = unsafe {
+            libc::mincore(
+                self.map.as_mut_ptr().add(start as usize).cast(),
+                (to - start) as usize,
+                vec.as_mut_ptr(),
+            )
+        };
+        r == 0 && vec.iter().all(|b| b & 1 == 1)
+    }
+
+    /// Reads one byte of every page of record bytes `[from, to)`, so that the kernel brings them
+    /// into memory (on the calling thread, which may block on the disk).
+    pub fn touch(&self, from: u64, to: u64) {
+        let to = to.min(self.written_end.load(Ordering::Acquire));
+        if from < HEADER_LEN || from >= to {
+            return;
+        }
+        let bytes = self.records(from, to);
+        let mut sum = 0u8;
+        for i in (0..bytes.len()).step_by(4096) {
+            sum = sum.wrapping_add(bytes[i]);
+        }
+        std::hint::black_box(sum);
+    }
+
+    /// Asks the kernel to drop this segment's pages from memory: unmaps them from this process
+    /// (MADV_DONTNEED; a shared file mapping keeps its data in the file) and drops the clean ones
+    /// from the page cache (POSIX_FADV_DONTNEED). Dirty pages (not yet synced) stay.
+    pub fn evict(&self) -> Result<(), JournalError> {
+        // SAFETY: the range is exactly our live mapping. MADV_DONTNEED on a MAP_SHARED file
+        // mapping only drops this process's page-table entries: the next access faults the page
+        // in again from the page cache or the file, so no data is lost and no reference into
+        // the mapping becomes invalid.
+        let r = unsafe {
+            libc::madvise(
+                self.map.as_mut_ptr().cast(),
+                self.len as usize,
+                libc::MADV_DONTNEED,
+            )
+        };
+        if r != 0 {
+            return Err(JournalError::io(
+                &self.path,
+                "madvise",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: plain syscall on a descriptor we own, no memory passed.
+        let r =
+            unsafe { libc::posix_fadvise(self._file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        if r != 0 {
+            return Err(JournalError::io(
+                &self.path,
+                "posix_fadvise",
+                std::io::Error::from_raw_os_error(r),
+            ));
+        }
+        Ok(())
+    }
+
     /// msync (MS_SYNC) of record bytes `[from, to)`.
     pub fn sync_range(&self, from: u64, to: u64) -> Result<(), JournalError> {
         self.map

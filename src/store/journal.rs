@@ -42,7 +42,9 @@ use super::{
 use crate::protocol::encoding::Reader;
 
 mod compaction;
+mod prefetch;
 use compaction::Compaction;
+use prefetch::Prefetcher;
 
 /// Queue records and notifications in the journal: the memory store's encodings
 /// (`store/codec.rs`), each record's payload exactly one of them.
@@ -146,6 +148,8 @@ struct Data {
     compaction: Option<Compaction>,
     /// Records to append before a failed compaction is tried again.
     compaction_backoff: u64,
+    /// Head records whose pages were brought into memory off the shard.
+    prefetched: u64,
     queues: HashMap<EntityId, QueueEntry>,
     ntfs: HashMap<EntityId, VecDeque<NtfEntry>>,
     journals: HashMap<u32, Journal>,
@@ -163,6 +167,7 @@ struct Data {
 pub struct JournalStore {
     data: RefCell<Data>,
     syncer: Syncer,
+    prefetcher: Prefetcher,
 }
 
 /// What a client gets (`ERR STORE …`) when the journal cannot grow: the disk is full.
@@ -668,6 +673,7 @@ impl JournalStore {
         let store = JournalStore {
             data: RefCell::new(data),
             syncer: Syncer::start(durability, handles),
+            prefetcher: Prefetcher::start(),
         };
         // What expired while the relay was stopped goes now, as the memory store does not load it.
         // On a full journal (the reserve used up) they are left for the periodic expiry: a relay
@@ -809,6 +815,7 @@ impl MessageStore for JournalStore {
     }
 
     async fn peek_first(&self, recipient_id: &[u8]) -> Result<Option<Message>, StoreError> {
+        self.warm_heads(&[recipient_id]).await;
         let mut d = self.data.borrow_mut();
         d.counters.peek_first += 1;
         d.head(recipient_id)
@@ -818,6 +825,7 @@ impl MessageStore for JournalStore {
         &self,
         recipient_ids: &[&[u8]],
     ) -> Result<Vec<Option<Message>>, StoreError> {
+        self.warm_heads(recipient_ids).await;
         let mut d = self.data.borrow_mut();
         d.counters.peek_first_many += 1;
         recipient_ids.iter().map(|rid| d.head(rid)).collect()
@@ -1198,6 +1206,7 @@ impl ShardStore for JournalStore {
 
     fn close(mut self, _s: &StoreSettings, _groups: &[u32]) -> Result<(), String> {
         self.data.borrow_mut().finish_compaction();
+        self.prefetcher.stop();
         // The sync thread syncs everything before it ends.
         self.syncer.stop();
         if self.syncer.durability == Durability::Never {
@@ -1253,26 +1262,26 @@ impl JournalStore {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::store::memory::tests::{msg, ntf, rec};
     use futures_lite::future::block_on;
 
-    struct TempDir(PathBuf);
+    pub(super) struct TempDir(PathBuf);
     impl Drop for TempDir {
         fn drop(&mut self) {
             let _ = std::fs::remove_dir_all(&self.0);
         }
     }
 
-    fn temp(name: &str) -> TempDir {
+    pub(super) fn temp(name: &str) -> TempDir {
         let d = std::env::temp_dir().join(format!("smp-jstore-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         TempDir(d)
     }
 
-    fn settings(dir: &TempDir) -> StoreSettings {
+    pub(super) fn settings(dir: &TempDir) -> StoreSettings {
         StoreSettings {
             data_dir: dir.0.clone(),
             message_ttl_secs: i64::MAX,
@@ -1283,7 +1292,7 @@ mod tests {
         }
     }
 
-    fn all() -> Vec<u32> {
+    pub(super) fn all() -> Vec<u32> {
         (0..crate::store::PARTITION_GROUPS).collect()
     }
 
