@@ -14,7 +14,10 @@ use crate::format::{
     record_crc, Kind, Record, RecordHeader, HEADER_LEN, MIN_SEGMENT_SIZE, RECORD_ALIGN,
     RECORD_HEADER_LEN, RECORD_MAGIC,
 };
-use crate::scan::{scan, SliceSource};
+use crate::checkpoint::{
+    read_checkpoint, stale_reason, Checkpoint, CheckpointBase, CheckpointPoint, SeenSegment,
+};
+use crate::scan::{scan_from, SliceSource, Start};
 use crate::segment::{list_segment_ids, read_header, replaced_ids, sync_dir, Segment};
 use crate::space::{
     reserve_of, Priority, SpaceBudget, DEFAULT_RELEASE_RESERVE, RESERVE_SHARE_DIVISOR,
@@ -148,6 +151,8 @@ pub struct OpenReport {
     pub written: SyncPoint,
     /// The sequence number the next record will get.
     pub next_seq: u64,
+    /// The point of the checkpoint open started from, if it used one.
+    pub checkpoint: Option<SyncPoint>,
 }
 
 /// One segment as `Journal::segments` lists it.
@@ -273,7 +278,9 @@ pub(crate) fn open_dir(root: &Path, group: u32) -> Result<(PathBuf, File), Journ
     for e in rd.flatten() {
         let name = e.file_name();
         let name = name.to_string_lossy();
-        if name.starts_with("seg-") && name.ends_with(".jnl.tmp") {
+        if (name.starts_with("seg-") && name.ends_with(".jnl.tmp"))
+            || name == format!("{}.tmp", crate::checkpoint::CHECKPOINT_FILE)
+        {
             let _ = std::fs::remove_file(e.path());
         }
     }
@@ -342,6 +349,33 @@ impl Journal {
         root: &Path,
         group: u32,
         opts: &Options,
+        replay: impl FnMut(Location, u64, Record<'_>) -> Result<(), String>,
+    ) -> Result<(Journal, OpenReport), JournalError> {
+        Self::open_inner(root, group, opts, None::<fn(&Checkpoint) -> Result<(), String>>, replay)
+    }
+
+    /// As [`Journal::open`], starting from the group's checkpoint when it still fits the
+    /// segments (`journal/FORMAT.md`, "Checkpoints"): `load` gets it first (build the state from
+    /// its blob), then `replay` gets only the records after its point. Without a usable
+    /// checkpoint (none, unreadable, or the segments it covers were compacted or cut since: a
+    /// warning says which) `load` is not called and every record is replayed. A `load` error
+    /// stops the open ([`JournalError::Replay`] naming the checkpoint file; removing the file
+    /// makes the next open replay everything).
+    pub fn open_from_checkpoint(
+        root: &Path,
+        group: u32,
+        opts: &Options,
+        load: impl FnOnce(&Checkpoint) -> Result<(), String>,
+        replay: impl FnMut(Location, u64, Record<'_>) -> Result<(), String>,
+    ) -> Result<(Journal, OpenReport), JournalError> {
+        Self::open_inner(root, group, opts, Some(load), replay)
+    }
+
+    fn open_inner(
+        root: &Path,
+        group: u32,
+        opts: &Options,
+        load: Option<impl FnOnce(&Checkpoint) -> Result<(), String>>,
         mut replay: impl FnMut(Location, u64, Record<'_>) -> Result<(), String>,
     ) -> Result<(Journal, OpenReport), JournalError> {
         opts.check()?;
@@ -373,6 +407,11 @@ impl Journal {
             }
             ids.drain(..replaced.len());
         }
+
+        let plan = match load {
+            Some(load) => Self::checkpoint_plan(root, &dir, group, &ids, &mut report, load)?,
+            None => None,
+        };
 
         let mut segments: BTreeMap<u64, Arc<Segment>> = BTreeMap::new();
         let mut next_seq = 1u64;
@@ -431,13 +470,38 @@ impl Journal {
                 break;
             }
             let seg = Segment::map(path.clone(), file, header, len, slot.synced_end, slot.count)?;
+            // A segment the checkpoint covers whole is not read: its records end where the
+            // checkpoint saw them end (durable then, and checked by the plan).
+            let seen = plan
+                .as_ref()
+                .and_then(|p| p.segments.iter().find(|s| s.id == id).map(|s| (p, *s)));
+            let mut start = None;
+            if let Some((p, s)) = seen {
+                if id < p.point.segment {
+                    seg.written_end.store(s.end, Ordering::Release);
+                    next_seq = p
+                        .segments
+                        .iter()
+                        .find(|x| x.id > id)
+                        .map_or(p.next_seq, |x| x.first_seq);
+                    segments.insert(id, Arc::new(seg));
+                    i += 1;
+                    continue;
+                }
+                start = Some(Start {
+                    offset: p.point.offset,
+                    seq: p.next_seq,
+                    prev_crc: p.last_crc,
+                });
+            }
             // SAFETY: the segment was just mapped and nothing else has it: no sync handle exists
             // yet and the group lock keeps other journals out.
             let bytes = unsafe { seg.whole() };
-            let end = scan(
+            let end = scan_from(
                 &mut SliceSource(bytes),
                 &path,
                 &seg.header,
+                start,
                 |loc, seq, rec| {
                     report.records += 1;
                     replay(loc, seq, rec)
@@ -801,6 +865,77 @@ impl Journal {
         }
         self.counted_bytes -= seg.len;
         sync_dir(&self.shared.dir)
+    }
+}
+
+impl Journal {
+    /// Reads the group's checkpoint and, when it fits the segments `ids` on disk, calls `load`
+    /// with it and returns its point for open to start from.
+    fn checkpoint_plan(
+        root: &Path,
+        dir: &Path,
+        group: u32,
+        ids: &[u64],
+        report: &mut OpenReport,
+        load: impl FnOnce(&Checkpoint) -> Result<(), String>,
+    ) -> Result<Option<CheckpointPoint>, JournalError> {
+        let (cp, warning) = read_checkpoint(root, group)?;
+        report.warnings.extend(warning);
+        let Some(cp) = cp else {
+            return Ok(None);
+        };
+        let mut found = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let path = dir.join(crate::segment_file_name(id));
+            let file = File::open(&path).map_err(|e| JournalError::io(&path, "open", e))?;
+            let Ok((h, slot, _)) = read_header(&file, &path) else {
+                continue;
+            };
+            found.push((id, h.first_seq, h.segment_len, h.flags, slot.synced_end));
+        }
+        if let Some(reason) = stale_reason(&cp.at, &found) {
+            report.warnings.push(Warning {
+                file: cp.path.clone(),
+                offset: 0,
+                message: format!("checkpoint not used ({reason}): the whole journal is replayed"),
+            });
+            return Ok(None);
+        }
+        load(&cp).map_err(|reason| JournalError::Replay {
+            file: cp.path.clone(),
+            offset: 0,
+            reason: format!("{reason} (remove the file to replay the whole journal)"),
+        })?;
+        report.checkpoint = Some(cp.at.point);
+        Ok(Some(cp.at))
+    }
+
+    /// The point for a checkpoint taken now (after the last appended record), with the
+    /// segments it covers; give the caller's snapshot of its state at this point to
+    /// [`CheckpointBase::write`], on another thread.
+    pub fn checkpoint_base(&self) -> CheckpointBase {
+        let point = self.written();
+        CheckpointBase {
+            dir: self.shared.dir.clone(),
+            group: self.group,
+            at: CheckpointPoint {
+                point,
+                next_seq: self.next_seq,
+                last_crc: self.last_crc,
+                segments: self
+                    .segments
+                    .values()
+                    .map(|s| SeenSegment {
+                        id: s.id,
+                        first_seq: s.header.first_seq,
+                        len: s.len,
+                        flags: s.header.flags,
+                        end: s.written_end.load(Ordering::Relaxed),
+                    })
+                    .collect(),
+            },
+            sync: self.sync_handle(),
+        }
     }
 }
 

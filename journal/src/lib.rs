@@ -61,6 +61,7 @@
 //! need not replay everything; the [`Record::Checkpoint`] kind is reserved for marking them) are
 //! not written yet.
 
+mod checkpoint;
 mod compact;
 mod error;
 mod format;
@@ -71,6 +72,9 @@ mod scan;
 mod segment;
 mod space;
 
+pub use checkpoint::{
+    read_checkpoint, Checkpoint, CheckpointBase, CheckpointPoint, SeenSegment, CHECKPOINT_FILE,
+};
 pub use compact::{CompactJob, Compacted};
 pub use error::{JournalError, Warning};
 pub use format::{

@@ -161,5 +161,9 @@ pub fn repair(root: &std::path::Path, group: u32) -> Result<RepairReport, Journa
         }
         sync_dir(&dir)?;
     }
+    if rep.cut.is_some() {
+        // The checkpoint may cover records the cut removed: the next open replays everything.
+        crate::checkpoint::remove_checkpoint(&dir)?;
+    }
     Ok(rep)
 }
