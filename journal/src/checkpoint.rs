@@ -152,7 +152,9 @@ fn decode(b: &[u8], group: u32) -> Result<(CheckpointPoint, Vec<u8>), String> {
     let short = || "too short".to_string();
     let version = c.u32().ok_or_else(short)?;
     if version != VERSION {
-        return Err(format!("version {version}, this smp-journal reads {VERSION}"));
+        return Err(format!(
+            "version {version}, this smp-journal reads {VERSION}"
+        ));
     }
     let g = c.u32().ok_or_else(short)?;
     if g != group {
@@ -228,7 +230,10 @@ pub(crate) fn remove_checkpoint(dir: &Path) -> Result<bool, JournalError> {
 
 /// Why a checkpoint does not fit the segments on disk, if it does not: `found` is each segment
 /// on disk (after leftovers were removed) with its header and synced end.
-pub(crate) fn stale_reason(at: &CheckpointPoint, found: &[(u64, u64, u64, u32, u64)]) -> Option<String> {
+pub(crate) fn stale_reason(
+    at: &CheckpointPoint,
+    found: &[(u64, u64, u64, u32, u64)],
+) -> Option<String> {
     let first_on_disk = found.first().map(|f| f.0)?;
     if !found.iter().any(|f| f.0 == at.point.segment) {
         return Some(format!("its segment {} is gone", at.point.segment));

@@ -8,14 +8,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::checkpoint::{
+    read_checkpoint, stale_reason, Checkpoint, CheckpointBase, CheckpointPoint, SeenSegment,
+};
 use crate::compact::{CompactJob, Compacted};
 use crate::error::{JournalError, Warning};
 use crate::format::{
     record_crc, Kind, Record, RecordHeader, HEADER_LEN, MIN_SEGMENT_SIZE, RECORD_ALIGN,
     RECORD_HEADER_LEN, RECORD_MAGIC,
-};
-use crate::checkpoint::{
-    read_checkpoint, stale_reason, Checkpoint, CheckpointBase, CheckpointPoint, SeenSegment,
 };
 use crate::scan::{scan_from, SliceSource, Start};
 use crate::segment::{list_segment_ids, read_header, replaced_ids, sync_dir, Segment};
@@ -351,7 +351,13 @@ impl Journal {
         opts: &Options,
         replay: impl FnMut(Location, u64, Record<'_>) -> Result<(), String>,
     ) -> Result<(Journal, OpenReport), JournalError> {
-        Self::open_inner(root, group, opts, None::<fn(&Checkpoint) -> Result<(), String>>, replay)
+        Self::open_inner(
+            root,
+            group,
+            opts,
+            None::<fn(&Checkpoint) -> Result<(), String>>,
+            replay,
+        )
     }
 
     /// As [`Journal::open`], starting from the group's checkpoint when it still fits the

@@ -82,7 +82,10 @@ fn open_starts_after_the_checkpoint_and_appends_go_on() {
     for i in 0..100 {
         append(&mut j, i);
     }
-    assert!(j.segments().len() >= 3, "the checkpoint covers several segments");
+    assert!(
+        j.segments().len() >= 3,
+        "the checkpoint covers several segments"
+    );
     j.checkpoint_base().write(b"state after 100").unwrap();
     for i in 100..130 {
         append(&mut j, i);
@@ -92,7 +95,11 @@ fn open_starts_after_the_checkpoint_and_appends_go_on() {
 
     let mut o = open(t.path());
     assert_eq!(o.blob.as_deref(), Some(&b"state after 100"[..]));
-    assert_eq!(o.replayed, (100..130).collect::<Vec<_>>(), "only the records after it");
+    assert_eq!(
+        o.replayed,
+        (100..130).collect::<Vec<_>>(),
+        "only the records after it"
+    );
     assert!(o.warnings.is_empty(), "{:?}", o.warnings);
     // Records before the point are still readable, and appends follow on.
     let loc = o.journal.segments()[0].id;
@@ -143,15 +150,27 @@ fn a_checkpoint_of_segments_compacted_since_is_not_used() {
     let locs: Vec<Location> = (0..100).map(|i| append(&mut j, i)).collect();
     j.checkpoint_base().write(b"before").unwrap();
     let upto = j.segments()[j.segments().len() - 2].id;
-    let keep: Vec<Location> = locs.iter().copied().filter(|l| l.segment <= upto).step_by(10).collect();
+    let keep: Vec<Location> = locs
+        .iter()
+        .copied()
+        .filter(|l| l.segment <= upto)
+        .step_by(10)
+        .collect();
     let job = j.start_compaction(upto, keep).unwrap();
     j.install_compaction(job.run().unwrap()).unwrap();
     j.sync_handle().sync_all().unwrap();
     drop(j);
     let o = open(t.path());
     assert!(o.blob.is_none(), "not loaded");
-    assert!(o.warnings.iter().any(|w| w.contains("rewritten since")), "{:?}", o.warnings);
-    assert!(o.replayed.len() < 100, "the compacted journal, replayed whole");
+    assert!(
+        o.warnings.iter().any(|w| w.contains("rewritten since")),
+        "{:?}",
+        o.warnings
+    );
+    assert!(
+        o.replayed.len() < 100,
+        "the compacted journal, replayed whole"
+    );
 }
 
 #[test]
@@ -171,11 +190,15 @@ fn a_damaged_checkpoint_file_is_a_warning_and_repair_removes_the_checkpoint() {
     let o = open(t.path());
     assert!(o.blob.is_none());
     assert_eq!(o.replayed, (0..40).collect::<Vec<_>>());
-    assert!(o.warnings.iter().any(|w| w.contains("CRC")), "{:?}", o.warnings);
+    assert!(
+        o.warnings.iter().any(|w| w.contains("CRC")),
+        "{:?}",
+        o.warnings
+    );
     drop(o);
 
     // A good checkpoint, then a cut by repair: the checkpoint goes with it.
-    let (mut j, _) = Journal::open(t.path(), G, &opts(), |_, _, _| Ok(())).unwrap();
+    let (j, _) = Journal::open(t.path(), G, &opts(), |_, _, _| Ok(())).unwrap();
     j.checkpoint_base().write(b"blob").unwrap();
     let seg = j.segments()[0].path.clone();
     drop(j);
