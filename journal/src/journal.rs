@@ -17,7 +17,7 @@ use crate::format::{
     record_crc, Kind, Record, RecordHeader, HEADER_LEN, MIN_SEGMENT_SIZE, RECORD_ALIGN,
     RECORD_HEADER_LEN, RECORD_MAGIC,
 };
-use crate::scan::{scan_from, SliceSource, Start};
+use crate::scan::{scan, SliceSource};
 use crate::segment::{list_segment_ids, read_header, replaced_ids, sync_dir, Segment};
 use crate::space::{
     reserve_of, Priority, SpaceBudget, DEFAULT_RELEASE_RESERVE, RESERVE_SHARE_DIVISOR,
@@ -476,39 +476,24 @@ impl Journal {
                 break;
             }
             let seg = Segment::map(path.clone(), file, header, len, slot.synced_end, slot.count)?;
-            // A segment the checkpoint covers whole is not read: its records end where the
-            // checkpoint saw them end (durable then, and checked by the plan).
-            let seen = plan
-                .as_ref()
-                .and_then(|p| p.segments.iter().find(|s| s.id == id).map(|s| (p, *s)));
-            let mut start = None;
-            if let Some((p, s)) = seen {
-                if id < p.point.segment {
-                    seg.written_end.store(s.end, Ordering::Release);
-                    next_seq = p
-                        .segments
-                        .iter()
-                        .find(|x| x.id > id)
-                        .map_or(p.next_seq, |x| x.first_seq);
-                    segments.insert(id, Arc::new(seg));
-                    i += 1;
-                    continue;
-                }
-                start = Some(Start {
-                    offset: p.point.offset,
-                    seq: p.next_seq,
-                    prev_crc: p.last_crc,
-                });
-            }
             // SAFETY: the segment was just mapped and nothing else has it: no sync handle exists
             // yet and the group lock keeps other journals out.
             let bytes = unsafe { seg.whole() };
-            let end = scan_from(
+            // Every record is read and checked, so that damage stops the open as without a
+            // checkpoint; those the checkpoint covers are not replayed.
+            let covered = plan.as_ref().map(|p| p.point);
+            let end = scan(
                 &mut SliceSource(bytes),
                 &path,
                 &seg.header,
-                start,
                 |loc, seq, rec| {
+                    let at = SyncPoint {
+                        segment: loc.segment,
+                        offset: loc.offset,
+                    };
+                    if covered.is_some_and(|p| at < p) {
+                        return Ok(());
+                    }
                     report.records += 1;
                     replay(loc, seq, rec)
                 },

@@ -57,9 +57,15 @@
 //! found with [`Journal::scan_segment`]) gives a [`CompactJob`] to run on another thread; its
 //! [`Compacted`] goes back to [`Journal::install_compaction`], which returns where each kept
 //! record went. The compacted segment replaces the group's oldest segments (see `compact.rs` and
-//! `journal/FORMAT.md`, "Compaction"). Checkpoints (snapshots of a group's state so that open
-//! need not replay everything; the [`Record::Checkpoint`] kind is reserved for marking them) are
-//! not written yet.
+//! `journal/FORMAT.md`, "Compaction").
+//!
+//! # Checkpoints
+//!
+//! [`Journal::checkpoint_base`] (on the appending thread, with the caller's snapshot of its
+//! state at that point) gives a [`CheckpointBase`] whose `write` syncs and writes the group's
+//! checkpoint file; [`Journal::open_from_checkpoint`] gives a checkpoint that still fits the
+//! segments to the caller and replays only the records after it (`journal/FORMAT.md`,
+//! "Checkpoints").
 
 mod checkpoint;
 mod compact;

@@ -113,43 +113,18 @@ pub(crate) fn scan<S: Source>(
     src: &mut S,
     path: &Path,
     hdr: &SegmentHeader,
-    f: impl FnMut(Location, u64, Record<'_>) -> Result<(), String>,
-) -> Result<ScanEnd, JournalError> {
-    scan_from(src, path, hdr, None, f)
-}
-
-/// Where a scan starts inside a segment (a checkpoint's point): offset, the sequence number of
-/// the record there and the CRC of the one before it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Start {
-    pub offset: u64,
-    pub seq: u64,
-    pub prev_crc: u32,
-}
-
-/// [`scan`] from `start` instead of the segment's first record.
-pub(crate) fn scan_from<S: Source>(
-    src: &mut S,
-    path: &Path,
-    hdr: &SegmentHeader,
-    start: Option<Start>,
     mut f: impl FnMut(Location, u64, Record<'_>) -> Result<(), String>,
 ) -> Result<ScanEnd, JournalError> {
     let len = src.len();
-    let start = start.unwrap_or(Start {
-        offset: HEADER_LEN,
-        seq: hdr.first_seq,
-        prev_crc: hdr.chain_seed,
-    });
-    let mut off = start.offset;
+    let mut off = HEADER_LEN;
     let mut out = ScanEnd {
         end: off,
         records: 0,
-        last_seq: (start.seq > hdr.first_seq).then(|| start.seq - 1),
-        last_crc: start.prev_crc,
+        last_seq: None,
+        last_crc: hdr.chain_seed,
         bad: None,
     };
-    let mut expect_seq = start.seq;
+    let mut expect_seq = hdr.first_seq;
     loop {
         if off + RECORD_HEADER_LEN > len {
             return Ok(out);

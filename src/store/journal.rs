@@ -11,7 +11,8 @@
 //!
 //! In memory: each queue's record and, per message, its ID, time, flags and where its record is
 //! ([`MsgEntry`]); bodies stay in the mapping and are read (and their CRC checked) when a head is
-//! peeked. At start each group is replayed from its first record.
+//! peeked. At start each group loads its checkpoint (written at a clean stop) and replays the records
+//! after it, or replays everything when there is none that fits (`journal/checkpoint.rs`).
 //!
 //! Space: a segment is removed once it and every older segment of its group hold no live record
 //! (a queue's latest record, a message not deleted, a stored notification); delete records in a
@@ -41,6 +42,7 @@ use super::{
 };
 use crate::protocol::encoding::Reader;
 
+mod checkpoint;
 mod compaction;
 mod prefetch;
 use compaction::Compaction;
@@ -150,6 +152,11 @@ struct Data {
     compaction_backoff: u64,
     /// Head records whose pages were brought into memory off the shard.
     prefetched: u64,
+    /// Groups opened from their checkpoint.
+    checkpoints_loaded: usize,
+    /// Where each group's journal ended at open: a group still there at a clean close needs no
+    /// new checkpoint.
+    ended_at_open: HashMap<u32, SyncPoint>,
     queues: HashMap<EntityId, QueueEntry>,
     ntfs: HashMap<EntityId, VecDeque<NtfEntry>>,
     journals: HashMap<u32, Journal>,
@@ -661,11 +668,24 @@ impl JournalStore {
         let mut data = Data::default();
         let mut handles = Vec::new();
         for &g in groups {
-            let (journal, report) =
-                Journal::open(&root, g, &opts, |loc, _seq, rec| data.replay(g, loc, rec))
-                    .map_err(|e| e.to_string())?;
+            // Both callbacks build `data`: the checkpoint's (if one is used) first.
+            let cell = RefCell::new(&mut data);
+            let (journal, report) = Journal::open_from_checkpoint(
+                &root,
+                g,
+                &opts,
+                |cp| cell.borrow_mut().load_checkpoint(g, &cp.blob),
+                |loc, _seq, rec| cell.borrow_mut().replay(g, loc, rec),
+            )
+            .map_err(|e| e.to_string())?;
             for w in &report.warnings {
                 tracing::warn!("{w}");
+            }
+            // An empty group, or one opened from a checkpoint at its end, is already as cheap
+            // to open as it gets.
+            let empty = report.records == 0 && report.checkpoint.is_none();
+            if empty || report.checkpoint == Some(report.written) {
+                data.ended_at_open.insert(g, report.written);
             }
             handles.push((g, journal.sync_handle()));
             data.journals.insert(g, journal);
@@ -1209,10 +1229,18 @@ impl ShardStore for JournalStore {
         self.prefetcher.stop();
         // The sync thread syncs everything before it ends.
         self.syncer.stop();
-        if self.syncer.durability == Durability::Never {
-            for j in self.data.borrow().journals.values() {
-                j.sync_handle().sync_all().map_err(|e| e.to_string())?;
+        // Each group's checkpoint (which syncs its journal first), so that the next start loads
+        // the state instead of replaying the journal.
+        let d = self.data.borrow();
+        let mut blobs = d.checkpoint_blobs();
+        for (g, j) in &d.journals {
+            if d.ended_at_open.get(g) == Some(&j.written()) {
+                continue;
             }
+            let blob = blobs.remove(g).unwrap_or_default();
+            j.checkpoint_base()
+                .write(&blob)
+                .map_err(|e| format!("journal checkpoint: {e}"))?;
         }
         Ok(())
     }
@@ -1333,6 +1361,12 @@ pub(super) mod tests {
             st.close(&s, &all()).unwrap();
         }
         let st = JournalStore::open(&s, &all(), 0).unwrap();
+        let used: std::collections::HashSet<u32> = [group_of(&a), group_of(&b)].into();
+        assert_eq!(
+            st.data.borrow().checkpoints_loaded,
+            used.len(),
+            "a clean close left a checkpoint per group with records"
+        );
         assert_eq!(st.queue_count(), 2);
         assert_eq!(st.size(&a), 3, "two messages and the quota marker");
         assert_eq!(st.size(&b), 0);
@@ -1350,6 +1384,24 @@ pub(super) mod tests {
         assert_eq!(left, vec![ntf(2, 6)]);
         assert!(!more);
         assert_eq!(st.total_messages(), 1);
+        // No clean close this time (as after a crash): the checkpoints of the last clean close
+        // are loaded and the changes since replayed on top.
+        block_on(st.write(&b, msg(8, 200), 10)).unwrap();
+        block_on(st.delete(&a)).unwrap();
+        drop(st);
+        let st = JournalStore::open(&s, &all(), 0).unwrap();
+        assert_eq!(st.data.borrow().checkpoints_loaded, used.len());
+        assert_eq!(
+            st.queue_count(),
+            1,
+            "the deletion after the checkpoint is replayed"
+        );
+        assert_eq!(
+            body(block_on(st.peek_first(&b)).unwrap()),
+            body(Some(msg(8, 200)))
+        );
+        assert_eq!(st.total_messages(), 1);
+        assert!(block_on(st.ntfs(&[9; 24])).unwrap().is_empty());
     }
 
     /// Segments whose records are all dead go, oldest first; without compaction (turned off
