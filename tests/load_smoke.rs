@@ -111,3 +111,59 @@ fn storm_and_displace_deliver_every_message() {
     );
     assert_eq!(figure(&displace, "sub_errors"), 0.0);
 }
+
+/// `smp-journal stats --json` of a data directory: (messages, message bytes) in total.
+fn journal_totals(data_dir: &Path) -> (u64, u64) {
+    let tool = Path::new(RELAY).with_file_name("smp-journal");
+    assert!(
+        tool.is_file(),
+        "{} is missing: build the workspace (cargo test --workspace)",
+        tool.display()
+    );
+    let out = Command::new(tool)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--quiet", "stats", "--json"])
+        .output()
+        .expect("run smp-journal");
+    assert!(out.status.success(), "smp-journal stats failed");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stats JSON");
+    let n = |k: &str| {
+        v["total"][k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("total.{k}"))
+    };
+    (n("messages"), n("message_bytes"))
+}
+
+/// `setup --messages-per-queue` leaves that many messages of that size in every queue of the
+/// saved store, and `restart-time` starts and stops the relay on it, reporting the start, without
+/// changing what it holds.
+#[test]
+fn setup_fills_queues_and_restart_time_times_a_start() {
+    let dir = Dir(std::env::temp_dir().join(format!("smp-load-restart-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).expect("temp dir");
+    let file = dir.0.join("queues");
+    let file_s = file.to_str().expect("utf-8 path");
+    let q = QUEUES.to_string();
+    load(&[
+        "setup",
+        "--queues",
+        &q,
+        "--file",
+        file_s,
+        "--messages-per-queue",
+        "2",
+        "--message-size",
+        "300",
+    ]);
+    let data_dir = dir.0.join("queues.relay");
+    assert_eq!(journal_totals(&data_dir), (2 * QUEUES, 2 * QUEUES * 300));
+
+    let out = load(&["restart-time", "--file", file_s, "--runs", "2", "--json"]);
+    let json = String::from_utf8(out.stdout).expect("utf-8 JSON");
+    assert_eq!(json.matches("\"type\":\"run\"").count(), 2, "{json}");
+    assert!(figure(&json, "start_to_listening_s") > 0.0);
+    assert!(figure(&json, "data_dir_mb") > 0.0);
+    assert_eq!(journal_totals(&data_dir), (2 * QUEUES, 2 * QUEUES * 300));
+}

@@ -1,7 +1,8 @@
-//! `smp-load`: creates queues once (`setup`), then runs the subscription scenarios (storm,
-//! individual, displace, idle) against a relay it starts as a child process (or one already
-//! running) and prints a table, and with `--json` one JSON record per run plus the median, min and
-//! max per configuration. See `benches/README.md`.
+//! `smp-load`: creates queues once (`setup`, optionally with messages in them), then runs the
+//! subscription scenarios (storm, individual, displace, idle) against a relay it starts as a child
+//! process (or one already running), or times the relay's start on a store (`restart-time`), and
+//! prints a table, and with `--json` one JSON record per run plus the median, min and max per
+//! configuration. See `benches/README.md`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -29,10 +30,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Create queues once (NEW in full blocks, then KEY with a sender key) and save their keys to
-    /// --file. Without --relay-addr it starts a relay on a fresh --data-dir (default
-    /// <file>.relay) and stops it cleanly, so the relay's store keeps the queues for later runs.
+    /// Create queues once (NEW in full blocks, then KEY with a sender key), optionally put
+    /// messages in them, and save their keys to --file. Without --relay-addr it starts a relay on
+    /// a fresh --data-dir (default <file>.relay) and stops it cleanly, so the relay's store keeps
+    /// the queues for later runs.
     Setup(SetupArgs),
+    /// Starts the relay on a data directory --runs times and times each start from the command
+    /// to its `listening` line (the store loaded), then stops it cleanly (SIGTERM).
+    RestartTime(RestartArgs),
     /// N queues subscribed at once from K connections while senders send and recipients ACK.
     Storm(MsgArgs),
     /// One connection subscribes the queues alone (default 10,000, prefilled).
@@ -133,6 +138,31 @@ struct SetupArgs {
     /// Replace an existing --file and data directory.
     #[arg(long)]
     force: bool,
+    /// Messages SENT to every queue after it is created (not received: they stay in the store).
+    #[arg(long, default_value_t = 0)]
+    messages_per_queue: usize,
+    /// Body bytes of each of those messages (at most 16048).
+    #[arg(long, default_value_t = 100)]
+    message_size: usize,
+    #[command(flatten)]
+    relay: RelayArgs,
+}
+
+#[derive(Args)]
+struct RestartArgs {
+    /// The queue file of `setup`, whose data directory is <file>.relay (or give --data-dir).
+    #[arg(long)]
+    file: Option<PathBuf>,
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Before each start, drop the data directory's files from the page cache
+    /// (posix_fadvise DONTNEED, those files only), so that the start reads them from the disk.
+    #[arg(long)]
+    cold: bool,
+    /// JSON records on stdout (the table goes to stderr).
+    #[arg(long)]
+    json: bool,
+    /// The relay's data directory; starts on it as it is (not a copy).
     #[command(flatten)]
     relay: RelayArgs,
 }
@@ -234,6 +264,7 @@ fn run(cli: Cli) -> Result<(), String> {
             prepare(&a.relay)?;
             setup(a)
         }
+        Cmd::RestartTime(a) => restart_time(a),
         Cmd::Storm(a) => messages("storm", Shape::Storm, a, 50_000, &[8, 32]),
         Cmd::Individual(a) => messages("individual", Shape::Storm, a, 10_000, &[1]),
         Cmd::Displace(a) => messages("displace", Shape::Displace, a, 50_000, &[8, 32]),
@@ -258,8 +289,28 @@ fn setup(a: SetupArgs) -> Result<(), String> {
             a.file.display()
         ));
     }
+    if a.message_size > smp_relay::protocol::version::max_message_length(u16::MAX) {
+        return Err(format!("--message-size {} is over 16048", a.message_size));
+    }
+    let make = |addr, key_hash| -> Result<Vec<QueueCreds>, String> {
+        let qs = creds::create_parallel(addr, key_hash, a.queues, a.threads).map_err(|e| e.0)?;
+        if a.messages_per_queue == 0 {
+            return Ok(qs);
+        }
+        let qs = Arc::new(qs);
+        creds::fill_parallel(
+            addr,
+            key_hash,
+            &qs,
+            a.messages_per_queue,
+            a.message_size,
+            a.threads,
+        )
+        .map_err(|e| e.0)?;
+        Ok(Arc::try_unwrap(qs).unwrap_or_else(|qs| qs.to_vec()))
+    };
     let qs = if let Some(t) = a.relay.external()? {
-        creds::create_parallel(t.addr, t.key_hash, a.queues, a.threads).map_err(|e| e.0)?
+        make(t.addr, t.key_hash)?
     } else {
         let dir = a
             .relay
@@ -276,7 +327,7 @@ fn setup(a: SetupArgs) -> Result<(), String> {
         let spec = a.relay.spec();
         spec.init(&dir)?;
         let relay = spec.start(&dir)?;
-        let qs = creds::create_parallel(relay.addr, relay.key_hash, a.queues, a.threads)
+        let qs = make(relay.addr, relay.key_hash)
             .map_err(|e| format!("{e}\nrelay log:\n{}", relay.log_tail()))?;
         eprintln!(
             "setup: stopping the relay (it saves the queues in {})",
@@ -287,6 +338,64 @@ fn setup(a: SetupArgs) -> Result<(), String> {
     };
     creds::save(&a.file, &qs).map_err(|e| e.0)?;
     eprintln!("setup: {} queues saved to {}", qs.len(), a.file.display());
+    Ok(())
+}
+
+fn restart_time(a: RestartArgs) -> Result<(), String> {
+    prepare(&a.relay)?;
+    if a.relay.relay_addr.is_some() {
+        return Err("restart-time starts its own relay: --relay-addr does not apply".into());
+    }
+    let dir = a
+        .relay
+        .data_dir
+        .clone()
+        .or_else(|| a.file.as_deref().map(default_data_dir))
+        .ok_or("give --data-dir or --file")?;
+    let spec = a.relay.spec();
+    let bytes = proc::dir_bytes(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let config = format!(
+        "{} shards={}{}{}",
+        dir.display(),
+        spec.shards,
+        if a.cold { " cold" } else { "" },
+        spec.extra_args
+            .iter()
+            .fold(String::new(), |s, x| s + " " + x)
+    );
+    let mut records = Vec::new();
+    for run in 0..a.runs {
+        if a.cold {
+            proc::evict_from_page_cache(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        let load1 = proc::load1();
+        let t0 = std::time::Instant::now();
+        let relay = spec.start(&dir)?;
+        let start_s = t0.elapsed().as_secs_f64();
+        let at = proc::sample(&relay.pid().to_string());
+        let t1 = std::time::Instant::now();
+        relay.stop_clean()?;
+        let stop_s = t1.elapsed().as_secs_f64();
+        if !a.json {
+            eprintln!("restart-time run {}/{}: {start_s:.3} s", run + 1, a.runs);
+        }
+        let mb = |kb: u64| kb as f64 / 1024.0;
+        records.push(RunRecord {
+            scenario: "restart-time".into(),
+            config: config.clone(),
+            run,
+            figures: vec![
+                ("start_to_listening_s", start_s),
+                ("relay_cpu_s_at_listening", at.cpu_s),
+                ("relay_rss_anon_mb", mb(at.rss_anon_kb)),
+                ("relay_rss_file_mb", mb(at.rss_file_kb)),
+                ("stop_s", stop_s),
+                ("data_dir_mb", bytes as f64 / 1e6),
+                ("load1_at_start", load1),
+            ],
+        });
+    }
+    emit("restart-time", &records, a.json, None);
     Ok(())
 }
 

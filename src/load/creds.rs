@@ -253,3 +253,108 @@ pub fn create_parallel(
     }
     Ok(all)
 }
+
+/// SENDs written before waiting for their answers by `fill`: a few blocks of small messages.
+pub const SEND_BATCH: usize = 160;
+
+/// Sends `per_queue` messages of `size` bytes to each of `qs` over one connection, signed with
+/// the queue's sender key, `SEND_BATCH` at a time, round by round (every queue's first message,
+/// then every queue's second …), each answered OK. `done` counts accepted messages.
+pub fn fill(
+    addr: SocketAddr,
+    key_hash: [u8; 32],
+    qs: &[QueueCreds],
+    per_queue: usize,
+    size: usize,
+    done: &AtomicUsize,
+) -> Result<(), CredsError> {
+    let mut c = Client::connect(addr, key_hash, ClientOptions::default())
+        .map_err(|e| err(format!("connect to {addr}: {e}")))?;
+    let mut next = 1u64;
+    for round in 0..per_queue {
+        for chunk in qs.chunks(SEND_BATCH) {
+            let corrs: Vec<[u8; 24]> = (0..chunk.len() as u64).map(|i| corr(next + i)).collect();
+            next += chunk.len() as u64;
+            let ts: Vec<ClientTransmission> = chunk
+                .iter()
+                .zip(&corrs)
+                .map(|(q, cid)| {
+                    let body = message_body(size, round, cid);
+                    ClientTransmission::new(
+                        cid,
+                        &q.sid,
+                        Command::Send {
+                            flags: crate::protocol::command::MsgFlags::new(false),
+                            body,
+                        },
+                    )
+                    .signed(q.snd_signer())
+                })
+                .collect();
+            c.send_batch(&ts)
+                .map_err(|e| err(format!("send SEND: {e}")))?;
+            let got = collect(&mut c, &corrs)?;
+            for cid in &corrs {
+                match got.get(&cid[..]) {
+                    Some(BrokerMsg::Ok) => {}
+                    other => return Err(err(format!("SEND answered {other:?}"))),
+                }
+            }
+            done.fetch_add(chunk.len(), Ordering::Relaxed);
+        }
+    }
+    Ok(())
+}
+
+/// A body of `size` bytes that names its round and corrId, then filler (the relay stores
+/// bodies as they come; their content does not change what they cost).
+fn message_body(size: usize, round: usize, corr: &[u8; 24]) -> Vec<u8> {
+    let mut b = format!("smp-load {round} {} ", URL_SAFE_NO_PAD.encode(&corr[..8])).into_bytes();
+    b.resize(size, b'.');
+    b
+}
+
+/// `fill` over `threads` connections at once (each a share of the queues), with a progress line
+/// on stderr.
+pub fn fill_parallel(
+    addr: SocketAddr,
+    key_hash: [u8; 32],
+    qs: &Arc<Vec<QueueCreds>>,
+    per_queue: usize,
+    size: usize,
+    threads: usize,
+) -> Result<(), CredsError> {
+    let n = qs.len() * per_queue;
+    let threads = threads.clamp(1, qs.len().max(1));
+    let done = Arc::new(AtomicUsize::new(0));
+    let share = qs.len().div_ceil(threads);
+    let handles: Vec<_> = (0..threads)
+        .map(|i| {
+            let (qs, done) = (qs.clone(), done.clone());
+            std::thread::spawn(move || {
+                let from = (i * share).min(qs.len());
+                let to = ((i + 1) * share).min(qs.len());
+                fill(addr, key_hash, &qs[from..to], per_queue, size, &done)
+            })
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    while handles.iter().any(|h| !h.is_finished()) {
+        let d = done.load(Ordering::Relaxed);
+        eprint!(
+            "\rsetup: {} {d}/{n} messages ({:.0}/s)   ",
+            crate::load::report::bar(d, n),
+            d as f64 / started.elapsed().as_secs_f64().max(1e-3)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    eprintln!(
+        "\rsetup: {} {n}/{n} messages of {size} bytes in {:.1} s        ",
+        crate::load::report::bar(n, n),
+        started.elapsed().as_secs_f64()
+    );
+    for h in handles {
+        h.join().map_err(|_| err("setup thread panicked"))??;
+    }
+    Ok(())
+}

@@ -25,6 +25,8 @@ pub struct ProcSample {
     pub cpu_s: f64,
     pub rss_kb: u64,
     pub rss_anon_kb: u64,
+    /// Resident file pages (for the journal store: its mapped segments).
+    pub rss_file_kb: u64,
     pub hwm_kb: u64,
 }
 
@@ -67,6 +69,8 @@ pub fn sample(pid: &str) -> ProcSample {
                 s.rss_kb = kb();
             } else if line.starts_with("RssAnon:") {
                 s.rss_anon_kb = kb();
+            } else if line.starts_with("RssFile:") {
+                s.rss_file_kb = kb();
             } else if line.starts_with("VmHWM:") {
                 s.hwm_kb = kb();
             }
@@ -138,6 +142,45 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// Bytes of the files under `dir` (their lengths), recursively.
+pub fn dir_bytes(dir: &Path) -> std::io::Result<u64> {
+    let mut n = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let t = entry.file_type()?;
+        if t.is_dir() {
+            n += dir_bytes(&entry.path())?;
+        } else if t.is_file() {
+            n += entry.metadata()?.len();
+        }
+    }
+    Ok(n)
+}
+
+/// Drops the pages of every file under `dir` from the page cache (fdatasync, then
+/// posix_fadvise DONTNEED), so that the next reader reads them from the disk; other files' pages
+/// stay cached. Pages a running process has mapped may stay.
+pub fn evict_from_page_cache(dir: &Path) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let t = entry.file_type()?;
+        if t.is_dir() {
+            evict_from_page_cache(&entry.path())?;
+        } else if t.is_file() {
+            let f = std::fs::File::open(entry.path())?;
+            // Dirty pages are not dropped: write them first.
+            f.sync_data()?;
+            // SAFETY: an advisory call on a descriptor we own, for its whole length.
+            let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+            if r != 0 {
+                return Err(std::io::Error::from_raw_os_error(r));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Copies a relay data directory, leaving out the lock and the `.bak` files a start leaves.
@@ -347,7 +390,7 @@ impl RelayProc {
                 let _ = child.kill();
                 return Err("relay did not stop within 120 s of SIGTERM".into());
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 }
