@@ -122,6 +122,7 @@ fn run(root: &std::path::Path, cfg: Config, tag: usize) -> RunResult {
         ntf_ttl_secs: i64::MAX,
         test_delay: None,
         durability: cfg.durability,
+        journal_budget: None,
     };
     let groups = groups_of_shard(0, SHARDS);
     let ids = queue_ids(&groups);
