@@ -69,7 +69,7 @@ fn an_unfetched_message_does_not_keep_its_group_growing_and_survives_a_kill() {
 /// rotating and being compacted meanwhile) reports a clean journal every time: 20 runs.
 #[test]
 fn verify_beside_a_relay_under_load_is_clean_every_time() {
-    let mut r = Relay::start();
+    let r = Relay::start();
     let mut c = r.client();
     let qs = create_many(&mut c, 2, 2);
     let (a, b) = (&qs[0], &qs[1]);

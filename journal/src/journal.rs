@@ -837,7 +837,7 @@ impl Journal {
     /// notification in it was deleted or rewritten later). Never the active segment. The file is
     /// unlinked (a sync handle still syncing it keeps its mapping until done) and the directory
     /// fsynced. Records in it must not be read afterwards ([`JournalError::BadLocation`]).
-    pub fn remove_segment(&mut self, id: u64) -> Result<(), JournalError> {
+    pub fn remove_segment(&mut self, id: u64) -> Result<Retired, JournalError> {
         if id == self.active.id {
             return Err(JournalError::ActiveSegment(id));
         }
@@ -849,13 +849,17 @@ impl Journal {
             .remove(&id)
             .ok_or(JournalError::NoSuchSegment(id))?;
         lock(&self.shared.unsynced).retain(|s| s.id != id);
-        std::fs::remove_file(&seg.path).map_err(|e| JournalError::io(&seg.path, "remove", e))?;
-        // The file is gone (its blocks are freed once no sync handle maps it any more).
+        // The file goes when the returned `Retired` is dropped (its blocks are freed once no
+        // sync handle maps it any more).
         if let Some(b) = &self.opts.budget {
             b.give_back(seg.len);
         }
         self.counted_bytes -= seg.len;
-        sync_dir(&self.shared.dir)
+        Ok(Retired {
+            unlink: vec![seg.path.clone()],
+            segments: vec![seg],
+            dir: self.shared.dir.clone(),
+        })
     }
 }
 
@@ -1051,7 +1055,7 @@ impl Journal {
     pub fn install_compaction(
         &mut self,
         c: Compacted,
-    ) -> Result<Vec<(Location, Location)>, JournalError> {
+    ) -> Result<(Vec<(Location, Location)>, Retired), JournalError> {
         if self.compacting_upto != Some(c.upto) {
             return Err(JournalError::BadCompaction(format!(
                 "no compaction up to segment {} was started",
@@ -1061,9 +1065,15 @@ impl Journal {
         self.compacting_upto = None;
         let gone: Vec<u64> = self.segments.range(..=c.upto).map(|(&id, _)| id).collect();
         let mut freed = 0;
+        let mut retired = Retired {
+            segments: Vec::new(),
+            unlink: Vec::new(),
+            dir: self.shared.dir.clone(),
+        };
         for id in gone {
             if let Some(s) = self.segments.remove(&id) {
                 freed += s.len;
+                retired.segments.push(s);
             }
         }
         // The budget: the replaced files go, the new one counts (it is smaller than what it
@@ -1076,12 +1086,36 @@ impl Journal {
         lock(&self.shared.unsynced).retain(|s| s.id > c.upto);
         let seg = Arc::new(c.segment);
         self.segments.insert(seg.id, seg);
-        Ok(c.moved)
+        Ok((c.moved, retired))
     }
 
     /// Forgets a compaction that failed before its rename (its segments may be removed again).
     pub fn abandon_compaction(&mut self) {
         self.compacting_upto = None;
+    }
+}
+
+/// Segments the journal no longer uses ([`Journal::remove_segment`],
+/// [`Journal::install_compaction`]). Dropping it removes the files still to be removed, fsyncs
+/// the directory and unmaps the segments (the last reference to a removed file frees its pages,
+/// which takes a while for a large one): drop it off the appending thread. Should a removal
+/// fail, the file stays, and a later open finds its records dead again.
+pub struct Retired {
+    segments: Vec<Arc<Segment>>,
+    unlink: Vec<PathBuf>,
+    dir: PathBuf,
+}
+
+impl Drop for Retired {
+    fn drop(&mut self) {
+        let mut removed = false;
+        for p in &self.unlink {
+            removed |= std::fs::remove_file(p).is_ok();
+        }
+        if removed {
+            let _ = sync_dir(&self.dir);
+        }
+        self.segments.clear();
     }
 }
 
@@ -1128,11 +1162,17 @@ impl Journal {
 
     /// The records among `records` (location and stored length) whose pages are not all in
     /// memory, as a [`Prefetch`] for another thread (empty when every page is resident). Asking
-    /// costs one mincore per record outside the active segment (recent appends are in memory).
+    /// costs one mincore per record outside the active segment and the one before it (recent
+    /// appends are in memory).
     pub fn prefetch(&self, records: &[(Location, u64)]) -> Prefetch {
         let mut ranges = Vec::new();
+        let recent = self
+            .segments
+            .range(..self.active.id)
+            .next_back()
+            .map_or(self.active.id, |(&id, _)| id);
         for &(loc, len) in records {
-            if loc.segment == self.active.id {
+            if loc.segment >= recent {
                 continue;
             }
             let Some(seg) = self.segments.get(&loc.segment) else {

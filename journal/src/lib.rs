@@ -88,8 +88,8 @@ pub use format::{
     RECORD_HEADER_LEN, RECORD_MAGIC, SEGMENT_COMPACTED, SEGMENT_MAGIC,
 };
 pub use journal::{
-    Appended, Journal, OpenReport, Options, Prefetch, SegmentInfo, SegmentSize, SyncHandle,
-    DEFAULT_INITIAL_SEGMENT_SIZE, DEFAULT_SEGMENT_SIZE,
+    Appended, Journal, OpenReport, Options, Prefetch, Retired, SegmentInfo, SegmentSize,
+    SyncHandle, DEFAULT_INITIAL_SEGMENT_SIZE, DEFAULT_SEGMENT_SIZE,
 };
 pub use repair::{repair, RepairReport};
 pub use segment::{parse_segment_file_name, segment_file_name};

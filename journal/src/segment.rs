@@ -301,7 +301,15 @@ impl Segment {
         }
         let start = from / PAGE * PAGE;
         let pages = (to - start).div_ceil(PAGE) as usize;
-        let mut vec = vec![0u8; pages];
+        // A record is at most a segment; most take one or two pages.
+        let mut small = [0u8; 8];
+        let mut large = Vec::new();
+        let vec: &mut [u8] = if pages <= small.len() {
+            &mut small[..pages]
+        } else {
+            large.resize(pages, 0);
+            &mut large
+        };
         // SAFETY: `start` is page-aligned (the mapping starts on a page and `start` is a multiple
         // of 4096, the page size of every Linux platform this runs on; on a larger page size
         // mincore fails with EINVAL and we say "not resident") and `[start, to)` lies inside the

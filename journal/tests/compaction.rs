@@ -106,7 +106,7 @@ fn a_compacted_prefix_keeps_its_live_records_in_order_and_later_segments_follow_
         .unwrap()
         .unwrap();
     assert!(done.bytes_after < done.bytes_before);
-    let moved = j.install_compaction(done).unwrap();
+    let (moved, _retired) = j.install_compaction(done).unwrap();
     assert_eq!(moved.len(), keep.len());
     for ((old, new), want) in moved.iter().zip(&kept_texts) {
         assert!(old.segment <= upto);
@@ -243,7 +243,7 @@ fn child_compacting_forever() {
             let job = j.start_compaction(upto, keep).unwrap();
             let done = job.run().unwrap();
             // The kept records of the prefix are the first ones of `kept`, in the same order.
-            let moved = j.install_compaction(done).unwrap();
+            let (moved, _retired) = j.install_compaction(done).unwrap();
             for (k, (old, new)) in moved.into_iter().enumerate() {
                 assert_eq!(kept[k], old);
                 kept[k] = new;

@@ -125,6 +125,8 @@ impl MsgEntry {
 
 struct QueueEntry {
     rec: QueueRec,
+    /// Its partition group (known at replay, so that reads need not hash the ID again).
+    group: u8,
     /// The record that holds `rec` (its latest create or update), and its bytes.
     rec_loc: Location,
     rec_len: u32,
@@ -132,6 +134,9 @@ struct QueueEntry {
     /// As the memory store's: false once a quota marker was written, until the queue is empty.
     can_write: bool,
 }
+
+// A group number fits `QueueEntry::group`.
+const _: () = assert!(smp_journal::JOURNAL_GROUPS <= 256);
 
 struct NtfEntry {
     ntf: MsgNtf,
@@ -154,6 +159,8 @@ struct Data {
     prefetched: u64,
     /// Groups opened from their checkpoint.
     checkpoints_loaded: usize,
+    /// The store's background thread, for segments to let go of off the shard.
+    background: Option<flume::Sender<prefetch::Job>>,
     /// Where each group's journal ended at open: a group still there at a clean close needs no
     /// new checkpoint.
     ended_at_open: HashMap<u32, SyncPoint>,
@@ -304,11 +311,16 @@ impl Data {
             .take_while(|s| !s.active && live.count(s.id) == 0)
             .map(|s| s.id)
             .collect();
+        let mut retired = Vec::new();
         for id in dead {
-            if j.remove_segment(id).is_err() {
-                break;
+            match j.remove_segment(id) {
+                Ok(r) => retired.push(r),
+                Err(_) => break,
             }
             live.0.remove(&id);
+        }
+        for r in retired {
+            self.retire(r);
         }
         self.consider_compaction(g);
     }
@@ -346,6 +358,7 @@ impl Data {
                             recipient_id.to_vec(),
                             QueueEntry {
                                 rec,
+                                group: g as u8,
                                 rec_loc: loc,
                                 rec_len: len,
                                 msgs: VecDeque::new(),
@@ -473,20 +486,23 @@ impl Data {
 
     /// The message at the head of `rid`, its body read from the journal.
     fn head(&self, rid: &[u8]) -> Result<Option<Message>, StoreError> {
-        let Some(m) = self.queues.get(rid).and_then(|q| q.msgs.front()) else {
+        let Some(q) = self.queues.get(rid) else {
             return Ok(None);
         };
-        self.message(rid, m).map(Some)
+        let Some(m) = q.msgs.front() else {
+            return Ok(None);
+        };
+        self.message(u32::from(q.group), m).map(Some)
     }
 
-    fn message(&self, rid: &[u8], m: &MsgEntry) -> Result<Message, StoreError> {
+    /// Message `m` of a queue of group `g`.
+    fn message(&self, g: u32, m: &MsgEntry) -> Result<Message, StoreError> {
         if m.is_quota() {
             return Ok(Message::Quota {
                 msg_id: m.msg_id,
                 ts: m.ts,
             });
         }
-        let g = group_of(rid);
         let j = self
             .journals
             .get(&g)
@@ -690,10 +706,12 @@ impl JournalStore {
             handles.push((g, journal.sync_handle()));
             data.journals.insert(g, journal);
         }
+        let prefetcher = Prefetcher::start();
+        data.background = prefetcher.sender();
         let store = JournalStore {
             data: RefCell::new(data),
             syncer: Syncer::start(durability, handles),
-            prefetcher: Prefetcher::start(),
+            prefetcher,
         };
         // What expired while the relay was stopped goes now, as the memory store does not load it.
         // On a full journal (the reserve used up) they are left for the periodic expiry: a relay
@@ -1067,7 +1085,8 @@ impl MessageStore for JournalStore {
         let Some(q) = d.queues.get(recipient_id) else {
             return Ok(Vec::new());
         };
-        q.msgs.iter().map(|m| d.message(recipient_id, m)).collect()
+        let g = u32::from(q.group);
+        q.msgs.iter().map(|m| d.message(g, m)).collect()
     }
 
     async fn ntfs(&self, notifier_id: &[u8]) -> Result<Vec<MsgNtf>, StoreError> {
@@ -1109,7 +1128,7 @@ impl JournalStore {
             let mut deleted = None;
             let mut end = None;
             if let Some(h) = head.filter(|h| &h.msg_id == msg_id) {
-                let m = d.message(rid, &h)?;
+                let m = d.message(g, &h)?;
                 end = Some(d.record(
                     g,
                     &Record::MsgDelete {
@@ -1226,6 +1245,7 @@ impl ShardStore for JournalStore {
 
     fn close(mut self, _s: &StoreSettings, _groups: &[u32]) -> Result<(), String> {
         self.data.borrow_mut().finish_compaction();
+        self.data.borrow_mut().background = None;
         self.prefetcher.stop();
         // The sync thread syncs everything before it ends.
         self.syncer.stop();

@@ -162,6 +162,7 @@ impl Data {
             rid,
             QueueEntry {
                 rec,
+                group: g as u8,
                 rec_loc,
                 rec_len,
                 msgs,

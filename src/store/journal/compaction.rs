@@ -27,7 +27,7 @@ use smp_journal::{Compacted, JournalError, Location, Record, HEADER_LEN};
 use super::{Data, EntityId};
 
 /// A group's oldest segments are compacted once they take at least this much disk…
-pub(super) const COMPACT_MIN_BYTES: u64 = 1 << 20;
+pub(super) const COMPACT_MIN_BYTES: u64 = 8 << 20;
 
 /// …and at most one byte in this many is live.
 pub(super) const COMPACT_LIVE_SHARE: u64 = 4;
@@ -256,7 +256,8 @@ impl Data {
             .journals
             .get_mut(&c.g)
             .expect("the compacted group is this shard's");
-        let moved = j.install_compaction(done)?;
+        let (moved, retired) = j.install_compaction(done)?;
+        self.retire(retired);
         // Old locations to new ones. Each entry is looked at once: a new location can equal
         // the old location of another record of the same segment number.
         let moved: HashMap<Location, Location> = moved.into_iter().collect();

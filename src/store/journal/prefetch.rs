@@ -1,20 +1,28 @@
-//! Heads of queues read from cold pages are brought into memory off the shard
+//! The store's background thread. Heads of queues read from cold pages are brought into memory
+//! off the shard
 //! (`docs/ARCHITECTURE.md` §5): before a SUB batch (or a single SUB) reads its heads' bodies from
 //! the mapping, the journal is asked which of those records have pages not in memory (one mincore
 //! each, none for the segment being appended to), and a thread of the store reads those pages
 //! while the shard serves other work. The heads are then read without a disk wait on the shard.
+//! The same thread removes the files of dead and compacted segments and unmaps them.
 
 use std::collections::HashMap;
 use std::thread::JoinHandle;
 
-use smp_journal::{Location, Prefetch};
+use smp_journal::{Location, Prefetch, Retired};
 
-use super::{group_of, Data, JournalStore};
+use super::{Data, JournalStore};
 
 /// Prefetch jobs waiting for the thread at most; a batch that finds the queue full waits.
 pub(super) const PREFETCH_QUEUE: usize = 64;
 
-type Job = (Prefetch, flume::Sender<()>);
+/// What the store's background thread does.
+pub(super) enum Job {
+    /// Read the pages, then say so.
+    Prefetch(Prefetch, flume::Sender<()>),
+    /// Let go of segments the journal no longer uses: remove their files, unmap them.
+    Retire(Retired),
+}
 
 /// The store's prefetch thread.
 pub(super) struct Prefetcher {
@@ -28,9 +36,14 @@ impl Prefetcher {
         let thread = std::thread::Builder::new()
             .name("journal-prefetch".into())
             .spawn(move || {
-                while let Ok((p, done)) = rx.recv() {
-                    p.run();
-                    let _ = done.send(());
+                while let Ok(job) = rx.recv() {
+                    match job {
+                        Job::Prefetch(p, done) => {
+                            p.run();
+                            let _ = done.send(());
+                        }
+                        Job::Retire(r) => drop(r),
+                    }
                 }
             })
             .ok();
@@ -47,9 +60,14 @@ impl Prefetcher {
             return;
         };
         let (done_tx, done_rx) = flume::bounded(1);
-        if tx.send_async((p, done_tx)).await.is_ok() {
+        if tx.send_async(Job::Prefetch(p, done_tx)).await.is_ok() {
             let _ = done_rx.recv_async().await;
         }
+    }
+
+    /// A sender for `Data::retire`.
+    pub(super) fn sender(&self) -> Option<flume::Sender<Job>> {
+        self.tx.clone()
     }
 
     pub(super) fn stop(&mut self) {
@@ -67,18 +85,30 @@ impl Drop for Prefetcher {
 }
 
 impl Data {
+    /// Hands segments the journal let go of to the background thread (files removed and
+    /// mappings dropped there: freeing a large file's pages takes a while); on the shard when
+    /// the thread is busy with a full queue or gone.
+    pub(super) fn retire(&self, r: Retired) {
+        if let Some(tx) = &self.background {
+            if let Err(e) = tx.try_send(Job::Retire(r)) {
+                drop(e.into_inner());
+            }
+        }
+    }
+
     /// The head records of `rids` whose pages are not all in memory.
     fn cold_heads(&self, rids: &[&[u8]]) -> Prefetch {
         let mut by_group: HashMap<u32, Vec<(Location, u64)>> = HashMap::new();
         for rid in rids {
-            let Some(m) = self.queues.get(*rid).and_then(|q| q.msgs.front()) else {
+            let Some(q) = self.queues.get(*rid) else {
                 continue;
             };
-            if !m.is_quota() {
-                by_group
-                    .entry(group_of(rid))
+            match q.msgs.front() {
+                Some(m) if !m.is_quota() => by_group
+                    .entry(u32::from(q.group))
                     .or_default()
-                    .push((m.loc, u64::from(m.len)));
+                    .push((m.loc, u64::from(m.len))),
+                _ => {}
             }
         }
         let mut all = Prefetch::default();
@@ -108,6 +138,7 @@ mod tests {
     use super::super::tests::{all, settings, temp};
     use super::super::Durability;
     use super::*;
+    use crate::store::group_of;
     use crate::store::memory::tests::rec;
     use crate::store::{Message, MessageStore, QueueStore, ShardStore, StoreSettings};
     use futures_lite::future::block_on;
@@ -133,9 +164,9 @@ mod tests {
         let body = |q: usize, i: u8| vec![q as u8 ^ i; 16_000];
         for (q, rid) in rids.iter().enumerate() {
             block_on(st.create(rec(rid))).unwrap();
-            // 320 KB: the group's 256 KiB first segment fills, so the head is not in the
-            // segment being appended to.
-            for i in 0..20u8 {
+            // 1.6 MB: the group's segments of 256 KiB and 512 KiB fill, so the head is older
+            // than the segment before the one being appended to.
+            for i in 0..100u8 {
                 let mut id = [0u8; 24];
                 id[0] = i;
                 let m = Message::Message {
