@@ -27,7 +27,7 @@ use std::sync::Arc;
 use crate::error::{JournalError, Warning};
 use crate::format::{
     align, record_crc, RecordHeader, SegmentHeader, Slot, FORMAT_VERSION, HEADER_LEN,
-    MIN_SEGMENT_SIZE, RECORD_HEADER_LEN, RECORD_MAGIC, SEGMENT_COMPACTED,
+    MIN_SEGMENT_SIZE, RECORD_HEADER_LEN, SEGMENT_COMPACTED,
 };
 use crate::segment::{is_no_space, preallocate, random_u32, segment_file_name, sync_dir, Segment};
 use crate::Location;
@@ -157,29 +157,13 @@ impl CompactJob {
                     offset: loc.offset,
                     reason: "not in the segments being compacted".into(),
                 })?;
-            let written = seg.written_end.load(Ordering::Acquire);
-            let bad = |reason: &str| JournalError::BadLocation {
-                segment: loc.segment,
-                offset: loc.offset,
-                reason: reason.to_string(),
-            };
-            if loc.offset < HEADER_LEN || loc.offset + RECORD_HEADER_LEN > written {
-                return Err(bad("outside the segment's records"));
-            }
-            let hb = seg.records(loc.offset, loc.offset + RECORD_HEADER_LEN);
-            if hb[0..4] != RECORD_MAGIC {
-                return Err(bad("no record starts here"));
-            }
-            let h = RecordHeader::decode(hb);
-            let total = RECORD_HEADER_LEN + h.len as u64;
-            if loc.offset + total > written {
-                return Err(bad("record length runs past the written end"));
-            }
-            let all = seg.records(loc.offset, loc.offset + total);
-            let payload = &all[RECORD_HEADER_LEN as usize..];
-            if record_crc(all, payload) != h.crc {
-                return Err(bad("CRC mismatch"));
-            }
+            let (h, payload) =
+                seg.record_at(loc.offset, true)
+                    .map_err(|reason| JournalError::BadLocation {
+                        segment: loc.segment,
+                        offset: loc.offset,
+                        reason: reason.to_string(),
+                    })?;
             out.push((loc, h.kind, payload.to_vec()));
         }
         Ok(out)

@@ -15,7 +15,7 @@ use crate::compact::{CompactJob, Compacted};
 use crate::error::{JournalError, Warning};
 use crate::format::{
     record_crc, Kind, Record, RecordHeader, HEADER_LEN, MIN_SEGMENT_SIZE, RECORD_ALIGN,
-    RECORD_HEADER_LEN, RECORD_MAGIC,
+    RECORD_HEADER_LEN,
 };
 use crate::scan::{scan, SliceSource};
 use crate::segment::{list_segment_ids, read_header, replaced_ids, sync_dir, Segment};
@@ -791,27 +791,7 @@ impl Journal {
             .segments
             .get(&loc.segment)
             .ok_or_else(|| bad("no such segment"))?;
-        let written = seg.written_end.load(Ordering::Acquire);
-        if loc.offset < HEADER_LEN
-            || loc.offset % RECORD_ALIGN != 0
-            || loc.offset + RECORD_HEADER_LEN > written
-        {
-            return Err(bad("outside the segment's records"));
-        }
-        let hb = seg.records(loc.offset, loc.offset + RECORD_HEADER_LEN);
-        if hb[0..4] != RECORD_MAGIC {
-            return Err(bad("no record starts here"));
-        }
-        let h = RecordHeader::decode(hb);
-        let total = RECORD_HEADER_LEN + h.len as u64;
-        if loc.offset + total > written {
-            return Err(bad("record length runs past the written end"));
-        }
-        let all = seg.records(loc.offset, loc.offset + total);
-        let payload = &all[RECORD_HEADER_LEN as usize..];
-        if record_crc(all, payload) != h.crc {
-            return Err(bad("CRC mismatch"));
-        }
+        let (h, payload) = seg.record_at(loc.offset, true).map_err(bad)?;
         let kind = Kind::from_u16(h.kind).ok_or_else(|| bad("unknown record kind"))?;
         let rec = Record::decode(kind, payload).map_err(|e| bad(&e))?;
         Ok((h.seq, rec))
@@ -983,16 +963,8 @@ impl Journal {
                 offset: off,
                 reason: reason.to_string(),
             };
-            let hb = seg.records(off, off + RECORD_HEADER_LEN);
-            if hb[0..4] != RECORD_MAGIC {
-                return Err(bad("no record starts here"));
-            }
-            let h = RecordHeader::decode(hb);
+            let (h, payload) = seg.record_at(off, false).map_err(bad)?;
             let total = RECORD_HEADER_LEN + h.len as u64;
-            if off + total > written {
-                return Err(bad("record length runs past the written end"));
-            }
-            let payload = &seg.records(off, off + total)[RECORD_HEADER_LEN as usize..];
             let kind = Kind::from_u16(h.kind).ok_or_else(|| bad("unknown record kind"))?;
             let rec = Record::decode(kind, payload).map_err(|e| bad(&e))?;
             f(

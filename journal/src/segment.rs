@@ -9,7 +9,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use memmap2::{MmapOptions, MmapRaw};
 
 use crate::error::JournalError;
-use crate::format::{SegmentHeader, Slot, FORMAT_VERSION, HEADER_LEN, SLOT_LEN};
+use crate::format::{
+    record_crc, RecordHeader, SegmentHeader, Slot, FORMAT_VERSION, HEADER_LEN, RECORD_ALIGN,
+    RECORD_HEADER_LEN, RECORD_MAGIC, SLOT_LEN,
+};
 
 /// The file name of segment `id`: `seg-000000001.jnl`.
 pub fn segment_file_name(id: u64) -> String {
@@ -255,6 +258,35 @@ impl Segment {
         unsafe {
             std::slice::from_raw_parts(self.map.as_ptr().add(from as usize), (to - from) as usize)
         }
+    }
+
+    /// The record at `offset`: its header and payload, the CRC checked when `check_crc`. Any
+    /// thread may call it (see `records`). The error says what is wrong there.
+    pub fn record_at(
+        &self,
+        offset: u64,
+        check_crc: bool,
+    ) -> Result<(RecordHeader, &[u8]), &'static str> {
+        let written = self.written_end.load(Ordering::Acquire);
+        if offset < HEADER_LEN || offset % RECORD_ALIGN != 0 || offset + RECORD_HEADER_LEN > written
+        {
+            return Err("outside the segment's records");
+        }
+        let hb = self.records(offset, offset + RECORD_HEADER_LEN);
+        if hb[0..4] != RECORD_MAGIC {
+            return Err("no record starts here");
+        }
+        let h = RecordHeader::decode(hb);
+        let total = RECORD_HEADER_LEN + h.len as u64;
+        if offset + total > written {
+            return Err("record length runs past the written end");
+        }
+        let all = self.records(offset, offset + total);
+        let payload = &all[RECORD_HEADER_LEN as usize..];
+        if check_crc && record_crc(all, payload) != h.crc {
+            return Err("CRC mismatch");
+        }
+        Ok((h, payload))
     }
 
     /// The bytes `[at, at + n)` for the appender to fill. `at >= written_end`, `at + n <= len`.
