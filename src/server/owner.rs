@@ -924,12 +924,12 @@ mod tests {
         nkey: &SigningKey,
     ) {
         let mut q = queue(rid, pk(rkey));
-        q.notifier = Some(NotifierCreds {
+        q.notifier = Some(Box::new(NotifierCreds {
             notifier_id: nid.to_vec(),
             notifier_key: pk(nkey),
             rcv_ntf_dh_secret: [3; 32],
             ntf_service_id: None,
-        });
+        }));
         block_on(o.store.create(q)).unwrap();
         assert!(o.directory.insert(IdSpace::Notifier, nid, rid));
     }

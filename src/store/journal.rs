@@ -1361,12 +1361,12 @@ pub(super) mod tests {
         {
             let st = JournalStore::open(&s, &all(), 0).unwrap();
             let mut ra = rec(&a);
-            ra.notifier = Some(crate::store::NotifierCreds {
+            ra.notifier = Some(Box::new(crate::store::NotifierCreds {
                 notifier_id: vec![9; 24],
                 notifier_key: ra.recipient_keys[0].clone(),
                 rcv_ntf_dh_secret: [3; 32],
                 ntf_service_id: None,
-            });
+            }));
             block_on(st.create(ra)).unwrap();
             block_on(st.create(rec(&b))).unwrap();
             for i in 1..=3 {
@@ -1508,12 +1508,12 @@ pub(super) mod tests {
         let st = JournalStore::open(&s, &all(), 0).unwrap();
         let mut ra = rec(&a);
         let nid = vec![9u8; 24];
-        ra.notifier = Some(crate::store::NotifierCreds {
+        ra.notifier = Some(Box::new(crate::store::NotifierCreds {
             notifier_id: nid.clone(),
             notifier_key: ra.recipient_keys[0].clone(),
             rcv_ntf_dh_secret: [3; 32],
             ntf_service_id: None,
-        });
+        }));
         block_on(st.create(ra)).unwrap();
         block_on(st.create(rec(&b))).unwrap();
         let body_for = |i: u32| vec![(i % 251) as u8; 16_000];

@@ -520,12 +520,12 @@ pub(crate) mod tests {
     }
 
     fn with_notifier(mut r: QueueRec, nid: &[u8]) -> QueueRec {
-        r.notifier = Some(NotifierCreds {
+        r.notifier = Some(Box::new(NotifierCreds {
             notifier_id: nid.to_vec(),
             notifier_key: PublicAuthKey::X25519([3; 32]),
             rcv_ntf_dh_secret: [4; 32],
             ntf_service_id: None,
-        });
+        }));
         r
     }
 

@@ -85,8 +85,10 @@ pub struct QueueRec {
     pub sender_key: Option<PublicAuthKey>,
     /// `None` for legacy queues (created before v9).
     pub queue_mode: Option<QueueMode>,
-    pub link: Option<QueueLink>,
-    pub notifier: Option<NotifierCreds>,
+    /// Boxed, as are the notifier's credentials: most queues have neither, and a queue record
+    /// is kept for every queue (`benches/README.md`, memory per queue).
+    pub link: Option<Box<QueueLink>>,
+    pub notifier: Option<Box<NotifierCreds>>,
     pub status: QueueStatus,
     /// Unix seconds rounded down to a day; written at most once a day per queue.
     pub updated_at: Option<i64>,

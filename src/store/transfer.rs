@@ -580,12 +580,12 @@ mod tests {
     fn sample() -> MemoryStore {
         let s = MemoryStore::new();
         let mut full = rec(b"full");
-        full.notifier = Some(NotifierCreds {
+        full.notifier = Some(Box::new(NotifierCreds {
             notifier_id: b"full-ntf".to_vec(),
             notifier_key: PublicAuthKey::X25519([3; 32]),
             rcv_ntf_dh_secret: [4; 32],
             ntf_service_id: None,
-        });
+        }));
         block_on(s.create(full)).unwrap();
         for n in 1..=4 {
             block_on(s.write(b"full", msg(n, 1000 + i64::from(n)), QUOTA)).unwrap();

@@ -471,7 +471,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 }
                 if flags.notification {
                     if let Some(n) = &q.notifier {
-                        self.notify(n.clone(), &msg).await;
+                        self.notify((**n).clone(), &msg).await;
                     }
                 }
                 BrokerMsg::Ok

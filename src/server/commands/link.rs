@@ -98,11 +98,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             }
         }
         let had_link = q.link.is_some();
-        q.link = Some(QueueLink {
+        q.link = Some(Box::new(QueueLink {
             link_id: link_id.clone(),
             fixed,
             user,
-        });
+        }));
         match self.update(q).await {
             Ok(()) => BrokerMsg::Ok,
             Err(e) => {

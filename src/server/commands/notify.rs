@@ -97,12 +97,12 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         };
         let k = StaticSecret::random_from_rng(rand::rngs::OsRng);
         let public = X25519Public::from(&k).to_bytes();
-        let old = q.notifier.replace(NotifierCreds {
+        let old = q.notifier.replace(Box::new(NotifierCreds {
             notifier_id: notifier_id.clone(),
             notifier_key: key,
             rcv_ntf_dh_secret: sxbox::dh(&k.to_bytes(), &dh),
             ntf_service_id: None,
-        });
+        }));
         if let Err(e) = self.update(q).await {
             self.directory.remove(IdSpace::Notifier, &notifier_id, &rid);
             return err(e);

@@ -684,17 +684,17 @@ mod tests {
             sender_id: [rid, b"-snd"].concat(),
             sender_key: Some(PublicAuthKey::X25519([10; 32])),
             queue_mode: Some(QueueMode::Contact),
-            link: Some(QueueLink {
+            link: Some(Box::new(QueueLink {
                 link_id: [rid, b"-lnk"].concat(),
                 fixed: vec![11; 300],
                 user: vec![12; 70000],
-            }),
-            notifier: Some(NotifierCreds {
+            })),
+            notifier: Some(Box::new(NotifierCreds {
                 notifier_id: [rid, b"-ntf"].concat(),
                 notifier_key: PublicAuthKey::Ed25519([13; 32]),
                 rcv_ntf_dh_secret: [14; 32],
                 ntf_service_id: Some(b"ntf-service".to_vec()),
-            }),
+            })),
             status: QueueStatus::Blocked(BlockingInfo {
                 reason: BlockingReason::Content,
                 notice: Some(r#"{"ttl":3600}"#.into()),
