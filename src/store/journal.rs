@@ -1121,7 +1121,7 @@ impl JournalStore {
         peek: bool,
     ) -> Result<(Option<Message>, Option<Message>), StoreError> {
         let g = group_of(rid);
-        let (deleted, next, end) = {
+        let (deleted, end) = {
             let mut d = self.data.borrow_mut();
             d.counters.deletes += 1;
             let head = d.queues.get(rid).and_then(|q| q.msgs.front()).copied();
@@ -1139,8 +1139,15 @@ impl JournalStore {
                 d.release_dead_segments(g);
                 deleted = Some(m);
             }
-            let next = if peek { d.head(rid)? } else { None };
-            (deleted, next, end)
+            (deleted, end)
+        };
+        // The next head, its pages brought in off the shard if cold (the owner runs nothing else
+        // on this queue meanwhile).
+        let next = if peek {
+            self.warm_heads(&[rid]).await;
+            self.data.borrow().head(rid)?
+        } else {
+            None
         };
         if let Some(end) = end {
             self.syncer.wait(g, end).await?;
