@@ -16,8 +16,8 @@ use std::collections::{HashMap, VecDeque};
 use smp_journal::Location;
 
 use super::{
-    decode_notification, decode_queue_record, encode_notification, encode_queue_record, group_of,
-    Data, EntityId, MsgEntry, NtfEntry, QueueEntry,
+    decode_notification, decode_queue_record, encode_notification, encode_queue_record, Data,
+    EntityId, MsgEntry, NtfEntry, QueueEntry,
 };
 use crate::protocol::encoding::{put_bool, put_int64, put_word32, DResult, Reader};
 
@@ -60,7 +60,7 @@ impl Data {
     pub(super) fn checkpoint_blobs(&self) -> HashMap<u32, Vec<u8>> {
         let mut queues: HashMap<u32, (u32, Vec<u8>)> = HashMap::new();
         for (rid, q) in &self.queues {
-            let (n, out) = queues.entry(group_of(rid)).or_default();
+            let (n, out) = queues.entry(u32::from(q.group)).or_default();
             *n += 1;
             put_id(out, rid);
             put_bytes(out, &encode_queue_record(&q.rec));
