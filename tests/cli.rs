@@ -124,6 +124,19 @@ fn second_start_on_the_same_data_dir_fails() {
     relay.assert_serves();
 }
 
+/// A log that goes to a file or a pipe (stderr not a terminal) is plain text: no colour codes.
+#[test]
+fn a_log_written_to_a_pipe_has_no_colour_codes() {
+    let relay = Relay::start();
+    relay.assert_serves();
+    let log = relay.log_text();
+    assert!(log.contains("listening"), "{log}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "no terminal escape sequences in a piped log:\n{log:?}"
+    );
+}
+
 /// Subcommand names listed under "Commands:" in the top-level help.
 fn subcommands(help: &str) -> Vec<String> {
     help.lines()
