@@ -37,10 +37,6 @@ pub struct SeenSegment {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckpointPoint {
     pub point: SyncPoint,
-    /// Sequence number of the first record after the point.
-    pub next_seq: u64,
-    /// CRC of the record that ends at the point (the chain seed when it is the segment's start).
-    pub last_crc: u32,
     /// Every segment up to the point's, ascending.
     pub segments: Vec<SeenSegment>,
 }
@@ -87,8 +83,6 @@ impl CheckpointBase {
         put_u32(&mut b, self.group);
         put_u64(&mut b, self.at.point.segment);
         put_u64(&mut b, self.at.point.offset);
-        put_u64(&mut b, self.at.next_seq);
-        put_u32(&mut b, self.at.last_crc);
         put_u32(&mut b, self.at.segments.len() as u32);
         for s in &self.at.segments {
             put_u64(&mut b, s.id);
@@ -164,8 +158,6 @@ fn decode(b: &[u8], group: u32) -> Result<(CheckpointPoint, Vec<u8>), String> {
         segment: c.u64().ok_or_else(short)?,
         offset: c.u64().ok_or_else(short)?,
     };
-    let next_seq = c.u64().ok_or_else(short)?;
-    let last_crc = c.u32().ok_or_else(short)?;
     let n = c.u32().ok_or_else(short)? as usize;
     let mut segments = Vec::with_capacity(n.min(1 << 16));
     for _ in 0..n {
@@ -182,15 +174,7 @@ fn decode(b: &[u8], group: u32) -> Result<(CheckpointPoint, Vec<u8>), String> {
     if !c.0.is_empty() {
         return Err("trailing bytes".into());
     }
-    Ok((
-        CheckpointPoint {
-            point,
-            next_seq,
-            last_crc,
-            segments,
-        },
-        blob,
-    ))
+    Ok((CheckpointPoint { point, segments }, blob))
 }
 
 /// Reads the checkpoint of `group` under `root`, if there is one. A file that cannot be read

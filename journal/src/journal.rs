@@ -895,8 +895,6 @@ impl Journal {
             group: self.group,
             at: CheckpointPoint {
                 point,
-                next_seq: self.next_seq,
-                last_crc: self.last_crc,
                 segments: self
                     .segments
                     .values()
