@@ -144,9 +144,10 @@ struct NtfEntry {
     len: u32,
 }
 
-/// Live records per segment of one group's journal: how many, and their bytes.
+/// Bytes of live records per segment of one group's journal (a record takes at least its
+/// 32-byte header, so a segment with no live bytes holds no live record).
 #[derive(Default)]
-struct Live(BTreeMap<u64, (u64, u64)>);
+struct Live(BTreeMap<u64, u64>);
 
 #[derive(Default)]
 struct Data {
@@ -217,24 +218,17 @@ fn priority_of(rec: &Record<'_>) -> Priority {
 
 impl Live {
     fn add(&mut self, segment: u64, bytes: u32) {
-        let e = self.0.entry(segment).or_insert((0, 0));
-        e.0 += 1;
-        e.1 += u64::from(bytes);
+        *self.0.entry(segment).or_insert(0) += u64::from(bytes);
     }
 
     fn sub(&mut self, segment: u64, bytes: u32) {
         if let Some(e) = self.0.get_mut(&segment) {
-            e.0 = e.0.saturating_sub(1);
-            e.1 = e.1.saturating_sub(u64::from(bytes));
+            *e = e.saturating_sub(u64::from(bytes));
         }
     }
 
-    fn count(&self, segment: u64) -> u64 {
-        self.0.get(&segment).map_or(0, |e| e.0)
-    }
-
     fn bytes(&self, segment: u64) -> u64 {
-        self.0.get(&segment).map_or(0, |e| e.1)
+        self.0.get(&segment).copied().unwrap_or(0)
     }
 }
 
@@ -308,7 +302,7 @@ impl Data {
         let live = self.live.entry(g).or_default();
         let dead: Vec<u64> = j
             .segment_sizes()
-            .take_while(|s| !s.active && live.count(s.id) == 0)
+            .take_while(|s| !s.active && live.bytes(s.id) == 0)
             .map(|s| s.id)
             .collect();
         let mut retired = Vec::new();

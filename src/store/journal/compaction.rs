@@ -300,7 +300,7 @@ impl Data {
         }
         let live = self.live(c.g);
         live.0.retain(|&id, _| id > c.upto);
-        live.0.insert(c.upto, (count, bytes));
+        live.0.insert(c.upto, bytes);
         tracing::info!(
             group = c.g,
             upto = c.upto,
