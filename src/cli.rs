@@ -607,6 +607,7 @@ fn offline_settings(data_dir: &Path) -> StoreSettings {
         durability: smp_relay::store::journal::Durability::Never,
         // No cap: `store import` fills a stopped relay's store, whose own start applies the cap.
         journal_budget: None,
+        postgres: None,
     }
 }
 

@@ -52,6 +52,8 @@ pub struct StartConfig {
     /// The cap on the bytes of the journal store's segment files (`start --journal-max-size`);
     /// `None`: no cap.
     pub journal_max_size: Option<u64>,
+    /// The PostgreSQL store's database, schema and pool (`start --database`, …).
+    pub postgres: crate::store::postgres::PgConfig,
     /// Test hook: shard `.0` fails its start in the way `.1` names (failed-start tests).
     pub test_fail_start: Option<(usize, StartFault)>,
     /// Test hook: shard 0 serves clock-control commands on this Unix socket

@@ -11,7 +11,9 @@
 //!
 //! | section | key | meaning |
 //! |---|---|---|
-//! | `[STORE_LOG]` | `store_messages`, `store_queues` | `memory` only (`journal`/`database` not supported yet) |
+//! | `[STORE_LOG]` | `store_messages` | `journal` (default), `memory`, or `database` (PostgreSQL) |
+//! | | `store_queues` | `memory` or `database` (records follow `store_messages`) |
+//! | | `db_connection`, `db_schema`, `db_pool_size` | the PostgreSQL store's database, schema and pool |
 //! | | `expire_messages_days` | message TTL in days (default 21) |
 //! | | `expire_messages_on_send` | `on`/`off` (default `on`) |
 //! | | `expire_ntfs_hours` | notification TTL in hours (default 24) |
@@ -210,7 +212,6 @@ const fn k(section: &'static str, key: &'static str, rule: Rule) -> KeySpec {
     KeySpec { section, key, rule }
 }
 
-const DB: Rule = Rule::Unsupported("this relay has no PostgreSQL store yet");
 const NO_CONTROL_PORT: Rule = Rule::Unsupported(
     "this relay has no control port (block and unblock queues with `smp-relay block`/`unblock` while it is stopped)",
 );
@@ -233,11 +234,21 @@ const KEYS: &[KeySpec] = &[
         ),
     ),
     k("STORE_LOG", "store_queues", Rule::Applied),
-    k("STORE_LOG", "db_connection", DB),
-    k("STORE_LOG", "db_schema", DB),
-    k("STORE_LOG", "db_pool_size", DB),
-    k("STORE_LOG", "db_store_log", DB),
-    k("STORE_LOG", "db_deleted_ttl", DB),
+    k(
+        "STORE_LOG",
+        "db_store_log",
+        Rule::Only(
+            "off",
+            "this relay keeps no store log beside the database (the database is the record)",
+        ),
+    ),
+    k(
+        "STORE_LOG",
+        "db_deleted_ttl",
+        Rule::Unsupported(
+            "this relay deletes a queue's row at DEL rather than marking it, so there is nothing to purge later",
+        ),
+    ),
     k(
         "STORE_LOG",
         "restore_messages",
@@ -459,6 +470,8 @@ fn apply(config: &mut IniConfig, section: &str, key: &str, value: &str) -> Resul
         return applied;
     }
     match (section, key) {
+        // The queue store follows `store_messages`: `database` with the PostgreSQL store, and
+        // memory (records kept with the messages) with the others.
         ("STORE_LOG", "store_queues") => store_kind(value, &["memory", "database"]),
         ("TRANSPORT", "host") => {
             config.host = Some(value.to_string());
@@ -481,24 +494,36 @@ pub fn socket_addr(value: &str) -> Result<std::net::SocketAddr, String> {
 
 /// `memory`, the only store for now; the other stores of `known` are "not supported yet".
 fn store_kind(value: &str, known: &[&str]) -> Result<(), String> {
-    match value {
-        "memory" => Ok(()),
-        v if known.contains(&v) => Err(format!(
-            "the {v} store is not supported yet; set it to memory"
-        )),
-        _ => Err(format!("expected one of {}", known.join(", "))),
+    if known.contains(&value) {
+        Ok(())
+    } else {
+        Err(format!("expected one of {}", known.join(", ")))
     }
 }
 
-/// The store of `[STORE_LOG] store_messages` and `start --store`: `memory` or `journal`
-/// (`database` is the reference's PostgreSQL store, not supported yet).
+/// A value taken as written (`db_connection`, `db_schema`); empty is an error.
+pub fn text(value: &str) -> Result<String, String> {
+    let v = value.trim();
+    if v.is_empty() {
+        return Err("expected a value".into());
+    }
+    Ok(v.to_string())
+}
+
+/// `[STORE_LOG] db_pool_size`, `start --pool-size`: 1 to 256.
+pub fn pool_size(value: &str) -> Result<usize, String> {
+    number(value, 1, crate::store::postgres::pool::MAX_POOL_SIZE as u64).map(|n| n as usize)
+}
+
+/// The store of `[STORE_LOG] store_messages` and `start --store`: `memory`, `journal`, or
+/// `database` (also `postgres`), the reference's PostgreSQL store.
 pub fn store_messages(value: &str) -> Result<crate::store::StoreKind, String> {
     use crate::store::StoreKind;
     match value {
         "memory" => Ok(StoreKind::Memory),
         "journal" => Ok(StoreKind::Journal),
-        "database" => Err("the database store is not supported yet; use journal or memory".into()),
-        _ => Err("expected journal or memory".into()),
+        "database" | "postgres" => Ok(StoreKind::Postgres),
+        _ => Err("expected journal, memory or database".into()),
     }
 }
 

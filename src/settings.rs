@@ -140,13 +140,14 @@ macro_rules! start_settings {
 }
 
 start_settings! {
-    /// The store: journal (memory-mapped journals under `<data-dir>/journal`) or memory (kept in
-    /// memory, saved at a clean stop) (ini `[STORE_LOG] store_messages`).
+    /// The store: journal (memory-mapped journals under `<data-dir>/journal`), memory (kept in
+    /// memory, saved at a clean stop) or postgres (the database of --database) (ini `[STORE_LOG]
+    /// store_messages`, where `database` names postgres).
     store: crate::store::StoreKind {
         set: |c, v| c.store = v,
         default: Some(crate::store::StoreKind::Journal) => "journal".to_string(),
         ini: "STORE_LOG" "store_messages" => ini::store_messages,
-        flag: (long = "store", value_name = "journal|memory", value_parser = ini::store_messages),
+        flag: (long = "store", value_name = "journal|memory|postgres", value_parser = ini::store_messages),
     }
     /// When the journal store makes its records durable: every-batch (answers wait for the sync),
     /// interval-ms N, or never (the system's write-back); a killed relay loses nothing either way,
@@ -165,6 +166,54 @@ start_settings! {
         default: None => "no cap",
         ini: "STORE_LOG" "journal_max_size" => ini::size_bytes,
         flag: (long, value_name = "BYTES", value_parser = ini::size_bytes),
+    }
+    /// The PostgreSQL store's database: a libpq connection string, key-value or URL; without a
+    /// host, the socket in /var/run/postgresql (ini `[STORE_LOG] db_connection`).
+    database: String {
+        set: |c, v| c.postgres.conninfo = v,
+        default: Some(crate::store::postgres::pool::DEFAULT_CONNINFO.to_string()),
+        ini: "STORE_LOG" "db_connection" => ini::text,
+        flag: (long = "database", value_name = "CONNINFO"),
+    }
+    /// The schema of the PostgreSQL store, created with its migrations if missing (ini
+    /// `[STORE_LOG] db_schema`).
+    db_schema: String {
+        set: |c, v| c.postgres.schema = v,
+        default: Some(crate::store::postgres::pool::DEFAULT_SCHEMA.to_string()),
+        ini: "STORE_LOG" "db_schema" => ini::text,
+        flag: (long = "schema", value_name = "NAME"),
+    }
+    /// Connections to the PostgreSQL store's database, each with a thread of its own, 1 to 256
+    /// (ini `[STORE_LOG] db_pool_size`).
+    db_pool_size: usize {
+        set: |c, v| c.postgres.pool_size = v,
+        default: Some(crate::store::postgres::pool::DEFAULT_POOL_SIZE),
+        ini: "STORE_LOG" "db_pool_size" => ini::pool_size,
+        flag: (long = "pool-size", value_name = "N", value_parser = ini::pool_size),
+    }
+    /// Seconds a statement of the PostgreSQL store may run before it is cancelled and its
+    /// command answered ERR STORE (ini `[RELAY] db_statement_timeout_secs`).
+    db_statement_timeout: Duration {
+        set: |c, v| c.postgres.statement_timeout = v,
+        default: Some(crate::store::postgres::pool::DEFAULT_STATEMENT_TIMEOUT),
+        ini: "RELAY" "db_statement_timeout_secs" => ini::seconds,
+        flag: (
+            long = "db-statement-timeout-secs",
+            value_name = "SECS",
+            value_parser = ini::seconds
+        ),
+    }
+    /// Seconds a PostgreSQL store operation waits for a free connection before it answers
+    /// ERR STORE (ini `[RELAY] db_pool_wait_secs`).
+    db_pool_wait: Duration {
+        set: |c, v| c.postgres.pool_wait = v,
+        default: Some(crate::store::postgres::pool::DEFAULT_POOL_WAIT),
+        ini: "RELAY" "db_pool_wait_secs" => ini::seconds,
+        flag: (
+            long = "db-pool-wait-secs",
+            value_name = "SECS",
+            value_parser = ini::seconds
+        ),
     }
     /// Port to listen on; repeat for several (ini `[TRANSPORT] port`).
     ports: Vec<u16> {
@@ -356,6 +405,12 @@ impl ShowDefault for usize {
     }
 }
 
+impl ShowDefault for String {
+    fn show(&self) -> String {
+        self.clone()
+    }
+}
+
 impl ShowDefault for crate::store::StoreKind {
     fn show(&self) -> String {
         self.name().to_string()
@@ -428,6 +483,7 @@ impl StartConfig {
             store: crate::store::StoreKind::default(),
             durability: crate::store::journal::DEFAULT_DURABILITY,
             journal_max_size: None,
+            postgres: crate::store::postgres::PgConfig::default(),
             test_fail_start: None,
             test_clock_control: None,
             test_slow_reader_tick: None,

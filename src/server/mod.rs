@@ -68,6 +68,7 @@ pub fn store_settings(config: &StartConfig) -> StoreSettings {
         durability: config.durability,
         // Created here, once: the shards' settings are clones that share it.
         journal_budget: config.journal_max_size.map(smp_journal::SpaceBudget::new),
+        postgres: Some(config.postgres.clone()),
     }
 }
 

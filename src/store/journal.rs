@@ -1338,6 +1338,7 @@ pub(super) mod tests {
             test_delay: None,
             durability: Durability::EveryBatch,
             journal_budget: None,
+            postgres: None,
         }
     }
 

@@ -12,6 +12,7 @@ mod codec;
 pub mod held;
 pub mod journal;
 pub mod memory;
+pub mod postgres;
 pub mod transfer;
 
 use std::path::PathBuf;
@@ -298,6 +299,8 @@ pub enum StoreKind {
     /// Memory-mapped journals per partition group (`journal.rs`): the default.
     #[default]
     Journal,
+    /// PostgreSQL on the reference server's schema (`postgres.rs`).
+    Postgres,
 }
 
 impl StoreKind {
@@ -306,6 +309,7 @@ impl StoreKind {
         match self {
             StoreKind::Memory => "memory",
             StoreKind::Journal => "journal",
+            StoreKind::Postgres => "postgres",
         }
     }
 }
@@ -321,6 +325,8 @@ impl StoreKind {
             Some(StoreKind::Journal)
         } else if memory::group_files_present(&data_dir.join(memory::MEMORY_STORE_DIR)) {
             Some(StoreKind::Memory)
+        } else if data_dir.join(postgres::POSTGRES_STORE_DIR).is_dir() {
+            Some(StoreKind::Postgres)
         } else {
             None
         }
@@ -342,6 +348,7 @@ impl StoreKind {
                 old = match found {
                     StoreKind::Memory => memory::MEMORY_STORE_DIR,
                     StoreKind::Journal => journal::JOURNAL_STORE_DIR,
+                    StoreKind::Postgres => postgres::POSTGRES_STORE_DIR,
                 },
             )),
             _ => Ok(()),
@@ -364,6 +371,8 @@ pub struct StoreSettings {
     /// The cap on the journal store's segment files, one budget shared by every shard's groups
     /// (`start --journal-max-size`); `None`: no cap but the disk's size.
     pub journal_budget: Option<smp_journal::SpaceBudget>,
+    /// The PostgreSQL store's database (`start --database`, `--schema`, `--pool-size`).
+    pub postgres: Option<postgres::PgConfig>,
 }
 
 /// Every partition group, `0..PARTITION_GROUPS`: what the offline tools open.
@@ -434,5 +443,9 @@ pub fn with_store<W: WithStore>(kind: StoreKind, test_delayed: bool, work: W) ->
         (StoreKind::Memory, true) => work.run::<held::Held<memory::MemoryStore, held::Delay>>(),
         (StoreKind::Journal, false) => work.run::<journal::JournalStore>(),
         (StoreKind::Journal, true) => work.run::<held::Held<journal::JournalStore, held::Delay>>(),
+        (StoreKind::Postgres, false) => work.run::<postgres::PostgresStore>(),
+        (StoreKind::Postgres, true) => {
+            work.run::<held::Held<postgres::PostgresStore, held::Delay>>()
+        }
     }
 }

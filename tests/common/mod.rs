@@ -505,6 +505,37 @@ impl Drop for Relay {
     }
 }
 
+/// The test binary's throwaway PostgreSQL cluster (`smp_relay::store::postgres::cluster`), started
+/// at first use and removed when the binary exits. Fails the test, naming the package to install,
+/// when the server binaries are missing.
+pub fn pg_cluster() -> &'static smp_relay::store::postgres::cluster::Cluster {
+    use smp_relay::store::postgres::cluster::{Cluster, ClusterOptions};
+    static CLUSTER: std::sync::OnceLock<Cluster> = std::sync::OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        Cluster::start(&ClusterOptions::default())
+            .unwrap_or_else(|e| panic!("cannot start the test PostgreSQL cluster: {e}"))
+    })
+}
+
+/// A connection string to a new database of the test binary's cluster.
+pub fn pg_database() -> String {
+    let c = pg_cluster();
+    let db = c.create_database().expect("create a test database");
+    c.conninfo(&db)
+}
+
+/// The database of the relay on `dir`: made at its first start, the same at later ones (a file in
+/// the directory remembers it).
+fn database_for(dir: &Path) -> String {
+    let remembered = dir.join("test-database");
+    if let Ok(s) = std::fs::read_to_string(&remembered) {
+        return s;
+    }
+    let conninfo = pg_database();
+    std::fs::write(&remembered, &conninfo).expect("remember the test database");
+    conninfo
+}
+
 /// Where every test relay serves its clock control (`--test-clock-control`).
 fn clock_socket(dir: &Path) -> PathBuf {
     dir.join("clock.sock")
@@ -525,12 +556,18 @@ fn spawn(dir: &Path, port: u16, opts: &RelayOptions) -> Result<(Child, SharedLog
         "--test-clock-control",
         clock.to_str().expect("utf-8 temp path"),
     ];
-    // `SMP_RELAY_TEST_STORE` (journal, memory) picks the store of relays whose test does not:
-    // CI runs the queue suites on each store.
+    // `SMP_RELAY_TEST_STORE` (journal, memory, postgres) picks the store of relays whose test
+    // does not: CI runs the queue suites on each store. A relay on postgres gets a database of its
+    // own in this test binary's cluster, kept for the directory's later starts.
     let store = std::env::var("SMP_RELAY_TEST_STORE").ok();
+    let database;
     if let Some(s) = store.as_deref() {
         if !opts.extra_args.iter().any(|a| a.starts_with("--store")) {
             args.extend(["--store", s]);
+            if s == "postgres" && !opts.extra_args.iter().any(|a| a == "--database") {
+                database = database_for(dir);
+                args.extend(["--database", database.as_str()]);
+            }
         }
     }
     args.extend(opts.extra_args.iter().map(String::as_str));

@@ -1,0 +1,751 @@
+//! The PostgreSQL store (`docs/ARCHITECTURE.md` §5): queue records in the reference server's
+//! `msg_queues`, messages in its `messages` through its stored functions (`write_message`,
+//! `try_del_msg`, `try_del_peek_msg`, `delete_expired_msgs`), on the reference's schema
+//! (`postgres/schema.rs`), so that a database the reference server used keeps its users here.
+//!
+//! The shard keeps every record of its partition groups in memory, loaded at start, with each
+//! queue's message count (`msg_queue_size`): reads of records never query, and a head read on a
+//! queue known to be empty costs nothing. Every change goes to the database through the pool
+//! (`postgres/pool.rs`): the shard sends a job and awaits it, serving other queues meanwhile. The
+//! owner's per-queue order (`docs/ARCHITECTURE.md` §2) never has two operations of one queue in
+//! flight, so the cache changes only when the database did, in the queue's order; the row locks of
+//! the stored functions are never contended by this relay, and an advisory lock keeps a second
+//! relay off the schema.
+//!
+//! A SEND whose connection broke while it ran may or may not have committed: its message ID is
+//! looked up, and the SEND is answered from what the database holds; it is never written twice.
+//!
+//! Deleted queues are deleted, not marked (the reference marks `deleted_at` and purges after a
+//! while); rows marked by the reference are never loaded. Pending notifications are kept in memory
+//! and saved at a clean stop (`postgres/ntfs.rs`), as the reference does.
+
+pub mod cluster;
+mod conninfo;
+mod ntfs;
+pub mod pool;
+mod rows;
+pub mod schema;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+pub use ntfs::POSTGRES_STORE_DIR;
+pub use pool::PgConfig;
+use pool::{outcome_unknown, Shared};
+use rows::{rec_of, MsgRow, RecRow, REC_COLUMNS};
+
+use super::memory::MemoryStore;
+use super::{
+    group_of, EntityId, Message, MessageStore, MsgId, MsgNtf, QueueData, QueueRec, QueueStatus,
+    QueueStore, ShardStore, StoreCounters, StoreError, StoreSettings, WriteOutcome,
+    PARTITION_GROUPS,
+};
+
+/// Queues per statement of the periodic expiration: each statement holds the row locks of its
+/// queues while it runs, so it stays short.
+pub const EXPIRE_CHUNK: usize = 64;
+
+// A queue's group from its recipient ID in SQL: the partition is the first 8 bytes of
+// SHA-256(recipient ID) as a big-endian number mod 4096, so its group (mod 64) is the low bits
+// of byte 7 (`store::group_of`).
+const _: () = assert!(256 % PARTITION_GROUPS == 0);
+const GROUP_OF_SQL: &str = "get_byte(public.digest(recipient_id, 'sha256'), 7) % 64";
+
+const LOAD_QUEUES: &str = "SELECT {REC}, msg_queue_size FROM msg_queues \
+     WHERE deleted_at IS NULL AND {GROUP} = ANY($1::int4[])";
+const INSERT_QUEUE: &str = "INSERT INTO msg_queues (recipient_id, recipient_keys, rcv_dh_secret, \
+     sender_id, sender_key, queue_mode, notifier_id, notifier_key, rcv_ntf_dh_secret, \
+     ntf_service_id, status, updated_at, link_id, rcv_service_id, fixed_data, user_data) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)";
+// Every column but the recipient ID, the DH secret and the sender ID, which never change.
+const UPDATE_QUEUE: &str = "UPDATE msg_queues SET recipient_keys = $2, sender_key = $5, \
+     queue_mode = $6, notifier_id = $7, notifier_key = $8, rcv_ntf_dh_secret = $9, \
+     ntf_service_id = $10, status = $11, updated_at = $12, link_id = $13, rcv_service_id = $14, \
+     fixed_data = $15, user_data = $16 \
+     WHERE recipient_id = $1 AND deleted_at IS NULL AND rcv_dh_secret = $3 AND sender_id = $4";
+const DELETE_QUEUE: &str = "DELETE FROM msg_queues WHERE recipient_id = $1";
+const WRITE: &str =
+    "SELECT quota_written, was_empty FROM write_message($1, $2, $3, $4, $5, $6, $7)";
+const FIND_MSG: &str = "SELECT msg_quota FROM messages WHERE recipient_id = $1 AND msg_id = $2";
+const PEEK: &str = "SELECT msg_id, msg_ts, msg_quota, msg_ntf_flag, msg_body FROM messages \
+     WHERE recipient_id = $1 ORDER BY message_id LIMIT 1";
+const PEEK_MANY: &str = "SELECT DISTINCT ON (recipient_id) recipient_id, msg_id, msg_ts, \
+     msg_quota, msg_ntf_flag, msg_body FROM messages WHERE recipient_id = ANY($1::bytea[]) \
+     ORDER BY recipient_id, message_id";
+const TRY_DEL: &str = "SELECT r_msg_id, r_msg_ts, r_msg_quota, r_msg_ntf_flag, r_msg_body \
+     FROM try_del_msg($1, $2)";
+const TRY_DEL_PEEK: &str = "SELECT r_msg_id, r_msg_ts, r_msg_quota, r_msg_ntf_flag, r_msg_body \
+     FROM try_del_peek_msg($1, $2)";
+const DELETE_EXPIRED: &str = "SELECT delete_expired_msgs($1, $2)";
+const EXPIRE_MANY: &str =
+    "SELECT q.rid, delete_expired_msgs(q.rid, $2) FROM unnest($1::bytea[]) AS q(rid)";
+const ALL_MESSAGES: &str = "SELECT msg_id, msg_ts, msg_quota, msg_ntf_flag, msg_body FROM messages \
+     WHERE recipient_id = $1 ORDER BY message_id";
+const RESTORE_MESSAGES: &str = "INSERT INTO messages (recipient_id, msg_id, msg_ts, msg_quota, \
+     msg_ntf_flag, msg_body) SELECT $1, m.id, m.ts, m.quota, m.ntf, m.body \
+     FROM unnest($2::bytea[], $3::int8[], $4::bool[], $5::bool[], $6::bytea[]) \
+     WITH ORDINALITY AS m(id, ts, quota, ntf, body, n) ORDER BY m.n";
+const RESTORE_COUNTS: &str = "UPDATE msg_queues SET msg_queue_size = $2, msg_can_write = $3, \
+     msg_queue_expire = $4 WHERE recipient_id = $1";
+const FIND_OFFLINE: &str = "SELECT {REC} FROM msg_queues \
+     WHERE (sender_id = $1 OR link_id = $1) AND deleted_at IS NULL";
+const SET_STATUS_OFFLINE: &str =
+    "UPDATE msg_queues SET status = $2 WHERE sender_id = $1 AND deleted_at IS NULL";
+
+fn sql(template: &str) -> String {
+    template
+        .replace("{REC}", REC_COLUMNS)
+        .replace("{GROUP}", GROUP_OF_SQL)
+}
+
+/// A queue as the shard keeps it.
+#[derive(Debug)]
+struct Cached {
+    rec: QueueRec,
+    /// Rows in `messages` (the quota marker included); `None` when a SEND's outcome could not be
+    /// learnt, until a read tells: head reads then always ask the database.
+    size: Option<usize>,
+}
+
+#[derive(Debug, Default)]
+struct Data {
+    queues: HashMap<EntityId, Cached>,
+    total_messages: usize,
+    counters: StoreCounters,
+}
+
+impl Data {
+    /// Whether the database may hold messages of the queue (unknown queues: no).
+    fn may_have_messages(&self, rid: &[u8]) -> bool {
+        self.queues
+            .get(rid)
+            .is_some_and(|q| q.size.is_none_or(|n| n > 0))
+    }
+
+    fn add(&mut self, rid: &[u8], n: usize) {
+        if let Some(q) = self.queues.get_mut(rid) {
+            if let Some(s) = &mut q.size {
+                *s += n;
+                self.total_messages += n;
+            }
+        }
+    }
+
+    fn remove(&mut self, rid: &[u8], n: usize) {
+        if let Some(q) = self.queues.get_mut(rid) {
+            if let Some(s) = &mut q.size {
+                let n = n.min(*s);
+                *s -= n;
+                self.total_messages -= n;
+            }
+        }
+    }
+
+    /// The database said the queue is empty.
+    fn emptied(&mut self, rid: &[u8]) {
+        if let Some(q) = self.queues.get_mut(rid) {
+            self.total_messages -= q.size.unwrap_or(0);
+            q.size = Some(0);
+        }
+    }
+}
+
+/// The PostgreSQL store of one shard.
+pub struct PostgresStore {
+    shared: Arc<Shared>,
+    data: RefCell<Data>,
+    /// Pending notifications (`postgres/ntfs.rs`): the memory store's, which keeps nothing else
+    /// here.
+    ntf: MemoryStore,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("queues", &self.data.borrow().queues.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn unique_violation(e: &postgres::Error) -> bool {
+    e.code() == Some(&postgres::error::SqlState::UNIQUE_VIOLATION)
+}
+
+fn config_of(s: &StoreSettings) -> Result<&PgConfig, String> {
+    s.postgres
+        .as_ref()
+        .ok_or_else(|| "the PostgreSQL store needs --database CONNINFO".to_string())
+}
+
+fn msg_of(m: MsgRow) -> Result<Message, StoreError> {
+    m.message().map_err(StoreError::Failed)
+}
+
+impl PostgresStore {
+    /// The count of the database's statements prepared by this relay (Parse messages sent), over
+    /// every pooled connection since start: a figure of `benches/perf-budgets.json`.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    async fn read_head(&self, recipient_id: &[u8]) -> Result<Option<Message>, StoreError> {
+        let rid = recipient_id.to_vec();
+        let row = self
+            .shared
+            .run("peek", move |c| {
+                let st = c.stmt(PEEK)?;
+                Ok(c.client.query_opt(&st, &[&rid])?.map(|r| MsgRow::read(&r, 0)))
+            })
+            .await?;
+        match row {
+            None => {
+                self.data.borrow_mut().emptied(recipient_id);
+                Ok(None)
+            }
+            Some(m) => msg_of(m).map(Some),
+        }
+    }
+}
+
+impl QueueStore for PostgresStore {
+    fn with_queue<R>(&self, recipient_id: &[u8], f: impl FnOnce(&QueueRec) -> R) -> Option<R> {
+        self.data
+            .borrow()
+            .queues
+            .get(recipient_id)
+            .map(|q| f(&q.rec))
+    }
+
+    fn for_each_queue(&self, f: &mut dyn FnMut(&QueueRec)) {
+        self.data.borrow().queues.values().for_each(|q| f(&q.rec));
+    }
+
+    fn queue_count(&self) -> usize {
+        self.data.borrow().queues.len()
+    }
+
+    async fn create(&self, rec: QueueRec) -> Result<(), StoreError> {
+        if self.data.borrow().queues.contains_key(&rec.recipient_id) {
+            return Err(StoreError::Duplicate);
+        }
+        let row = RecRow::of(&rec);
+        let inserted = self
+            .shared
+            .run("create", move |c| {
+                let st = c.stmt(INSERT_QUEUE)?;
+                match c.client.execute(&st, &row.params()) {
+                    Ok(_) => Ok(true),
+                    Err(e) if unique_violation(&e) => Ok(false),
+                    Err(e) => Err(e),
+                }
+            })
+            .await?;
+        if !inserted {
+            return Err(StoreError::Duplicate);
+        }
+        let rid = rec.recipient_id.clone();
+        self.data
+            .borrow_mut()
+            .queues
+            .insert(rid, Cached { rec, size: Some(0) });
+        Ok(())
+    }
+
+    async fn update(&self, rec: QueueRec) -> Result<(), StoreError> {
+        if !self.data.borrow().queues.contains_key(&rec.recipient_id) {
+            return Err(StoreError::NotFound);
+        }
+        let row = RecRow::of(&rec);
+        let changed = self
+            .shared
+            .run("update", move |c| {
+                let st = c.stmt(UPDATE_QUEUE)?;
+                match c.client.execute(&st, &row.params()) {
+                    Ok(n) => Ok(Some(n)),
+                    Err(e) if unique_violation(&e) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            })
+            .await?;
+        match changed {
+            None => Err(StoreError::Duplicate),
+            Some(0) => Err(StoreError::NotFound),
+            Some(_) => {
+                if let Some(q) = self.data.borrow_mut().queues.get_mut(&rec.recipient_id) {
+                    q.rec = rec;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    async fn delete(&self, recipient_id: &[u8]) -> Result<QueueRec, StoreError> {
+        if !self.data.borrow().queues.contains_key(recipient_id) {
+            return Err(StoreError::NotFound);
+        }
+        let rid = recipient_id.to_vec();
+        self.shared
+            .run("delete", move |c| {
+                let st = c.stmt(DELETE_QUEUE)?;
+                c.client.execute(&st, &[&rid])
+            })
+            .await?;
+        let mut d = self.data.borrow_mut();
+        d.counters.deletes += 1;
+        let q = d.queues.remove(recipient_id).ok_or(StoreError::NotFound)?;
+        d.total_messages -= q.size.unwrap_or(0);
+        drop(d);
+        if let Some(n) = &q.rec.notifier {
+            let _ = self.ntf.delete_ntfs(&n.notifier_id).await;
+        }
+        Ok(q.rec)
+    }
+}
+
+impl MessageStore for PostgresStore {
+    async fn write(
+        &self,
+        recipient_id: &[u8],
+        msg: Message,
+        quota: usize,
+    ) -> Result<WriteOutcome, StoreError> {
+        self.data.borrow_mut().counters.writes += 1;
+        if !self.data.borrow().queues.contains_key(recipient_id) {
+            return Err(StoreError::NotFound);
+        }
+        let m = MsgRow::of(&msg);
+        let rid = recipient_id.to_vec();
+        let quota = i32::try_from(quota).unwrap_or(i32::MAX);
+        let written = {
+            let (rid, m) = (rid.clone(), m.clone());
+            self.shared
+                .run("write_message", move |c| {
+                    let st = c.stmt(WRITE)?;
+                    let row = c.client.query_opt(
+                        &st,
+                        &[&rid, &m.msg_id, &m.ts, &m.quota, &m.ntf, &m.body, &quota],
+                    )?;
+                    Ok(row.map(|r| (r.get::<_, bool>(0), r.get::<_, bool>(1))))
+                })
+                .await
+        };
+        let written = match written {
+            Ok(w) => w,
+            Err(e) if outcome_unknown(&e) => {
+                // Committed or not: the message ID says (it is unique per queue).
+                let found = self
+                    .shared
+                    .run("write_message, checking a broken write", move |c| {
+                        let st = c.stmt(FIND_MSG)?;
+                        Ok(c.client
+                            .query_opt(&st, &[&rid, &m.msg_id])?
+                            .map(|r| r.get::<_, bool>(0)))
+                    })
+                    .await;
+                match found {
+                    Ok(Some(marker)) => {
+                        let was_empty =
+                            self.data.borrow().queues.get(recipient_id).and_then(|q| q.size)
+                                == Some(0);
+                        Some((marker, was_empty))
+                    }
+                    Ok(None) => return Err(e),
+                    Err(_) => {
+                        if let Some(q) = self.data.borrow_mut().queues.get_mut(recipient_id) {
+                            q.size = None;
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(match written {
+            None => WriteOutcome::Full,
+            Some((marker, was_empty)) => {
+                self.data.borrow_mut().add(recipient_id, 1);
+                if marker {
+                    WriteOutcome::QuotaMarker { was_empty }
+                } else {
+                    WriteOutcome::Written { was_empty }
+                }
+            }
+        })
+    }
+
+    async fn peek_first(&self, recipient_id: &[u8]) -> Result<Option<Message>, StoreError> {
+        self.data.borrow_mut().counters.peek_first += 1;
+        if !self.data.borrow().may_have_messages(recipient_id) {
+            return Ok(None);
+        }
+        self.read_head(recipient_id).await
+    }
+
+    async fn peek_first_many(
+        &self,
+        recipient_ids: &[&[u8]],
+    ) -> Result<Vec<Option<Message>>, StoreError> {
+        let asked: Vec<Vec<u8>> = {
+            let mut d = self.data.borrow_mut();
+            d.counters.peek_first_many += 1;
+            recipient_ids
+                .iter()
+                .filter(|r| d.may_have_messages(r))
+                .map(|r| r.to_vec())
+                .collect()
+        };
+        let mut heads: HashMap<Vec<u8>, MsgRow> = HashMap::new();
+        if !asked.is_empty() {
+            let rows = self
+                .shared
+                .run("peek_many", move |c| {
+                    let st = c.stmt(PEEK_MANY)?;
+                    Ok(c.client
+                        .query(&st, &[&asked])?
+                        .iter()
+                        .map(|r| (r.get::<_, Vec<u8>>(0), MsgRow::read(r, 1)))
+                        .collect::<Vec<_>>())
+                })
+                .await?;
+            heads.extend(rows);
+        }
+        recipient_ids
+            .iter()
+            .map(|r| heads.remove(*r).map(msg_of).transpose())
+            .collect()
+    }
+
+    async fn try_del(
+        &self,
+        recipient_id: &[u8],
+        msg_id: &MsgId,
+    ) -> Result<Option<Message>, StoreError> {
+        self.data.borrow_mut().counters.deletes += 1;
+        if !self.data.borrow().may_have_messages(recipient_id) {
+            return Ok(None);
+        }
+        let (rid, id) = (recipient_id.to_vec(), msg_id.to_vec());
+        let row = self
+            .shared
+            .run("try_del_msg", move |c| {
+                let st = c.stmt(TRY_DEL)?;
+                Ok(c.client.query_opt(&st, &[&rid, &id])?.map(|r| MsgRow::read(&r, 0)))
+            })
+            .await?;
+        match row {
+            Some(m) => {
+                self.data.borrow_mut().remove(recipient_id, 1);
+                msg_of(m).map(Some)
+            }
+            None => Ok(None),
+        }
+    }
+
+    async fn try_del_peek(
+        &self,
+        recipient_id: &[u8],
+        msg_id: &MsgId,
+    ) -> Result<(Option<Message>, Option<Message>), StoreError> {
+        self.data.borrow_mut().counters.deletes += 1;
+        if !self.data.borrow().may_have_messages(recipient_id) {
+            return Ok((None, None));
+        }
+        let (rid, id) = (recipient_id.to_vec(), msg_id.to_vec());
+        let rows = self
+            .shared
+            .run("try_del_peek_msg", move |c| {
+                let st = c.stmt(TRY_DEL_PEEK)?;
+                Ok(c.client
+                    .query(&st, &[&rid, &id])?
+                    .iter()
+                    .map(|r| MsgRow::read(r, 0))
+                    .collect::<Vec<_>>())
+            })
+            .await?;
+        let mut rows = rows.into_iter();
+        let (first, second) = (rows.next(), rows.next());
+        let mut d = self.data.borrow_mut();
+        match (first, second) {
+            (None, _) => {
+                d.emptied(recipient_id);
+                Ok((None, None))
+            }
+            (Some(a), None) if a.msg_id == msg_id => {
+                d.emptied(recipient_id);
+                Ok((Some(msg_of(a)?), None))
+            }
+            (Some(a), None) => Ok((None, Some(msg_of(a)?))),
+            (Some(a), Some(b)) => {
+                d.remove(recipient_id, 1);
+                Ok((Some(msg_of(a)?), Some(msg_of(b)?)))
+            }
+        }
+    }
+
+    async fn delete_expired(
+        &self,
+        recipient_id: &[u8],
+        older_than: i64,
+    ) -> Result<usize, StoreError> {
+        if !self.data.borrow().may_have_messages(recipient_id) {
+            return Ok(0);
+        }
+        let rid = recipient_id.to_vec();
+        let n = self
+            .shared
+            .run("delete_expired_msgs", move |c| {
+                let st = c.stmt(DELETE_EXPIRED)?;
+                Ok(c.client.query_one(&st, &[&rid, &older_than])?.get::<_, i64>(0))
+            })
+            .await?;
+        let n = usize::try_from(n).unwrap_or(0);
+        self.data.borrow_mut().remove(recipient_id, n);
+        Ok(n)
+    }
+
+    fn size(&self, recipient_id: &[u8]) -> usize {
+        self.data
+            .borrow()
+            .queues
+            .get(recipient_id)
+            .and_then(|q| q.size)
+            .unwrap_or(0)
+    }
+
+    fn total_messages(&self) -> usize {
+        self.data.borrow().total_messages
+    }
+
+    async fn expire_all(&self, older_than: i64) -> Result<usize, StoreError> {
+        let ids: Vec<Vec<u8>> = {
+            let d = self.data.borrow();
+            d.queues
+                .iter()
+                .filter(|(_, q)| q.size.is_none_or(|n| n > 0))
+                .map(|(r, _)| r.clone())
+                .collect()
+        };
+        let mut total = 0;
+        for chunk in ids.chunks(EXPIRE_CHUNK) {
+            let chunk = chunk.to_vec();
+            let done = self
+                .shared
+                .run("expire", move |c| {
+                    let st = c.stmt(EXPIRE_MANY)?;
+                    Ok(c.client
+                        .query(&st, &[&chunk, &older_than])?
+                        .iter()
+                        .map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, i64>(1)))
+                        .collect::<Vec<_>>())
+                })
+                .await?;
+            let mut d = self.data.borrow_mut();
+            for (rid, n) in done {
+                let n = usize::try_from(n).unwrap_or(0);
+                d.remove(&rid, n);
+                total += n;
+            }
+        }
+        Ok(total)
+    }
+
+    async fn add_ntf(&self, notifier_id: &[u8], ntf: MsgNtf) -> Result<(), StoreError> {
+        self.ntf.add_ntf(notifier_id, ntf).await
+    }
+
+    async fn take_ntfs(
+        &self,
+        notifier_id: &[u8],
+        max: usize,
+    ) -> Result<(Vec<MsgNtf>, bool), StoreError> {
+        self.ntf.take_ntfs(notifier_id, max).await
+    }
+
+    async fn return_ntfs(&self, notifier_id: &[u8], ntfs: Vec<MsgNtf>) -> Result<(), StoreError> {
+        self.ntf.return_ntfs(notifier_id, ntfs).await
+    }
+
+    async fn delete_ntfs(&self, notifier_id: &[u8]) -> Result<usize, StoreError> {
+        self.ntf.delete_ntfs(notifier_id).await
+    }
+
+    fn ntf_ids(&self) -> Vec<EntityId> {
+        self.ntf.ntf_ids()
+    }
+
+    async fn expire_ntfs(&self, older_than: i64) -> Result<usize, StoreError> {
+        self.ntf.expire_ntfs(older_than).await
+    }
+
+    async fn messages(&self, recipient_id: &[u8]) -> Result<Vec<Message>, StoreError> {
+        let rid = recipient_id.to_vec();
+        let rows = self
+            .shared
+            .run("messages", move |c| {
+                let st = c.stmt(ALL_MESSAGES)?;
+                Ok(c.client
+                    .query(&st, &[&rid])?
+                    .iter()
+                    .map(|r| MsgRow::read(r, 0))
+                    .collect::<Vec<_>>())
+            })
+            .await?;
+        rows.into_iter().map(msg_of).collect()
+    }
+
+    async fn ntfs(&self, notifier_id: &[u8]) -> Result<Vec<MsgNtf>, StoreError> {
+        self.ntf.ntfs(notifier_id).await
+    }
+
+    fn counters(&self) -> StoreCounters {
+        self.data.borrow().counters.clone()
+    }
+}
+
+impl ShardStore for PostgresStore {
+    fn open(s: &StoreSettings, groups: &[u32], now: i64) -> Result<Self, String> {
+        let shared = Shared::get(config_of(s)?)?;
+        let groups_i: Vec<i32> = groups.iter().map(|&g| g as i32).collect();
+        let load = sql(LOAD_QUEUES);
+        let rows = shared.run_blocking("loading queues", |c| {
+            c.client.query(load.as_str(), &[&groups_i])
+        })?;
+        let mut data = Data::default();
+        for row in &rows {
+            let rec = rec_of(row)?;
+            let size = usize::try_from(row.get::<_, i64>(16)).unwrap_or(0);
+            data.total_messages += size;
+            data.queues.insert(
+                rec.recipient_id.clone(),
+                Cached {
+                    rec,
+                    size: Some(size),
+                },
+            );
+        }
+        let ntf = MemoryStore::new();
+        let dir = ntfs::store_dir(&s.data_dir);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        for (nid, list) in ntfs::load(&dir, groups, now.saturating_sub(s.ntf_ttl_secs))? {
+            futures_lite::future::block_on(ntf.return_ntfs(&nid, list))
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(PostgresStore {
+            shared,
+            data: RefCell::new(data),
+            ntf,
+        })
+    }
+
+    fn all_opened(s: &StoreSettings) -> Result<(), String> {
+        ntfs::set_aside(&ntfs::store_dir(&s.data_dir))
+    }
+
+    fn close(self, s: &StoreSettings, groups: &[u32]) -> Result<(), String> {
+        let dir = ntfs::store_dir(&s.data_dir);
+        let mut by_group: HashMap<u32, Vec<(EntityId, Vec<MsgNtf>)>> = HashMap::new();
+        let d = self.data.borrow();
+        for q in d.queues.values() {
+            let Some(n) = &q.rec.notifier else { continue };
+            let list = futures_lite::future::block_on(self.ntf.ntfs(&n.notifier_id))
+                .map_err(|e| e.to_string())?;
+            if !list.is_empty() {
+                by_group
+                    .entry(group_of(&q.rec.recipient_id))
+                    .or_default()
+                    .push((n.notifier_id.clone(), list));
+            }
+        }
+        for &g in groups {
+            ntfs::save(&dir, g, by_group.get(&g).map_or(&[][..], Vec::as_slice))?;
+        }
+        Ok(())
+    }
+
+    fn find_offline(s: &StoreSettings, id: &[u8]) -> Result<Option<QueueRec>, String> {
+        let shared = Shared::get(config_of(s)?)?;
+        let q = sql(FIND_OFFLINE);
+        let row = shared.run_blocking("finding the queue", |c| c.client.query_opt(q.as_str(), &[&id]))?;
+        row.as_ref().map(rec_of).transpose()
+    }
+
+    fn set_status_offline(
+        s: &StoreSettings,
+        sender_id: &[u8],
+        status: QueueStatus,
+    ) -> Result<(), String> {
+        let shared = Shared::get(config_of(s)?)?;
+        let text = rows::status_text(&status);
+        let n = shared.run_blocking("setting the queue's status", |c| {
+            c.client.execute(SET_STATUS_OFFLINE, &[&sender_id, &text])
+        })?;
+        if n == 0 {
+            return Err("no queue has this sender ID".into());
+        }
+        Ok(())
+    }
+
+    async fn restore(&self, q: QueueData) -> Result<(), StoreError> {
+        let QueueData { rec, msgs, ntfs } = q;
+        if self.data.borrow().queues.contains_key(&rec.recipient_id) {
+            return Err(StoreError::Duplicate);
+        }
+        if let Some(i) = msgs.iter().position(|m| matches!(m, Message::Quota { .. })) {
+            if i + 1 != msgs.len() {
+                return Err(StoreError::Failed("a message after the quota marker".into()));
+            }
+        }
+        let nid = match (&rec.notifier, ntfs.is_empty()) {
+            (_, true) => None,
+            (Some(n), false) => Some(n.notifier_id.clone()),
+            (None, false) => {
+                return Err(StoreError::Failed(
+                    "notifications for a queue without a notifier".into(),
+                ))
+            }
+        };
+        if nid.as_ref().is_some_and(|n| self.ntf.ntf_ids().contains(n)) {
+            return Err(StoreError::Duplicate);
+        }
+        let row = RecRow::of(&rec);
+        let rows: Vec<MsgRow> = msgs.iter().map(MsgRow::of).collect();
+        let size = rows.len();
+        let can_write = !rows.last().is_some_and(|m| m.quota);
+        let expire = rows.iter().any(|m| !m.quota);
+        let inserted = self
+            .shared
+            .run("restore", move |c| {
+                let mut tx = c.client.transaction()?;
+                if let Err(e) = tx.execute(INSERT_QUEUE, &row.params()) {
+                    return if unique_violation(&e) { Ok(false) } else { Err(e) };
+                }
+                let rid = &row.params()[0];
+                let ids: Vec<&[u8]> = rows.iter().map(|m| m.msg_id.as_slice()).collect();
+                let ts: Vec<i64> = rows.iter().map(|m| m.ts).collect();
+                let quota: Vec<bool> = rows.iter().map(|m| m.quota).collect();
+                let ntf: Vec<bool> = rows.iter().map(|m| m.ntf).collect();
+                let body: Vec<&[u8]> = rows.iter().map(|m| m.body.as_slice()).collect();
+                tx.execute(RESTORE_MESSAGES, &[*rid, &ids, &ts, &quota, &ntf, &body])?;
+                tx.execute(
+                    RESTORE_COUNTS,
+                    &[*rid, &(rows.len() as i64), &can_write, &expire],
+                )?;
+                tx.commit()?;
+                Ok(true)
+            })
+            .await?;
+        if !inserted {
+            return Err(StoreError::Duplicate);
+        }
+        if let Some(nid) = nid {
+            self.ntf.return_ntfs(&nid, ntfs).await?;
+        }
+        let mut d = self.data.borrow_mut();
+        d.total_messages += size;
+        d.queues
+            .insert(rec.recipient_id.clone(), Cached { rec, size: Some(size) });
+        Ok(())
+    }
+}

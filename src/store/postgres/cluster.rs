@@ -1,0 +1,266 @@
+//! A throwaway PostgreSQL cluster for the tests and benchmarks of the PostgreSQL store: made with
+//! the system's `initdb` in a temporary directory, served by `postgres` on a private socket
+//! directory (and, if asked, a loopback TCP port), with `pg_stat_statements` preloaded, and a
+//! template database holding `pgcrypto`, `pg_walinspect` and `pg_stat_statements` from which each
+//! test gets a database of its own.
+//!
+//! The server runs under a small shell that holds a pipe from this process: when this process
+//! ends, however it ends, the pipe closes and the shell stops the server and removes the directory.
+//! As root, the cluster runs as the `postgres` user (or `nobody`), since PostgreSQL refuses root.
+
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The template every test database is copied from.
+pub const TEMPLATE_DB: &str = "smp_relay_template";
+/// The cluster's superuser.
+pub const SUPERUSER: &str = "postgres";
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+static DATABASES: AtomicU64 = AtomicU64::new(0);
+
+/// Settings of a cluster beyond the defaults.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterOptions {
+    /// `postgresql.conf` lines appended as given.
+    pub conf: Vec<String>,
+    /// Also listen on 127.0.0.1 at a free port (TLS tests).
+    pub tcp: bool,
+}
+
+/// A running throwaway cluster (see the module comment).
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub socket_dir: PathBuf,
+    pub port: u16,
+    bindir: PathBuf,
+    run_as: Option<(u32, u32)>,
+    /// Closing it stops the server and removes `dir`.
+    guard: Mutex<Option<(Child, ChildStdin)>>,
+}
+
+/// The folder of the system's PostgreSQL server binaries, or what to install.
+pub fn bindir() -> Result<PathBuf, String> {
+    let from_pg_config = Command::new("pg_config")
+        .arg("--bindir")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    let candidates = from_pg_config.into_iter().chain(
+        ["17", "16", "15", "14"]
+            .iter()
+            .map(|v| PathBuf::from(format!("/usr/lib/postgresql/{v}/bin"))),
+    );
+    for c in candidates {
+        if c.join("initdb").exists() && c.join("postgres").exists() {
+            return Ok(c);
+        }
+    }
+    Err("the PostgreSQL server binaries (initdb, postgres) were not found: install them \
+         (Debian: apt-get install postgresql-15) so that `pg_config --bindir` names their folder"
+        .into())
+}
+
+fn user_ids(name: &str) -> Option<(u32, u32)> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        (f.first() == Some(&name)).then(|| Some((f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?)))?
+    })
+}
+
+fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free port: {e}"))
+}
+
+impl Cluster {
+    pub fn start(opts: &ClusterOptions) -> Result<Cluster, String> {
+        let bindir = bindir()?;
+        // SAFETY: geteuid has no preconditions and only reads the process's credentials.
+        let root = unsafe { libc::geteuid() } == 0;
+        let run_as = if root {
+            Some(
+                user_ids("postgres")
+                    .or_else(|| user_ids("nobody"))
+                    .ok_or("running as root, and there is no postgres or nobody user to run PostgreSQL as")?,
+            )
+        } else {
+            None
+        };
+        let n = DATABASES.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("smp-relay-pg-{}-{n}", std::process::id()));
+        let socket_dir = dir.join("sock");
+        let data = dir.join("data");
+        std::fs::create_dir_all(&socket_dir)
+            .map_err(|e| format!("cannot create {}: {e}", socket_dir.display()))?;
+        for d in [&dir, &socket_dir] {
+            let _ = std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755));
+            if let Some((uid, gid)) = run_as {
+                std::os::unix::fs::chown(d, Some(uid), Some(gid))
+                    .map_err(|e| format!("cannot chown {}: {e}", d.display()))?;
+            }
+        }
+        let port = free_port()?;
+        let cmd = |name: &str| {
+            let mut c = Command::new(bindir.join(name));
+            if let Some((uid, gid)) = run_as {
+                std::os::unix::process::CommandExt::uid(&mut c, uid);
+                std::os::unix::process::CommandExt::gid(&mut c, gid);
+            }
+            c
+        };
+        let out = cmd("initdb")
+            .arg("-D")
+            .arg(&data)
+            .args(["-U", SUPERUSER, "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C"])
+            .output()
+            .map_err(|e| format!("cannot run initdb: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "initdb failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let mut conf = vec![
+            format!("port = {port}"),
+            format!("unix_socket_directories = '{}'", socket_dir.display()),
+            format!(
+                "listen_addresses = '{}'",
+                if opts.tcp { "127.0.0.1" } else { "" }
+            ),
+            "shared_preload_libraries = 'pg_stat_statements'".into(),
+            "max_connections = 200".into(),
+            "fsync = off".into(),
+            "log_min_messages = warning".into(),
+        ];
+        conf.extend(opts.conf.iter().cloned());
+        let conf_path = data.join("postgresql.conf");
+        let mut text = std::fs::read_to_string(&conf_path)
+            .map_err(|e| format!("cannot read {}: {e}", conf_path.display()))?;
+        text.push('\n');
+        text.push_str(&conf.join("\n"));
+        text.push('\n');
+        std::fs::write(&conf_path, text)
+            .map_err(|e| format!("cannot write {}: {e}", conf_path.display()))?;
+        // The guard: the server stops and the directory goes when stdin closes.
+        let script = format!(
+            "'{pg}' -D '{data}' >'{dir}/server.log' 2>&1 & pid=$!; read _; kill -QUIT $pid 2>/dev/null; \
+             wait $pid; rm -rf '{dir}'",
+            pg = bindir.join("postgres").display(),
+            data = data.display(),
+            dir = dir.display(),
+        );
+        let mut sh = Command::new("/bin/sh");
+        sh.args(["-c", &script])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if let Some((uid, gid)) = run_as {
+            std::os::unix::process::CommandExt::uid(&mut sh, uid);
+            std::os::unix::process::CommandExt::gid(&mut sh, gid);
+        }
+        let mut child = sh.spawn().map_err(|e| format!("cannot start postgres: {e}"))?;
+        let stdin = child.stdin.take().expect("piped");
+        let cluster = Cluster {
+            dir,
+            socket_dir,
+            port,
+            bindir,
+            run_as,
+            guard: Mutex::new(Some((child, stdin))),
+        };
+        cluster.wait_ready()?;
+        let mut c = cluster.client("postgres")?;
+        c.batch_execute(&format!("CREATE DATABASE {TEMPLATE_DB}"))
+            .map_err(|e| format!("cannot create the template database: {e}"))?;
+        let mut t = cluster.client(TEMPLATE_DB)?;
+        t.batch_execute(
+            "CREATE EXTENSION pgcrypto; CREATE EXTENSION pg_walinspect; \
+             CREATE EXTENSION pg_stat_statements;",
+        )
+        .map_err(|e| format!("cannot create the extensions: {e}"))?;
+        Ok(cluster)
+    }
+
+    fn wait_ready(&self) -> Result<(), String> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            match self.client("postgres") {
+                Ok(_) => return Ok(()),
+                Err(e) if Instant::now() > deadline => {
+                    let mut log = String::new();
+                    let _ = std::fs::File::open(self.dir.join("server.log"))
+                        .and_then(|mut f| f.read_to_string(&mut log));
+                    return Err(format!("PostgreSQL did not start: {e}\n{log}"));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+
+    /// A key-value connection string to `db` over the socket.
+    pub fn conninfo(&self, db: &str) -> String {
+        format!(
+            "host={} port={} user={SUPERUSER} dbname={db}",
+            self.socket_dir.display(),
+            self.port
+        )
+    }
+
+    pub fn client(&self, db: &str) -> Result<postgres::Client, String> {
+        postgres::Client::connect(&self.conninfo(db), postgres::NoTls)
+            .map_err(|e| format!("cannot connect to {db}: {e}"))
+    }
+
+    /// A new database copied from the template; its name.
+    pub fn create_database(&self) -> Result<String, String> {
+        let n = DATABASES.fetch_add(1, Ordering::Relaxed);
+        let name = format!("t{}_{n}", std::process::id());
+        self.client("postgres")?
+            .batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {TEMPLATE_DB}"))
+            .map_err(|e| format!("cannot create database {name}: {e}"))?;
+        Ok(name)
+    }
+
+    /// Runs one of the cluster's programs (`pg_ctl`, `psql`, …) as the cluster's user.
+    pub fn command(&self, name: &str) -> Command {
+        let mut c = Command::new(self.bindir.join(name));
+        if let Some((uid, gid)) = self.run_as {
+            std::os::unix::process::CommandExt::uid(&mut c, uid);
+            std::os::unix::process::CommandExt::gid(&mut c, gid);
+        }
+        c
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let taken = self.guard.lock().ok().and_then(|mut g| g.take());
+        if let Some((mut child, stdin)) = taken {
+            drop(stdin);
+            let _ = child.wait();
+        }
+    }
+}
