@@ -99,6 +99,12 @@ enum StoreCommand {
         /// Where to write the stream; `-` is stdout (not a terminal).
         #[arg(long, value_name = "FILE|-", default_value = "-")]
         output: PathBuf,
+        /// The PostgreSQL store's database (default: the one the relay last started with).
+        #[arg(long, value_name = "CONNINFO")]
+        database: Option<String>,
+        /// The PostgreSQL store's schema (default: as the relay last started, else smp_server).
+        #[arg(long, value_name = "NAME")]
+        schema: Option<String>,
         /// No progress and no summary on stderr.
         #[arg(long)]
         quiet: bool,
@@ -113,6 +119,12 @@ enum StoreCommand {
         /// Where to read the stream; `-` is stdin (not a terminal).
         #[arg(long, value_name = "FILE|-", default_value = "-")]
         input: PathBuf,
+        /// The PostgreSQL store's database (default: the one the relay last started with).
+        #[arg(long, value_name = "CONNINFO")]
+        database: Option<String>,
+        /// The PostgreSQL store's schema (default: as the relay last started, else smp_server).
+        #[arg(long, value_name = "NAME")]
+        schema: Option<String>,
         /// No progress and no summary on stderr.
         #[arg(long)]
         quiet: bool,
@@ -124,6 +136,7 @@ enum StoreCommand {
 enum StoreArg {
     Journal,
     Memory,
+    Postgres,
 }
 
 impl StoreArg {
@@ -131,6 +144,7 @@ impl StoreArg {
         match self {
             StoreArg::Journal => StoreKind::Journal,
             StoreArg::Memory => StoreKind::Memory,
+            StoreArg::Postgres => StoreKind::Postgres,
         }
     }
 }
@@ -273,12 +287,19 @@ pub fn main() -> ExitCode {
                     store,
                     output,
                     quiet,
+                    database,
+                    schema,
                 },
         } => match store
             .map(StoreArg::kind)
             .or_else(|| StoreKind::found_in(&cli.data_dir))
         {
-            Some(kind) => store_export(&cli.data_dir, kind, &output, quiet),
+            Some(kind) => store_export(
+                &offline_settings_with(&cli.data_dir, database, schema),
+                kind,
+                &output,
+                quiet,
+            ),
             None => Err(format!(
                 "{} holds no store to export (neither journal/ nor memory-store/ files)",
                 cli.data_dir.display()
@@ -290,8 +311,15 @@ pub fn main() -> ExitCode {
                     store,
                     input,
                     quiet,
+                    database,
+                    schema,
                 },
-        } => store_import(&cli.data_dir, store.kind(), &input, quiet),
+        } => store_import(
+            &offline_settings_with(&cli.data_dir, database, schema),
+            store.kind(),
+            &input,
+            quiet,
+        ),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -607,8 +635,29 @@ fn offline_settings(data_dir: &Path) -> StoreSettings {
         durability: smp_relay::store::journal::Durability::Never,
         // No cap: `store import` fills a stopped relay's store, whose own start applies the cap.
         journal_budget: None,
-        postgres: None,
+        // The database the last start used (`postgres-store/connection`).
+        postgres: smp_relay::store::postgres::remembered_config(data_dir),
     }
+}
+
+/// [`offline_settings`] with the PostgreSQL database and schema a command names.
+fn offline_settings_with(
+    data_dir: &Path,
+    database: Option<String>,
+    schema: Option<String>,
+) -> StoreSettings {
+    let mut s = offline_settings(data_dir);
+    if database.is_some() || schema.is_some() {
+        let mut pg = s.postgres.take().unwrap_or_default();
+        if let Some(d) = database {
+            pg.conninfo = d;
+        }
+        if let Some(n) = schema {
+            pg.schema = n;
+        }
+        s.postgres = Some(pg);
+    }
+    s
 }
 
 /// The data directory's lock, as `start` takes it, for an offline tool (`what` it does).
@@ -661,12 +710,13 @@ impl Progress {
 /// `store export`: every queue of the stopped relay's store to `output` (`-`: stdout). A file is
 /// written as `FILE.partial` and renamed once complete, so a failed export leaves no `FILE`.
 fn store_export(
-    data_dir: &Path,
+    settings: &StoreSettings,
     kind: StoreKind,
     output: &Path,
     quiet: bool,
 ) -> Result<(), String> {
     use std::io::IsTerminal;
+    let data_dir = settings.data_dir.as_path();
     if !data_dir.is_dir() {
         return Err(format!(
             "{} does not exist; pass the relay's --data-dir",
@@ -681,7 +731,6 @@ fn store_export(
         );
     }
     let _lock = lock_stopped(data_dir, "export reads the store it saves at a clean stop")?;
-    let settings = offline_settings(data_dir);
     let mut progress = Progress::new(quiet, "exported");
     let (counts, bytes) = if to_stdout {
         let out = std::io::BufWriter::new(std::io::stdout().lock());
@@ -728,8 +777,14 @@ fn store_export(
 }
 
 /// `store import`: the stream from `input` (`-`: stdin) into the empty store of `data_dir`.
-fn store_import(data_dir: &Path, kind: StoreKind, input: &Path, quiet: bool) -> Result<(), String> {
+fn store_import(
+    settings: &StoreSettings,
+    kind: StoreKind,
+    input: &Path,
+    quiet: bool,
+) -> Result<(), String> {
     use std::io::IsTerminal;
+    let data_dir = settings.data_dir.as_path();
     let from_stdin = input == Path::new("-");
     if from_stdin && std::io::stdin().is_terminal() {
         return Err(
@@ -747,7 +802,6 @@ fn store_import(data_dir: &Path, kind: StoreKind, input: &Path, quiet: bool) -> 
     fs::create_dir_all(data_dir)
         .map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?;
     let _lock = lock_stopped(data_dir, "import writes the store it opens at start")?;
-    let settings = offline_settings(data_dir);
     let mut progress = Progress::new(quiet, "imported");
     let report = with_store(kind, false, Import(&settings, reader, &mut progress));
     progress.done();

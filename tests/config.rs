@@ -152,8 +152,11 @@ fn a_reference_key_this_relay_lacks_stops_start_with_what_to_do() {
     assert!(stderr.contains("remove it"), "{stderr}");
 
     let (stderr, _) =
-        start_fails(|d| edit_ini(d, "store_messages = journal", "store_messages = database"));
-    assert!(stderr.contains("not supported yet"), "{stderr}");
+        start_fails(|d| edit_ini(d, "store_messages = journal", "store_messages = sqlite"));
+    assert!(
+        stderr.contains("expected journal, memory or database"),
+        "{stderr}"
+    );
 }
 
 #[test]

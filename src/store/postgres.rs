@@ -99,6 +99,17 @@ fn sql(template: &str) -> String {
         .replace("{GROUP}", GROUP_OF_SQL)
 }
 
+/// The database settings of the relay that last started on `data_dir` (written at its start),
+/// for the offline tools.
+pub fn remembered_config(data_dir: &std::path::Path) -> Option<PgConfig> {
+    let (conninfo, schema) = ntfs::remembered_connection(&ntfs::store_dir(data_dir))?;
+    Some(PgConfig {
+        conninfo,
+        schema,
+        ..PgConfig::default()
+    })
+}
+
 /// A queue as the shard keeps it.
 #[derive(Debug)]
 struct Cached {
@@ -624,6 +635,26 @@ impl ShardStore for PostgresStore {
                 },
             );
         }
+        // As the other stores load only what is young enough: messages past the lifetime go now,
+        // in short statements over this shard's queues (`EXPIRE_CHUNK`).
+        if s.message_ttl_secs < i64::MAX {
+            let older_than = now.saturating_sub(s.message_ttl_secs);
+            let holding: Vec<Vec<u8>> = data
+                .queues
+                .iter()
+                .filter(|(_, q)| q.size != Some(0))
+                .map(|(r, _)| r.clone())
+                .collect();
+            for chunk in holding.chunks(EXPIRE_CHUNK) {
+                let done = shared.run_blocking("expiring messages at start", |c| {
+                    c.client.query(EXPIRE_MANY, &[&chunk, &older_than])
+                })?;
+                for r in done {
+                    let n = usize::try_from(r.get::<_, i64>(1)).unwrap_or(0);
+                    data.remove(&r.get::<_, Vec<u8>>(0), n);
+                }
+            }
+        }
         let ntf = MemoryStore::new();
         let dir = ntfs::store_dir(&s.data_dir);
         std::fs::create_dir_all(&dir)
@@ -640,7 +671,10 @@ impl ShardStore for PostgresStore {
     }
 
     fn all_opened(s: &StoreSettings) -> Result<(), String> {
-        ntfs::set_aside(&ntfs::store_dir(&s.data_dir))
+        let dir = ntfs::store_dir(&s.data_dir);
+        let c = config_of(s)?;
+        ntfs::remember_connection(&dir, &c.conninfo, &c.schema)?;
+        ntfs::set_aside(&dir)
     }
 
     fn close(self, s: &StoreSettings, groups: &[u32]) -> Result<(), String> {

@@ -319,6 +319,9 @@ impl Relay {
         let port = self.port.to_string();
         let cores = self.opts.cores.to_string();
         let mut args = vec!["start", "--port", &port, "--cores", &cores];
+        let given: Vec<String> = extra_args.iter().map(|a| a.to_string()).collect();
+        let store = store_args(self.dir.path(), &given);
+        args.extend(store.iter().map(String::as_str));
         args.extend_from_slice(extra_args);
         run_cli(self.dir.path(), &args)
     }
@@ -524,6 +527,23 @@ pub fn pg_database() -> String {
     c.conninfo(&db)
 }
 
+/// `SMP_RELAY_TEST_STORE` (journal, memory, postgres) picks the store of relays whose test does
+/// not (`given` has no `--store`): CI runs the queue suites on each store. A relay on postgres gets
+/// a database of its own in this test binary's cluster, kept for the directory's later starts.
+fn store_args(dir: &Path, given: &[String]) -> Vec<String> {
+    let Ok(store) = std::env::var("SMP_RELAY_TEST_STORE") else {
+        return Vec::new();
+    };
+    if given.iter().any(|a| a.starts_with("--store")) {
+        return Vec::new();
+    }
+    let mut args = vec!["--store".to_string(), store.clone()];
+    if store == "postgres" && !given.iter().any(|a| a == "--database") {
+        args.extend(["--database".to_string(), database_for(dir)]);
+    }
+    args
+}
+
 /// The database of the relay on `dir`: made at its first start, the same at later ones (a file in
 /// the directory remembers it).
 fn database_for(dir: &Path) -> String {
@@ -556,20 +576,8 @@ fn spawn(dir: &Path, port: u16, opts: &RelayOptions) -> Result<(Child, SharedLog
         "--test-clock-control",
         clock.to_str().expect("utf-8 temp path"),
     ];
-    // `SMP_RELAY_TEST_STORE` (journal, memory, postgres) picks the store of relays whose test
-    // does not: CI runs the queue suites on each store. A relay on postgres gets a database of its
-    // own in this test binary's cluster, kept for the directory's later starts.
-    let store = std::env::var("SMP_RELAY_TEST_STORE").ok();
-    let database;
-    if let Some(s) = store.as_deref() {
-        if !opts.extra_args.iter().any(|a| a.starts_with("--store")) {
-            args.extend(["--store", s]);
-            if s == "postgres" && !opts.extra_args.iter().any(|a| a == "--database") {
-                database = database_for(dir);
-                args.extend(["--database", database.as_str()]);
-            }
-        }
-    }
+    let store = store_args(dir, &opts.extra_args);
+    args.extend(store.iter().map(String::as_str));
     args.extend(opts.extra_args.iter().map(String::as_str));
     let child = Command::new(BIN)
         .args(&args)

@@ -103,6 +103,34 @@ pub fn save(dir: &Path, group: u32, by_notifier: &[(EntityId, Vec<MsgNtf>)]) -> 
     write().map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
+/// The file where a start records the database it used (connection string and schema, one per
+/// line, readable by the owner only), so that the offline tools (`block`, `unblock`, `store
+/// export`) reach the same database.
+pub const CONNECTION_FILE: &str = "connection";
+
+pub fn remember_connection(dir: &Path, conninfo: &str, schema: &str) -> Result<(), String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let path = dir.join(CONNECTION_FILE);
+    let write = || -> std::io::Result<()> {
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)?;
+        f.write_all(format!("{conninfo}\n{schema}\n").as_bytes())
+    };
+    write().map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// The connection string and schema a start recorded, if any.
+pub fn remembered_connection(dir: &Path) -> Option<(String, String)> {
+    let text = fs::read_to_string(dir.join(CONNECTION_FILE)).ok()?;
+    let mut lines = text.lines();
+    Some((lines.next()?.to_string(), lines.next()?.to_string()))
+}
+
 /// Sets every group's file aside as `.bak` (after a start, see the module comment).
 pub fn set_aside(dir: &Path) -> Result<(), String> {
     for g in crate::store::all_groups() {
