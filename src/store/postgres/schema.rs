@@ -283,7 +283,8 @@ BEGIN
   SELECT msg_can_write, msg_queue_size INTO open_for_writes, stored
   FROM msg_queues WHERE recipient_id = p_recipient_id AND deleted_at IS NULL
   FOR UPDATE;
-  IF NOT (open_for_writes OR stored = 0) THEN
+  -- No live queue: nothing to store (and its NULLs must not reach the insert).
+  IF NOT FOUND OR NOT (open_for_writes OR stored = 0) THEN
     RETURN;
   END IF;
   marker := p_msg_quota OR stored >= p_quota;
