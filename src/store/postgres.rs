@@ -421,9 +421,10 @@ impl MessageStore for PostgresStore {
                 .await?;
             heads.extend(rows);
         }
+        // A block may subscribe one queue more than once: each gets the head.
         recipient_ids
             .iter()
-            .map(|r| heads.remove(*r).map(msg_of).transpose())
+            .map(|r| heads.get(*r).cloned().map(msg_of).transpose())
             .collect()
     }
 
