@@ -80,7 +80,8 @@ const TRY_DEL_PEEK: &str = "SELECT r_msg_id, r_msg_ts, r_msg_quota, r_msg_ntf_fl
 const DELETE_EXPIRED: &str = "SELECT delete_expired_msgs($1, $2)";
 const EXPIRE_MANY: &str =
     "SELECT q.rid, delete_expired_msgs(q.rid, $2) FROM unnest($1::bytea[]) AS q(rid)";
-const ALL_MESSAGES: &str = "SELECT msg_id, msg_ts, msg_quota, msg_ntf_flag, msg_body FROM messages \
+const ALL_MESSAGES: &str =
+    "SELECT msg_id, msg_ts, msg_quota, msg_ntf_flag, msg_body FROM messages \
      WHERE recipient_id = $1 ORDER BY message_id";
 const RESTORE_MESSAGES: &str = "INSERT INTO messages (recipient_id, msg_id, msg_ts, msg_quota, \
      msg_ntf_flag, msg_body) SELECT $1, m.id, m.ts, m.quota, m.ntf, m.body \
@@ -206,7 +207,9 @@ impl PostgresStore {
             .shared
             .run("peek", move |c| {
                 let st = c.stmt(PEEK)?;
-                Ok(c.client.query_opt(&st, &[&rid])?.map(|r| MsgRow::read(&r, 0)))
+                Ok(c.client
+                    .query_opt(&st, &[&rid])?
+                    .map(|r| MsgRow::read(&r, 0)))
             })
             .await?;
         match row {
@@ -356,9 +359,13 @@ impl MessageStore for PostgresStore {
                     .await;
                 match found {
                     Ok(Some(marker)) => {
-                        let was_empty =
-                            self.data.borrow().queues.get(recipient_id).and_then(|q| q.size)
-                                == Some(0);
+                        let was_empty = self
+                            .data
+                            .borrow()
+                            .queues
+                            .get(recipient_id)
+                            .and_then(|q| q.size)
+                            == Some(0);
                         Some((marker, was_empty))
                     }
                     Ok(None) => return Err(e),
@@ -442,7 +449,9 @@ impl MessageStore for PostgresStore {
             .shared
             .run("try_del_msg", move |c| {
                 let st = c.stmt(TRY_DEL)?;
-                Ok(c.client.query_opt(&st, &[&rid, &id])?.map(|r| MsgRow::read(&r, 0)))
+                Ok(c.client
+                    .query_opt(&st, &[&rid, &id])?
+                    .map(|r| MsgRow::read(&r, 0)))
             })
             .await?;
         match row {
@@ -508,7 +517,9 @@ impl MessageStore for PostgresStore {
             .shared
             .run("delete_expired_msgs", move |c| {
                 let st = c.stmt(DELETE_EXPIRED)?;
-                Ok(c.client.query_one(&st, &[&rid, &older_than])?.get::<_, i64>(0))
+                Ok(c.client
+                    .query_one(&st, &[&rid, &older_than])?
+                    .get::<_, i64>(0))
             })
             .await?;
         let n = usize::try_from(n).unwrap_or(0);
@@ -702,7 +713,9 @@ impl ShardStore for PostgresStore {
     fn find_offline(s: &StoreSettings, id: &[u8]) -> Result<Option<QueueRec>, String> {
         let shared = Shared::get(config_of(s)?)?;
         let q = sql(FIND_OFFLINE);
-        let row = shared.run_blocking("finding the queue", |c| c.client.query_opt(q.as_str(), &[&id]))?;
+        let row = shared.run_blocking("finding the queue", |c| {
+            c.client.query_opt(q.as_str(), &[&id])
+        })?;
         row.as_ref().map(rec_of).transpose()
     }
 
@@ -729,7 +742,9 @@ impl ShardStore for PostgresStore {
         }
         if let Some(i) = msgs.iter().position(|m| matches!(m, Message::Quota { .. })) {
             if i + 1 != msgs.len() {
-                return Err(StoreError::Failed("a message after the quota marker".into()));
+                return Err(StoreError::Failed(
+                    "a message after the quota marker".into(),
+                ));
             }
         }
         let nid = match (&rec.notifier, ntfs.is_empty()) {
@@ -754,7 +769,11 @@ impl ShardStore for PostgresStore {
             .run("restore", move |c| {
                 let mut tx = c.client.transaction()?;
                 if let Err(e) = tx.execute(INSERT_QUEUE, &row.params()) {
-                    return if unique_violation(&e) { Ok(false) } else { Err(e) };
+                    return if unique_violation(&e) {
+                        Ok(false)
+                    } else {
+                        Err(e)
+                    };
                 }
                 let rid = &row.params()[0];
                 let ids: Vec<&[u8]> = rows.iter().map(|m| m.msg_id.as_slice()).collect();
@@ -779,8 +798,13 @@ impl ShardStore for PostgresStore {
         }
         let mut d = self.data.borrow_mut();
         d.total_messages += size;
-        d.queues
-            .insert(rec.recipient_id.clone(), Cached { rec, size: Some(size) });
+        d.queues.insert(
+            rec.recipient_id.clone(),
+            Cached {
+                rec,
+                size: Some(size),
+            },
+        );
         Ok(())
     }
 }

@@ -62,16 +62,19 @@ pub fn bindir() -> Result<PathBuf, String> {
             return Ok(c);
         }
     }
-    Err("the PostgreSQL server binaries (initdb, postgres) were not found: install them \
+    Err(
+        "the PostgreSQL server binaries (initdb, postgres) were not found: install them \
          (Debian: apt-get install postgresql-15) so that `pg_config --bindir` names their folder"
-        .into())
+            .into(),
+    )
 }
 
 fn user_ids(name: &str) -> Option<(u32, u32)> {
     let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
     passwd.lines().find_map(|l| {
         let f: Vec<&str> = l.split(':').collect();
-        (f.first() == Some(&name)).then(|| Some((f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?)))?
+        (f.first() == Some(&name))
+            .then(|| Some((f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?)))?
     })
 }
 
@@ -88,11 +91,9 @@ impl Cluster {
         // SAFETY: geteuid has no preconditions and only reads the process's credentials.
         let root = unsafe { libc::geteuid() } == 0;
         let run_as = if root {
-            Some(
-                user_ids("postgres")
-                    .or_else(|| user_ids("nobody"))
-                    .ok_or("running as root, and there is no postgres or nobody user to run PostgreSQL as")?,
-            )
+            Some(user_ids("postgres").or_else(|| user_ids("nobody")).ok_or(
+                "running as root, and there is no postgres or nobody user to run PostgreSQL as",
+            )?)
         } else {
             None
         };
@@ -121,7 +122,15 @@ impl Cluster {
         let out = cmd("initdb")
             .arg("-D")
             .arg(&data)
-            .args(["-U", SUPERUSER, "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C"])
+            .args([
+                "-U",
+                SUPERUSER,
+                "--auth=trust",
+                "--no-sync",
+                "-E",
+                "UTF8",
+                "--locale=C",
+            ])
             .output()
             .map_err(|e| format!("cannot run initdb: {e}"))?;
         if !out.status.success() {
@@ -168,7 +177,9 @@ impl Cluster {
             std::os::unix::process::CommandExt::uid(&mut sh, uid);
             std::os::unix::process::CommandExt::gid(&mut sh, gid);
         }
-        let mut child = sh.spawn().map_err(|e| format!("cannot start postgres: {e}"))?;
+        let mut child = sh
+            .spawn()
+            .map_err(|e| format!("cannot start postgres: {e}"))?;
         let stdin = child.stdin.take().expect("piped");
         let cluster = Cluster {
             dir,

@@ -144,8 +144,8 @@ impl Target {
     }
 
     fn tls(&self) -> Result<MakeTlsConnector, String> {
-        let mut b = SslConnector::builder(SslMethod::tls())
-            .map_err(|e| format!("TLS set-up: {e}"))?;
+        let mut b =
+            SslConnector::builder(SslMethod::tls()).map_err(|e| format!("TLS set-up: {e}"))?;
         match self.verify {
             Verify::None => b.set_verify(SslVerifyMode::NONE),
             Verify::Chain | Verify::Full => {
@@ -221,7 +221,10 @@ mod tests {
         let t = Target::parse("postgresql://smp@db:5433/s?sslmode=verify-ca&connect_timeout=5")
             .unwrap();
         assert_eq!(t.verify, Verify::Chain);
-        assert_eq!(t.config.get_connect_timeout(), Some(&std::time::Duration::from_secs(5)));
+        assert_eq!(
+            t.config.get_connect_timeout(),
+            Some(&std::time::Duration::from_secs(5))
+        );
         assert!(Target::parse("host=x sslmode=sometimes").is_err());
         assert!(Target::parse("host=x nonsense=1").is_err());
     }

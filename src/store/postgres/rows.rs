@@ -128,15 +128,13 @@ pub fn rec_of(row: &Row) -> Result<QueueRec, String> {
         _ => None,
     };
     let status = parse_status(&row.get::<_, String>(10)).ok_or_else(|| bad("bad status"))?;
-    let link = row
-        .get::<_, Option<Vec<u8>>>(12)
-        .map(|link_id| {
-            Box::new(QueueLink {
-                link_id,
-                fixed: row.get::<_, Option<Vec<u8>>>(14).unwrap_or_default(),
-                user: row.get::<_, Option<Vec<u8>>>(15).unwrap_or_default(),
-            })
-        });
+    let link = row.get::<_, Option<Vec<u8>>>(12).map(|link_id| {
+        Box::new(QueueLink {
+            link_id,
+            fixed: row.get::<_, Option<Vec<u8>>>(14).unwrap_or_default(),
+            user: row.get::<_, Option<Vec<u8>>>(15).unwrap_or_default(),
+        })
+    });
     Ok(QueueRec {
         sender_id: row.get(3),
         recipient_id: rid.clone(),
@@ -253,11 +251,12 @@ impl MsgRow {
     }
 
     pub fn message(self) -> Result<Message, String> {
-        let msg_id: MsgId = self
-            .msg_id
-            .as_slice()
-            .try_into()
-            .map_err(|_| format!("a message ID of {} bytes in the database", self.msg_id.len()))?;
+        let msg_id: MsgId = self.msg_id.as_slice().try_into().map_err(|_| {
+            format!(
+                "a message ID of {} bytes in the database",
+                self.msg_id.len()
+            )
+        })?;
         Ok(if self.quota {
             Message::Quota {
                 msg_id,

@@ -32,6 +32,10 @@ pub fn ident(name: &str) -> String {
 /// while the relay runs: the lock is its session's.
 pub fn lock_and_migrate(client: &mut Client, schema: &str) -> Result<(), String> {
     let db = |e: postgres::Error| super::pool::describe(&e);
+    // `IF NOT EXISTS` notices are not news.
+    client
+        .batch_execute("SET client_min_messages TO WARNING")
+        .map_err(db)?;
     let locked: bool = client
         .query_one(
             "SELECT pg_try_advisory_lock($1, hashtext($2))",
