@@ -48,6 +48,20 @@ enum Cmd {
     Idle(IdleArgs),
     /// The crypto floor, measured in-process (the criterion benchmark measures it properly).
     Floor,
+    /// Makes (if missing) and starts a PostgreSQL cluster in --dir for `--pg` runs; it runs until
+    /// `pg-stop`.
+    PgStart {
+        #[arg(long)]
+        dir: PathBuf,
+        /// A `postgresql.conf` line for a new cluster (repeat for several).
+        #[arg(long)]
+        conf: Vec<String>,
+    },
+    /// Stops the cluster `pg-start` started in --dir.
+    PgStop {
+        #[arg(long)]
+        dir: PathBuf,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -79,6 +93,11 @@ struct RelayArgs {
     /// An extra argument for `smp-relay start` (repeat for several), e.g. --relay-arg=--quota=256.
     #[arg(long, allow_hyphen_values = true)]
     relay_arg: Vec<String>,
+    /// Run the relay on the PostgreSQL store, in the cluster `pg-start` made in this directory:
+    /// `setup` fills a database of its own, each run works on a copy of it, and the cluster's CPU
+    /// counts as the relay's.
+    #[arg(long, value_name = "DIR")]
+    pg: Option<PathBuf>,
 }
 
 impl RelayArgs {
@@ -106,6 +125,7 @@ impl RelayArgs {
                 addr: *addr,
                 key_hash: proc::decode_key_hash(kh)?,
                 pid: self.relay_pid,
+                db_pid: None,
             })),
             _ => Ok(None),
         }
@@ -273,6 +293,68 @@ fn run(cli: Cli) -> Result<(), String> {
             print_floor(&Floor::measure(), &mut std::io::stdout());
             Ok(())
         }
+        Cmd::PgStart { dir, conf } => {
+            use smp_relay::store::postgres::cluster;
+            std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            let base = cluster::start_detached(&dir, &cluster::ClusterOptions { conf, tcp: false })?;
+            eprintln!("pg-start: {base}");
+            Ok(())
+        }
+        Cmd::PgStop { dir } => smp_relay::store::postgres::cluster::stop_detached(&dir),
+    }
+}
+
+/// The database `setup --pg` fills for the queue file `file`.
+fn setup_database_name(file: &Path) -> String {
+    let stem: String = file
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("queues")
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' })
+        .collect();
+    format!("smpload_{stem}")
+}
+
+/// Creates database `name` in the cluster of `pg` (dropping one of that name first), from
+/// `template` or the cluster's template; returns its connection string.
+fn pg_database(pg: &Path, name: &str, template: Option<&str>) -> Result<String, String> {
+    use smp_relay::store::postgres::cluster;
+    let (base, _) = cluster::detached(pg)?;
+    let mut c = postgres::Client::connect(&format!("{base} dbname=postgres"), postgres::NoTls)
+        .map_err(|e| format!("{}: {e}", pg.display()))?;
+    // One statement each: CREATE DATABASE cannot share a transaction.
+    c.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
+        .and_then(|_| {
+            c.batch_execute(&format!(
+                "CREATE DATABASE {name} TEMPLATE {}",
+                template.unwrap_or(cluster::TEMPLATE_DB)
+            ))
+        })
+        .map_err(|e| {
+            format!(
+                "create database {name}: {}",
+                smp_relay::store::postgres::pool::describe(&e)
+            )
+        })?;
+    Ok(format!("{base} dbname={name}"))
+}
+
+/// Drops a run's database copy when the run is over.
+struct RunDatabase {
+    pg: PathBuf,
+    name: String,
+}
+
+impl Drop for RunDatabase {
+    fn drop(&mut self) {
+        if let Ok((base, _)) = smp_relay::store::postgres::cluster::detached(&self.pg) {
+            if let Ok(mut c) =
+                postgres::Client::connect(&format!("{base} dbname=postgres"), postgres::NoTls)
+            {
+                let _ = c.batch_execute(&format!("DROP DATABASE IF EXISTS {}", self.name));
+            }
+        }
     }
 }
 
@@ -324,7 +406,12 @@ fn setup(a: SetupArgs) -> Result<(), String> {
             std::fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         }
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let spec = a.relay.spec();
+        let mut spec = a.relay.spec();
+        if let Some(pg) = &a.relay.pg {
+            let name = setup_database_name(&a.file);
+            let conninfo = pg_database(pg, &name, None)?;
+            spec.extra_args.extend(["--store".into(), "postgres".into(), "--database".into(), conninfo]);
+        }
         spec.init(&dir)?;
         let relay = spec.start(&dir)?;
         let qs = make(relay.addr, relay.key_hash)
@@ -401,10 +488,11 @@ fn restart_time(a: RestartArgs) -> Result<(), String> {
 
 /// A relay for one run: a fresh copy of the data directory, or the running one.
 enum RunRelay {
-    /// The directory is removed after the relay is killed (field order).
+    /// The directory (and the run's database) is removed after the relay is killed (field order).
     Managed {
         relay: RelayProc,
         _dir: TempDir,
+        db: Option<(RunDatabase, u32)>,
     },
     External(Target),
 }
@@ -414,7 +502,7 @@ impl RunRelay {
         if let Some(t) = relay.external()? {
             return Ok(RunRelay::External(t));
         }
-        let spec = relay.spec();
+        let mut spec = relay.spec();
         let dir = TempDir::new("relay").map_err(|e| e.to_string())?;
         match base {
             Some(b) => proc::copy_data_dir(b, dir.path())
@@ -423,19 +511,44 @@ impl RunRelay {
                 spec.init(dir.path())?;
             }
         }
+        let mut db = None;
+        if let Some(pg) = &relay.pg {
+            // The copy of the database `setup` filled (named in the data directory it made).
+            let template = smp_relay::store::postgres::remembered_config(dir.path())
+                .and_then(|c| {
+                    c.conninfo
+                        .split_whitespace()
+                        .find_map(|kv| kv.strip_prefix("dbname="))
+                        .map(str::to_string)
+                })
+                .ok_or("--pg: the data directory names no database (make it with `setup --pg`)")?;
+            let name = format!("smpload_run_{}", std::process::id());
+            let conninfo = pg_database(pg, &name, Some(&template))?;
+            let (_, postmaster) = smp_relay::store::postgres::cluster::detached(pg)?;
+            spec.extra_args.extend(["--store".into(), "postgres".into(), "--database".into(), conninfo]);
+            db = Some((
+                RunDatabase {
+                    pg: pg.clone(),
+                    name,
+                },
+                postmaster,
+            ));
+        }
         let p = spec.start(dir.path())?;
         Ok(RunRelay::Managed {
             relay: p,
             _dir: dir,
+            db,
         })
     }
 
     fn target(&self) -> Target {
         match self {
-            RunRelay::Managed { relay: p, .. } => Target {
+            RunRelay::Managed { relay: p, db, .. } => Target {
                 addr: p.addr,
                 key_hash: p.key_hash,
                 pid: Some(p.pid()),
+                db_pid: db.as_ref().map(|(_, pid)| *pid),
             },
             RunRelay::External(t) => *t,
         }

@@ -52,6 +52,35 @@ pub fn cpu_seconds(pid: &str) -> Option<f64> {
     Some((utime + stime) / clock_ticks())
 }
 
+/// CPU seconds of a process and of its children, living (utime + stime of each) and exited
+/// (the parent's cutime + cstime): a PostgreSQL cluster's postmaster and its backends.
+pub fn tree_cpu_seconds(parent: u32) -> Option<f64> {
+    let fields = |pid: &str| -> Option<Vec<String>> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let rest = &stat[stat.rfind(')')? + 2..];
+        Some(rest.split(' ').map(str::to_string).collect())
+    };
+    let secs = |f: &[String], i: usize| -> f64 {
+        f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0) / clock_ticks()
+    };
+    // Fields from 3 (state): ppid 4, utime 14, stime 15, cutime 16, cstime 17.
+    let own = fields(&parent.to_string())?;
+    let mut total = secs(&own, 11) + secs(&own, 12) + secs(&own, 13) + secs(&own, 14);
+    let parent_s = parent.to_string();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().filter(|n| n.bytes().all(|b| b.is_ascii_digit())) else {
+            continue;
+        };
+        if let Some(f) = fields(pid) {
+            if f.get(1) == Some(&parent_s) {
+                total += secs(&f, 11) + secs(&f, 12);
+            }
+        }
+    }
+    Some(total)
+}
+
 pub fn sample(pid: &str) -> ProcSample {
     let mut s = ProcSample {
         cpu_s: cpu_seconds(pid).unwrap_or(f64::NAN),

@@ -40,17 +40,25 @@ pub struct Target {
     pub addr: SocketAddr,
     pub key_hash: [u8; 32],
     pub pid: Option<u32>,
+    /// The postmaster of the relay's PostgreSQL cluster: its CPU and its processes' count as the
+    /// relay's (`proc::tree_cpu_seconds`).
+    pub db_pid: Option<u32>,
 }
 
 impl Target {
+    /// The relay's figures; with a database, its CPU includes the database server's.
     fn sample(&self) -> ProcSample {
-        match self.pid {
+        let mut s = match self.pid {
             Some(p) => proc::sample(&p.to_string()),
             None => ProcSample {
                 cpu_s: f64::NAN,
                 ..ProcSample::default()
             },
+        };
+        if let Some(db) = self.db_pid {
+            s.cpu_s += proc::tree_cpu_seconds(db).unwrap_or(f64::NAN);
         }
+        s
     }
 
     fn connect(&self) -> Result<Client, String> {

@@ -230,6 +230,19 @@ pub trait MessageStore {
         msg: Message,
         quota: usize,
     ) -> Result<WriteOutcome, StoreError>;
+    /// A SEND with expiry on: `delete_expired(older_than)`, then `write`; one operation where the
+    /// store can make it one (PostgreSQL: one statement). Returns how many expired and the write's
+    /// outcome.
+    async fn expire_and_write(
+        &self,
+        recipient_id: &[u8],
+        older_than: i64,
+        msg: Message,
+        quota: usize,
+    ) -> Result<(usize, WriteOutcome), StoreError> {
+        let n = self.delete_expired(recipient_id, older_than).await?;
+        Ok((n, self.write(recipient_id, msg, quota).await?))
+    }
     async fn peek_first(&self, recipient_id: &[u8]) -> Result<Option<Message>, StoreError>;
     /// The head of each queue, in the order given: one call for a whole SUB batch.
     async fn peek_first_many(

@@ -67,6 +67,12 @@ const UPDATE_QUEUE: &str = "UPDATE msg_queues SET recipient_keys = $2, sender_ke
 const DELETE_QUEUE: &str = "DELETE FROM msg_queues WHERE recipient_id = $1";
 const WRITE: &str =
     "SELECT quota_written, was_empty FROM write_message($1, $2, $3, $4, $5, $6, $7)";
+// A SEND's expiry and its write in one round trip: the write refers to the expiry's row, so it
+// runs after it (a lateral call runs per row of what it refers to). No row: not written.
+const EXPIRE_AND_WRITE: &str = "SELECT w.quota_written, w.was_empty, e.n \
+     FROM (SELECT delete_expired_msgs($1::bytea, $8::int8) AS n) e \
+     LEFT JOIN LATERAL write_message($1::bytea, $2::bytea, $3::int8, $4::bool, $5::bool, \
+       $6::bytea, CASE WHEN e.n >= 0 THEN $7::int4 END) w ON TRUE";
 const FIND_MSG: &str = "SELECT msg_quota FROM messages WHERE recipient_id = $1 AND msg_id = $2";
 const PEEK: &str = "SELECT msg_id, msg_ts, msg_quota, msg_ntf_flag, msg_body FROM messages \
      WHERE recipient_id = $1 ORDER BY message_id LIMIT 1";
@@ -109,6 +115,29 @@ pub fn remembered_config(data_dir: &std::path::Path) -> Option<PgConfig> {
         schema,
         ..PgConfig::default()
     })
+}
+
+/// The statements of the hot paths, prepared on every pooled connection as it opens.
+const HOT: &[&str] = &[
+    INSERT_QUEUE,
+    UPDATE_QUEUE,
+    DELETE_QUEUE,
+    WRITE,
+    EXPIRE_AND_WRITE,
+    FIND_MSG,
+    PEEK,
+    PEEK_MANY,
+    TRY_DEL,
+    TRY_DEL_PEEK,
+    DELETE_EXPIRED,
+    EXPIRE_MANY,
+];
+
+/// What a SEND's statement returned: (quota marker written, the queue was empty) if it wrote,
+/// and how many messages its expiry deleted.
+struct Written {
+    outcome: Option<(bool, bool)>,
+    expired: i64,
 }
 
 /// A queue as the shard keeps it.
@@ -199,6 +228,115 @@ impl PostgresStore {
     /// every pooled connection since start: a figure of `benches/perf-budgets.json`.
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
+    }
+
+    /// A SEND: the write, after deleting messages older than `expire` when given (one statement
+    /// either way). Returns how many expired and what the write did.
+    async fn write_expiring(
+        &self,
+        recipient_id: &[u8],
+        msg: Message,
+        quota: usize,
+        expire: Option<i64>,
+    ) -> Result<(usize, WriteOutcome), StoreError> {
+        self.data.borrow_mut().counters.writes += 1;
+        if !self.data.borrow().queues.contains_key(recipient_id) {
+            return Err(StoreError::NotFound);
+        }
+        // Nothing to expire in a queue known to be empty.
+        let expire = expire.filter(|_| self.data.borrow().may_have_messages(recipient_id));
+        let m = MsgRow::of(&msg);
+        let rid = recipient_id.to_vec();
+        let quota = i32::try_from(quota).unwrap_or(i32::MAX);
+        let written = {
+            let (rid, m) = (rid.clone(), m.clone());
+            self.shared
+                .run("write_message", move |c| {
+                    match expire {
+                        // `write_message` returns no row when it wrote nothing.
+                        None => {
+                            let st = c.stmt(WRITE)?;
+                            let row = c.client.query_opt(
+                                &st,
+                                &[&rid, &m.msg_id, &m.ts, &m.quota, &m.ntf, &m.body, &quota],
+                            )?;
+                            Ok(Written {
+                                outcome: row.map(|r| (r.get(0), r.get(1))),
+                                expired: 0,
+                            })
+                        }
+                        // One row always: the write's columns are NULL when it wrote nothing.
+                        Some(old) => {
+                            let st = c.stmt(EXPIRE_AND_WRITE)?;
+                            let r = c.client.query_one(
+                                &st,
+                                &[&rid, &m.msg_id, &m.ts, &m.quota, &m.ntf, &m.body, &quota, &old],
+                            )?;
+                            Ok(Written {
+                                outcome: r
+                                    .get::<_, Option<bool>>(0)
+                                    .zip(r.get::<_, Option<bool>>(1)),
+                                expired: r.get(2),
+                            })
+                        }
+                    }
+                })
+                .await
+        };
+        let written = match written {
+            Ok(w) => w,
+            Err(e) if outcome_unknown(&e) => {
+                // Committed or not: the message ID says (it is unique per queue). What expired is
+                // not known: the cached count is dropped until a read tells.
+                if let Some(q) = self.data.borrow_mut().queues.get_mut(recipient_id) {
+                    if expire.is_some() {
+                        q.size = None;
+                    }
+                }
+                let was_empty =
+                    self.data.borrow().queues.get(recipient_id).and_then(|q| q.size) == Some(0);
+                let found = self
+                    .shared
+                    .run("write_message, checking a broken write", move |c| {
+                        let st = c.stmt(FIND_MSG)?;
+                        Ok(c.client
+                            .query_opt(&st, &[&rid, &m.msg_id])?
+                            .map(|r| r.get::<_, bool>(0)))
+                    })
+                    .await;
+                match found {
+                    Ok(Some(marker)) => Written {
+                        outcome: Some((marker, was_empty)),
+                        expired: 0,
+                    },
+                    Ok(None) => return Err(e),
+                    Err(_) => {
+                        if let Some(q) = self.data.borrow_mut().queues.get_mut(recipient_id) {
+                            q.size = None;
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        let expired = usize::try_from(written.expired).unwrap_or(0);
+        let mut d = self.data.borrow_mut();
+        d.remove(recipient_id, expired);
+        Ok((
+            expired,
+            match written.outcome {
+                None => WriteOutcome::Full,
+                Some((marker, was_empty)) => {
+                    d.add(recipient_id, 1);
+                    if marker {
+                        WriteOutcome::QuotaMarker { was_empty }
+                    } else {
+                        WriteOutcome::Written { was_empty }
+                    }
+                }
+            },
+        ))
     }
 
     async fn read_head(&self, recipient_id: &[u8]) -> Result<Option<Message>, StoreError> {
@@ -324,72 +462,20 @@ impl MessageStore for PostgresStore {
         msg: Message,
         quota: usize,
     ) -> Result<WriteOutcome, StoreError> {
-        self.data.borrow_mut().counters.writes += 1;
-        if !self.data.borrow().queues.contains_key(recipient_id) {
-            return Err(StoreError::NotFound);
-        }
-        let m = MsgRow::of(&msg);
-        let rid = recipient_id.to_vec();
-        let quota = i32::try_from(quota).unwrap_or(i32::MAX);
-        let written = {
-            let (rid, m) = (rid.clone(), m.clone());
-            self.shared
-                .run("write_message", move |c| {
-                    let st = c.stmt(WRITE)?;
-                    let row = c.client.query_opt(
-                        &st,
-                        &[&rid, &m.msg_id, &m.ts, &m.quota, &m.ntf, &m.body, &quota],
-                    )?;
-                    Ok(row.map(|r| (r.get::<_, bool>(0), r.get::<_, bool>(1))))
-                })
-                .await
-        };
-        let written = match written {
-            Ok(w) => w,
-            Err(e) if outcome_unknown(&e) => {
-                // Committed or not: the message ID says (it is unique per queue).
-                let found = self
-                    .shared
-                    .run("write_message, checking a broken write", move |c| {
-                        let st = c.stmt(FIND_MSG)?;
-                        Ok(c.client
-                            .query_opt(&st, &[&rid, &m.msg_id])?
-                            .map(|r| r.get::<_, bool>(0)))
-                    })
-                    .await;
-                match found {
-                    Ok(Some(marker)) => {
-                        let was_empty = self
-                            .data
-                            .borrow()
-                            .queues
-                            .get(recipient_id)
-                            .and_then(|q| q.size)
-                            == Some(0);
-                        Some((marker, was_empty))
-                    }
-                    Ok(None) => return Err(e),
-                    Err(_) => {
-                        if let Some(q) = self.data.borrow_mut().queues.get_mut(recipient_id) {
-                            q.size = None;
-                        }
-                        return Err(e);
-                    }
-                }
-            }
-            Err(e) => return Err(e),
-        };
-        Ok(match written {
-            None => WriteOutcome::Full,
-            Some((marker, was_empty)) => {
-                self.data.borrow_mut().add(recipient_id, 1);
-                if marker {
-                    WriteOutcome::QuotaMarker { was_empty }
-                } else {
-                    WriteOutcome::Written { was_empty }
-                }
-            }
-        })
+        self.write_expiring(recipient_id, msg, quota, None)
+            .await
+            .map(|(_, o)| o)
+    }
+
+    async fn expire_and_write(
+        &self,
+        recipient_id: &[u8],
+        older_than: i64,
+        msg: Message,
+        quota: usize,
+    ) -> Result<(usize, WriteOutcome), StoreError> {
+        self.write_expiring(recipient_id, msg, quota, Some(older_than))
+            .await
     }
 
     async fn peek_first(&self, recipient_id: &[u8]) -> Result<Option<Message>, StoreError> {
@@ -628,7 +714,7 @@ impl MessageStore for PostgresStore {
 
 impl ShardStore for PostgresStore {
     fn open(s: &StoreSettings, groups: &[u32], now: i64) -> Result<Self, String> {
-        let shared = Shared::get(config_of(s)?)?;
+        let shared = Shared::get(config_of(s)?, HOT)?;
         let groups_i: Vec<i32> = groups.iter().map(|&g| g as i32).collect();
         let load = sql(LOAD_QUEUES);
         let rows = shared.run_blocking("loading queues", |c| {
@@ -711,7 +797,7 @@ impl ShardStore for PostgresStore {
     }
 
     fn find_offline(s: &StoreSettings, id: &[u8]) -> Result<Option<QueueRec>, String> {
-        let shared = Shared::get(config_of(s)?)?;
+        let shared = Shared::get(config_of(s)?, HOT)?;
         let q = sql(FIND_OFFLINE);
         let row = shared.run_blocking("finding the queue", |c| {
             c.client.query_opt(q.as_str(), &[&id])
@@ -724,7 +810,7 @@ impl ShardStore for PostgresStore {
         sender_id: &[u8],
         status: QueueStatus,
     ) -> Result<(), String> {
-        let shared = Shared::get(config_of(s)?)?;
+        let shared = Shared::get(config_of(s)?, HOT)?;
         let text = rows::status_text(&status);
         let n = shared.run_blocking("setting the queue's status", |c| {
             c.client.execute(SET_STATUS_OFFLINE, &[&sender_id, &text])

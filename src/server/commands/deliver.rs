@@ -429,13 +429,6 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         };
         let rid = q.recipient_id.clone();
         let now = now_secs();
-        if self.settings.expire_on_send {
-            let old = now - self.settings.message_ttl.as_secs() as i64;
-            match self.store.delete_expired(&rid, old).await {
-                Ok(n) => self.stats.borrow_mut().msg_expired += n as u64,
-                Err(e) => return err(store_error(e)),
-            }
-        }
         // One-time invitation data disappears with the first message once the queue is secured.
         if q.link.is_some() && q.is_secured_messaging() {
             if let Some(l) = q.link.take() {
@@ -454,12 +447,21 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             notification: flags.notification,
             body: Rc::from(&body[..]),
         };
-        let outcome = match self
-            .store
-            .write(&rid, msg.clone(), self.settings.quota)
-            .await
-        {
-            Ok(o) => o,
+        // Expired messages go first (simplexmq `Server.hs`, `sendMessage` with `expireMessagesOnSend`).
+        let written = if self.settings.expire_on_send {
+            let old = now - self.settings.message_ttl.as_secs() as i64;
+            self.store
+                .expire_and_write(&rid, old, msg.clone(), self.settings.quota)
+                .await
+        } else {
+            let w = self.store.write(&rid, msg.clone(), self.settings.quota).await;
+            w.map(|o| (0, o))
+        };
+        let outcome = match written {
+            Ok((expired, o)) => {
+                self.stats.borrow_mut().msg_expired += expired as u64;
+                o
+            }
             Err(e) => return err(store_error(e)),
         };
         turn.touched.insert(rid.clone());

@@ -266,6 +266,163 @@ impl Cluster {
     }
 }
 
+/// A cluster that outlives the process that made it (`smp-load pg-start`, for benchmarks that
+/// span several commands): made in `dir` if it has none, started with `pg_ctl`, stopped by
+/// [`stop_detached`]. Returns its base connection string (socket and port, no database).
+pub fn start_detached(dir: &Path, opts: &ClusterOptions) -> Result<String, String> {
+    let bindir = bindir()?;
+    // SAFETY: geteuid has no preconditions and only reads the process's credentials.
+    let run_as = if unsafe { libc::geteuid() } == 0 {
+        Some(
+            user_ids("postgres")
+                .or_else(|| user_ids("nobody"))
+                .ok_or("running as root, and there is no postgres or nobody user to run PostgreSQL as")?,
+        )
+    } else {
+        None
+    };
+    let data = dir.join("data");
+    let socket_dir = dir.join("sock");
+    std::fs::create_dir_all(&socket_dir)
+        .map_err(|e| format!("cannot create {}: {e}", socket_dir.display()))?;
+    for d in [dir, socket_dir.as_path()] {
+        let _ = std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755));
+        if let Some((uid, gid)) = run_as {
+            std::os::unix::fs::chown(d, Some(uid), Some(gid))
+                .map_err(|e| format!("cannot chown {}: {e}", d.display()))?;
+        }
+    }
+    let cmd = |name: &str| {
+        let mut c = Command::new(bindir.join(name));
+        if let Some((uid, gid)) = run_as {
+            std::os::unix::process::CommandExt::uid(&mut c, uid);
+            std::os::unix::process::CommandExt::gid(&mut c, gid);
+        }
+        c
+    };
+    let port_file = dir.join("port");
+    if !data.exists() {
+        let out = cmd("initdb")
+            .arg("-D")
+            .arg(&data)
+            .args(["-U", SUPERUSER, "--auth=trust", "-E", "UTF8", "--locale=C"])
+            .output()
+            .map_err(|e| format!("cannot run initdb: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("initdb failed: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        let port = free_port()?;
+        let mut conf = vec![
+            format!("port = {port}"),
+            format!("unix_socket_directories = '{}'", socket_dir.display()),
+            "listen_addresses = ''".into(),
+            "shared_preload_libraries = 'pg_stat_statements'".into(),
+            "max_connections = 200".into(),
+        ];
+        conf.extend(opts.conf.iter().cloned());
+        let conf_path = data.join("postgresql.conf");
+        let mut text = std::fs::read_to_string(&conf_path)
+            .map_err(|e| format!("cannot read {}: {e}", conf_path.display()))?;
+        text.push('\n');
+        text.push_str(&conf.join("\n"));
+        text.push('\n');
+        std::fs::write(&conf_path, text)
+            .map_err(|e| format!("cannot write {}: {e}", conf_path.display()))?;
+        std::fs::write(&port_file, port.to_string())
+            .map_err(|e| format!("cannot write {}: {e}", port_file.display()))?;
+    }
+    let port: u16 = std::fs::read_to_string(&port_file)
+        .ok()
+        .and_then(|p| p.trim().parse().ok())
+        .ok_or_else(|| format!("{} is missing", port_file.display()))?;
+    let out = cmd("pg_ctl")
+        .arg("-D")
+        .arg(&data)
+        .arg("-l")
+        .arg(dir.join("server.log"))
+        .args(["-w", "start"])
+        .output()
+        .map_err(|e| format!("cannot run pg_ctl: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "pg_ctl start failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let base = format!(
+        "host={} port={port} user={SUPERUSER}",
+        socket_dir.display()
+    );
+    let mut c = postgres::Client::connect(&format!("{base} dbname=postgres"), postgres::NoTls)
+        .map_err(|e| format!("cannot connect: {e}"))?;
+    let has_template: bool = c
+        .query_one(
+            "SELECT count(*) > 0 FROM pg_database WHERE datname = $1",
+            &[&TEMPLATE_DB],
+        )
+        .map_err(|e| e.to_string())?
+        .get(0);
+    if !has_template {
+        c.batch_execute(&format!("CREATE DATABASE {TEMPLATE_DB}"))
+            .map_err(|e| e.to_string())?;
+        postgres::Client::connect(&format!("{base} dbname={TEMPLATE_DB}"), postgres::NoTls)
+            .and_then(|mut t| {
+                t.batch_execute(
+                    "CREATE EXTENSION pgcrypto; CREATE EXTENSION pg_walinspect; \
+                     CREATE EXTENSION pg_stat_statements;",
+                )
+            })
+            .map_err(|e| format!("cannot create the extensions: {e}"))?;
+    }
+    std::fs::write(dir.join("conninfo"), &base)
+        .map_err(|e| format!("cannot write {}/conninfo: {e}", dir.display()))?;
+    Ok(base)
+}
+
+/// The base connection string and the postmaster's process ID of a cluster [`start_detached`]
+/// made in `dir`.
+pub fn detached(dir: &Path) -> Result<(String, u32), String> {
+    let base = std::fs::read_to_string(dir.join("conninfo")).map_err(|e| {
+        format!(
+            "{}: no cluster (start one with `smp-load pg-start --dir {}`): {e}",
+            dir.display(),
+            dir.display()
+        )
+    })?;
+    let pid = std::fs::read_to_string(dir.join("data").join("postmaster.pid"))
+        .ok()
+        .and_then(|t| t.lines().next().and_then(|l| l.trim().parse().ok()))
+        .ok_or_else(|| format!("{}: the cluster is not running", dir.display()))?;
+    Ok((base.trim().to_string(), pid))
+}
+
+/// Stops a cluster [`start_detached`] started.
+pub fn stop_detached(dir: &Path) -> Result<(), String> {
+    let bindir = bindir()?;
+    let mut c = Command::new(bindir.join("pg_ctl"));
+    // SAFETY: as in start_detached.
+    if unsafe { libc::geteuid() } == 0 {
+        if let Some((uid, gid)) = user_ids("postgres").or_else(|| user_ids("nobody")) {
+            std::os::unix::process::CommandExt::uid(&mut c, uid);
+            std::os::unix::process::CommandExt::gid(&mut c, gid);
+        }
+    }
+    let out = c
+        .arg("-D")
+        .arg(dir.join("data"))
+        .args(["-m", "fast", "-w", "stop"])
+        .output()
+        .map_err(|e| format!("cannot run pg_ctl: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "pg_ctl stop failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         let taken = self.guard.lock().ok().and_then(|mut g| g.take());

@@ -85,6 +85,8 @@ struct Manager {
     target: Target,
     /// Run on every new connection: search path, message level, statement timeout.
     setup: String,
+    /// Prepared on every new connection, so that no hot-path statement is parsed later.
+    hot: &'static [&'static str],
 }
 
 impl r2d2::ManageConnection for Manager {
@@ -96,11 +98,15 @@ impl r2d2::ManageConnection for Manager {
         client
             .batch_execute(&self.setup)
             .map_err(|e| ConnectError(describe(&e)))?;
-        Ok(Conn {
+        let mut conn = Conn {
             client,
             stmts: HashMap::new(),
             prepared: 0,
-        })
+        };
+        for sql in self.hot {
+            conn.stmt(sql).map_err(|e| ConnectError(describe(&e)))?;
+        }
+        Ok(conn)
     }
 
     fn is_valid(&self, conn: &mut Conn) -> Result<(), ConnectError> {
@@ -141,7 +147,7 @@ static SHARED: Mutex<Vec<(String, String, Weak<Shared>)>> = Mutex::new(Vec::new(
 
 impl Shared {
     /// The pool for `config`, made (with the lock taken and the schema migrated) if none is open.
-    pub fn get(config: &PgConfig) -> Result<Arc<Shared>, String> {
+    pub fn get(config: &PgConfig, hot: &'static [&'static str]) -> Result<Arc<Shared>, String> {
         let mut all = SHARED.lock().unwrap_or_else(|e| e.into_inner());
         all.retain(|(_, _, w)| w.strong_count() > 0);
         if let Some(s) = all
@@ -151,7 +157,7 @@ impl Shared {
         {
             return Ok(s);
         }
-        let shared = Arc::new(Shared::open(config)?);
+        let shared = Arc::new(Shared::open(config, hot)?);
         all.push((
             config.conninfo.clone(),
             config.schema.clone(),
@@ -160,7 +166,7 @@ impl Shared {
         Ok(shared)
     }
 
-    fn open(config: &PgConfig) -> Result<Shared, String> {
+    fn open(config: &PgConfig, hot: &'static [&'static str]) -> Result<Shared, String> {
         let target = Target::parse(&config.conninfo)?;
         let mut lock = target
             .connect()
@@ -177,7 +183,7 @@ impl Shared {
             .min_idle(Some(0))
             .test_on_check_out(false)
             .connection_timeout(config.pool_wait)
-            .build_unchecked(Manager { target, setup });
+            .build_unchecked(Manager { target, setup, hot });
         // One connection now, so that a start with bad settings fails here, not at the first SEND.
         pool.get()
             .map_err(|e| format!("cannot open a pooled connection: {e}"))?;
