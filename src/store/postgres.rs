@@ -118,7 +118,7 @@ pub fn remembered_config(data_dir: &std::path::Path) -> Option<PgConfig> {
 }
 
 /// The statements of the hot paths, prepared on every pooled connection as it opens.
-const HOT: &[&str] = &[
+pub const HOT_STATEMENTS: &[&str] = &[
     INSERT_QUEUE,
     UPDATE_QUEUE,
     DELETE_QUEUE,
@@ -714,7 +714,7 @@ impl MessageStore for PostgresStore {
 
 impl ShardStore for PostgresStore {
     fn open(s: &StoreSettings, groups: &[u32], now: i64) -> Result<Self, String> {
-        let shared = Shared::get(config_of(s)?, HOT)?;
+        let shared = Shared::get(config_of(s)?, HOT_STATEMENTS)?;
         let groups_i: Vec<i32> = groups.iter().map(|&g| g as i32).collect();
         let load = sql(LOAD_QUEUES);
         let rows = shared.run_blocking("loading queues", |c| {
@@ -797,7 +797,7 @@ impl ShardStore for PostgresStore {
     }
 
     fn find_offline(s: &StoreSettings, id: &[u8]) -> Result<Option<QueueRec>, String> {
-        let shared = Shared::get(config_of(s)?, HOT)?;
+        let shared = Shared::get(config_of(s)?, HOT_STATEMENTS)?;
         let q = sql(FIND_OFFLINE);
         let row = shared.run_blocking("finding the queue", |c| {
             c.client.query_opt(q.as_str(), &[&id])
@@ -810,7 +810,7 @@ impl ShardStore for PostgresStore {
         sender_id: &[u8],
         status: QueueStatus,
     ) -> Result<(), String> {
-        let shared = Shared::get(config_of(s)?, HOT)?;
+        let shared = Shared::get(config_of(s)?, HOT_STATEMENTS)?;
         let text = rows::status_text(&status);
         let n = shared.run_blocking("setting the queue's status", |c| {
             c.client.execute(SET_STATUS_OFFLINE, &[&sender_id, &text])
