@@ -80,6 +80,11 @@ enum Command {
         #[arg(allow_hyphen_values = true)]
         id: String,
     },
+    /// The PostgreSQL store's database: going back to the reference server.
+    Database {
+        #[command(subcommand)]
+        command: DatabaseCommand,
+    },
     /// Copy the store of a stopped relay to a stream, or a stream into an empty store (to move a
     /// relay between store kinds or machines).
     Store {
@@ -128,6 +133,21 @@ enum StoreCommand {
         /// No progress and no summary on stderr.
         #[arg(long)]
         quiet: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum DatabaseCommand {
+    /// Remove from a stopped relay's PostgreSQL schema every object of this relay's own (and
+    /// their `smprelay_migrations` table), leaving the reference server's schema as it is, so
+    /// that the reference smp-server can run on the database again.
+    Downgrade {
+        /// The database (default: the one the relay last started with).
+        #[arg(long, value_name = "CONNINFO")]
+        database: Option<String>,
+        /// The schema (default: as the relay last started, else smp_server).
+        #[arg(long, value_name = "NAME")]
+        schema: Option<String>,
     },
 }
 
@@ -281,6 +301,17 @@ pub fn main() -> ExitCode {
                 })
         }
         Command::Unblock { id } => offline_edit(&cli.data_dir, &id, Edit::Unblock),
+        Command::Database {
+            command: DatabaseCommand::Downgrade { database, schema },
+        } => offline_settings_with(&cli.data_dir, database, schema)
+            .postgres
+            .ok_or_else(|| {
+                "no database: pass --database CONNINFO (the relay records the one it last started \
+                 with in <data-dir>/postgres-store)"
+                    .to_string()
+            })
+            .and_then(|pg| smp_relay::store::postgres::downgrade(&pg))
+            .map(|report| println!("{report}")),
         Command::Store {
             command:
                 StoreCommand::Export {

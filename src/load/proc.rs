@@ -23,6 +23,8 @@ static DIR_COUNTER: AtomicU64 = AtomicU64::new(0);
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ProcSample {
     pub cpu_s: f64,
+    /// Of `cpu_s`, what the relay's PostgreSQL cluster used (with `--pg`; else 0).
+    pub db_cpu_s: f64,
     pub rss_kb: u64,
     pub rss_anon_kb: u64,
     /// Resident file pages (for the journal store: its mapped segments).

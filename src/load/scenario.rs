@@ -56,7 +56,8 @@ impl Target {
             },
         };
         if let Some(db) = self.db_pid {
-            s.cpu_s += proc::tree_cpu_seconds(db).unwrap_or(f64::NAN);
+            s.db_cpu_s = proc::tree_cpu_seconds(db).unwrap_or(f64::NAN);
+            s.cpu_s += s.db_cpu_s;
         }
         s
     }
@@ -904,6 +905,7 @@ pub fn run_messages(
         ("ack_p50_ms", ms(percentile(&mut stats.ack_us, 0.5))),
         ("ack_p99_ms", ms(percentile(&mut stats.ack_us, 0.99))),
         ("relay_cpu_s", relay_cpu),
+        ("db_cpu_s", r1.db_cpu_s - r0.db_cpu_s),
         ("relay_cpu_us_per_delivered", per_delivered_us),
         (
             "relay_cpu_us_per_sub_in_window",

@@ -106,6 +106,15 @@ fn sql(template: &str) -> String {
         .replace("{GROUP}", GROUP_OF_SQL)
 }
 
+/// `smp-relay database downgrade` (`schema::downgrade`) on the database of `config`.
+pub fn downgrade(config: &PgConfig) -> Result<String, String> {
+    let target = conninfo::Target::parse(&config.conninfo)?;
+    let mut client = target
+        .connect()
+        .map_err(|e| format!("cannot connect to the database {}: {e}", target.shown()))?;
+    schema::downgrade(&mut client, &config.schema)
+}
+
 /// The database settings of the relay that last started on `data_dir` (written at its start),
 /// for the offline tools.
 pub fn remembered_config(data_dir: &std::path::Path) -> Option<PgConfig> {

@@ -646,3 +646,86 @@ ALTER TABLE services DROP COLUMN queue_count, DROP COLUMN queue_ids_hash;
 DROP AGGREGATE xor_aggregate(BYTEA);
 DROP FUNCTION xor_combine;
 ";
+
+/// The table that records this relay's own migrations (none so far), apart from the reference's
+/// `migrations`.
+pub const OWN_MIGRATIONS_TABLE: &str = "smprelay_migrations";
+
+/// This relay's own migrations, each with its down step; none so far: the store uses the
+/// reference's schema as it is.
+pub const OWN_MIGRATIONS: &[Migration] = &[];
+
+/// `smp-relay database downgrade`: undoes this relay's own migrations (newest first) and drops
+/// their table, under the same advisory lock as a start (so never beside a running relay).
+/// Returns what the schema holds afterwards.
+pub fn downgrade(client: &mut Client, schema: &str) -> Result<String, String> {
+    let db = |e: postgres::Error| super::pool::describe(&e);
+    client
+        .batch_execute("SET client_min_messages TO WARNING")
+        .map_err(db)?;
+    let locked: bool = client
+        .query_one(
+            "SELECT pg_try_advisory_lock($1, hashtext($2))",
+            &[&LOCK_CLASS, &schema],
+        )
+        .map_err(db)?
+        .get(0);
+    if !locked {
+        return Err(format!(
+            "an smp-relay is running on the schema {schema}; stop it first"
+        ));
+    }
+    let s = ident(schema);
+    let exists = |client: &mut Client, table: &str| -> Result<bool, String> {
+        client
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&format!("{s}.{table}")])
+            .map(|r| r.get(0))
+            .map_err(db)
+    };
+    if !exists(client, "migrations")? {
+        return Err(format!("the schema {schema} has no migrations table: not a store's schema"));
+    }
+    let mut undone = Vec::new();
+    if exists(client, OWN_MIGRATIONS_TABLE)? {
+        let applied: Vec<String> = client
+            .query(
+                &format!("SELECT name FROM {s}.{OWN_MIGRATIONS_TABLE} ORDER BY name DESC"),
+                &[],
+            )
+            .map_err(db)?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let mut tx = client.transaction().map_err(db)?;
+        tx.batch_execute(&format!("SET LOCAL search_path TO {s}")).map_err(db)?;
+        for name in &applied {
+            let m = OWN_MIGRATIONS
+                .iter()
+                .find(|m| m.name == name)
+                .ok_or_else(|| format!("own migration {name} is unknown to this version"))?;
+            if let Some(down) = m.down {
+                tx.batch_execute(down).map_err(db)?;
+            }
+            undone.push(name.clone());
+        }
+        tx.batch_execute(&format!("DROP TABLE {s}.{OWN_MIGRATIONS_TABLE}"))
+            .map_err(db)?;
+        tx.commit().map_err(db)?;
+    }
+    let reference: Vec<String> = client
+        .query(&format!("SELECT name FROM {s}.migrations ORDER BY name"), &[])
+        .map_err(db)?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    Ok(format!(
+        "schema {schema}: {}; it holds the reference server's schema at migration {} and \
+         nothing of smp-relay's, so the reference smp-server can start on it",
+        if undone.is_empty() {
+            "no objects of smp-relay's to remove".to_string()
+        } else {
+            format!("removed smp-relay's migrations {}", undone.join(", "))
+        },
+        reference.last().map_or("(none)", String::as_str)
+    ))
+}
