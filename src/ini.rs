@@ -886,12 +886,12 @@ mod tests {
         let e = parse_err("[WEB]\nstatic_path = /var/www\n");
         assert!(e.contains("`static_path` in [WEB] is not supported"), "{e}");
 
-        let e = parse_err("[STORE_LOG]\nstore_messages = database\n");
-        assert!(e.contains("database store is not supported yet"), "{e}");
+        let e = parse_err("[STORE_LOG]\nstore_messages = sqlite\n");
+        assert!(e.contains("expected journal, memory or database"), "{e}");
         let e = parse_err("[STORE_LOG]\nfsync = sometimes\n");
         assert!(e.contains("every-batch, interval-ms N or never"), "{e}");
-        let e = parse_err("[STORE_LOG]\nstore_queues = database\n");
-        assert!(e.contains("database store is not supported yet"), "{e}");
+        let e = parse_err("[STORE_LOG]\nstore_queues = sqlite\n");
+        assert!(e.contains("expected one of memory, database"), "{e}");
 
         let e = parse_err("[SERVER]\n");
         assert!(e.contains("unknown section [SERVER]"), "{e}");
