@@ -305,11 +305,13 @@ impl QueueStore for PostgresStore {
                 c.client.execute(&st, &[&rid])
             })
             .await?;
-        let mut d = self.data.borrow_mut();
-        d.counters.deletes += 1;
-        let q = d.queues.remove(recipient_id).ok_or(StoreError::NotFound)?;
-        d.total_messages -= q.size.unwrap_or(0);
-        drop(d);
+        let q = {
+            let mut d = self.data.borrow_mut();
+            d.counters.deletes += 1;
+            let q = d.queues.remove(recipient_id).ok_or(StoreError::NotFound)?;
+            d.total_messages -= q.size.unwrap_or(0);
+            q
+        };
         if let Some(n) = &q.rec.notifier {
             let _ = self.ntf.delete_ntfs(&n.notifier_id).await;
         }
@@ -347,16 +349,28 @@ impl MessageStore for PostgresStore {
         let written = match written {
             Ok(w) => w,
             Err(e) if outcome_unknown(&e) => {
-                // Committed or not: the message ID says (it is unique per queue).
-                let found = self
-                    .shared
-                    .run("write_message, checking a broken write", move |c| {
-                        let st = c.stmt(FIND_MSG)?;
-                        Ok(c.client
-                            .query_opt(&st, &[&rid, &m.msg_id])?
-                            .map(|r| r.get::<_, bool>(0)))
-                    })
-                    .await;
+                // Committed or not: the message ID says (it is unique per queue). The look-up may
+                // get a pooled connection that broke with the write's (every session terminated,
+                // the server restarted): each such one leaves the pool, so it is tried again, at
+                // most once per pooled connection and once more on a new one.
+                let mut tries = self.shared.config.pool_size.clamp(1, pool::MAX_POOL_SIZE) + 1;
+                let found = loop {
+                    let (rid, id) = (rid.clone(), m.msg_id.clone());
+                    let found = self
+                        .shared
+                        .run("write_message, checking a broken write", move |c| {
+                            let st = c.stmt(FIND_MSG)?;
+                            Ok(c.client
+                                .query_opt(&st, &[&rid, &id])?
+                                .map(|r| r.get::<_, bool>(0)))
+                        })
+                        .await;
+                    tries -= 1;
+                    match found {
+                        Err(le) if outcome_unknown(&le) && tries > 0 => continue,
+                        other => break other,
+                    }
+                };
                 match found {
                     Ok(Some(marker)) => {
                         let was_empty = self

@@ -28,6 +28,16 @@ pub fn ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
+/// Takes the schema's advisory lock for `client`'s session, if no other session holds it.
+pub fn try_lock(client: &mut Client, schema: &str) -> Result<bool, postgres::Error> {
+    Ok(client
+        .query_one(
+            "SELECT pg_try_advisory_lock($1, hashtext($2))",
+            &[&LOCK_CLASS, &schema],
+        )?
+        .get(0))
+}
+
 /// Takes the lock, checks `pgcrypto`, creates and migrates the schema. `client` must stay open
 /// while the relay runs: the lock is its session's.
 pub fn lock_and_migrate(client: &mut Client, schema: &str) -> Result<(), String> {
@@ -36,14 +46,7 @@ pub fn lock_and_migrate(client: &mut Client, schema: &str) -> Result<(), String>
     client
         .batch_execute("SET client_min_messages TO WARNING")
         .map_err(db)?;
-    let locked: bool = client
-        .query_one(
-            "SELECT pg_try_advisory_lock($1, hashtext($2))",
-            &[&LOCK_CLASS, &schema],
-        )
-        .map_err(db)?
-        .get(0);
-    if !locked {
+    if !try_lock(client, schema).map_err(db)? {
         return Err(format!(
             "another smp-relay holds the database's schema {schema} (advisory lock {LOCK_CLASS}); \
              stop it first, or give this one its own --schema"
