@@ -123,6 +123,7 @@ fn run(root: &std::path::Path, cfg: Config, tag: usize) -> RunResult {
         test_delay: None,
         durability: cfg.durability,
         journal_budget: None,
+        postgres: None,
     };
     let groups = groups_of_shard(0, SHARDS);
     let ids = queue_ids(&groups);

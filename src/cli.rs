@@ -765,7 +765,7 @@ fn store_export(
     let mut progress = Progress::new(quiet, "exported");
     let (counts, bytes) = if to_stdout {
         let out = std::io::BufWriter::new(std::io::stdout().lock());
-        let (c, b, _) = with_store(kind, false, Export(&settings, out, &mut progress))?;
+        let (c, b, _) = with_store(kind, false, Export(settings, out, &mut progress))?;
         (c, b)
     } else {
         let partial = with_suffix(output, ".partial");
@@ -774,7 +774,7 @@ fn store_export(
         let written = with_store(
             kind,
             false,
-            Export(&settings, std::io::BufWriter::new(file), &mut progress),
+            Export(settings, std::io::BufWriter::new(file), &mut progress),
         )
         .and_then(|(c, b, out)| {
             let file = out
@@ -834,7 +834,7 @@ fn store_import(
         .map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?;
     let _lock = lock_stopped(data_dir, "import writes the store it opens at start")?;
     let mut progress = Progress::new(quiet, "imported");
-    let report = with_store(kind, false, Import(&settings, reader, &mut progress));
+    let report = with_store(kind, false, Import(settings, reader, &mut progress));
     progress.done();
     let report = report?;
     if !quiet {

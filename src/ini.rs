@@ -788,6 +788,11 @@ mod tests {
                 store: Some(crate::store::StoreKind::Memory),
                 durability: None,
                 journal_max_size: None,
+                database: None,
+                db_schema: None,
+                db_pool_size: None,
+                db_statement_timeout: None,
+                db_pool_wait: None,
                 ports: Some(vec![5223, 443]),
                 websockets: Some(WebSockets(vec![8443, 80])),
                 shards: Some(3),
@@ -881,12 +886,12 @@ mod tests {
         let e = parse_err("[WEB]\nstatic_path = /var/www\n");
         assert!(e.contains("`static_path` in [WEB] is not supported"), "{e}");
 
-        let e = parse_err("[STORE_LOG]\nstore_messages = database\n");
-        assert!(e.contains("database store is not supported yet"), "{e}");
+        let e = parse_err("[STORE_LOG]\nstore_messages = sqlite\n");
+        assert!(e.contains("expected journal, memory or database"), "{e}");
         let e = parse_err("[STORE_LOG]\nfsync = sometimes\n");
         assert!(e.contains("every-batch, interval-ms N or never"), "{e}");
-        let e = parse_err("[STORE_LOG]\nstore_queues = database\n");
-        assert!(e.contains("database store is not supported yet"), "{e}");
+        let e = parse_err("[STORE_LOG]\nstore_queues = sqlite\n");
+        assert!(e.contains("expected one of memory, database"), "{e}");
 
         let e = parse_err("[SERVER]\n");
         assert!(e.contains("unknown section [SERVER]"), "{e}");

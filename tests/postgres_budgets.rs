@@ -109,7 +109,9 @@ impl Bench {
                 continue;
             }
             let incidental = ty.starts_with("PRUNE") || ty == "VISIBLE" || ty == "FPI_FOR_HINT";
-            let ours = nodes.iter().any(|n| refs.contains(&format!("rel {n} ")) || refs.ends_with(&format!("rel {n}")));
+            let ours = nodes.iter().any(|n| {
+                refs.contains(&format!("rel {n} ")) || refs.ends_with(&format!("rel {n}"))
+            });
             if ours && !incidental {
                 schema += len;
             }
@@ -161,7 +163,7 @@ fn sub_ts(qs: &[Queue]) -> (Vec<ClientTransmission>, Vec<[u8; 24]>) {
         .iter()
         .map(|q| {
             let corr = new_corr_id();
-            corrs.push(corr.clone());
+            corrs.push(corr);
             ClientTransmission::new(&corr, q.rid(), Command::Sub).signed(q.key().clone())
         })
         .collect();
@@ -198,7 +200,7 @@ fn send_each(c: &mut Client, qs: &[Queue], tag: &str) {
             .iter()
             .map(|q| {
                 let corr = new_corr_id();
-                corrs.push(corr.clone());
+                corrs.push(corr);
                 ClientTransmission::new(&corr, q.sid(), send_cmd(tag.as_bytes()))
             })
             .collect();
@@ -217,7 +219,7 @@ fn ack_each(c: &mut Client, qs: &[Queue], ids: &HashMap<Vec<u8>, Vec<u8>>) {
             .iter()
             .map(|q| {
                 let corr = new_corr_id();
-                corrs.push(corr.clone());
+                corrs.push(corr);
                 let id = ids.get(q.rid()).expect("a delivered message").clone();
                 ClientTransmission::new(&corr, q.rid(), Command::Ack(id)).signed(q.key().clone())
             })

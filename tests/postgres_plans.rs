@@ -101,5 +101,9 @@ fn no_statement_scans_a_large_table_under_a_generic_plan() {
         checked += 1;
     }
     assert_eq!(checked, HOT_STATEMENTS.len() + FUNCTION_QUERIES.len());
-    assert!(bad.is_empty(), "sequential scans under generic plans:\n{}", bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "sequential scans under generic plans:\n{}",
+        bad.join("\n")
+    );
 }

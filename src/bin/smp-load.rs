@@ -296,7 +296,8 @@ fn run(cli: Cli) -> Result<(), String> {
         Cmd::PgStart { dir, conf } => {
             use smp_relay::store::postgres::cluster;
             std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-            let base = cluster::start_detached(&dir, &cluster::ClusterOptions { conf, tcp: false })?;
+            let base =
+                cluster::start_detached(&dir, &cluster::ClusterOptions { conf, tcp: false })?;
             eprintln!("pg-start: {base}");
             Ok(())
         }
@@ -311,7 +312,13 @@ fn setup_database_name(file: &Path) -> String {
         .and_then(|n| n.to_str())
         .unwrap_or("queues")
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
         .collect();
     format!("smpload_{stem}")
 }
@@ -410,7 +417,12 @@ fn setup(a: SetupArgs) -> Result<(), String> {
         if let Some(pg) = &a.relay.pg {
             let name = setup_database_name(&a.file);
             let conninfo = pg_database(pg, &name, None)?;
-            spec.extra_args.extend(["--store".into(), "postgres".into(), "--database".into(), conninfo]);
+            spec.extra_args.extend([
+                "--store".into(),
+                "postgres".into(),
+                "--database".into(),
+                conninfo,
+            ]);
         }
         spec.init(&dir)?;
         let relay = spec.start(&dir)?;
@@ -525,7 +537,12 @@ impl RunRelay {
             let name = format!("smpload_run_{}", std::process::id());
             let conninfo = pg_database(pg, &name, Some(&template))?;
             let (_, postmaster) = smp_relay::store::postgres::cluster::detached(pg)?;
-            spec.extra_args.extend(["--store".into(), "postgres".into(), "--database".into(), conninfo]);
+            spec.extra_args.extend([
+                "--store".into(),
+                "postgres".into(),
+                "--database".into(),
+                conninfo,
+            ]);
             db = Some((
                 RunDatabase {
                     pg: pg.clone(),

@@ -71,7 +71,10 @@ pub fn tree_cpu_seconds(parent: u32) -> Option<f64> {
     let parent_s = parent.to_string();
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let name = entry.file_name();
-        let Some(pid) = name.to_str().filter(|n| n.bytes().all(|b| b.is_ascii_digit())) else {
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
             continue;
         };
         if let Some(f) = fields(pid) {

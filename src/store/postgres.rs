@@ -279,7 +279,9 @@ impl PostgresStore {
                             let st = c.stmt(EXPIRE_AND_WRITE)?;
                             let r = c.client.query_one(
                                 &st,
-                                &[&rid, &m.msg_id, &m.ts, &m.quota, &m.ntf, &m.body, &quota, &old],
+                                &[
+                                    &rid, &m.msg_id, &m.ts, &m.quota, &m.ntf, &m.body, &quota, &old,
+                                ],
                             )?;
                             Ok(Written {
                                 outcome: r
@@ -302,17 +304,34 @@ impl PostgresStore {
                         q.size = None;
                     }
                 }
-                let was_empty =
-                    self.data.borrow().queues.get(recipient_id).and_then(|q| q.size) == Some(0);
-                let found = self
-                    .shared
-                    .run("write_message, checking a broken write", move |c| {
-                        let st = c.stmt(FIND_MSG)?;
-                        Ok(c.client
-                            .query_opt(&st, &[&rid, &m.msg_id])?
-                            .map(|r| r.get::<_, bool>(0)))
-                    })
-                    .await;
+                let was_empty = self
+                    .data
+                    .borrow()
+                    .queues
+                    .get(recipient_id)
+                    .and_then(|q| q.size)
+                    == Some(0);
+                // The look-up may get a pooled connection that broke with the write's (every
+                // session terminated, the server restarted): each such one leaves the pool, so it
+                // is tried again, at most once per pooled connection and once more on a new one.
+                let mut tries = self.shared.config.pool_size.clamp(1, pool::MAX_POOL_SIZE) + 1;
+                let found = loop {
+                    let (rid, id) = (rid.clone(), m.msg_id.clone());
+                    let found = self
+                        .shared
+                        .run("write_message, checking a broken write", move |c| {
+                            let st = c.stmt(FIND_MSG)?;
+                            Ok(c.client
+                                .query_opt(&st, &[&rid, &id])?
+                                .map(|r| r.get::<_, bool>(0)))
+                        })
+                        .await;
+                    tries -= 1;
+                    match found {
+                        Err(le) if outcome_unknown(&le) && tries > 0 => continue,
+                        other => break other,
+                    }
+                };
                 match found {
                     Ok(Some(marker)) => Written {
                         outcome: Some((marker, was_empty)),
@@ -452,11 +471,13 @@ impl QueueStore for PostgresStore {
                 c.client.execute(&st, &[&rid])
             })
             .await?;
-        let mut d = self.data.borrow_mut();
-        d.counters.deletes += 1;
-        let q = d.queues.remove(recipient_id).ok_or(StoreError::NotFound)?;
-        d.total_messages -= q.size.unwrap_or(0);
-        drop(d);
+        let q = {
+            let mut d = self.data.borrow_mut();
+            d.counters.deletes += 1;
+            let q = d.queues.remove(recipient_id).ok_or(StoreError::NotFound)?;
+            d.total_messages -= q.size.unwrap_or(0);
+            q
+        };
         if let Some(n) = &q.rec.notifier {
             let _ = self.ntf.delete_ntfs(&n.notifier_id).await;
         }

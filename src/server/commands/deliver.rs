@@ -454,7 +454,10 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 .expire_and_write(&rid, old, msg.clone(), self.settings.quota)
                 .await
         } else {
-            let w = self.store.write(&rid, msg.clone(), self.settings.quota).await;
+            let w = self
+                .store
+                .write(&rid, msg.clone(), self.settings.quota)
+                .await;
             w.map(|o| (0, o))
         };
         let outcome = match written {

@@ -160,10 +160,16 @@ impl Cluster {
         text.push('\n');
         std::fs::write(&conf_path, text)
             .map_err(|e| format!("cannot write {}: {e}", conf_path.display()))?;
-        // The guard: the server stops and the directory goes when stdin closes.
+        // The guard: the server stops and the directory goes when stdin closes. The server it
+        // stops is the one named by `postmaster.pid`, not its own child, so that a server started
+        // again by `pg_ctl` ([`Cluster::start_server`]) goes too; one that is not its child it
+        // cannot wait for, so it polls (a few seconds at most).
         let script = format!(
-            "'{pg}' -D '{data}' >'{dir}/server.log' 2>&1 & pid=$!; read _; kill -QUIT $pid 2>/dev/null; \
-             wait $pid; rm -rf '{dir}'",
+            "'{pg}' -D '{data}' >'{dir}/server.log' 2>&1 & read _; \
+             pid=$(head -n 1 '{data}/postmaster.pid' 2>/dev/null); \
+             [ -n \"$pid\" ] && kill -QUIT $pid 2>/dev/null; wait; i=0; \
+             while [ -n \"$pid\" ] && [ $i -lt 100 ] && kill -0 $pid 2>/dev/null; do \
+             sleep 0.05; i=$((i+1)); done; rm -rf '{dir}'",
             pg = bindir.join("postgres").display(),
             data = data.display(),
             dir = dir.display(),
@@ -252,6 +258,57 @@ impl Cluster {
         c
     }
 
+    /// Stops the server with `pg_ctl stop -m <mode>` (`smart`, `fast`, `immediate`) and waits
+    /// until it is gone; the directory stays, for [`Cluster::start_server`].
+    pub fn stop_server(&self, mode: &str) -> Result<(), String> {
+        let data = self.data_dir();
+        self.pg_ctl(&["stop", "-D", &data.display().to_string(), "-m", mode, "-w"])
+    }
+
+    /// Starts the server again on the same directory, port and socket directory (they are in its
+    /// `postgresql.conf`), its output appended to the log, and waits until it takes connections.
+    /// The guard stops it as it stops the first.
+    pub fn start_server(&self) -> Result<(), String> {
+        let data = self.data_dir();
+        let log = self.dir.join("server.log");
+        self.pg_ctl(&[
+            "start",
+            "-D",
+            &data.display().to_string(),
+            "-l",
+            &log.display().to_string(),
+            "-w",
+        ])?;
+        self.wait_ready()
+    }
+
+    /// [`Cluster::stop_server`] with `mode`, then [`Cluster::start_server`].
+    pub fn restart(&self, mode: &str) -> Result<(), String> {
+        self.stop_server(mode)?;
+        self.start_server()
+    }
+
+    fn pg_ctl(&self, args: &[&str]) -> Result<(), String> {
+        let out = self
+            .command("pg_ctl")
+            .args(args)
+            .args(["-t", &START_TIMEOUT.as_secs().to_string()])
+            .stdin(Stdio::null())
+            .current_dir(&self.dir)
+            .output()
+            .map_err(|e| format!("cannot run pg_ctl: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "pg_ctl {}: {}{}\n{}",
+                args.first().unwrap_or(&""),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+                self.log()
+            ));
+        }
+        Ok(())
+    }
+
     pub fn data_dir(&self) -> PathBuf {
         self.dir.join("data")
     }
@@ -273,11 +330,9 @@ pub fn start_detached(dir: &Path, opts: &ClusterOptions) -> Result<String, Strin
     let bindir = bindir()?;
     // SAFETY: geteuid has no preconditions and only reads the process's credentials.
     let run_as = if unsafe { libc::geteuid() } == 0 {
-        Some(
-            user_ids("postgres")
-                .or_else(|| user_ids("nobody"))
-                .ok_or("running as root, and there is no postgres or nobody user to run PostgreSQL as")?,
-        )
+        Some(user_ids("postgres").or_else(|| user_ids("nobody")).ok_or(
+            "running as root, and there is no postgres or nobody user to run PostgreSQL as",
+        )?)
     } else {
         None
     };
@@ -309,7 +364,10 @@ pub fn start_detached(dir: &Path, opts: &ClusterOptions) -> Result<String, Strin
             .output()
             .map_err(|e| format!("cannot run initdb: {e}"))?;
         if !out.status.success() {
-            return Err(format!("initdb failed: {}", String::from_utf8_lossy(&out.stderr)));
+            return Err(format!(
+                "initdb failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
         }
         let port = free_port()?;
         let mut conf = vec![
@@ -350,10 +408,7 @@ pub fn start_detached(dir: &Path, opts: &ClusterOptions) -> Result<String, Strin
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    let base = format!(
-        "host={} port={port} user={SUPERUSER}",
-        socket_dir.display()
-    );
+    let base = format!("host={} port={port} user={SUPERUSER}", socket_dir.display());
     let mut c = postgres::Client::connect(&format!("{base} dbname=postgres"), postgres::NoTls)
         .map_err(|e| format!("cannot connect: {e}"))?;
     let has_template: bool = c

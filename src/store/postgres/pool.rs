@@ -129,8 +129,8 @@ pub struct Shared {
     jobs: Option<crossbeam_channel::Sender<Job>>,
     workers: Vec<JoinHandle<()>>,
     pool: r2d2::Pool<Manager>,
-    /// Holds the advisory lock that makes this relay the database's only one.
-    _lock: Mutex<Client>,
+    /// Holds the advisory lock that makes this relay the database's only one ([`keep_lock`]).
+    lock_keeper: Option<(crossbeam_channel::Sender<()>, JoinHandle<()>)>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -168,6 +168,7 @@ impl Shared {
 
     fn open(config: &PgConfig, hot: &'static [&'static str]) -> Result<Shared, String> {
         let target = Target::parse(&config.conninfo)?;
+        let lock_target = target.clone();
         let mut lock = target
             .connect()
             .map_err(|e| format!("cannot connect to the database {}: {e}", target.shown()))?;
@@ -205,12 +206,18 @@ impl Shared {
                     .map_err(|e| format!("cannot start a database thread: {e}"))
             })
             .collect::<Result<Vec<_>, String>>()?;
+        let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
+        let schema = config.schema.clone();
+        let keeper = std::thread::Builder::new()
+            .name("pg-lock".into())
+            .spawn(move || keep_lock(&lock_target, &schema, lock, &stopped))
+            .map_err(|e| format!("cannot start a database thread: {e}"))?;
         Ok(Shared {
             config: config.clone(),
             jobs: Some(tx),
             workers,
             pool,
-            _lock: Mutex::new(lock),
+            lock_keeper: Some((stop, keeper)),
         })
     }
 
@@ -276,6 +283,69 @@ impl Drop for Shared {
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
+        // Closing its channel stops the lock's thread, which ends the session and the lock.
+        if let Some((stop, keeper)) = self.lock_keeper.take() {
+            drop(stop);
+            let _ = keeper.join();
+        }
+    }
+}
+
+/// How often the session holding the advisory lock is checked, and how long a check may take.
+pub const LOCK_CHECK: Duration = Duration::from_secs(1);
+
+/// Holds the advisory lock (taken by `lock`'s session at start) until `stop` closes. The session
+/// may die while the relay runs (the server restarted, or an administrator terminated it): the
+/// pool does not need it, so the relay goes on serving, but the lock went with it and a second
+/// relay could then start on the schema. So it is checked every [`LOCK_CHECK`], and when lost it
+/// is logged and taken again on a new session as soon as the database answers. If another relay
+/// took it meanwhile, that is logged as an error (two relays now write the schema) and the lock is
+/// tried again until it is had.
+fn keep_lock(target: &Target, schema: &str, lock: Client, stop: &crossbeam_channel::Receiver<()>) {
+    let mut session = Some(lock);
+    let mut held = true;
+    let mut told_taken = false;
+    loop {
+        match stop.recv_timeout(LOCK_CHECK) {
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+            _ => return,
+        }
+        if held {
+            match session.as_mut().map(|c| c.is_valid(LOCK_CHECK)) {
+                Some(Ok(())) => continue,
+                Some(Err(e)) => tracing::warn!(
+                    schema,
+                    error = %describe(&e),
+                    "the database session holding the schema's advisory lock was lost; the relay                      goes on serving and takes the lock again"
+                ),
+                None => {}
+            }
+            held = false;
+            session = None;
+        }
+        let c = match session.as_mut() {
+            Some(c) => c,
+            None => match target.connect() {
+                Ok(c) => session.insert(c),
+                Err(_) => continue,
+            },
+        };
+        match schema::try_lock(c, schema) {
+            Ok(true) => {
+                tracing::info!(schema, "the schema's advisory lock is held again");
+                held = true;
+                told_taken = false;
+            }
+            Ok(false) if !told_taken => {
+                tracing::error!(
+                    schema,
+                    "another smp-relay took the schema's advisory lock while this relay's lock                      session was lost: two relays now write the schema; stop one of them"
+                );
+                told_taken = true;
+            }
+            Ok(false) => {}
+            Err(_) => session = None,
+        }
     }
 }
 
@@ -299,9 +369,26 @@ impl RunError {
             RunError::Db(e) if e.as_db_error().is_none() => {
                 StoreError::Failed(format!("{op}, {CONNECTION_LOST}: {e}"))
             }
+            RunError::Db(e) if ends_session(&e) => {
+                StoreError::Failed(format!("{op}, {CONNECTION_LOST}: {}", describe(&e)))
+            }
             RunError::Db(e) => StoreError::Failed(format!("{op}, {}", describe(&e))),
         }
     }
+}
+
+/// An error the server sends as it ends the session (FATAL or PANIC: the session was terminated,
+/// the server is shutting down). It may come after the statement committed: the server can be
+/// told to end the session between the commit and the end of its answer, and then sends this
+/// error instead of that end. So, like a lost connection, it leaves the outcome unknown.
+fn ends_session(e: &postgres::Error) -> bool {
+    use postgres::error::Severity;
+    e.as_db_error().is_some_and(|d| {
+        matches!(
+            d.parsed_severity(),
+            Some(Severity::Fatal) | Some(Severity::Panic)
+        ) || d.code().code().starts_with("57P")
+    })
 }
 
 fn retryable(e: &postgres::Error) -> bool {
@@ -311,10 +398,23 @@ fn retryable(e: &postgres::Error) -> bool {
     )
 }
 
-/// A database error with its message, not just "db error".
+/// A database error with its message, not just "db error"; any other error with its causes
+/// (a failed TLS handshake says why only in its source, e.g. "certificate verify failed").
 pub fn describe(e: &postgres::Error) -> String {
     match e.as_db_error() {
         Some(d) => format!("{} ({})", d.message(), d.code().code()),
-        None => e.to_string(),
+        None => {
+            let mut text = e.to_string();
+            let mut cause = std::error::Error::source(e);
+            while let Some(c) = cause {
+                let t = c.to_string();
+                if !t.is_empty() && !text.contains(&t) {
+                    text.push_str(": ");
+                    text.push_str(&t);
+                }
+                cause = c.source();
+            }
+            text
+        }
     }
 }

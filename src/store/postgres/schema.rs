@@ -28,6 +28,16 @@ pub fn ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
+/// Takes the schema's advisory lock for `client`'s session, if no other session holds it.
+pub fn try_lock(client: &mut Client, schema: &str) -> Result<bool, postgres::Error> {
+    Ok(client
+        .query_one(
+            "SELECT pg_try_advisory_lock($1, hashtext($2))",
+            &[&LOCK_CLASS, &schema],
+        )?
+        .get(0))
+}
+
 /// Takes the lock, checks `pgcrypto`, creates and migrates the schema. `client` must stay open
 /// while the relay runs: the lock is its session's.
 pub fn lock_and_migrate(client: &mut Client, schema: &str) -> Result<(), String> {
@@ -36,14 +46,7 @@ pub fn lock_and_migrate(client: &mut Client, schema: &str) -> Result<(), String>
     client
         .batch_execute("SET client_min_messages TO WARNING")
         .map_err(db)?;
-    let locked: bool = client
-        .query_one(
-            "SELECT pg_try_advisory_lock($1, hashtext($2))",
-            &[&LOCK_CLASS, &schema],
-        )
-        .map_err(db)?
-        .get(0);
-    if !locked {
+    if !try_lock(client, schema).map_err(db)? {
         return Err(format!(
             "another smp-relay holds the database's schema {schema} (advisory lock {LOCK_CLASS}); \
              stop it first, or give this one its own --schema"
@@ -678,12 +681,17 @@ pub fn downgrade(client: &mut Client, schema: &str) -> Result<String, String> {
     let s = ident(schema);
     let exists = |client: &mut Client, table: &str| -> Result<bool, String> {
         client
-            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&format!("{s}.{table}")])
+            .query_one(
+                "SELECT to_regclass($1) IS NOT NULL",
+                &[&format!("{s}.{table}")],
+            )
             .map(|r| r.get(0))
             .map_err(db)
     };
     if !exists(client, "migrations")? {
-        return Err(format!("the schema {schema} has no migrations table: not a store's schema"));
+        return Err(format!(
+            "the schema {schema} has no migrations table: not a store's schema"
+        ));
     }
     let mut undone = Vec::new();
     if exists(client, OWN_MIGRATIONS_TABLE)? {
@@ -697,7 +705,8 @@ pub fn downgrade(client: &mut Client, schema: &str) -> Result<String, String> {
             .map(|r| r.get(0))
             .collect();
         let mut tx = client.transaction().map_err(db)?;
-        tx.batch_execute(&format!("SET LOCAL search_path TO {s}")).map_err(db)?;
+        tx.batch_execute(&format!("SET LOCAL search_path TO {s}"))
+            .map_err(db)?;
         for name in &applied {
             let m = OWN_MIGRATIONS
                 .iter()
@@ -713,7 +722,10 @@ pub fn downgrade(client: &mut Client, schema: &str) -> Result<String, String> {
         tx.commit().map_err(db)?;
     }
     let reference: Vec<String> = client
-        .query(&format!("SELECT name FROM {s}.migrations ORDER BY name"), &[])
+        .query(
+            &format!("SELECT name FROM {s}.migrations ORDER BY name"),
+            &[],
+        )
         .map_err(db)?
         .iter()
         .map(|r| r.get(0))
