@@ -1410,3 +1410,65 @@ fn a_database_at_an_older_migration_is_upgraded_at_start() {
         "the other queue's message is kept"
     );
 }
+
+/// `smp-relay database downgrade` leaves the reference's schema and nothing of this relay's: it
+/// drops the relay's own migrations table, says the schema is the reference's, and refuses while a
+/// relay holds the schema.
+#[test]
+fn database_downgrade_leaves_only_the_reference_schema() {
+    let cluster = common::pg_cluster();
+    let db = cluster.create_database().expect("database");
+    let conninfo = cluster.conninfo(&db);
+    let mut relay = common::Relay::start_with(common::RelayOptions {
+        cores: 1,
+        extra_args: vec![
+            "--store".into(),
+            "postgres".into(),
+            "--database".into(),
+            conninfo.clone(),
+        ],
+    });
+    let dir = relay.dir.path().to_path_buf();
+    let running = common::run_cli(&dir, &["database", "downgrade"]);
+    assert!(!running.status.success(), "refused beside a running relay");
+    assert!(
+        String::from_utf8_lossy(&running.stderr).contains("running"),
+        "{}",
+        String::from_utf8_lossy(&running.stderr)
+    );
+    assert!(relay.stop().success());
+    // An own-migrations table as a later version of this relay would leave it (empty).
+    let mut c = cluster.client(&db).expect("connect");
+    c.batch_execute(
+        "CREATE TABLE smp_server.smprelay_migrations (name TEXT PRIMARY KEY, ts TIMESTAMP, down TEXT)",
+    )
+    .expect("own table");
+    // The database the relay last used is remembered in its data directory.
+    let out = common::run_cli(&dir, &["database", "downgrade"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("20250915_queue_ids_hash"), "{text}");
+    let left: Option<String> = c
+        .query_one(
+            "SELECT to_regclass('smp_server.smprelay_migrations')::text",
+            &[],
+        )
+        .expect("query")
+        .get(0);
+    assert_eq!(left, None, "the relay's own table is gone");
+    let names: Vec<String> = c
+        .query("SELECT name FROM smp_server.migrations ORDER BY name", &[])
+        .expect("migrations")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        names,
+        MIGRATIONS.iter().map(|m| m.name.to_string()).collect::<Vec<_>>(),
+        "the reference's migrations stay"
+    );
+}

@@ -21,6 +21,7 @@
 
 pub mod cluster;
 mod conninfo;
+mod errors;
 mod ntfs;
 pub mod pool;
 mod rows;

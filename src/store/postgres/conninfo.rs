@@ -140,7 +140,7 @@ impl Target {
         let tls = self.tls().map_err(ConnectError)?;
         self.config
             .connect(tls)
-            .map_err(|e| ConnectError(super::pool::describe(&e)))
+            .map_err(|e| ConnectError(super::errors::describe(&e)))
     }
 
     fn tls(&self) -> Result<MakeTlsConnector, String> {

@@ -41,7 +41,7 @@ pub fn try_lock(client: &mut Client, schema: &str) -> Result<bool, postgres::Err
 /// Takes the lock, checks `pgcrypto`, creates and migrates the schema. `client` must stay open
 /// while the relay runs: the lock is its session's.
 pub fn lock_and_migrate(client: &mut Client, schema: &str) -> Result<(), String> {
-    let db = |e: postgres::Error| super::pool::describe(&e);
+    let db = |e: postgres::Error| super::errors::describe(&e);
     // `IF NOT EXISTS` notices are not news.
     client
         .batch_execute("SET client_min_messages TO WARNING")
@@ -662,7 +662,7 @@ pub const OWN_MIGRATIONS: &[Migration] = &[];
 /// their table, under the same advisory lock as a start (so never beside a running relay).
 /// Returns what the schema holds afterwards.
 pub fn downgrade(client: &mut Client, schema: &str) -> Result<String, String> {
-    let db = |e: postgres::Error| super::pool::describe(&e);
+    let db = |e: postgres::Error| super::errors::describe(&e);
     client
         .batch_execute("SET client_min_messages TO WARNING")
         .map_err(db)?;
