@@ -1468,7 +1468,10 @@ fn database_downgrade_leaves_only_the_reference_schema() {
         .collect();
     assert_eq!(
         names,
-        MIGRATIONS.iter().map(|m| m.name.to_string()).collect::<Vec<_>>(),
+        MIGRATIONS
+            .iter()
+            .map(|m| m.name.to_string())
+            .collect::<Vec<_>>(),
         "the reference's migrations stay"
     );
 }
