@@ -85,81 +85,125 @@ fn free_port() -> Result<u16, String> {
         .map_err(|e| format!("no free port: {e}"))
 }
 
+/// Who the cluster's programs run as: the `postgres` user (or `nobody`) when this process is root,
+/// since PostgreSQL refuses root; else this process's user (`None`).
+fn run_as() -> Result<Option<(u32, u32)>, String> {
+    // SAFETY: geteuid has no preconditions and only reads the process's credentials.
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(None);
+    }
+    user_ids("postgres")
+        .or_else(|| user_ids("nobody"))
+        .map(Some)
+        .ok_or_else(|| {
+            "running as root, and there is no postgres or nobody user to run PostgreSQL as".into()
+        })
+}
+
+/// `name` from `bindir`, run as `run_as`.
+fn command_as(bindir: &Path, name: &str, run_as: Option<(u32, u32)>) -> Command {
+    let mut c = Command::new(bindir.join(name));
+    if let Some((uid, gid)) = run_as {
+        std::os::unix::process::CommandExt::uid(&mut c, uid);
+        std::os::unix::process::CommandExt::gid(&mut c, gid);
+    }
+    c
+}
+
+/// `dir` and its socket directory, readable by all and owned by `run_as`.
+fn make_dirs(dir: &Path, socket_dir: &Path, run_as: Option<(u32, u32)>) -> Result<(), String> {
+    std::fs::create_dir_all(socket_dir)
+        .map_err(|e| format!("cannot create {}: {e}", socket_dir.display()))?;
+    for d in [dir, socket_dir] {
+        let _ = std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755));
+        if let Some((uid, gid)) = run_as {
+            std::os::unix::fs::chown(d, Some(uid), Some(gid))
+                .map_err(|e| format!("cannot chown {}: {e}", d.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// `initdb` into `data` (trust authentication, superuser [`SUPERUSER`]), then `conf` appended to
+/// its `postgresql.conf`.
+fn init_data(
+    bindir: &Path,
+    run_as: Option<(u32, u32)>,
+    data: &Path,
+    no_sync: bool,
+    conf: &[String],
+) -> Result<(), String> {
+    let mut initdb = command_as(bindir, "initdb", run_as);
+    initdb
+        .arg("-D")
+        .arg(data)
+        .args(["-U", SUPERUSER, "--auth=trust", "-E", "UTF8", "--locale=C"]);
+    if no_sync {
+        initdb.arg("--no-sync");
+    }
+    let out = initdb
+        .output()
+        .map_err(|e| format!("cannot run initdb: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let conf_path = data.join("postgresql.conf");
+    let mut text = std::fs::read_to_string(&conf_path)
+        .map_err(|e| format!("cannot read {}: {e}", conf_path.display()))?;
+    text.push('\n');
+    text.push_str(&conf.join("\n"));
+    text.push('\n');
+    std::fs::write(&conf_path, text)
+        .map_err(|e| format!("cannot write {}: {e}", conf_path.display()))
+}
+
+/// The settings every cluster here starts with.
+fn base_conf(port: u16, socket_dir: &Path, tcp: bool) -> Vec<String> {
+    vec![
+        format!("port = {port}"),
+        format!("unix_socket_directories = '{}'", socket_dir.display()),
+        format!(
+            "listen_addresses = '{}'",
+            if tcp { "127.0.0.1" } else { "" }
+        ),
+        "shared_preload_libraries = 'pg_stat_statements'".into(),
+        "max_connections = 200".into(),
+    ]
+}
+
+/// The template database with the extensions the store and its tests use.
+fn create_template(base: &str) -> Result<(), String> {
+    let mut c = postgres::Client::connect(&format!("{base} dbname=postgres"), postgres::NoTls)
+        .map_err(|e| format!("cannot connect: {e}"))?;
+    c.batch_execute(&format!("CREATE DATABASE {TEMPLATE_DB}"))
+        .map_err(|e| format!("cannot create the template database: {e}"))?;
+    postgres::Client::connect(&format!("{base} dbname={TEMPLATE_DB}"), postgres::NoTls)
+        .and_then(|mut t| {
+            t.batch_execute(
+                "CREATE EXTENSION pgcrypto; CREATE EXTENSION pg_walinspect; \
+                 CREATE EXTENSION pg_stat_statements;",
+            )
+        })
+        .map_err(|e| format!("cannot create the extensions: {e}"))
+}
+
 impl Cluster {
     pub fn start(opts: &ClusterOptions) -> Result<Cluster, String> {
         let bindir = bindir()?;
-        // SAFETY: geteuid has no preconditions and only reads the process's credentials.
-        let root = unsafe { libc::geteuid() } == 0;
-        let run_as = if root {
-            Some(user_ids("postgres").or_else(|| user_ids("nobody")).ok_or(
-                "running as root, and there is no postgres or nobody user to run PostgreSQL as",
-            )?)
-        } else {
-            None
-        };
+        let run_as = run_as()?;
         let n = DATABASES.fetch_add(1, Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("smp-relay-pg-{}-{n}", std::process::id()));
         let socket_dir = dir.join("sock");
         let data = dir.join("data");
-        std::fs::create_dir_all(&socket_dir)
-            .map_err(|e| format!("cannot create {}: {e}", socket_dir.display()))?;
-        for d in [&dir, &socket_dir] {
-            let _ = std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755));
-            if let Some((uid, gid)) = run_as {
-                std::os::unix::fs::chown(d, Some(uid), Some(gid))
-                    .map_err(|e| format!("cannot chown {}: {e}", d.display()))?;
-            }
-        }
+        make_dirs(&dir, &socket_dir, run_as)?;
         let port = free_port()?;
-        let cmd = |name: &str| {
-            let mut c = Command::new(bindir.join(name));
-            if let Some((uid, gid)) = run_as {
-                std::os::unix::process::CommandExt::uid(&mut c, uid);
-                std::os::unix::process::CommandExt::gid(&mut c, gid);
-            }
-            c
-        };
-        let out = cmd("initdb")
-            .arg("-D")
-            .arg(&data)
-            .args([
-                "-U",
-                SUPERUSER,
-                "--auth=trust",
-                "--no-sync",
-                "-E",
-                "UTF8",
-                "--locale=C",
-            ])
-            .output()
-            .map_err(|e| format!("cannot run initdb: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "initdb failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        let mut conf = vec![
-            format!("port = {port}"),
-            format!("unix_socket_directories = '{}'", socket_dir.display()),
-            format!(
-                "listen_addresses = '{}'",
-                if opts.tcp { "127.0.0.1" } else { "" }
-            ),
-            "shared_preload_libraries = 'pg_stat_statements'".into(),
-            "max_connections = 200".into(),
-            "fsync = off".into(),
-            "log_min_messages = warning".into(),
-        ];
+        let mut conf = base_conf(port, &socket_dir, opts.tcp);
+        conf.extend(["fsync = off".into(), "log_min_messages = warning".into()]);
         conf.extend(opts.conf.iter().cloned());
-        let conf_path = data.join("postgresql.conf");
-        let mut text = std::fs::read_to_string(&conf_path)
-            .map_err(|e| format!("cannot read {}: {e}", conf_path.display()))?;
-        text.push('\n');
-        text.push_str(&conf.join("\n"));
-        text.push('\n');
-        std::fs::write(&conf_path, text)
-            .map_err(|e| format!("cannot write {}: {e}", conf_path.display()))?;
+        init_data(&bindir, run_as, &data, true, &conf)?;
         // The guard: the server stops and the directory goes when stdin closes. The server it
         // stops is the one named by `postmaster.pid`, not its own child, so that a server started
         // again by `pg_ctl` ([`Cluster::start_server`]) goes too; one that is not its child it
@@ -174,15 +218,11 @@ impl Cluster {
             data = data.display(),
             dir = dir.display(),
         );
-        let mut sh = Command::new("/bin/sh");
+        let mut sh = command_as(Path::new("/bin"), "sh", run_as);
         sh.args(["-c", &script])
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        if let Some((uid, gid)) = run_as {
-            std::os::unix::process::CommandExt::uid(&mut sh, uid);
-            std::os::unix::process::CommandExt::gid(&mut sh, gid);
-        }
         let mut child = sh
             .spawn()
             .map_err(|e| format!("cannot start postgres: {e}"))?;
@@ -196,15 +236,10 @@ impl Cluster {
             guard: Mutex::new(Some((child, stdin))),
         };
         cluster.wait_ready()?;
-        let mut c = cluster.client("postgres")?;
-        c.batch_execute(&format!("CREATE DATABASE {TEMPLATE_DB}"))
-            .map_err(|e| format!("cannot create the template database: {e}"))?;
-        let mut t = cluster.client(TEMPLATE_DB)?;
-        t.batch_execute(
-            "CREATE EXTENSION pgcrypto; CREATE EXTENSION pg_walinspect; \
-             CREATE EXTENSION pg_stat_statements;",
-        )
-        .map_err(|e| format!("cannot create the extensions: {e}"))?;
+        create_template(&format!(
+            "host={} port={port} user={SUPERUSER}",
+            cluster.socket_dir.display()
+        ))?;
         Ok(cluster)
     }
 
@@ -250,12 +285,7 @@ impl Cluster {
 
     /// Runs one of the cluster's programs (`pg_ctl`, `psql`, …) as the cluster's user.
     pub fn command(&self, name: &str) -> Command {
-        let mut c = Command::new(self.bindir.join(name));
-        if let Some((uid, gid)) = self.run_as {
-            std::os::unix::process::CommandExt::uid(&mut c, uid);
-            std::os::unix::process::CommandExt::gid(&mut c, gid);
-        }
-        c
+        command_as(&self.bindir, name, self.run_as)
     }
 
     /// Stops the server with `pg_ctl stop -m <mode>` (`smart`, `fast`, `immediate`) and waits
@@ -328,64 +358,16 @@ impl Cluster {
 /// [`stop_detached`]. Returns its base connection string (socket and port, no database).
 pub fn start_detached(dir: &Path, opts: &ClusterOptions) -> Result<String, String> {
     let bindir = bindir()?;
-    // SAFETY: geteuid has no preconditions and only reads the process's credentials.
-    let run_as = if unsafe { libc::geteuid() } == 0 {
-        Some(user_ids("postgres").or_else(|| user_ids("nobody")).ok_or(
-            "running as root, and there is no postgres or nobody user to run PostgreSQL as",
-        )?)
-    } else {
-        None
-    };
+    let run_as = run_as()?;
     let data = dir.join("data");
     let socket_dir = dir.join("sock");
-    std::fs::create_dir_all(&socket_dir)
-        .map_err(|e| format!("cannot create {}: {e}", socket_dir.display()))?;
-    for d in [dir, socket_dir.as_path()] {
-        let _ = std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755));
-        if let Some((uid, gid)) = run_as {
-            std::os::unix::fs::chown(d, Some(uid), Some(gid))
-                .map_err(|e| format!("cannot chown {}: {e}", d.display()))?;
-        }
-    }
-    let cmd = |name: &str| {
-        let mut c = Command::new(bindir.join(name));
-        if let Some((uid, gid)) = run_as {
-            std::os::unix::process::CommandExt::uid(&mut c, uid);
-            std::os::unix::process::CommandExt::gid(&mut c, gid);
-        }
-        c
-    };
+    make_dirs(dir, &socket_dir, run_as)?;
     let port_file = dir.join("port");
     if !data.exists() {
-        let out = cmd("initdb")
-            .arg("-D")
-            .arg(&data)
-            .args(["-U", SUPERUSER, "--auth=trust", "-E", "UTF8", "--locale=C"])
-            .output()
-            .map_err(|e| format!("cannot run initdb: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "initdb failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
         let port = free_port()?;
-        let mut conf = vec![
-            format!("port = {port}"),
-            format!("unix_socket_directories = '{}'", socket_dir.display()),
-            "listen_addresses = ''".into(),
-            "shared_preload_libraries = 'pg_stat_statements'".into(),
-            "max_connections = 200".into(),
-        ];
+        let mut conf = base_conf(port, &socket_dir, false);
         conf.extend(opts.conf.iter().cloned());
-        let conf_path = data.join("postgresql.conf");
-        let mut text = std::fs::read_to_string(&conf_path)
-            .map_err(|e| format!("cannot read {}: {e}", conf_path.display()))?;
-        text.push('\n');
-        text.push_str(&conf.join("\n"));
-        text.push('\n');
-        std::fs::write(&conf_path, text)
-            .map_err(|e| format!("cannot write {}: {e}", conf_path.display()))?;
+        init_data(&bindir, run_as, &data, false, &conf)?;
         std::fs::write(&port_file, port.to_string())
             .map_err(|e| format!("cannot write {}: {e}", port_file.display()))?;
     }
@@ -393,7 +375,7 @@ pub fn start_detached(dir: &Path, opts: &ClusterOptions) -> Result<String, Strin
         .ok()
         .and_then(|p| p.trim().parse().ok())
         .ok_or_else(|| format!("{} is missing", port_file.display()))?;
-    let out = cmd("pg_ctl")
+    let out = command_as(&bindir, "pg_ctl", run_as)
         .arg("-D")
         .arg(&data)
         .arg("-l")
@@ -419,16 +401,7 @@ pub fn start_detached(dir: &Path, opts: &ClusterOptions) -> Result<String, Strin
         .map_err(|e| e.to_string())?
         .get(0);
     if !has_template {
-        c.batch_execute(&format!("CREATE DATABASE {TEMPLATE_DB}"))
-            .map_err(|e| e.to_string())?;
-        postgres::Client::connect(&format!("{base} dbname={TEMPLATE_DB}"), postgres::NoTls)
-            .and_then(|mut t| {
-                t.batch_execute(
-                    "CREATE EXTENSION pgcrypto; CREATE EXTENSION pg_walinspect; \
-                     CREATE EXTENSION pg_stat_statements;",
-                )
-            })
-            .map_err(|e| format!("cannot create the extensions: {e}"))?;
+        create_template(&base)?;
     }
     std::fs::write(dir.join("conninfo"), &base)
         .map_err(|e| format!("cannot write {}/conninfo: {e}", dir.display()))?;
@@ -455,15 +428,7 @@ pub fn detached(dir: &Path) -> Result<(String, u32), String> {
 /// Stops a cluster [`start_detached`] started.
 pub fn stop_detached(dir: &Path) -> Result<(), String> {
     let bindir = bindir()?;
-    let mut c = Command::new(bindir.join("pg_ctl"));
-    // SAFETY: as in start_detached.
-    if unsafe { libc::geteuid() } == 0 {
-        if let Some((uid, gid)) = user_ids("postgres").or_else(|| user_ids("nobody")) {
-            std::os::unix::process::CommandExt::uid(&mut c, uid);
-            std::os::unix::process::CommandExt::gid(&mut c, gid);
-        }
-    }
-    let out = c
+    let out = command_as(&bindir, "pg_ctl", run_as()?)
         .arg("-D")
         .arg(dir.join("data"))
         .args(["-m", "fast", "-w", "stop"])
