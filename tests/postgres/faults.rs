@@ -14,8 +14,7 @@
 //! and nothing that was never sent. A SEND answered `ERR STORE` whose write did commit (the
 //! relay could not learn its outcome) may be delivered too, once.
 
-mod common;
-mod support;
+use crate::{common, support};
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;

@@ -11,8 +11,7 @@
 //! counted apart and pruning, visibility-map and hint-bit records left out (they come from reads,
 //! at PostgreSQL's discretion).
 
-mod common;
-mod support;
+use crate::{common, support};
 
 use std::collections::{HashMap, HashSet};
 
@@ -149,7 +148,8 @@ fn start() -> Bench {
 
 fn budgets() -> HashMap<String, f64> {
     let v: serde_json::Value =
-        serde_json::from_str(include_str!("../benches/perf-budgets.json")).expect("budgets JSON");
+        serde_json::from_str(include_str!("../../benches/perf-budgets.json"))
+            .expect("budgets JSON");
     v.as_object()
         .expect("an object")
         .iter()

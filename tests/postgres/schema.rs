@@ -13,8 +13,7 @@
 //!   migration is carried to the last one at start; an unknown migration or a missing `pgcrypto`
 //!   stops the start with a clear message.
 
-mod common;
-mod support;
+use crate::{common, support};
 
 use std::collections::BTreeSet;
 
@@ -31,7 +30,7 @@ const SCHEMA: &str = "smp_server";
 const QUOTA: i32 = 3;
 /// No rows.
 const NONE: [Msg; 0] = [];
-const INVENTORY: &str = include_str!("fixtures/postgres_schema_inventory.txt");
+const INVENTORY: &str = include_str!("../fixtures/postgres_schema_inventory.txt");
 const REFERENCE_MIGRATIONS: [&str; 6] = [
     "20250207_initial",
     "20250319_updated_index",

@@ -3,7 +3,7 @@
 //! messages in the tables, and `plan_cache_mode = force_generic_plan` (what a prepared statement
 //! settles on after its first executions), no plan reads `msg_queues` or `messages` sequentially.
 
-mod common;
+use crate::common;
 
 use smp_relay::store::postgres::{schema, HOT_STATEMENTS};
 
