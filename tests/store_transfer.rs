@@ -533,3 +533,88 @@ fn export_and_import_stream_through_stdout_and_stdin() {
     let check = files.path().join("check.bin");
     assert!(export(target.path(), &check) == std::fs::read(good).unwrap());
 }
+
+/// The journal's store moves into PostgreSQL (`store import --store postgres --database …`) with
+/// everything in it: the export of the imported database is the same stream, and a relay on it
+/// serves what the journal relay serves.
+#[test]
+fn a_store_moves_into_postgres_with_everything_in_it() {
+    let mut a = Relay::start_with(RelayOptions {
+        extra_args: vec![
+            "--quota".into(),
+            QUOTA.into(),
+            "--store".into(),
+            "journal".into(),
+        ],
+        ..Default::default()
+    });
+    let sc = set_up(&a);
+    stop_cleanly(&mut a);
+    cli_ok(
+        a.dir.path(),
+        &["block", &b64url(sc.blocked.sid()), "--reason", "spam"],
+    );
+    let files = TempDir::new("transfer-pg-files");
+    let first = files.path().join("first.bin");
+    let stream = export(a.dir.path(), &first);
+
+    let database = common::pg_database();
+    let b_dir = dir_with_identity_of(a.dir.path(), "transfer-pg");
+    let summary = cli_ok(
+        b_dir.path(),
+        &[
+            "store",
+            "import",
+            "--store",
+            "postgres",
+            "--database",
+            &database,
+            "--input",
+            first.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        summary.contains("written 5 queues, 9 messages, 2 notifications"),
+        "{summary}"
+    );
+    let second = files.path().join("second.bin");
+    cli_ok(
+        b_dir.path(),
+        &[
+            "store",
+            "export",
+            "--store",
+            "postgres",
+            "--database",
+            &database,
+            "--output",
+            second.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        std::fs::read(&second).expect("second export") == stream,
+        "the export of the imported database is byte-identical"
+    );
+    let mut b = Relay::start_in(
+        b_dir,
+        RelayOptions {
+            extra_args: vec![
+                "--quota".into(),
+                QUOTA.into(),
+                "--store".into(),
+                "postgres".into(),
+                "--database".into(),
+                database.clone(),
+            ],
+            ..Default::default()
+        },
+    );
+    let from_b = served(&b, &sc);
+    stop_cleanly(&mut b);
+    a.restart();
+    assert_eq!(
+        served(&a, &sc),
+        from_b,
+        "PostgreSQL serves what the journal does"
+    );
+}

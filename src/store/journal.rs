@@ -1191,22 +1191,11 @@ impl ShardStore for JournalStore {
     }
 
     async fn restore(&self, q: QueueData) -> Result<(), StoreError> {
+        q.check()?;
         let QueueData { rec, msgs, ntfs } = q;
         let rid = rec.recipient_id.clone();
         let g = group_of(&rid);
-        if !ntfs.is_empty() && rec.notifier.is_none() {
-            return Err(StoreError::Failed(
-                "notifications without a notifier".into(),
-            ));
-        }
         let nid = rec.notifier.as_ref().map(|n| n.notifier_id.clone());
-        if let Some(i) = msgs.iter().position(|m| matches!(m, Message::Quota { .. })) {
-            if i + 1 != msgs.len() {
-                return Err(StoreError::Failed(
-                    "a message after the quota marker".into(),
-                ));
-            }
-        }
         self.create(rec).await?;
         let end = {
             let mut d = self.data.borrow_mut();

@@ -126,23 +126,13 @@ impl MemoryData {
     /// Puts a queue back as exported (`ShardStore::restore`): no quota rule, no notification
     /// bound, `can_write` from the last message as at load.
     pub(crate) fn restore(&mut self, q: QueueData) -> Result<(), StoreError> {
-        let QueueData { rec, msgs, ntfs } = q;
-        if self.queues.contains_key(&rec.recipient_id) {
+        if self.queues.contains_key(&q.rec.recipient_id) {
             return Err(StoreError::Duplicate);
         }
-        if let Some(i) = msgs.iter().position(|m| matches!(m, Message::Quota { .. })) {
-            if i + 1 != msgs.len() {
-                return Err(StoreError::Failed(
-                    "a message after the quota marker".into(),
-                ));
-            }
-        }
-        if !ntfs.is_empty() {
-            let Some(n) = &rec.notifier else {
-                return Err(StoreError::Failed(
-                    "notifications for a queue without a notifier".into(),
-                ));
-            };
+        q.check()?;
+        let QueueData { rec, msgs, ntfs } = q;
+        // `check` made sure that notifications come with a notifier.
+        if let Some(n) = rec.notifier.as_ref().filter(|_| !ntfs.is_empty()) {
             if self.ntfs.contains_key(&n.notifier_id) {
                 return Err(StoreError::Duplicate);
             }

@@ -403,6 +403,30 @@ pub struct QueueData {
     pub ntfs: Vec<MsgNtf>,
 }
 
+impl QueueData {
+    /// Whether a store could hold `self` (`ShardStore::restore`): nothing after the quota marker,
+    /// and notifications only for a queue with a notifier.
+    pub fn check(&self) -> Result<(), StoreError> {
+        if let Some(i) = self
+            .msgs
+            .iter()
+            .position(|m| matches!(m, Message::Quota { .. }))
+        {
+            if i + 1 != self.msgs.len() {
+                return Err(StoreError::Failed(
+                    "a message after the quota marker".into(),
+                ));
+            }
+        }
+        if !self.ntfs.is_empty() && self.rec.notifier.is_none() {
+            return Err(StoreError::Failed(
+                "notifications for a queue without a notifier".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A store as a shard holds it: opened for the partition groups the shard owns, told when every
 /// shard has opened its own and the relay serves, and closed at a clean stop. The offline tools
 /// (`block`, `unblock`, `store export`, `store import`) reach a stopped relay's data through it too.

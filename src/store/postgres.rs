@@ -237,12 +237,6 @@ fn msg_of(m: MsgRow) -> Result<Message, StoreError> {
 }
 
 impl PostgresStore {
-    /// The count of the database's statements prepared by this relay (Parse messages sent), over
-    /// every pooled connection since start: a figure of `benches/perf-budgets.json`.
-    pub fn shared(&self) -> &Arc<Shared> {
-        &self.shared
-    }
-
     /// A SEND: the write, after deleting messages older than `expire` when given (one statement
     /// either way). Returns how many expired and what the write did.
     async fn write_expiring(
@@ -856,26 +850,16 @@ impl ShardStore for PostgresStore {
     }
 
     async fn restore(&self, q: QueueData) -> Result<(), StoreError> {
-        let QueueData { rec, msgs, ntfs } = q;
-        if self.data.borrow().queues.contains_key(&rec.recipient_id) {
+        if self.data.borrow().queues.contains_key(&q.rec.recipient_id) {
             return Err(StoreError::Duplicate);
         }
-        if let Some(i) = msgs.iter().position(|m| matches!(m, Message::Quota { .. })) {
-            if i + 1 != msgs.len() {
-                return Err(StoreError::Failed(
-                    "a message after the quota marker".into(),
-                ));
-            }
-        }
-        let nid = match (&rec.notifier, ntfs.is_empty()) {
-            (_, true) => None,
-            (Some(n), false) => Some(n.notifier_id.clone()),
-            (None, false) => {
-                return Err(StoreError::Failed(
-                    "notifications for a queue without a notifier".into(),
-                ))
-            }
-        };
+        q.check()?;
+        let QueueData { rec, msgs, ntfs } = q;
+        let nid = rec
+            .notifier
+            .as_ref()
+            .filter(|_| !ntfs.is_empty())
+            .map(|n| n.notifier_id.clone());
         if nid.as_ref().is_some_and(|n| self.ntf.ntf_ids().contains(n)) {
             return Err(StoreError::Duplicate);
         }

@@ -65,8 +65,6 @@ impl Default for PgConfig {
 pub struct Conn {
     pub client: Client,
     stmts: HashMap<&'static str, Statement>,
-    /// Statements prepared on this connection (Parse messages sent), a figure of the budgets.
-    pub prepared: u64,
 }
 
 impl Conn {
@@ -76,7 +74,6 @@ impl Conn {
             return Ok(s.clone());
         }
         let s = self.client.prepare(sql)?;
-        self.prepared += 1;
         self.stmts.insert(sql, s.clone());
         Ok(s)
     }
@@ -102,7 +99,6 @@ impl r2d2::ManageConnection for Manager {
         let mut conn = Conn {
             client,
             stmts: HashMap::new(),
-            prepared: 0,
         };
         for sql in self.hot {
             conn.stmt(sql).map_err(|e| ConnectError(describe(&e)))?;
