@@ -50,7 +50,8 @@ pub const EXPIRE_CHUNK: usize = 64;
 // A queue's group from its recipient ID in SQL: the partition is the first 8 bytes of
 // SHA-256(recipient ID) as a big-endian number mod 4096, so its group (mod 64) is the low bits
 // of byte 7 (`store::group_of`).
-const _: () = assert!(256 % PARTITION_GROUPS == 0);
+// The SQL below writes the group count (64) out: it must be the store's.
+const _: () = assert!(PARTITION_GROUPS == 64);
 const GROUP_OF_SQL: &str = "get_byte(public.digest(recipient_id, 'sha256'), 7) % 64";
 
 const LOAD_QUEUES: &str = "SELECT {REC}, msg_queue_size FROM msg_queues \
@@ -175,6 +176,15 @@ impl Data {
         self.queues
             .get(rid)
             .is_some_and(|q| q.size.is_none_or(|n| n > 0))
+    }
+
+    /// The queues whose messages the database may hold (what expiration looks at).
+    fn holding(&self) -> Vec<EntityId> {
+        self.queues
+            .keys()
+            .filter(|r| self.may_have_messages(r))
+            .cloned()
+            .collect()
     }
 
     fn add(&mut self, rid: &[u8], n: usize) {
@@ -655,14 +665,7 @@ impl MessageStore for PostgresStore {
     }
 
     async fn expire_all(&self, older_than: i64) -> Result<usize, StoreError> {
-        let ids: Vec<Vec<u8>> = {
-            let d = self.data.borrow();
-            d.queues
-                .iter()
-                .filter(|(_, q)| q.size.is_none_or(|n| n > 0))
-                .map(|(r, _)| r.clone())
-                .collect()
-        };
+        let ids = self.data.borrow().holding();
         let mut total = 0;
         for chunk in ids.chunks(EXPIRE_CHUNK) {
             let chunk = chunk.to_vec();
@@ -765,12 +768,7 @@ impl ShardStore for PostgresStore {
         // in short statements over this shard's queues (`EXPIRE_CHUNK`).
         if s.message_ttl_secs < i64::MAX {
             let older_than = now.saturating_sub(s.message_ttl_secs);
-            let holding: Vec<Vec<u8>> = data
-                .queues
-                .iter()
-                .filter(|(_, q)| q.size != Some(0))
-                .map(|(r, _)| r.clone())
-                .collect();
+            let holding = data.holding();
             for chunk in holding.chunks(EXPIRE_CHUNK) {
                 let done = shared.run_blocking("expiring messages at start", |c| {
                     c.client.query(EXPIRE_MANY, &[&chunk, &older_than])
