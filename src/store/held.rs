@@ -175,6 +175,18 @@ impl<S: MessageStore, H: Hold> MessageStore for Held<S, H> {
         self.inner.expire_ntfs(older_than).await
     }
 
+    fn waits(&self) -> bool {
+        true
+    }
+
+    fn begin_round(&self) {
+        self.inner.begin_round()
+    }
+
+    fn end_round(&self) {
+        self.inner.end_round()
+    }
+
     fn counters(&self) -> StoreCounters {
         self.inner.counters()
     }

@@ -302,6 +302,19 @@ pub trait MessageStore {
 
     /// A copy of the store's call counters.
     fn counters(&self) -> StoreCounters;
+
+    /// Whether operations may wait for something outside the shard (a database, or a test store
+    /// that holds them). The owner then runs a turn's requests on different queues side by side,
+    /// in rounds (`docs/ARCHITECTURE.md` §2); the memory and journal stores never wait, and their
+    /// turns run in block order.
+    fn waits(&self) -> bool {
+        false
+    }
+    /// A round begins: the operations started until it ends may go to the store together (the
+    /// PostgreSQL store: the SENDs in one statement, the ACKs in another). Rounds may nest.
+    fn begin_round(&self) {}
+    /// The round ends: what it gathered goes to the store.
+    fn end_round(&self) {}
 }
 
 /// Which store a relay runs on (`start --store`, ini `[STORE_LOG] store_messages`).

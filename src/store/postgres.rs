@@ -12,6 +12,11 @@
 //! the stored functions are never contended by this relay, and an advisory lock keeps a second
 //! relay off the schema.
 //!
+//! The store waits, so the owner runs a turn's queues side by side in rounds
+//! (`MessageStore::begin_round`, `docs/ARCHITECTURE.md` §2): the SENDs of a round go to the
+//! database as one statement (`WRITE_MANY`), its ACKs as another (`TRY_DEL_PEEK_MANY`); a lone one
+//! uses its own statement.
+//!
 //! A SEND whose connection broke while it ran may or may not have committed: its message ID is
 //! looked up, and the SEND is answered from what the database holds; it is never written twice.
 //!
@@ -75,6 +80,16 @@ const EXPIRE_AND_WRITE: &str = "SELECT w.quota_written, w.was_empty, e.n \
      FROM (SELECT delete_expired_msgs($1::bytea, $8::int8) AS n) e \
      LEFT JOIN LATERAL write_message($1::bytea, $2::bytea, $3::int8, $4::bool, $5::bool, \
        $6::bytea, CASE WHEN e.n >= 0 THEN $7::int4 END) w ON TRUE";
+// The SENDs of a round (`MessageStore::begin_round`: a block part's SENDs to different queues) in
+// one statement and one transaction: per SEND its expiry (when `old` is not NULL), then its write,
+// as `EXPIRE_AND_WRITE` does for one. One row per SEND, by its position `i`.
+const WRITE_MANY: &str = "SELECT q.i, w.quota_written, w.was_empty, e.n \
+     FROM unnest($1::bytea[], $2::bytea[], $3::int8[], $4::bool[], $5::bool[], $6::bytea[], \
+       $7::int4[], $8::int8[]) WITH ORDINALITY AS q(rid, mid, ts, quota, ntf, body, lim, old, i) \
+     CROSS JOIN LATERAL (SELECT CASE WHEN q.old IS NULL THEN 0::int8 \
+       ELSE delete_expired_msgs(q.rid, q.old) END AS n) e \
+     LEFT JOIN LATERAL write_message(q.rid, q.mid, q.ts, q.quota, q.ntf, q.body, \
+       CASE WHEN e.n >= 0 THEN q.lim END) w ON TRUE";
 const FIND_MSG: &str = "SELECT msg_quota FROM messages WHERE recipient_id = $1 AND msg_id = $2";
 const PEEK: &str = "SELECT msg_id, msg_ts, msg_quota, msg_ntf_flag, msg_body FROM messages \
      WHERE recipient_id = $1 ORDER BY message_id LIMIT 1";
@@ -88,6 +103,14 @@ const TRY_DEL: &str = "SELECT r_msg_id, r_msg_ts, r_msg_quota, r_msg_ntf_flag, r
      FROM try_del_msg($1, $2)";
 const TRY_DEL_PEEK: &str = "SELECT r_msg_id, r_msg_ts, r_msg_quota, r_msg_ntf_flag, r_msg_body \
      FROM try_del_peek_msg($1, $2)";
+// The ACKs of a round in one statement: `try_del_peek_msg` per queue, its rows (what it deleted,
+// then the new head) numbered by the ACK's position `i` and their own order `k`.
+const TRY_DEL_PEEK_MANY: &str = "SELECT q.i, r.r_msg_id, r.r_msg_ts, r.r_msg_quota, \
+     r.r_msg_ntf_flag, r.r_msg_body \
+     FROM unnest($1::bytea[], $2::bytea[]) WITH ORDINALITY AS q(rid, mid, i) \
+     CROSS JOIN LATERAL try_del_peek_msg(q.rid, q.mid) WITH ORDINALITY \
+       AS r(r_msg_id, r_msg_ts, r_msg_quota, r_msg_ntf_flag, r_msg_body, k) \
+     ORDER BY q.i, r.k";
 const DELETE_EXPIRED: &str = "SELECT delete_expired_msgs($1, $2)";
 const EXPIRE_MANY: &str =
     "SELECT q.rid, delete_expired_msgs(q.rid, $2) FROM unnest($1::bytea[]) AS q(rid)";
@@ -138,11 +161,13 @@ pub const HOT_STATEMENTS: &[&str] = &[
     DELETE_QUEUE,
     WRITE,
     EXPIRE_AND_WRITE,
+    WRITE_MANY,
     FIND_MSG,
     PEEK,
     PEEK_MANY,
     TRY_DEL,
     TRY_DEL_PEEK,
+    TRY_DEL_PEEK_MANY,
     DELETE_EXPIRED,
     EXPIRE_MANY,
 ];
@@ -215,10 +240,92 @@ impl Data {
     }
 }
 
+/// A SEND as its statement takes it.
+struct WriteArgs {
+    rid: Vec<u8>,
+    m: MsgRow,
+    quota: i32,
+    /// Delete messages older than this first.
+    expire: Option<i64>,
+}
+
+/// `WRITE_MANY`'s parameters: one array per column.
+struct WriteColumns {
+    rid: Vec<Vec<u8>>,
+    mid: Vec<Vec<u8>>,
+    ts: Vec<i64>,
+    quota: Vec<bool>,
+    ntf: Vec<bool>,
+    body: Vec<Vec<u8>>,
+    lim: Vec<i32>,
+    old: Vec<Option<i64>>,
+}
+
+impl WriteColumns {
+    fn of(args: Vec<WriteArgs>) -> WriteColumns {
+        let n = args.len();
+        let mut c = WriteColumns {
+            rid: Vec::with_capacity(n),
+            mid: Vec::with_capacity(n),
+            ts: Vec::with_capacity(n),
+            quota: Vec::with_capacity(n),
+            ntf: Vec::with_capacity(n),
+            body: Vec::with_capacity(n),
+            lim: Vec::with_capacity(n),
+            old: Vec::with_capacity(n),
+        };
+        for w in args {
+            c.rid.push(w.rid);
+            c.mid.push(w.m.msg_id);
+            c.ts.push(w.m.ts);
+            c.quota.push(w.m.quota);
+            c.ntf.push(w.m.ntf);
+            c.body.push(w.m.body);
+            c.lim.push(w.quota);
+            c.old.push(w.expire);
+        }
+        c
+    }
+
+    fn params(&self) -> [&(dyn postgres::types::ToSql + Sync); 8] {
+        [
+            &self.rid,
+            &self.mid,
+            &self.ts,
+            &self.quota,
+            &self.ntf,
+            &self.body,
+            &self.lim,
+            &self.old,
+        ]
+    }
+}
+
+fn dropped(op: &str) -> StoreError {
+    StoreError::Failed(format!("{op}, the job was dropped"))
+}
+
+/// Where a job's outcome goes: the operation that waits for it.
+type Reply<T> = flume::Sender<Result<T, StoreError>>;
+
+/// An ACK as its statement takes it (recipient ID, message ID), and where its rows go.
+type AckArgs = (Vec<u8>, Vec<u8>, Reply<Vec<MsgRow>>);
+
+/// The SENDs and ACKs of the current round (`MessageStore::begin_round`), sent as one statement
+/// of each kind when it ends.
+#[derive(Default)]
+struct Round {
+    /// Rounds begun and not ended (they may nest; the outermost end sends).
+    depth: u32,
+    writes: Vec<(WriteArgs, Reply<Written>)>,
+    acks: Vec<AckArgs>,
+}
+
 /// The PostgreSQL store of one shard.
 pub struct PostgresStore {
     shared: Arc<Shared>,
     data: RefCell<Data>,
+    round: RefCell<Round>,
     /// Pending notifications (`postgres/ntfs.rs`): the memory store's, which keeps nothing else
     /// here.
     ntf: MemoryStore,
@@ -265,43 +372,14 @@ impl PostgresStore {
         let m = MsgRow::of(&msg);
         let rid = recipient_id.to_vec();
         let quota = i32::try_from(quota).unwrap_or(i32::MAX);
-        let written = {
-            let (rid, m) = (rid.clone(), m.clone());
-            self.shared
-                .run("write_message", move |c| {
-                    match expire {
-                        // `write_message` returns no row when it wrote nothing.
-                        None => {
-                            let st = c.stmt(WRITE)?;
-                            let row = c.client.query_opt(
-                                &st,
-                                &[&rid, &m.msg_id, &m.ts, &m.quota, &m.ntf, &m.body, &quota],
-                            )?;
-                            Ok(Written {
-                                outcome: row.map(|r| (r.get(0), r.get(1))),
-                                expired: 0,
-                            })
-                        }
-                        // One row always: the write's columns are NULL when it wrote nothing.
-                        Some(old) => {
-                            let st = c.stmt(EXPIRE_AND_WRITE)?;
-                            let r = c.client.query_one(
-                                &st,
-                                &[
-                                    &rid, &m.msg_id, &m.ts, &m.quota, &m.ntf, &m.body, &quota, &old,
-                                ],
-                            )?;
-                            Ok(Written {
-                                outcome: r
-                                    .get::<_, Option<bool>>(0)
-                                    .zip(r.get::<_, Option<bool>>(1)),
-                                expired: r.get(2),
-                            })
-                        }
-                    }
-                })
-                .await
-        };
+        let written = self
+            .write_rows(WriteArgs {
+                rid: rid.clone(),
+                m: m.clone(),
+                quota,
+                expire,
+            })
+            .await;
         let written = match written {
             Ok(w) => w,
             Err(e) if outcome_unknown(&e) => {
@@ -373,6 +451,199 @@ impl PostgresStore {
                 }
             },
         ))
+    }
+
+    /// A SEND's statement: queued for the end of the round if one is open, else sent now.
+    async fn write_rows(&self, w: WriteArgs) -> Result<Written, StoreError> {
+        let (tx, rx) = flume::bounded(1);
+        let now = {
+            let mut r = self.round.borrow_mut();
+            if r.depth > 0 {
+                r.writes.push((w, tx));
+                None
+            } else {
+                Some((w, tx))
+            }
+        };
+        if let Some(w) = now {
+            self.send_writes(vec![w]);
+        }
+        rx.recv_async()
+            .await
+            .unwrap_or_else(|_| Err(dropped("write_message")))
+    }
+
+    /// An ACK's `try_del_peek_msg` rows, queued for the end of the round if one is open.
+    async fn del_peek_rows(&self, rid: Vec<u8>, id: Vec<u8>) -> Result<Vec<MsgRow>, StoreError> {
+        let (tx, rx) = flume::bounded(1);
+        let now = {
+            let mut r = self.round.borrow_mut();
+            if r.depth > 0 {
+                r.acks.push((rid, id, tx));
+                None
+            } else {
+                Some((rid, id, tx))
+            }
+        };
+        if let Some(a) = now {
+            self.send_acks(vec![a]);
+        }
+        rx.recv_async()
+            .await
+            .unwrap_or_else(|_| Err(dropped("try_del_peek_msg")))
+    }
+
+    /// One job for `writes`: the single SEND's statement, or `WRITE_MANY` for several.
+    fn send_writes(&self, writes: Vec<(WriteArgs, Reply<Written>)>) {
+        if writes.is_empty() {
+            return;
+        }
+        let (args, replies): (Vec<WriteArgs>, Vec<Reply<Written>>) = writes.into_iter().unzip();
+        let submitted = if let [w] = &args[..] {
+            let WriteArgs {
+                rid,
+                m,
+                quota,
+                expire,
+            } = w;
+            let (rid, m, quota, expire) = (rid.clone(), m.clone(), *quota, *expire);
+            let reply = replies[0].clone();
+            self.shared.submit(
+                "write_message",
+                move |c| match expire {
+                    // `write_message` returns no row when it wrote nothing.
+                    None => {
+                        let st = c.stmt(WRITE)?;
+                        let row = c.client.query_opt(
+                            &st,
+                            &[&rid, &m.msg_id, &m.ts, &m.quota, &m.ntf, &m.body, &quota],
+                        )?;
+                        Ok(Written {
+                            outcome: row.map(|r| (r.get(0), r.get(1))),
+                            expired: 0,
+                        })
+                    }
+                    // One row always: the write's columns are NULL when it wrote nothing.
+                    Some(old) => {
+                        let st = c.stmt(EXPIRE_AND_WRITE)?;
+                        let r = c.client.query_one(
+                            &st,
+                            &[
+                                &rid, &m.msg_id, &m.ts, &m.quota, &m.ntf, &m.body, &quota, &old,
+                            ],
+                        )?;
+                        Ok(Written {
+                            outcome: r.get::<_, Option<bool>>(0).zip(r.get::<_, Option<bool>>(1)),
+                            expired: r.get(2),
+                        })
+                    }
+                },
+                move |r| {
+                    let _ = reply.send(r);
+                },
+            )
+        } else {
+            let n = args.len();
+            let cols = WriteColumns::of(args);
+            let to = replies.clone();
+            self.shared.submit(
+                "write_message",
+                move |c| {
+                    let st = c.stmt(WRITE_MANY)?;
+                    let rows = c.client.query(&st, &cols.params())?;
+                    let mut out: Vec<Option<Written>> = (0..n).map(|_| None).collect();
+                    for r in rows {
+                        let i = usize::try_from(r.get::<_, i64>(0) - 1).unwrap_or(usize::MAX);
+                        if let Some(slot) = out.get_mut(i) {
+                            *slot = Some(Written {
+                                outcome: r
+                                    .get::<_, Option<bool>>(1)
+                                    .zip(r.get::<_, Option<bool>>(2)),
+                                expired: r.get(3),
+                            });
+                        }
+                    }
+                    Ok(out)
+                },
+                move |r| match r {
+                    Ok(out) => {
+                        for (w, reply) in out.into_iter().zip(to) {
+                            let _ = reply.send(w.ok_or_else(|| {
+                                StoreError::Failed("write_message, no row for a message".into())
+                            }));
+                        }
+                    }
+                    Err(e) => {
+                        for reply in to {
+                            let _ = reply.send(Err(e.clone()));
+                        }
+                    }
+                },
+            )
+        };
+        if let Err(e) = submitted {
+            for reply in replies {
+                let _ = reply.send(Err(e.clone()));
+            }
+        }
+    }
+
+    /// One job for `acks`: `TRY_DEL_PEEK` for one, `TRY_DEL_PEEK_MANY` for several.
+    fn send_acks(&self, acks: Vec<AckArgs>) {
+        if acks.is_empty() {
+            return;
+        }
+        let mut rids = Vec::with_capacity(acks.len());
+        let mut ids = Vec::with_capacity(acks.len());
+        let mut replies = Vec::with_capacity(acks.len());
+        for (rid, id, reply) in acks {
+            rids.push(rid);
+            ids.push(id);
+            replies.push(reply);
+        }
+        let n = rids.len();
+        let to = replies.clone();
+        let submitted = self.shared.submit(
+            "try_del_peek_msg",
+            move |c| {
+                let mut out: Vec<Vec<MsgRow>> = (0..n).map(|_| Vec::new()).collect();
+                if n == 1 {
+                    let st = c.stmt(TRY_DEL_PEEK)?;
+                    out[0] = c
+                        .client
+                        .query(&st, &[&rids[0], &ids[0]])?
+                        .iter()
+                        .map(|r| MsgRow::read(r, 0))
+                        .collect();
+                } else {
+                    let st = c.stmt(TRY_DEL_PEEK_MANY)?;
+                    for r in c.client.query(&st, &[&rids, &ids])? {
+                        let i = usize::try_from(r.get::<_, i64>(0) - 1).unwrap_or(usize::MAX);
+                        if let Some(rows) = out.get_mut(i) {
+                            rows.push(MsgRow::read(&r, 1));
+                        }
+                    }
+                }
+                Ok(out)
+            },
+            move |r| match r {
+                Ok(out) => {
+                    for (rows, reply) in out.into_iter().zip(to) {
+                        let _ = reply.send(Ok(rows));
+                    }
+                }
+                Err(e) => {
+                    for reply in to {
+                        let _ = reply.send(Err(e.clone()));
+                    }
+                }
+            },
+        );
+        if let Err(e) = submitted {
+            for reply in replies {
+                let _ = reply.send(Err(e.clone()));
+            }
+        }
     }
 
     async fn read_head(&self, recipient_id: &[u8]) -> Result<Option<Message>, StoreError> {
@@ -596,17 +867,8 @@ impl MessageStore for PostgresStore {
         if !self.data.borrow().may_have_messages(recipient_id) {
             return Ok((None, None));
         }
-        let (rid, id) = (recipient_id.to_vec(), msg_id.to_vec());
         let rows = self
-            .shared
-            .run("try_del_peek_msg", move |c| {
-                let st = c.stmt(TRY_DEL_PEEK)?;
-                Ok(c.client
-                    .query(&st, &[&rid, &id])?
-                    .iter()
-                    .map(|r| MsgRow::read(r, 0))
-                    .collect::<Vec<_>>())
-            })
+            .del_peek_rows(recipient_id.to_vec(), msg_id.to_vec())
             .await?;
         let mut rows = rows.into_iter();
         let (first, second) = (rows.next(), rows.next());
@@ -688,6 +950,27 @@ impl MessageStore for PostgresStore {
             }
         }
         Ok(total)
+    }
+
+    fn waits(&self) -> bool {
+        true
+    }
+
+    fn begin_round(&self) {
+        self.round.borrow_mut().depth += 1;
+    }
+
+    fn end_round(&self) {
+        let (writes, acks) = {
+            let mut r = self.round.borrow_mut();
+            r.depth = r.depth.saturating_sub(1);
+            if r.depth > 0 {
+                return;
+            }
+            (std::mem::take(&mut r.writes), std::mem::take(&mut r.acks))
+        };
+        self.send_writes(writes);
+        self.send_acks(acks);
     }
 
     async fn add_ntf(&self, notifier_id: &[u8], ntf: MsgNtf) -> Result<(), StoreError> {
@@ -790,6 +1073,7 @@ impl ShardStore for PostgresStore {
         Ok(PostgresStore {
             shared,
             data: RefCell::new(data),
+            round: RefCell::default(),
             ntf,
         })
     }

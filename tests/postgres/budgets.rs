@@ -1,5 +1,7 @@
 //! Per-operation budgets of the PostgreSQL store (`benches/perf-budgets.json`): statements per SUB
-//! batch, Parse messages after warm-up, round trips per SEND, and WAL bytes per SUB, SEND and ACK.
+//! batch and per block of SENDs or ACKs, Parse messages after warm-up, round trips per SEND, and
+//! WAL bytes per SUB, SEND and ACK (one per block, and in blocks of 100: the store then makes one
+//! statement and one transaction of a block's SENDs, and one of its ACKs).
 //! Measured on a cluster of this test's own under fixed conditions — `full_page_writes` and
 //! autovacuum off, a `CHECKPOINT` before each WAL measurement, the relay's records cached, and
 //! `updated_at` already today (the queues are created by this test) — and failed above a ceiling.
@@ -29,6 +31,8 @@ const SUB_QUEUES: usize = 10_000;
 const MSGS: usize = 1_000;
 /// SUBs of one block.
 const BATCH: usize = 135;
+/// SENDs or ACKs of one block.
+const BLOCK: usize = 100;
 
 struct Bench {
     cluster: Cluster,
@@ -170,6 +174,14 @@ fn sub_ts(qs: &[Queue]) -> (Vec<ClientTransmission>, Vec<[u8; 24]>) {
     (ts, corrs)
 }
 
+/// An answer, short: the command's name or the error.
+fn what<E: std::fmt::Debug>(m: &Result<BrokerMsg, E>) -> String {
+    match m {
+        Ok(BrokerMsg::Msg { .. }) => "MSG".into(),
+        other => format!("{other:?}"),
+    }
+}
+
 /// SUBs of `qs` in full blocks; returns the MSG IDs delivered, by recipient ID.
 fn sub_all(c: &mut Client, qs: &[Queue], with_msgs: bool) -> HashMap<Vec<u8>, Vec<u8>> {
     let mut got = HashMap::new();
@@ -193,8 +205,9 @@ fn sub_all(c: &mut Client, qs: &[Queue], with_msgs: bool) -> HashMap<Vec<u8>, Ve
     got
 }
 
-fn send_each(c: &mut Client, qs: &[Queue], tag: &str) {
-    for chunk in qs.chunks(100) {
+/// SENDs to `qs`, `per_block` in each block.
+fn send_each(c: &mut Client, qs: &[Queue], tag: &str, per_block: usize) {
+    for chunk in qs.chunks(per_block) {
         let mut corrs = Vec::new();
         let ts: Vec<ClientTransmission> = chunk
             .iter()
@@ -207,13 +220,18 @@ fn send_each(c: &mut Client, qs: &[Queue], tag: &str) {
         c.send_batch(&ts).expect("send SENDs");
         for corr in &corrs {
             let r = c.recv_for(corr).expect("SEND answer");
-            assert_eq!(r.msg, Ok(BrokerMsg::Ok), "SEND answered OK");
+            assert!(
+                matches!(r.msg, Ok(BrokerMsg::Ok)),
+                "SEND answered OK, not {}",
+                what(&r.msg)
+            );
         }
     }
 }
 
-fn ack_each(c: &mut Client, qs: &[Queue], ids: &HashMap<Vec<u8>, Vec<u8>>) {
-    for chunk in qs.chunks(100) {
+/// ACKs of the messages `ids` delivered from `qs`, `per_block` in each block.
+fn ack_each(c: &mut Client, qs: &[Queue], ids: &HashMap<Vec<u8>, Vec<u8>>, per_block: usize) {
+    for chunk in qs.chunks(per_block) {
         let mut corrs = Vec::new();
         let ts: Vec<ClientTransmission> = chunk
             .iter()
@@ -227,7 +245,11 @@ fn ack_each(c: &mut Client, qs: &[Queue], ids: &HashMap<Vec<u8>, Vec<u8>>) {
         c.send_batch(&ts).expect("send ACKs");
         for corr in &corrs {
             let r = c.recv_for(corr).expect("ACK answer");
-            assert_eq!(r.msg, Ok(BrokerMsg::Ok), "ACK answered OK");
+            assert!(
+                matches!(r.msg, Ok(BrokerMsg::Ok)),
+                "ACK answered OK, not {}",
+                what(&r.msg)
+            );
         }
     }
 }
@@ -241,38 +263,52 @@ fn the_postgres_store_stays_within_its_budgets() {
     let mut sender = b.relay.client();
     let mut measured: Vec<(&str, f64)> = Vec::new();
 
-    // Warm-up: every kind of operation once (the pool prepares its statements as it connects).
-    send_each(&mut sender, &qs[..BATCH], "warm");
+    // Warm-up: every kind of operation once, alone and in blocks (the pool prepares its
+    // statements as it connects).
+    send_each(&mut sender, &qs[..BATCH], "warm", BLOCK);
     {
         let mut r = b.relay.client();
         let ids = sub_all(&mut r, &qs[..BATCH], true);
-        ack_each(&mut r, &qs[..BATCH], &ids);
+        ack_each(&mut r, &qs[..2], &ids, 1);
+        ack_each(&mut r, &qs[2..BATCH], &ids, BLOCK);
+        send_each(&mut sender, &qs[..2], "warm", 1);
+        let ids = sub_all(&mut r, &qs[..2], true);
+        ack_each(&mut r, &qs[..2], &ids, 1);
     }
     let parse_mark = b.log_mark();
 
     // Statements per SUB batch: 135 queues that each hold a message, in one block.
     let batch = &qs[BATCH..2 * BATCH];
-    send_each(&mut sender, batch, "batch");
+    send_each(&mut sender, batch, "batch", BLOCK);
     let mark = b.log_mark();
     let mut r = b.relay.client();
     let ids = sub_all(&mut r, batch, true);
     assert_eq!(ids.len(), BATCH, "every SUB delivered its message");
     let executes = b.relay_lines(mark, "execute");
     measured.push(("statements_per_sub_batch", executes.len() as f64));
-    ack_each(&mut r, batch, &ids);
+    // Statements per block of ACKs: the same queues' messages acknowledged, BLOCK per block.
+    let mark = b.log_mark();
+    ack_each(&mut r, &batch[..BLOCK], &ids, BLOCK);
+    let executes = b.relay_lines(mark, "execute");
+    measured.push(("statements_per_ack_block", executes.len() as f64));
+    ack_each(&mut r, &batch[BLOCK..], &ids, BLOCK);
     drop(r);
 
-    // Round trips per SEND: SENDs to queues that already hold a message (expiry on SEND has
-    // something to look at), one statement each.
+    // Round trips per SEND: SENDs one per block to queues that already hold a message (expiry on
+    // SEND has something to look at), one statement each; then a block of them, one statement.
     let targets = &qs[2 * BATCH..2 * BATCH + 200];
-    send_each(&mut sender, targets, "first");
+    send_each(&mut sender, targets, "first", BLOCK);
     let mark = b.log_mark();
-    send_each(&mut sender, targets, "second");
+    send_each(&mut sender, targets, "second", 1);
     let executes = b.relay_lines(mark, "execute");
     measured.push((
         "round_trips_per_send",
         executes.len() as f64 / targets.len() as f64,
     ));
+    let mark = b.log_mark();
+    send_each(&mut sender, &targets[..BLOCK], "third", BLOCK);
+    let executes = b.relay_lines(mark, "execute");
+    measured.push(("statements_per_send_block", executes.len() as f64));
 
     // WAL per SUB: every queue subscribed once more, nothing to deliver in most of them.
     let fresh = &qs[2 * BATCH + 200..];
@@ -283,27 +319,48 @@ fn the_postgres_store_stays_within_its_budgets() {
     measured.push(("wal_bytes_per_sub", wal as f64 / fresh.len() as f64));
     drop(r);
 
-    // WAL per SEND and per ACK: MSGS empty queues, one message each, then received and ACKed.
-    let wal_qs = &fresh[..MSGS];
-    let start_lsn = b.checkpoint_and_lsn();
-    send_each(&mut sender, wal_qs, "wal");
-    let (send_wal, send_commits) = b.wal_since(&start_lsn);
-    measured.push(("wal_bytes_per_send", send_wal as f64 / MSGS as f64));
-    let mut r = b.relay.client();
-    let ids = sub_all(&mut r, wal_qs, true);
-    let start_lsn = b.checkpoint_and_lsn();
-    ack_each(&mut r, wal_qs, &ids);
-    let (ack_wal, ack_commits) = b.wal_since(&start_lsn);
-    measured.push(("wal_bytes_per_ack", ack_wal as f64 / MSGS as f64));
+    // WAL per SEND and per ACK: MSGS empty queues, one message each, then received and ACKed;
+    // one operation per block, then BLOCK per block. The queues of a block are spread over the
+    // table, as a block's queues are in use (its client's contacts' queues, made at different
+    // times): the queues of a block made one after another share their table pages, which fill
+    // with the new row versions of one transaction.
+    let (single, spread) = fresh.split_at(MSGS);
+    let spread: Vec<Queue> = spread
+        .iter()
+        .step_by(spread.len() / MSGS)
+        .take(MSGS)
+        .cloned()
+        .collect();
+    for (qs, per_block, send_key, ack_key) in [
+        (single, 1, "wal_bytes_per_send", "wal_bytes_per_ack"),
+        (
+            &spread[..],
+            BLOCK,
+            "wal_bytes_per_send_in_blocks",
+            "wal_bytes_per_ack_in_blocks",
+        ),
+    ] {
+        let start_lsn = b.checkpoint_and_lsn();
+        send_each(&mut sender, qs, "wal", per_block);
+        let (send_wal, send_commits) = b.wal_since(&start_lsn);
+        measured.push((send_key, send_wal as f64 / qs.len() as f64));
+        let mut r = b.relay.client();
+        let ids = sub_all(&mut r, qs, true);
+        let start_lsn = b.checkpoint_and_lsn();
+        ack_each(&mut r, qs, &ids, per_block);
+        let (ack_wal, ack_commits) = b.wal_since(&start_lsn);
+        measured.push((ack_key, ack_wal as f64 / qs.len() as f64));
+        eprintln!(
+            "{per_block} per block: commit records apart, {:.1} B per SEND, {:.1} B per ACK",
+            send_commits as f64 / qs.len() as f64,
+            ack_commits as f64 / qs.len() as f64
+        );
+    }
 
     let parses = b.relay_lines(parse_mark, "parse");
     measured.push(("parse_after_warmup", parses.len() as f64));
 
-    eprintln!(
-        "measured (commit records apart: {:.0} B per SEND, {:.0} B per ACK):",
-        send_commits as f64 / MSGS as f64,
-        ack_commits as f64 / MSGS as f64
-    );
+    eprintln!("measured:");
     let mut over = Vec::new();
     for (name, value) in &measured {
         let ceiling = *ceilings

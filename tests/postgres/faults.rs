@@ -2,7 +2,7 @@
 //! `src/store/postgres/pool.rs`), with a real cluster and the real relay binary:
 //!
 //! 1. the relay's database sessions are killed (`pg_terminate_backend`) several times while
-//!    senders SEND without pause;
+//!    senders SEND without pause, one SEND or several to different queues per block;
 //! 2. the PostgreSQL server is stopped and started again while they do;
 //! 3. the relay reaches its database over TLS only, checking the server's certificate;
 //! 4. a second relay on the same database and schema is refused (the advisory lock);
@@ -34,6 +34,8 @@ use support::*;
 
 const QUEUES: usize = 12;
 const SENDERS: usize = 4;
+/// A sender's blocks hold 1 to this many SENDs.
+const MAX_SENDS_PER_BLOCK: usize = 4;
 /// OK-ed SENDs every sender must see after each fault before the next one (the relay is back).
 const OK_AFTER_FAULT: usize = 25;
 /// The longest the relay may take to serve again after a fault.
@@ -115,7 +117,8 @@ struct SenderLog {
     samples: Vec<String>,
 }
 
-/// SENDs one at a time, to the queues in turn, until `stop`; counts its OKs in `oks`.
+/// SENDs to the queues in turn until `stop`, in blocks of 1 to [`MAX_SENDS_PER_BLOCK`] SENDs to
+/// different queues (the relay makes one statement of a block's SENDs); counts its OKs in `oks`.
 fn sender(
     addr: SocketAddr,
     key_hash: [u8; 32],
@@ -127,28 +130,39 @@ fn sender(
     let mut c = client_of(addr, key_hash);
     let mut log = SenderLog::default();
     let mut n = 0u64;
+    let mut blocks = 0usize;
     while !stop.load(Ordering::Relaxed) {
-        n += 1;
-        let q = (n as usize + id) % sids.len();
-        let corr = new_corr_id();
-        let t = ClientTransmission::new(&corr, &sids[q], send_cmd(&body(id, n, q)));
-        c.send_batch(&[t])
-            .unwrap_or_else(|e| panic!("sender {id}: SEND {n}: {e}"));
-        let r = c
-            .recv_for(&corr)
-            .unwrap_or_else(|e| panic!("sender {id}: the answer to SEND {n}: {e}"));
-        match r.msg {
-            Ok(BrokerMsg::Ok) => {
-                log.ok.push((q, n));
-                oks[id].fetch_add(1, Ordering::Relaxed);
-            }
-            Ok(BrokerMsg::Err(ErrorType::Store(s))) => {
-                if log.samples.len() < 3 {
-                    log.samples.push(s.clone());
+        blocks += 1;
+        let per_block = 1 + blocks % MAX_SENDS_PER_BLOCK;
+        let sends: Vec<(u64, usize, [u8; 24], ClientTransmission)> = (0..per_block)
+            .map(|_| {
+                n += 1;
+                let q = (n as usize + id) % sids.len();
+                let corr = new_corr_id();
+                let t = ClientTransmission::new(&corr, &sids[q], send_cmd(&body(id, n, q)));
+                (n, q, corr, t)
+            })
+            .collect();
+        let ts: Vec<ClientTransmission> = sends.iter().map(|s| s.3.clone()).collect();
+        c.send_batch(&ts)
+            .unwrap_or_else(|e| panic!("sender {id}: SENDs up to {n}: {e}"));
+        for (n, q, corr, _) in sends {
+            let r = c
+                .recv_for(&corr)
+                .unwrap_or_else(|e| panic!("sender {id}: the answer to SEND {n}: {e}"));
+            match r.msg {
+                Ok(BrokerMsg::Ok) => {
+                    log.ok.push((q, n));
+                    oks[id].fetch_add(1, Ordering::Relaxed);
                 }
-                log.failed.push((q, n, s));
+                Ok(BrokerMsg::Err(ErrorType::Store(s))) => {
+                    if log.samples.len() < 3 {
+                        log.samples.push(s.clone());
+                    }
+                    log.failed.push((q, n, s));
+                }
+                other => panic!("sender {id}: SEND {n} answered {other:?}"),
             }
-            other => panic!("sender {id}: SEND {n} answered {other:?}"),
         }
     }
     log

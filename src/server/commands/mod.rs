@@ -14,6 +14,11 @@ mod link;
 mod notify;
 mod queue;
 
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+
 use super::owner::{Owner, Turn};
 use super::router::{encode, Group, GroupKind, Request, Session, ShardMsg};
 use crate::protocol::command::Command;
@@ -31,24 +36,23 @@ fn err(e: ErrorType) -> BrokerMsg {
 impl<S: QueueStore + MessageStore> Owner<S> {
     /// Executes one block's requests for this owner and sends the connection its part.
     pub async fn process(&self, session: Session, block_seq: u64, mut requests: Vec<Request>) {
-        let mut turn = Turn::default();
         self.batch_verify(&session, &mut requests);
         self.pre_verify_subs(&session, &mut requests);
-        let prefetched = self.prefetch_subs(&requests).await;
-        let mut prefetched = prefetched;
-        for (i, mut req) in requests.into_iter().enumerate() {
-            let head = prefetched.remove(&i);
-            let corr_id = req.corr_id.clone();
-            // A forwarded request (RFWD) runs in the forwarded session and its answer is sealed
-            // into RRES for the proxy (`commands/forward.rs`).
-            let fwd = req.forward.take();
-            let exec_session = fwd.as_ref().map_or(&session, |f| &f.inner);
-            let (entity, msg) = self.execute(exec_session, req, head, &mut turn).await;
-            turn.responses.push(match fwd {
-                Some(f) => forward::respond(&session, &f, &corr_id, &entity, &msg),
-                None => encode(&session, &corr_id, &entity, &msg),
-            });
-        }
+        let mut prefetched = self.prefetch_subs(&requests).await;
+        let items = requests
+            .into_iter()
+            .enumerate()
+            .map(|(i, req)| (i, req, prefetched.remove(&i)));
+        let mut turn = if self.store.waits() {
+            self.run_side_by_side(&session, items.collect()).await
+        } else {
+            let mut turn = Turn::default();
+            for (_, req, head) in items {
+                let t = self.run_request(&session, req, head, &mut turn).await;
+                turn.responses.push(t);
+            }
+            turn
+        };
         // A SUB's first message goes out after the part's responses (O4); a later request of the same
         // turn may have acknowledged it, deleted the queue or subscribed again. Only a delivery that
         // is still its subscription's outstanding one is sent (I4: an ACKed message never again).
@@ -63,6 +67,79 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 groups,
             },
         );
+    }
+
+    /// Runs one request of `session`'s block; returns its encoded answer.
+    async fn run_request(
+        &self,
+        session: &Session,
+        mut req: Request,
+        head: Option<Option<Message>>,
+        turn: &mut Turn,
+    ) -> Vec<u8> {
+        let corr_id = req.corr_id.clone();
+        // A forwarded request (RFWD) runs in the forwarded session and its answer is sealed
+        // into RRES for the proxy (`commands/forward.rs`).
+        let fwd = req.forward.take();
+        let exec_session = fwd.as_ref().map_or(session, |f| &f.inner);
+        let (entity, msg) = self.execute(exec_session, req, head, turn).await;
+        match fwd {
+            Some(f) => forward::respond(session, &f, &corr_id, &entity, &msg),
+            None => encode(session, &corr_id, &entity, &msg),
+        }
+    }
+
+    /// A turn on a store that waits (`MessageStore::waits`): the requests of each queue run in
+    /// block order, one *chain* per queue, and the chains run side by side in rounds, so that the
+    /// store gets the SENDs and ACKs of the block together (`docs/ARCHITECTURE.md` §2). Requests
+    /// without a queue are chains of their own. Answers keep block order.
+    async fn run_side_by_side(
+        &self,
+        session: &Session,
+        items: Vec<(usize, Request, Option<Option<Message>>)>,
+    ) -> Turn {
+        type Chain = Vec<(usize, Request, Option<Option<Message>>)>;
+        let n = items.len();
+        let mut chains: Vec<Chain> = Vec::new();
+        let mut of_queue: HashMap<EntityId, usize> = HashMap::new();
+        for item in items {
+            let c = match item.1.recipient_id.clone() {
+                Some(rid) => *of_queue.entry(rid).or_insert_with(|| {
+                    chains.push(Vec::new());
+                    chains.len() - 1
+                }),
+                None => {
+                    chains.push(Vec::new());
+                    chains.len() - 1
+                }
+            };
+            chains[c].push(item);
+        }
+        let runs: Vec<ChainRun<'_>> = chains
+            .into_iter()
+            .map(|chain| {
+                Box::pin(async move {
+                    let mut turn = Turn::default();
+                    let mut answers = Vec::with_capacity(chain.len());
+                    for (i, req, head) in chain {
+                        answers.push((i, self.run_request(session, req, head, &mut turn).await));
+                    }
+                    (answers, turn)
+                }) as ChainRun<'_>
+            })
+            .collect();
+        let mut answers: Vec<Vec<u8>> = vec![Vec::new(); n];
+        let mut turn = Turn::default();
+        for (done, t) in in_rounds(&self.store, runs).await {
+            for (i, a) in done {
+                answers[i] = a;
+            }
+            turn.sub_msgs.extend(t.sub_msgs);
+            turn.pushes.extend(t.pushes);
+            turn.trailing.extend(t.trailing);
+        }
+        turn.responses = answers;
+        turn
     }
 
     /// The periodic expiration of messages and notifications (simplexmq `Server.hs`,
@@ -223,6 +300,37 @@ pub fn random_id() -> EntityId {
 /// The block layout of a turn (`docs/ARCHITECTURE.md` §3, O2 and O4): pushes first, each alone;
 /// then the responses, with the SUBs' first messages in the same group when the part has at most 4
 /// responses, else one block per message after them.
+/// One chain of [`Owner::run_side_by_side`]: its answers by position, and its part of the turn.
+type ChainRun<'a> = Pin<Box<dyn Future<Output = (Vec<(usize, Vec<u8>)>, Turn)> + 'a>>;
+
+/// Runs `runs` to their ends side by side. Each poll of them is one round of `store`
+/// (`MessageStore::begin_round`): what they ask of the store in it goes out together when it ends.
+async fn in_rounds<S: MessageStore, T>(
+    store: &S,
+    mut runs: Vec<Pin<Box<dyn Future<Output = T> + '_>>>,
+) -> Vec<T> {
+    let mut out: Vec<Option<T>> = runs.iter().map(|_| None).collect();
+    let mut left: Vec<usize> = (0..runs.len()).collect();
+    std::future::poll_fn(|cx| {
+        store.begin_round();
+        left.retain(|&i| match runs[i].as_mut().poll(cx) {
+            Poll::Ready(v) => {
+                out[i] = Some(v);
+                false
+            }
+            Poll::Pending => true,
+        });
+        store.end_round();
+        if left.is_empty() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    out.into_iter().flatten().collect()
+}
+
 fn pack_turn(turn: Turn) -> Vec<Group> {
     let Turn {
         responses,

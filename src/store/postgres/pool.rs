@@ -221,12 +221,32 @@ impl Shared {
     /// Runs `f` on a pooled connection off the shard and awaits its result. A deadlock or a
     /// serialization failure runs it again (at most [`MAX_RETRIES`] times); any other error is
     /// `ERR STORE "<op>, <error>"`.
-    pub async fn run<T, F>(&self, op: &'static str, mut f: F) -> Result<T, StoreError>
+    pub async fn run<T, F>(&self, op: &'static str, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnMut(&mut Conn) -> Result<T, postgres::Error> + Send + 'static,
     {
-        let (tx, rx) = flume::bounded::<Result<T, RunError>>(1);
+        let (tx, rx) = flume::bounded::<Result<T, StoreError>>(1);
+        self.submit(op, f, move |r| {
+            let _ = tx.send(r);
+        })?;
+        match rx.recv_async().await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Failed(format!("{op}, the job was dropped"))),
+        }
+    }
+
+    /// [`Shared::run`] without the wait: `done` gets the outcome, on the worker thread that ran
+    /// `f`. An error here means the job was not taken (`done` is then not called).
+    pub fn submit<T, F>(
+        &self,
+        op: &'static str,
+        mut f: F,
+        done: impl FnOnce(Result<T, StoreError>) + Send + 'static,
+    ) -> Result<(), StoreError>
+    where
+        F: FnMut(&mut Conn) -> Result<T, postgres::Error> + Send + 'static,
+    {
         let job: Job = Box::new(move |conn| {
             let r = match conn {
                 Err(e) => Err(RunError::NoConnection(e)),
@@ -240,7 +260,7 @@ impl Shared {
                     }
                 }
             };
-            let _ = tx.send(r);
+            done(r.map_err(|e| e.store_error(op)));
         });
         let jobs = self.jobs.as_ref().expect("jobs open until drop");
         jobs.try_send(job).map_err(|e| match e {
@@ -250,12 +270,7 @@ impl Shared {
             crossbeam_channel::TrySendError::Disconnected(_) => {
                 StoreError::Failed(format!("{op}, the database threads stopped"))
             }
-        })?;
-        match rx.recv_async().await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(e.store_error(op)),
-            Err(_) => Err(StoreError::Failed(format!("{op}, the job was dropped"))),
-        }
+        })
     }
 
     /// Like [`Shared::run`], but on the calling thread: for start-up, a clean stop and the
