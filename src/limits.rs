@@ -134,6 +134,11 @@ pub const FILES_PER_SHARD: usize = 16;
 /// store, metrics and certificate files while they are read or written.
 pub const FILES_FIXED: usize = 64;
 
+/// Queues one job of the periodic expiration works on, on a store that waits (PostgreSQL: one
+/// statement, holding its queues' row locks while it runs). The job holds only these queues, so
+/// the rest of the shard goes on meanwhile (`docs/ARCHITECTURE.md` §2).
+pub const EXPIRE_QUEUES_PER_JOB: usize = 64;
+
 #[cfg(test)]
 mod tests {
     use super::*;

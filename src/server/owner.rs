@@ -1603,4 +1603,78 @@ mod tests {
         work(4, vec![get]);
         assert_eq!(msg_body(&decoded(&only_reply(inbox, 4))[0]), b"a2");
     }
+
+    #[test]
+    fn the_periodic_expiration_on_a_waiting_store_holds_only_the_queues_of_its_jobs() {
+        use crate::server::pipeline::Pipeline;
+        use crate::server::shard::owner_job;
+        use crate::store::held::{Held, Latch, LatchMode, Op};
+
+        let (mesh, inboxes) = Mesh::new(1);
+        let inbox = &inboxes[0];
+        let latch = Latch::new(LatchMode::Open);
+        let store = Held {
+            inner: MemoryStore::new(),
+            hold: latch.clone(),
+        };
+        let settings = Rc::new(Settings::default());
+        let o = Rc::new(Owner::new(0, store, Directory::new(), mesh, settings));
+        let p = Pipeline::new();
+        let key = SigningKey::from_bytes(&[3u8; 32]);
+        // More queues holding a message than one expiration job takes.
+        let n = 2 * crate::limits::EXPIRE_QUEUES_PER_JOB + 1;
+        let rids: Vec<Vec<u8>> = (0..n).map(|i| vec![i as u8 + 1; 24]).collect();
+        for rid in &rids {
+            block_on(o.store.create(queue(rid, pk(&key)))).unwrap();
+            block_on(o.store.write(rid, message(1), 100)).unwrap();
+        }
+        let send = |conn: u64, rid: &[u8]| {
+            let cmd = Command::Send {
+                flags: MsgFlags::new(false),
+                body: b"later".to_vec(),
+            };
+            let msg = ShardMsg::Work {
+                session: session_on(conn),
+                block_seq: 0,
+                requests: vec![request(&session_on(conn), &[2; 24], rid, cmd, None)],
+            };
+            owner_job(&o, &p, msg);
+        };
+
+        // The expiration job that holds the first queue is held by the store.
+        latch.set_mode(LatchMode::Only(vec![rids[0].clone()]));
+        let (done_tx, done_rx) = flume::bounded(1);
+        owner_job(&o, &p, ShardMsg::ExpireNow { done: done_tx });
+        let waiting = latch.waiting();
+        assert_eq!(waiting.len(), 1, "one expiration job held: {waiting:?}");
+        let (held_op, (_, op, held_ids)) = (waiting[0].0, &waiting[0]);
+        assert_eq!(*op, Op::ExpireAll);
+        assert!(
+            held_ids.len() <= crate::limits::EXPIRE_QUEUES_PER_JOB,
+            "a job holds {} queues",
+            held_ids.len()
+        );
+        assert!(done_rx.try_recv().is_err(), "the expiration has not ended");
+
+        // A SEND to a queue of another job is answered meanwhile; one to a held queue waits.
+        let free = rids
+            .iter()
+            .find(|r| !held_ids.contains(r))
+            .expect("a queue outside the held job");
+        send(1, free);
+        assert_eq!(decoded(&only_reply(inbox, 1)), [BrokerMsg::Ok]);
+        send(2, &rids[0]);
+        assert!(
+            inbox.try_iter().next().is_none(),
+            "a SEND to a queue of the held job waits for it"
+        );
+
+        // Released, the job ends, the waiting SEND is answered and the expiration reports done.
+        latch.set_mode(LatchMode::Open);
+        latch.release(held_op);
+        p.poll_woken();
+        assert_eq!(decoded(&only_reply(inbox, 2)), [BrokerMsg::Ok]);
+        assert!(done_rx.try_recv().is_ok(), "the expiration ended");
+        assert_eq!(p.jobs(), 0);
+    }
 }

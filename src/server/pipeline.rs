@@ -8,8 +8,9 @@
 //! its connections. When a job finishes, the next job in line on each of its keys may start. So
 //! operations on one queue happen one after another, in the order their jobs arrived, and a job
 //! with many queues (a block of 135 SUBs) holds all of them from its first step to its last, as
-//! one owner turn. An expiration job holds every queue: it starts when nothing else runs, and
-//! jobs that arrive meanwhile wait behind it.
+//! one owner turn. An expiration job on a store that never waits holds every queue: it starts
+//! when nothing else runs, and jobs that arrive meanwhile wait behind it (on a store that waits,
+//! the expiration comes in jobs of a few queues each, `shard::expire`).
 //!
 //! A job that never waits (the memory store's) runs at once inside `submit`, with no line
 //! touched. No executor is involved: the pipeline polls its jobs itself when their wakers fire,

@@ -183,23 +183,8 @@ pub fn owner_job<S: QueueStore + MessageStore + 'static>(
             recipient_id,
             epoch,
         } => o.register_sub(&session, &recipient_id, epoch),
-        ShardMsg::Tick => {
-            pipeline.submit(
-                Keys::Everything,
-                None,
-                Box::pin(async move { o.expire().await }),
-            );
-        }
-        ShardMsg::ExpireNow { done } => {
-            pipeline.submit(
-                Keys::Everything,
-                None,
-                Box::pin(async move {
-                    o.expire().await;
-                    let _ = done.send(());
-                }),
-            );
-        }
+        ShardMsg::Tick => expire(o, pipeline, None),
+        ShardMsg::ExpireNow { done } => expire(o, pipeline, Some(done)),
         // Connection output, metrics and stop are the loop's own.
         ShardMsg::Reply { .. }
         | ShardMsg::Event { .. }
@@ -215,6 +200,65 @@ pub fn owner_job<S: QueueStore + MessageStore + 'static>(
 
 /// Starts a round of the metrics file: every shard is asked for its numbers, and their sum is
 /// written when the last has answered (`gather_stats`). No lock: the numbers travel as messages.
+/// The periodic expiration (`done`: told when it has run). On a store that never waits, one job
+/// over every queue; on one that waits, a job per `EXPIRE_QUEUES_PER_JOB` queues that may hold
+/// messages, each on those queues only, and one for the notifications, so that no job holds the
+/// whole shard while the database works (`docs/ARCHITECTURE.md` §2).
+fn expire<S: QueueStore + MessageStore + 'static>(
+    o: Rc<Owner<S>>,
+    pipeline: &Pipeline,
+    done: Option<flume::Sender<()>>,
+) {
+    if !o.store.waits() {
+        pipeline.submit(
+            Keys::Everything,
+            None,
+            Box::pin(async move {
+                o.expire().await;
+                if let Some(d) = done {
+                    let _ = d.send(());
+                }
+            }),
+        );
+        return;
+    }
+    let candidates = o.store.expiry_candidates();
+    let chunks: Vec<Vec<crate::store::EntityId>> = candidates
+        .chunks(crate::limits::EXPIRE_QUEUES_PER_JOB)
+        .map(<[crate::store::EntityId]>::to_vec)
+        .collect();
+    // Jobs left, and `done` told when the last one ends.
+    let left = Rc::new(std::cell::Cell::new(chunks.len() + 1));
+    let done = Rc::new(std::cell::RefCell::new(done));
+    let finish = move || {
+        left.set(left.get() - 1);
+        if left.get() == 0 {
+            if let Some(d) = done.borrow_mut().take() {
+                let _ = d.send(());
+            }
+        }
+    };
+    for chunk in chunks {
+        let (o, finish) = (o.clone(), finish.clone());
+        pipeline.submit(
+            Keys::of(chunk.iter().map(|r| &r[..])),
+            None,
+            Box::pin(async move {
+                o.expire_queues(&chunk).await;
+                finish();
+            }),
+        );
+    }
+    pipeline.submit(
+        Keys::Queues(Vec::new()),
+        None,
+        Box::pin(async move {
+            o.expire_ntfs().await;
+            finish();
+        }),
+    );
+}
+
 fn ask_for_stats(ctx: &ShardContext) {
     let round = ctx.next_stats_round.get() + 1;
     ctx.next_stats_round.set(round);

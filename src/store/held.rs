@@ -142,6 +142,20 @@ impl<S: MessageStore, H: Hold> MessageStore for Held<S, H> {
         self.inner.expire_all(older_than).await
     }
 
+    fn expiry_candidates(&self) -> Vec<EntityId> {
+        self.inner.expiry_candidates()
+    }
+
+    async fn expire_queues(
+        &self,
+        recipient_ids: &[EntityId],
+        older_than: i64,
+    ) -> Result<usize, StoreError> {
+        let ids: Vec<&[u8]> = recipient_ids.iter().map(|r| &r[..]).collect();
+        self.hold.hold(Op::ExpireAll, &ids).await;
+        self.inner.expire_queues(recipient_ids, older_than).await
+    }
+
     async fn add_ntf(&self, notifier_id: &[u8], ntf: MsgNtf) -> Result<(), StoreError> {
         self.hold.hold(Op::AddNtf, &[notifier_id]).await;
         self.inner.add_ntf(notifier_id, ntf).await

@@ -905,6 +905,10 @@ impl MessageStore for JournalStore {
         self.data.borrow().total_messages
     }
 
+    fn expiry_candidates(&self) -> Vec<EntityId> {
+        self.data.borrow().queues.keys().cloned().collect()
+    }
+
     async fn expire_all(&self, older_than: i64) -> Result<usize, StoreError> {
         let mut n = 0;
         let mut ends: HashMap<u32, SyncPoint> = HashMap::new();

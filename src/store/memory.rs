@@ -430,6 +430,15 @@ impl MessageStore for MemoryStore {
         self.data.borrow_mut().expire_all(older_than)
     }
 
+    fn expiry_candidates(&self) -> Vec<EntityId> {
+        let d = self.data.borrow();
+        d.queues
+            .iter()
+            .filter(|(_, q)| !q.msgs.is_empty())
+            .map(|(rid, _)| rid.clone())
+            .collect()
+    }
+
     async fn add_ntf(&self, notifier_id: &[u8], ntf: MsgNtf) -> Result<(), StoreError> {
         self.data.borrow_mut().add_ntf(notifier_id, ntf)
     }

@@ -255,7 +255,9 @@ pub trait MessageStore {
         recipient_id: &[u8],
         msg_id: &MsgId,
     ) -> Result<Option<Message>, StoreError>;
-    /// Deletes the head if its ID is `msg_id`, then returns (what was deleted, the new head).
+    /// Deletes the head if its ID is `msg_id`, then returns (what was deleted, the new head). What
+    /// was deleted tells which message went and its kind; its body may be left empty (the
+    /// PostgreSQL store does not fetch it).
     async fn try_del_peek(
         &self,
         recipient_id: &[u8],
@@ -273,6 +275,22 @@ pub trait MessageStore {
     fn total_messages(&self) -> usize;
     /// The periodic expiration: `delete_expired` over every queue; returns how many were deleted.
     async fn expire_all(&self, older_than: i64) -> Result<usize, StoreError>;
+    /// The queues that may hold messages: what the periodic expiration looks at when the store
+    /// waits (`MessageStore::waits`), in bounded jobs, each on its own queues.
+    fn expiry_candidates(&self) -> Vec<EntityId>;
+    /// `delete_expired` on each of `recipient_ids` (one statement, where the store can); returns
+    /// how many were deleted.
+    async fn expire_queues(
+        &self,
+        recipient_ids: &[EntityId],
+        older_than: i64,
+    ) -> Result<usize, StoreError> {
+        let mut n = 0;
+        for rid in recipient_ids {
+            n += self.delete_expired(rid, older_than).await?;
+        }
+        Ok(n)
+    }
 
     /// Appends a notification for `notifier_id` (kept in arrival order).
     async fn add_ntf(&self, notifier_id: &[u8], ntf: MsgNtf) -> Result<(), StoreError>;

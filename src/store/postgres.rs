@@ -48,9 +48,9 @@ use super::{
     PARTITION_GROUPS,
 };
 
-/// Queues per statement of the periodic expiration: each statement holds the row locks of its
-/// queues while it runs, so it stays short.
-pub const EXPIRE_CHUNK: usize = 64;
+/// Queues per statement of the expiration at start (the periodic one comes in jobs of this many):
+/// each statement holds the row locks of its queues while it runs, so it stays short.
+pub const EXPIRE_CHUNK: usize = crate::limits::EXPIRE_QUEUES_PER_JOB;
 
 // A queue's group from its recipient ID in SQL: the partition is the first 8 bytes of
 // SHA-256(recipient ID) as a big-endian number mod 4096, so its group (mod 64) is the low bits
@@ -101,12 +101,16 @@ const PEEK_MANY: &str = "SELECT q.rid, m.msg_id, m.msg_ts, m.msg_quota, m.msg_nt
      ORDER BY message_id LIMIT 1) m";
 const TRY_DEL: &str = "SELECT r_msg_id, r_msg_ts, r_msg_quota, r_msg_ntf_flag, r_msg_body \
      FROM try_del_msg($1, $2)";
-const TRY_DEL_PEEK: &str = "SELECT r_msg_id, r_msg_ts, r_msg_quota, r_msg_ntf_flag, r_msg_body \
+// The deleted message's body is left out (`MessageStore::try_del_peek`): the ACK needs only to
+// know which message went, and a body is up to 16 KB.
+const TRY_DEL_PEEK: &str = "SELECT r_msg_id, r_msg_ts, r_msg_quota, r_msg_ntf_flag, \
+     CASE WHEN r_msg_id = $2 THEN ''::bytea ELSE r_msg_body END \
      FROM try_del_peek_msg($1, $2)";
 // The ACKs of a round in one statement: `try_del_peek_msg` per queue, its rows (what it deleted,
-// then the new head) numbered by the ACK's position `i` and their own order `k`.
+// then the new head) numbered by the ACK's position `i` and their own order `k`; the deleted
+// message's body left out, as in `TRY_DEL_PEEK`.
 const TRY_DEL_PEEK_MANY: &str = "SELECT q.i, r.r_msg_id, r.r_msg_ts, r.r_msg_quota, \
-     r.r_msg_ntf_flag, r.r_msg_body \
+     r.r_msg_ntf_flag, CASE WHEN r.r_msg_id = q.mid THEN ''::bytea ELSE r.r_msg_body END \
      FROM unnest($1::bytea[], $2::bytea[]) WITH ORDINALITY AS q(rid, mid, i) \
      CROSS JOIN LATERAL try_del_peek_msg(q.rid, q.mid) WITH ORDINALITY \
        AS r(r_msg_id, r_msg_ts, r_msg_quota, r_msg_ntf_flag, r_msg_body, k) \
@@ -930,24 +934,48 @@ impl MessageStore for PostgresStore {
         let ids = self.data.borrow().holding();
         let mut total = 0;
         for chunk in ids.chunks(EXPIRE_CHUNK) {
-            let chunk = chunk.to_vec();
-            let done = self
-                .shared
-                .run("expire", move |c| {
-                    let st = c.stmt(EXPIRE_MANY)?;
-                    Ok(c.client
-                        .query(&st, &[&chunk, &older_than])?
-                        .iter()
-                        .map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, i64>(1)))
-                        .collect::<Vec<_>>())
-                })
-                .await?;
-            let mut d = self.data.borrow_mut();
-            for (rid, n) in done {
-                let n = usize::try_from(n).unwrap_or(0);
-                d.remove(&rid, n);
-                total += n;
-            }
+            total += self.expire_queues(chunk, older_than).await?;
+        }
+        Ok(total)
+    }
+
+    fn expiry_candidates(&self) -> Vec<EntityId> {
+        self.data.borrow().holding()
+    }
+
+    async fn expire_queues(
+        &self,
+        recipient_ids: &[EntityId],
+        older_than: i64,
+    ) -> Result<usize, StoreError> {
+        let asked: Vec<EntityId> = {
+            let d = self.data.borrow();
+            recipient_ids
+                .iter()
+                .filter(|r| d.may_have_messages(r))
+                .cloned()
+                .collect()
+        };
+        if asked.is_empty() {
+            return Ok(0);
+        }
+        let done = self
+            .shared
+            .run("expire", move |c| {
+                let st = c.stmt(EXPIRE_MANY)?;
+                Ok(c.client
+                    .query(&st, &[&asked, &older_than])?
+                    .iter()
+                    .map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, i64>(1)))
+                    .collect::<Vec<_>>())
+            })
+            .await?;
+        let mut d = self.data.borrow_mut();
+        let mut total = 0;
+        for (rid, n) in done {
+            let n = usize::try_from(n).unwrap_or(0);
+            d.remove(&rid, n);
+            total += n;
         }
         Ok(total)
     }

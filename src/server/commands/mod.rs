@@ -143,16 +143,33 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     }
 
     /// The periodic expiration of messages and notifications (simplexmq `Server.hs`,
-    /// `expireMessages`). A subscriber whose delivered message expired keeps waiting for its ACK,
-    /// as in the reference; the ACK then returns the new head.
+    /// `expireMessages`), in one job over every queue (a store that never waits; on one that
+    /// waits the shard runs [`Owner::expire_queues`] in bounded jobs instead). A subscriber whose
+    /// delivered message expired keeps waiting for its ACK, as in the reference; the ACK then
+    /// returns the new head.
     pub async fn expire(&self) {
-        let now = now_secs();
-        let old = now - self.settings.message_ttl.as_secs() as i64;
-        if let Ok(n) = self.store.expire_all(old).await {
+        if let Ok(n) = self.store.expire_all(self.messages_older_than()).await {
             self.stats.borrow_mut().msg_expired += n as u64;
         }
-        let old_ntf = now - self.settings.notification_ttl.as_secs() as i64;
-        let _ = self.store.expire_ntfs(old_ntf).await;
+        self.expire_ntfs().await;
+    }
+
+    /// Part of the periodic expiration: the messages of `recipient_ids`.
+    pub async fn expire_queues(&self, recipient_ids: &[EntityId]) {
+        let old = self.messages_older_than();
+        if let Ok(n) = self.store.expire_queues(recipient_ids, old).await {
+            self.stats.borrow_mut().msg_expired += n as u64;
+        }
+    }
+
+    /// Part of the periodic expiration: the notifications.
+    pub async fn expire_ntfs(&self) {
+        let old = now_secs() - self.settings.notification_ttl.as_secs() as i64;
+        let _ = self.store.expire_ntfs(old).await;
+    }
+
+    fn messages_older_than(&self) -> i64 {
+        now_secs() - self.settings.message_ttl.as_secs() as i64
     }
 
     /// Runs one request; returns the entity ID to answer with and the response.
