@@ -1473,19 +1473,17 @@ mod tests {
         plain.body().expect("a message").to_vec()
     }
 
-    /// `docs/ARCHITECTURE.md` §2, over the owner as the shard runs it (`shard::owner_job` and the
-    /// pipeline): while a SEND on queue A waits for its store (a latch holds every operation on A),
-    /// a SEND on B is answered and its MSG pushed to B's subscriber; A's next SEND waits behind
-    /// the first; released, A's operations run one at a time and its SENDs are answered and
-    /// stored in order.
-    #[test]
-    fn a_held_store_operation_holds_up_its_queue_only_and_its_later_commands_follow_in_order() {
-        use crate::server::pipeline::Pipeline;
-        use crate::server::shard::owner_job;
+    /// An owner on a memory store whose operations a latch holds (open at first), its pipeline,
+    /// and the shard inboxes.
+    #[allow(clippy::type_complexity)]
+    fn latched_owner() -> (
+        Rc<Owner<crate::store::held::Held<MemoryStore, Rc<crate::store::held::Latch>>>>,
+        crate::server::pipeline::Pipeline,
+        Rc<crate::store::held::Latch>,
+        Vec<flume::Receiver<ShardMsg>>,
+    ) {
         use crate::store::held::{Held, Latch, LatchMode};
-
         let (mesh, inboxes) = Mesh::new(1);
-        let inbox = &inboxes[0];
         let latch = Latch::new(LatchMode::Open);
         let store = Held {
             inner: MemoryStore::new(),
@@ -1493,7 +1491,21 @@ mod tests {
         };
         let settings = Rc::new(Settings::default());
         let o = Rc::new(Owner::new(0, store, Directory::new(), mesh, settings));
-        let p = Pipeline::new();
+        (o, crate::server::pipeline::Pipeline::new(), latch, inboxes)
+    }
+
+    /// `docs/ARCHITECTURE.md` §2, over the owner as the shard runs it (`shard::owner_job` and the
+    /// pipeline): while a SEND on queue A waits for its store (a latch holds every operation on A),
+    /// a SEND on B is answered and its MSG pushed to B's subscriber; A's next SEND waits behind
+    /// the first; released, A's operations run one at a time and its SENDs are answered and
+    /// stored in order.
+    #[test]
+    fn a_held_store_operation_holds_up_its_queue_only_and_its_later_commands_follow_in_order() {
+        use crate::server::shard::owner_job;
+        use crate::store::held::LatchMode;
+
+        let (o, p, latch, inboxes) = latched_owner();
+        let inbox = &inboxes[0];
         let key = SigningKey::from_bytes(&[3u8; 32]);
         let (a, b) = (vec![0xa0; 24], vec![0xb0; 24]);
         for rid in [&a, &b] {
@@ -1606,20 +1618,11 @@ mod tests {
 
     #[test]
     fn the_periodic_expiration_on_a_waiting_store_holds_only_the_queues_of_its_jobs() {
-        use crate::server::pipeline::Pipeline;
         use crate::server::shard::owner_job;
-        use crate::store::held::{Held, Latch, LatchMode, Op};
+        use crate::store::held::{LatchMode, Op};
 
-        let (mesh, inboxes) = Mesh::new(1);
+        let (o, p, latch, inboxes) = latched_owner();
         let inbox = &inboxes[0];
-        let latch = Latch::new(LatchMode::Open);
-        let store = Held {
-            inner: MemoryStore::new(),
-            hold: latch.clone(),
-        };
-        let settings = Rc::new(Settings::default());
-        let o = Rc::new(Owner::new(0, store, Directory::new(), mesh, settings));
-        let p = Pipeline::new();
         let key = SigningKey::from_bytes(&[3u8; 32]);
         // More queues holding a message than one expiration job takes.
         let n = 2 * crate::limits::EXPIRE_QUEUES_PER_JOB + 1;

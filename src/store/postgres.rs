@@ -305,6 +305,22 @@ impl WriteColumns {
     }
 }
 
+/// Hands each operation of a statement its outcome: its own, or the statement's error.
+fn reply_each<T>(replies: Vec<Reply<T>>, outcome: Result<Vec<Result<T, StoreError>>, StoreError>) {
+    match outcome {
+        Ok(each) => {
+            for (r, reply) in each.into_iter().zip(replies) {
+                let _ = reply.send(r);
+            }
+        }
+        Err(e) => {
+            for reply in replies {
+                let _ = reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
 fn dropped(op: &str) -> StoreError {
     StoreError::Failed(format!("{op}, the job was dropped"))
 }
@@ -569,26 +585,22 @@ impl PostgresStore {
                     }
                     Ok(out)
                 },
-                move |r| match r {
-                    Ok(out) => {
-                        for (w, reply) in out.into_iter().zip(to) {
-                            let _ = reply.send(w.ok_or_else(|| {
-                                StoreError::Failed("write_message, no row for a message".into())
-                            }));
-                        }
-                    }
-                    Err(e) => {
-                        for reply in to {
-                            let _ = reply.send(Err(e.clone()));
-                        }
-                    }
+                move |r: Result<Vec<Option<Written>>, StoreError>| {
+                    let each = r.map(|out| {
+                        out.into_iter()
+                            .map(|w| {
+                                w.ok_or_else(|| {
+                                    StoreError::Failed("write_message, no row for a message".into())
+                                })
+                            })
+                            .collect()
+                    });
+                    reply_each(to, each)
                 },
             )
         };
         if let Err(e) = submitted {
-            for reply in replies {
-                let _ = reply.send(Err(e.clone()));
-            }
+            reply_each(replies, Err(e));
         }
     }
 
@@ -630,23 +642,12 @@ impl PostgresStore {
                 }
                 Ok(out)
             },
-            move |r| match r {
-                Ok(out) => {
-                    for (rows, reply) in out.into_iter().zip(to) {
-                        let _ = reply.send(Ok(rows));
-                    }
-                }
-                Err(e) => {
-                    for reply in to {
-                        let _ = reply.send(Err(e.clone()));
-                    }
-                }
+            move |r: Result<Vec<Vec<MsgRow>>, StoreError>| {
+                reply_each(to, r.map(|out| out.into_iter().map(Ok).collect()))
             },
         );
         if let Err(e) = submitted {
-            for reply in replies {
-                let _ = reply.send(Err(e.clone()));
-            }
+            reply_each(replies, Err(e));
         }
     }
 
