@@ -196,7 +196,7 @@ struct StartArgs {
     /// load at start, before the control socket serves).
     #[arg(long, hide = true, value_name = "SECS", value_parser = clap::value_parser!(u32))]
     test_clock_offset_secs: Option<u32>,
-    /// Test hook: rate-limited warnings (`server::log_limit`) write one line per MS milliseconds
+    /// Test hook: rate-limited warnings (`log_limit`) write one line per MS milliseconds
     /// instead of one a second, so that the log tests need not wait a second for the count.
     #[arg(long, hide = true, value_name = "MS",
           value_parser = clap::value_parser!(u64).range(1..=60_000))]
@@ -570,7 +570,7 @@ fn start(data_dir: &Path, args: &StartArgs) -> Result<(), String> {
         smp_relay::clock::advance(i64::from(secs));
     }
     if let Some(ms) = args.test_warning_interval_ms {
-        smp_relay::server::log_limit::set_interval(Duration::from_millis(ms));
+        smp_relay::log_limit::set_interval(Duration::from_millis(ms));
     }
     cli.or(file.options).apply_to(&mut c);
     if let Some(ms) = args.test_tls_timeout_ms {

@@ -10,6 +10,7 @@ pub mod crypto;
 pub mod ini;
 pub mod limits;
 pub mod load;
+pub mod log_limit;
 pub mod metrics;
 pub mod protocol;
 pub mod server;

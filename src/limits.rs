@@ -117,7 +117,7 @@ pub const MAX_SHARDS: usize = 64;
 const _: () = assert!(MAX_SHARDS <= u64::BITS as usize);
 
 /// A warning a peer can cause (refused connection, failed accept, failed PRXY) is written at most
-/// once per this interval per kind; the rest are counted (`server::log_limit`).
+/// once per this interval per kind; the rest are counted (`log_limit`).
 pub const WARNING_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Connections from one IP address that may be in their TLS or SMP handshake at once; one more is

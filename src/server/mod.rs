@@ -18,7 +18,6 @@ pub mod directory;
 pub mod dispatch;
 pub mod listen;
 pub mod lock;
-pub mod log_limit;
 pub mod output;
 pub mod owner;
 pub mod pipeline;

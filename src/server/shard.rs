@@ -13,11 +13,11 @@ use glommio::net::TcpListener;
 use super::admission::Refused;
 use super::conn;
 use super::context::ShardContext;
-use super::log_limit::{self, RateLimited};
 use super::owner::Owner;
 use super::pipeline::{Keys, Pipeline};
 use super::router::{Gathering, ShardMsg, Step};
 use super::ws::PortKind;
+use crate::log_limit::{self, RateLimited};
 use crate::metrics::{self, MetricsSnapshot};
 use crate::store::{MessageStore, QueueStore, ShardStore};
 

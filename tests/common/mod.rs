@@ -476,7 +476,7 @@ impl Relay {
         self.log_lines().join("\n")
     }
 
-    /// The relay's rate-limited warnings about `what` (`server::log_limit`): how many lines, and
+    /// The relay's rate-limited warnings about `what` (`log_limit`): how many lines, and
     /// how many warnings they stand for (each line itself, unless it only reports a count, plus
     /// its `suppressed=N`).
     pub fn warnings(&self, what: &str) -> (usize, u64) {

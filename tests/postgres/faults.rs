@@ -472,6 +472,7 @@ fn a_restarted_server_loses_no_answered_send_and_the_relay_reconnects() {
         ],
     );
     let qs = create_many(&mut relay.client(), QUEUES, QUEUES);
+    let started = Instant::now();
     let logs = under_load(&relay, &qs, 2, |round| {
         cluster
             .stop_server("fast")
@@ -485,6 +486,20 @@ fn a_restarted_server_loses_no_answered_send_and_the_relay_reconnects() {
     assert!(
         logs.iter().any(|l| !l.failed.is_empty()),
         "no SEND met the stopped server"
+    );
+    // The pool's failed connection attempts are logged, at most one line a second (`log_limit`),
+    // and r2d2 logs none of its own.
+    let secs = started.elapsed().as_secs() as usize;
+    let (lines, _) = relay.warnings("database connection failed");
+    assert!(
+        (1..=secs + 2).contains(&lines),
+        "{lines} lines about failed database connections in {secs} s:\n{}",
+        relay.log_text()
+    );
+    assert!(
+        !relay.log_lines().iter().any(|l| l.contains("r2d2")),
+        "r2d2's own error lines:\n{}",
+        relay.log_text()
     );
     assert_every_queue_written(&logs);
     let got = drain(&relay, &qs);

@@ -41,8 +41,8 @@ const MAX_RESOLVES_IN_FLIGHT: usize = 16;
 const WAIT_MARGIN: Duration = Duration::from_secs(5);
 
 /// A PRXY whose destination could not be reached (`log_limit`).
-static PROXY_CONNECT_FAILED: super::log_limit::RateLimited =
-    super::log_limit::RateLimited::new("proxy: error connecting");
+static PROXY_CONNECT_FAILED: crate::log_limit::RateLimited =
+    crate::log_limit::RateLimited::new("proxy: error connecting");
 
 /// A PRXY or PFWD from a client, to be answered by the proxy agent.
 pub struct ProxyJob {
@@ -205,7 +205,7 @@ impl ProxyAgent {
             Err(e) => {
                 // Any client can ask for any host: at most one line a second, so a client
                 // cannot flood the log with host names of its choosing.
-                super::log_limit::warn(
+                crate::log_limit::warn(
                     &PROXY_CONNECT_FAILED,
                     |suppressed| tracing::warn!(hosts = ?server.hosts, error = ?e, suppressed, "proxy: error connecting"),
                 );

@@ -118,6 +118,28 @@ impl r2d2::ManageConnection for Manager {
     }
 }
 
+/// The pool's failed connection attempts, logged at most once per `limits::WARNING_INTERVAL`
+/// (`log_limit`): while the database is down, every job tries to connect, and r2d2 would log an
+/// error line each time.
+#[derive(Debug)]
+struct LogConnectErrors;
+
+static CONNECT_FAILED: crate::log_limit::RateLimited =
+    crate::log_limit::RateLimited::new("database connection failed");
+
+impl r2d2::HandleError<ConnectError> for LogConnectErrors {
+    fn handle_error(&self, error: ConnectError) {
+        if let crate::log_limit::Decision::Write { suppressed } =
+            CONNECT_FAILED.decide(std::time::Instant::now())
+        {
+            tracing::warn!(
+                suppressed,
+                "database connection failed (the pool tries again as jobs come): {error}"
+            );
+        }
+    }
+}
+
 type Job = Box<dyn FnOnce(Result<&mut Conn, String>) + Send>;
 
 /// The pool and its workers, shared by every shard of one relay (one per database and schema).
@@ -180,6 +202,7 @@ impl Shared {
             .max_size(size as u32)
             .min_idle(Some(0))
             .test_on_check_out(false)
+            .error_handler(Box::new(LogConnectErrors))
             .connection_timeout(config.pool_wait)
             .build_unchecked(Manager { target, setup, hot });
         // One connection now, so that a start with bad settings fails here, not at the first SEND.

@@ -1,6 +1,6 @@
 //! Warnings a peer can cause at will (a refused connection, a failed accept, a PRXY to a relay that
-//! cannot be reached) would otherwise let it fill the log: 10,000 refused connections wrote 9,112
-//! lines. Each kind writes at most one line per `limits::WARNING_INTERVAL`; the lines held back are
+//! cannot be reached), or an outage (the PostgreSQL store's database gone: every pooled connection
+//! attempt fails), would otherwise fill the log: 10,000 refused connections wrote 9,112 lines. Each kind writes at most one line per `limits::WARNING_INTERVAL`; the lines held back are
 //! counted, and the count is written with the next line of that kind (`suppressed=N`), or on a
 //! line of its own once the interval is over, so a flood that ends is still reported whole.
 //!
@@ -124,6 +124,7 @@ impl RateLimited {
 
 /// Writes a warning of `kind` through `write` (given the count held back before it), or holds it
 /// back. Runs on a shard's executor: the count of a flood that ends is written by a task of it.
+/// (Off the executors, [`RateLimited::decide`] alone: the count goes with the next line.)
 pub fn warn(kind: &'static RateLimited, write: impl FnOnce(u64)) {
     match kind.decide(Instant::now()) {
         Decision::Write { suppressed } => write(suppressed),
