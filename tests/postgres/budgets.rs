@@ -208,53 +208,50 @@ fn sub_all(c: &mut Client, qs: &[Queue], with_msgs: bool) -> HashMap<Vec<u8>, Ve
     got
 }
 
-/// SENDs to `qs`, `per_block` in each block.
-fn send_each(c: &mut Client, qs: &[Queue], tag: &str, per_block: usize) {
+/// Sends one transmission per queue of `qs`, made by `make(corr, queue)`, `per_block` in each
+/// block, and checks that each is answered OK (`what`: the command, for the failure message).
+fn each_answered_ok(
+    c: &mut Client,
+    qs: &[Queue],
+    per_block: usize,
+    what_cmd: &str,
+    make: impl Fn(&[u8; 24], &Queue) -> ClientTransmission,
+) {
     for chunk in qs.chunks(per_block) {
-        let mut corrs = Vec::new();
+        let corrs: Vec<[u8; 24]> = chunk.iter().map(|_| new_corr_id()).collect();
         let ts: Vec<ClientTransmission> = chunk
             .iter()
-            .map(|q| {
-                let corr = new_corr_id();
-                corrs.push(corr);
-                ClientTransmission::new(&corr, q.sid(), send_cmd(tag.as_bytes()))
-            })
+            .zip(&corrs)
+            .map(|(q, corr)| make(corr, q))
             .collect();
-        c.send_batch(&ts).expect("send SENDs");
+        c.send_batch(&ts)
+            .unwrap_or_else(|e| panic!("send {what_cmd}s: {e}"));
         for corr in &corrs {
-            let r = c.recv_for(corr).expect("SEND answer");
+            let r = c
+                .recv_for(corr)
+                .unwrap_or_else(|e| panic!("{what_cmd} answer: {e}"));
             assert!(
                 matches!(r.msg, Ok(BrokerMsg::Ok)),
-                "SEND answered OK, not {}",
+                "{what_cmd} answered OK, not {}",
                 what(&r.msg)
             );
         }
     }
 }
 
+/// SENDs to `qs`, `per_block` in each block.
+fn send_each(c: &mut Client, qs: &[Queue], tag: &str, per_block: usize) {
+    each_answered_ok(c, qs, per_block, "SEND", |corr, q| {
+        ClientTransmission::new(corr, q.sid(), send_cmd(tag.as_bytes()))
+    });
+}
+
 /// ACKs of the messages `ids` delivered from `qs`, `per_block` in each block.
 fn ack_each(c: &mut Client, qs: &[Queue], ids: &HashMap<Vec<u8>, Vec<u8>>, per_block: usize) {
-    for chunk in qs.chunks(per_block) {
-        let mut corrs = Vec::new();
-        let ts: Vec<ClientTransmission> = chunk
-            .iter()
-            .map(|q| {
-                let corr = new_corr_id();
-                corrs.push(corr);
-                let id = ids.get(q.rid()).expect("a delivered message").clone();
-                ClientTransmission::new(&corr, q.rid(), Command::Ack(id)).signed(q.key().clone())
-            })
-            .collect();
-        c.send_batch(&ts).expect("send ACKs");
-        for corr in &corrs {
-            let r = c.recv_for(corr).expect("ACK answer");
-            assert!(
-                matches!(r.msg, Ok(BrokerMsg::Ok)),
-                "ACK answered OK, not {}",
-                what(&r.msg)
-            );
-        }
-    }
+    each_answered_ok(c, qs, per_block, "ACK", |corr, q| {
+        let id = ids.get(q.rid()).expect("a delivered message").clone();
+        ClientTransmission::new(corr, q.rid(), Command::Ack(id)).signed(q.key().clone())
+    });
 }
 
 #[test]
