@@ -390,12 +390,14 @@ impl PostgresStore {
         // Nothing to expire in a queue known to be empty.
         let expire = expire.filter(|_| self.data.borrow().may_have_messages(recipient_id));
         let m = MsgRow::of(&msg);
+        // Kept for the look-up after an ambiguous failure; the row, body and all, goes to the job.
+        let msg_id = m.msg_id.clone();
         let rid = recipient_id.to_vec();
         let quota = i32::try_from(quota).unwrap_or(i32::MAX);
         let written = self
             .write_rows(WriteArgs {
                 rid: rid.clone(),
-                m: m.clone(),
+                m,
                 quota,
                 expire,
             })
@@ -422,7 +424,7 @@ impl PostgresStore {
                 // is tried again, at most once per pooled connection and once more on a new one.
                 let mut tries = self.shared.config.pool_size.clamp(1, pool::MAX_POOL_SIZE) + 1;
                 let found = loop {
-                    let (rid, id) = (rid.clone(), m.msg_id.clone());
+                    let (rid, id) = (rid.clone(), msg_id.clone());
                     let found = self
                         .shared
                         .run("write_message, checking a broken write", move |c| {
@@ -518,15 +520,14 @@ impl PostgresStore {
         if writes.is_empty() {
             return;
         }
-        let (args, replies): (Vec<WriteArgs>, Vec<Reply<Written>>) = writes.into_iter().unzip();
-        let submitted = if let [w] = &args[..] {
+        let (mut args, replies): (Vec<WriteArgs>, Vec<Reply<Written>>) = writes.into_iter().unzip();
+        let submitted = if args.len() == 1 {
             let WriteArgs {
                 rid,
                 m,
                 quota,
                 expire,
-            } = w;
-            let (rid, m, quota, expire) = (rid.clone(), m.clone(), *quota, *expire);
+            } = args.remove(0);
             let reply = replies[0].clone();
             self.shared.submit(
                 "write_message",
