@@ -89,6 +89,56 @@ pub enum Party {
     None,
 }
 
+/// What a service subscribes to (simplexmq `Protocol.hs`, `SMPServiceRole`), as its handshake
+/// names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ServiceRole {
+    /// `M`: messages (SUB, SUBS).
+    Messaging,
+    /// `N`: notifications (NSUB, NSUBS).
+    Notifier,
+    /// `P`: a proxy forwarding to this relay (RFWD).
+    Proxy,
+}
+
+impl ServiceRole {
+    pub fn byte(self) -> u8 {
+        match self {
+            ServiceRole::Messaging => b'M',
+            ServiceRole::Notifier => b'N',
+            ServiceRole::Proxy => b'P',
+        }
+    }
+
+    pub fn from_byte(b: u8) -> Option<Self> {
+        match b {
+            b'M' => Some(ServiceRole::Messaging),
+            b'N' => Some(ServiceRole::Notifier),
+            b'P' => Some(ServiceRole::Proxy),
+            _ => None,
+        }
+    }
+}
+
+impl Party {
+    /// The service role a service session needs for this party's commands (simplexmq
+    /// `Protocol.hs`, `partyClientRole`); `None` for PING, which any session may send.
+    pub fn service_role(self) -> Option<ServiceRole> {
+        match self {
+            Party::Creator
+            | Party::Recipient
+            | Party::RecipientService
+            | Party::Sender
+            | Party::LinkClient
+            | Party::ProxiedClient
+            | Party::Resolver => Some(ServiceRole::Messaging),
+            Party::Notifier | Party::NotifierService => Some(ServiceRole::Notifier),
+            Party::ProxyService => Some(ServiceRole::Proxy),
+            Party::None => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SubMode {
     /// `'S'`: create and subscribe.

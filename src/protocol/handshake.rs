@@ -40,7 +40,7 @@ impl CertChainPubKey {
     }
 }
 
-fn encode_chain(chain: &[Vec<u8>], out: &mut Vec<u8>) {
+pub fn encode_chain(chain: &[Vec<u8>], out: &mut Vec<u8>) {
     debug_assert!(
         !chain.is_empty() && chain.len() <= 255,
         "chain of 1..=255 certs"

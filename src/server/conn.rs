@@ -27,17 +27,21 @@ use super::admission::Handshaking;
 use super::context::ShardContext;
 use super::dispatch::{self, RouteCtx};
 use super::output::{ask_again, coalesce, ConnHandle, Output, OutputState, MAX_COALESCED_OUTPUTS};
-use super::router::{ConnRef, Group, GroupKind, SessionInfo, ShardMsg};
+use super::router::{ConnRef, Group, GroupKind, ServiceSession, SessionInfo, ShardMsg};
 use super::tls_stream::{self, SharedTls, TlsStream};
 use super::ws::{self, Framing, PortKind, WsError};
+use crate::crypto::keys::PublicAuthKey;
 use crate::crypto::{signed_key, sxbox};
 use crate::limits::{MAX_BLOCKS_IN_FLIGHT, MAX_PROXIED_IN_FLIGHT, SLOW_READER_MIN_PROGRESS_BYTES};
 use crate::protocol::batch;
-use crate::protocol::command::Command;
+use crate::protocol::command::{Command, ServiceRole};
 use crate::protocol::error::{HandshakeError, TransportError};
-use crate::protocol::handshake::{CertChainPubKey, ClientHello, ServerHello, ServiceResponse};
+use crate::protocol::handshake::{
+    encode_chain, CertChainPubKey, ClientHello, ClientService, ServerHello, ServiceResponse,
+};
 use crate::protocol::pad;
 use crate::protocol::version::{self, VersionRange, SERVER_VERSIONS};
+use crate::store::services::ServiceRec;
 use crate::transport::block::{BlockCodec, BLOCK_SIZE};
 use crate::transport::tls::{alpn_versions, AcceptState};
 
@@ -576,15 +580,28 @@ async fn smp_handshake(
     if !versions.contains(client.version) {
         return Err(ConnError::Handshake("VERSION"));
     }
-    if client.service.is_some() {
-        // A service must present the chain it signs with as its TLS client certificate; this relay
-        // does not ask for one yet, so the chains cannot match (the reference's BAD_AUTH).
-        let refusal = ServiceResponse::Err(TransportError::Handshake(HandshakeError::BadAuth));
-        write_plain_block(tls, framing, &refusal.encode()).await?;
-        return Err(ConnError::Handshake(
-            "BAD_AUTH: service without a client certificate",
-        ));
-    }
+    // A service's third block: its ID, or why not, after which the connection closes (simplexmq
+    // `Transport.hs`, `smpServerHandshake`).
+    let service = match &client.service {
+        Some(offered) if client.version >= version::SERVICE_CERTS => {
+            match service_session(tls, ctx, offered).await {
+                Ok(s) => {
+                    let ok = ServiceResponse::Ok(s.service_id.clone());
+                    write_plain_block(tls, framing, &ok.encode()).await?;
+                    Some(s)
+                }
+                Err(e) => {
+                    let refusal = ServiceResponse::Err(TransportError::Handshake(e));
+                    write_plain_block(tls, framing, &refusal.encode()).await?;
+                    return Err(ConnError::Handshake(match e {
+                        HandshakeError::BadService => "BAD_SERVICE",
+                        _ => "BAD_AUTH: service credentials",
+                    }));
+                }
+            }
+        }
+        _ => None,
+    };
     let session_secret = client
         .client_key
         .map(|k| sxbox::dh(&server_key.to_bytes(), &k));
@@ -599,10 +616,70 @@ async fn smp_handshake(
             version: client.version,
             session_id,
             server_key,
+            service,
         }),
         session_secret,
         proxy_server: client.proxy_server,
         codec,
+    })
+}
+
+/// Checks a service's credentials against its TLS client chain and finds or makes its record
+/// (simplexmq `Transport.hs`, `getClientService`; `Server.hs`, `getService`): the hello's chain
+/// must be the TLS chain, of a shape the TLS layer accepts, and its key must be an Ed25519 key
+/// signed by the chain's leaf (else `BAD_AUTH`); a certificate known with another role, or a
+/// record that cannot be stored, is `BAD_SERVICE`.
+async fn service_session(
+    tls: &SharedTls,
+    ctx: &ShardContext,
+    offered: &ClientService,
+) -> Result<ServiceSession, HandshakeError> {
+    let tls_chain: Vec<Vec<u8>> = tls
+        .borrow()
+        .connection()
+        .peer_certificates()
+        .unwrap_or_default()
+        .iter()
+        .map(|c| c.as_ref().to_vec())
+        .collect();
+    if tls_chain.is_empty() || tls_chain != offered.chain {
+        return Err(HandshakeError::BadAuth);
+    }
+    let cert = service_cert::service_cert(&tls_chain).map_err(|_| HandshakeError::BadAuth)?;
+    let spki = signed_key::verify_signed_key(&offered.signed_key, &cert.leaf_key)
+        .map_err(|_| HandshakeError::BadAuth)?;
+    let key = match PublicAuthKey::from_spki(&spki) {
+        Ok(PublicAuthKey::Ed25519(k)) => k,
+        _ => return Err(HandshakeError::BadAuth),
+    };
+    let role = ServiceRole::from_byte(offered.role).ok_or(HandshakeError::BadAuth)?;
+    let found = match ctx.services.find(&cert.fingerprint, role) {
+        Some(found) => found,
+        None => {
+            let mut chain_bytes = Vec::new();
+            encode_chain(&offered.chain, &mut chain_bytes);
+            let rec = ServiceRec {
+                service_id: crate::server::commands::random_id(),
+                role,
+                cert_chain: chain_bytes,
+                cert_hash: cert.fingerprint,
+                created_at: crate::server::commands::now_secs() / 86400 * 86400,
+            };
+            let services = ctx.services.clone();
+            glommio::executor()
+                .spawn_blocking(move || services.get_or_create(rec))
+                .await
+        }
+    };
+    let service_id = found.map_err(|e| {
+        tracing::debug!("service refused: {e}");
+        HandshakeError::BadService
+    })?;
+    Ok(ServiceSession {
+        service_id,
+        role,
+        cert_hash: cert.fingerprint,
+        key,
     })
 }
 
@@ -616,4 +693,29 @@ async fn write_plain_block(
     ws::queue_block(&mut tls.borrow_mut(), framing, &block)?;
     tls_stream::flush(tls).await?;
     Ok(())
+}
+
+// TEMPORARY until the TLS layer's module lands.
+mod service_cert {
+    use crate::crypto::keys::PublicAuthKey;
+    pub struct ServiceCert {
+        pub leaf_key: PublicAuthKey,
+        pub fingerprint: [u8; 32],
+    }
+    pub fn service_cert(chain: &[Vec<u8>]) -> Result<ServiceCert, ()> {
+        if chain.is_empty() || chain.len() > 4 {
+            return Err(());
+        }
+        let id = if chain.len() == 1 {
+            &chain[0]
+        } else {
+            &chain[1]
+        };
+        let (_, leaf) = x509_parser::parse_x509_certificate(&chain[0]).map_err(|_| ())?;
+        let leaf_key = PublicAuthKey::from_spki(leaf.public_key().raw).map_err(|_| ())?;
+        Ok(ServiceCert {
+            leaf_key,
+            fingerprint: crate::crypto::hash::sha256(id),
+        })
+    }
 }

@@ -12,6 +12,7 @@ use super::output::{ask_again, ConnHandle, Output};
 use super::router::{ConnRef, Gathering, Group, GroupKind, Mesh, ShardMsg};
 use crate::config::StartConfig;
 use crate::metrics::MetricsSnapshot;
+use crate::store::services::Services;
 use crate::transport::certs::ServerCredentials;
 
 /// What every connection of a shard reads; built once per shard.
@@ -29,6 +30,8 @@ pub struct ShardContext {
     /// Every socket read of this shard lands here first (see `tls_stream`).
     pub read_scratch: super::tls_stream::ReadScratch,
     pub directory: Arc<Directory>,
+    /// The relay's services, read at a service's handshake (`store::services`).
+    pub services: Arc<Services>,
     pub mesh: Mesh,
     /// Established connections of this shard, by number: where owners' answers go.
     pub connections_table: RefCell<HashMap<u64, ConnHandle>>,
@@ -62,6 +65,7 @@ impl ShardContext {
         ws_tls_config: Arc<rustls::ServerConfig>,
         admission: Arc<Admission>,
         directory: Arc<Directory>,
+        services: Arc<Services>,
         mesh: Mesh,
     ) -> Self {
         let proxy = super::proxy::ProxyAgent::new(&config.settings);
@@ -75,6 +79,7 @@ impl ShardContext {
             admission,
             read_scratch: super::tls_stream::new_scratch(),
             directory,
+            services,
             mesh,
             connections_table: RefCell::new(HashMap::new()),
             next_conn: Cell::new(0),

@@ -9,10 +9,10 @@ use std::collections::BTreeMap;
 use super::directory::{Directory, IdSpace};
 use super::forward::{self, Decoded};
 use super::proxy::ProxyJob;
-use super::router::{Mesh, Request, Session};
+use super::router::{Mesh, Request, ServiceCheck, Session};
 use crate::protocol::batch::parse_batch;
 use crate::protocol::command::{check_credentials, parse_command, Command, EntityKind, Runs};
-use crate::protocol::error::ErrorType;
+use crate::protocol::error::{CommandError, ErrorType};
 use crate::protocol::response::BrokerMsg;
 use crate::protocol::transmission::{
     authorized_bytes, parse_transmission, RawTransmission, TransmissionError,
@@ -113,6 +113,17 @@ fn route_transmission(ctx: &RouteCtx<'_>, bytes: &[u8], routed: &mut Routed) {
     }
     let local = |msg: BrokerMsg, entity: &[u8]| encode(session, t.corr_id, entity, &msg);
     let facts = cmd.facts();
+    let mut authorized = authorized_bytes(session.version, &session.session_id, t.signed);
+    let service = service_check(session, &cmd, t.service_sig, &mut authorized);
+    // Commands without a queue meet the role check here; the owner answers the rest after their
+    // lookup, as the reference orders it.
+    if service == ServiceCheck::Prohibited && facts.runs != Runs::Owner {
+        routed.local.push(local(
+            BrokerMsg::Err(ErrorType::Cmd(CommandError::Prohibited)),
+            t.entity_id,
+        ));
+        return;
+    }
     match facts.runs {
         Runs::Owner => {}
         Runs::Connection => {
@@ -149,11 +160,56 @@ fn route_transmission(ctx: &RouteCtx<'_>, bytes: &[u8], routed: &mut Routed) {
     let owner = ctx
         .mesh
         .owner_of(recipient_id.as_deref().unwrap_or(t.entity_id));
-    routed
-        .by_owner
-        .entry(owner)
-        .or_default()
-        .push(request(session, &t, cmd, recipient_id));
+    routed.by_owner.entry(owner).or_default().push(request(
+        &t,
+        cmd,
+        recipient_id,
+        service,
+        authorized,
+    ));
+}
+
+/// The service checks the connection can make (`ServiceCheck`): the role, and for NEW, SUB and
+/// NSUB of a service session the service signature, after which the queue key is checked over
+/// the certificate hash and the authorized bytes (simplexmq `Server.hs`, `verifyServiceSig`, and
+/// `Protocol.hs`, `useServiceAuth`). Outside service sessions any service signature is refused.
+fn service_check(
+    session: &Session,
+    cmd: &Command,
+    service_sig: Option<&[u8]>,
+    authorized: &mut Vec<u8>,
+) -> ServiceCheck {
+    let Some(service) = &session.service else {
+        return match service_sig {
+            Some(_) => ServiceCheck::Refused,
+            None => ServiceCheck::Plain,
+        };
+    };
+    if cmd
+        .facts()
+        .party
+        .service_role()
+        .is_some_and(|r| r != service.role)
+    {
+        return ServiceCheck::Prohibited;
+    }
+    if !matches!(cmd, Command::New(_) | Command::Sub | Command::NSub) {
+        return match service_sig {
+            Some(_) => ServiceCheck::Refused,
+            None => ServiceCheck::Plain,
+        };
+    }
+    let signed = service_sig
+        .and_then(|sig| <&[u8; 64]>::try_from(sig).ok())
+        .is_some_and(|sig| crate::crypto::auth::ed25519_verify(&service.key, authorized, sig));
+    if !signed {
+        return ServiceCheck::Refused;
+    }
+    let mut with_hash = Vec::with_capacity(32 + authorized.len());
+    with_hash.extend_from_slice(&service.cert_hash);
+    with_hash.extend_from_slice(authorized);
+    *authorized = with_hash;
+    ServiceCheck::Signed
 }
 
 /// Routes the transmission inside an `RFWD` (SEND and SKEY by sender ID, LKEY and LGET by link ID,
@@ -181,7 +237,13 @@ fn route_forwarded(ctx: &RouteCtx<'_>, corr_id: &[u8], body: &[u8], routed: &mut
                 recipient_id,
                 command: r.command,
                 authorization: r.authorization,
-                service_sig: r.service_sig,
+                // The forwarded session is never a service's (simplexmq `Server.hs`,
+                // `processForwardedCommand`), so any service signature is refused.
+                service: if r.service_sig {
+                    ServiceCheck::Refused
+                } else {
+                    ServiceCheck::Plain
+                },
                 authorized: r.authorized,
                 forward: Some(fwd),
                 batch_verified: None,
@@ -207,10 +269,11 @@ fn resolve(ctx: &RouteCtx<'_>, kind: EntityKind, entity_id: &[u8]) -> Option<Vec
 }
 
 fn request(
-    session: &Session,
     t: &RawTransmission<'_>,
     command: Command,
     recipient_id: Option<Vec<u8>>,
+    service: ServiceCheck,
+    authorized: Vec<u8>,
 ) -> Request {
     Request {
         corr_id: t.corr_id.to_vec(),
@@ -218,8 +281,8 @@ fn request(
         recipient_id,
         command,
         authorization: t.authorization.to_vec(),
-        service_sig: t.service_sig.is_some(),
-        authorized: authorized_bytes(session.version, &session.session_id, t.signed),
+        service,
+        authorized,
         forward: None,
         batch_verified: None,
         pre_verified: None,

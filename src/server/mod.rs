@@ -37,6 +37,7 @@ use glommio::{LocalExecutorBuilder, Placement};
 
 use crate::config::{StartConfig, StartFault};
 use crate::limits::IO_MEMORY_BYTES;
+use crate::store::services::Services;
 use crate::store::{with_store, ShardStore, StoreSettings, WithStore};
 use crate::transport::{certs, tls};
 use directory::{Directory, IdSpace};
@@ -119,6 +120,7 @@ fn run_on<S: ShardStore>(config: StartConfig) -> Result<(), StartError> {
     let admission = admission::Admission::new(max_connections, config.max_handshakes_per_address);
     let (mesh, inboxes) = Mesh::new(shards);
     let directory = Directory::new();
+    let services = Services::new(config.store, &store_settings);
 
     let (report_tx, reports) = mpsc::channel::<Report>();
     let mut gos = Vec::with_capacity(shards);
@@ -137,6 +139,7 @@ fn run_on<S: ShardStore>(config: StartConfig) -> Result<(), StartError> {
         let directory = directory.clone();
         let admission = admission.clone();
         let store_settings = store_settings.clone();
+        let services = services.clone();
         let spawned = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("shard-{shard_id}"))
             .io_memory(IO_MEMORY_BYTES)
@@ -194,6 +197,7 @@ fn run_on<S: ShardStore>(config: StartConfig) -> Result<(), StartError> {
                     ws_tls_config,
                     admission,
                     directory.clone(),
+                    services,
                     mesh.clone(),
                 ));
                 let owner = owner::Owner::new(shard_id, store, directory, mesh, settings);
@@ -229,6 +233,8 @@ fn run_on<S: ShardStore>(config: StartConfig) -> Result<(), StartError> {
     let mut setup_failure = None;
     if failures.is_empty() && bound == shards {
         if let Err(e) = S::all_opened(&store_settings) {
+            setup_failure = Some(e);
+        } else if let Err(e) = services.load() {
             setup_failure = Some(e);
         }
     }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use super::directory::Directory;
 use super::router::{
-    ConnRef, Delivery, Group, GroupKind, Mesh, Pending, Request, Session, ShardMsg,
+    ConnRef, Delivery, Group, GroupKind, Mesh, Pending, Request, ServiceCheck, Session, ShardMsg,
 };
 use crate::config::Settings;
 use crate::crypto::auth::{self, Authorization};
@@ -203,7 +203,10 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             return;
         }
         for r in requests.iter_mut() {
-            if !matches!(r.command, Command::Sub) || r.batch_verified.is_some() || r.service_sig {
+            if !matches!(r.command, Command::Sub)
+                || r.batch_verified.is_some()
+                || !matches!(r.service, ServiceCheck::Plain | ServiceCheck::Signed)
+            {
                 continue;
             }
             let Some((rid, keys)) = r.recipient_id.as_deref().and_then(|rid| {
@@ -340,7 +343,9 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         // (request index, key, signature): each request the batch will speak for.
         let mut chosen: Vec<(usize, [u8; 32], [u8; 64])> = Vec::new();
         for (i, r) in requests.iter().enumerate() {
-            if r.forward.is_some() || r.service_sig {
+            if r.forward.is_some()
+                || !matches!(r.service, ServiceCheck::Plain | ServiceCheck::Signed)
+            {
                 continue;
             }
             let Ok(sig) = <[u8; 64]>::try_from(r.authorization.as_slice()) else {
@@ -600,6 +605,7 @@ mod tests {
             version: 18,
             session_id: vec![7; 32],
             server_key: StaticSecret::from([9u8; 32]),
+            service: None,
         })
     }
 
@@ -630,7 +636,7 @@ mod tests {
             recipient_id: Some(rid.to_vec()),
             command: Command::Sub,
             authorization: sig.to_vec(),
-            service_sig: false,
+            service: ServiceCheck::Plain,
             authorized: signed,
             forward: None,
             batch_verified: None,
@@ -876,7 +882,7 @@ mod tests {
             recipient_id: Some(rid.to_vec()),
             command: cmd,
             authorization,
-            service_sig: false,
+            service: ServiceCheck::Plain,
             authorized: signed,
             forward: None,
             batch_verified: None,

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use x25519_dalek::StaticSecret;
 
 use crate::crypto::sxbox::NONCE_LEN;
-use crate::protocol::command::Command;
+use crate::protocol::command::{Command, ServiceRole};
 use crate::protocol::response::{encode_response, BrokerMsg};
 use crate::protocol::version::Version;
 use crate::store::{group_of, EntityId, MsgId, MsgNtf, PARTITION_GROUPS};
@@ -60,6 +60,36 @@ pub struct SessionInfo {
     pub session_id: Vec<u8>,
     /// The connection's X25519 key: X25519 authenticators are checked with it.
     pub server_key: StaticSecret,
+    /// Set when the client is a service (its handshake carried a certificate and a role).
+    pub service: Option<ServiceSession>,
+}
+
+/// A service session's identity (simplexmq `Transport.hs`, `THClientService`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceSession {
+    pub service_id: EntityId,
+    pub role: ServiceRole,
+    /// SHA-256 of the identity certificate: queue keys sign it ahead of what they authorize in
+    /// NEW, SUB and NSUB.
+    pub cert_hash: [u8; 32],
+    /// The per-connection Ed25519 key the service signs with.
+    pub key: [u8; 32],
+}
+
+/// What the connection found of a request's service signature and its sender's role; the owner
+/// answers it after the queue lookup, as the reference does (simplexmq `Server.hs`,
+/// `verifyTransmission`: the lookup, `checkRole`, then `verifyServiceSig`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServiceCheck {
+    /// No service signature, and none is needed.
+    Plain,
+    /// NEW, SUB or NSUB of a service session with a valid service signature: the queue key is
+    /// checked over the certificate hash and the authorized bytes (`Request::authorized` holds both).
+    Signed,
+    /// `ERR SERVICE`: a signature where none may be, none where one must be, or a wrong one.
+    Refused,
+    /// `ERR CMD PROHIBITED`: the service's role may not send this command.
+    Prohibited,
 }
 
 pub type Session = Arc<SessionInfo>;
@@ -73,7 +103,7 @@ pub struct Request {
     pub recipient_id: Option<EntityId>,
     pub command: Command,
     pub authorization: Vec<u8>,
-    pub service_sig: bool,
+    pub service: ServiceCheck,
     /// The bytes the authorization covers, session ID included.
     pub authorized: Vec<u8>,
     /// Set when this request arrived inside an `RFWD` (private routing): it runs in the forwarded

@@ -8,7 +8,7 @@
 
 use std::rc::Rc;
 
-use super::{err, now_secs, random_id, store_error};
+use super::{err, now_secs, random_id, service_refusal, store_error};
 use crate::crypto::sxbox;
 use crate::protocol::command::Command;
 use crate::protocol::encoding::put_short_unchecked;
@@ -205,7 +205,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             turn.sub_msgs
                 .push((msg_transmission(session, b"", rid, &secret, &m), delivery));
         }
-        BrokerMsg::Sok(None)
+        BrokerMsg::Sok(session.service.as_ref().map(|s| s.service_id.clone()))
     }
 
     /// Makes `session` the subscriber of `rid` (a new subscription, `epoch`); a previous subscriber
@@ -397,8 +397,8 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             Ok(q) => q,
             Err(e) => return err(e),
         };
-        if req.service_sig {
-            return err(ErrorType::Service);
+        if let Some(e) = service_refusal(req) {
+            return err(e);
         }
         let authorized = match &q.sender_key {
             Some(k) => self.verify_with(session, req, k),

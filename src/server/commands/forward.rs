@@ -99,6 +99,7 @@ pub fn decode_rfwd(
         version: ft.version,
         session_id: session.session_id.clone(),
         server_key: session.server_key.clone(),
+        service: None,
     });
     let fwd = Box::new(Forwarded {
         outer_corr_id: outer_corr_id.to_vec(),
@@ -272,6 +273,7 @@ mod tests {
             version,
             session_id: vec![0x5a; 32],
             server_key,
+            service: None,
         });
         let dest = Destination {
             session_id: vec![0x5a; 32],

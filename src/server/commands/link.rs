@@ -1,7 +1,7 @@
 //! Securing by the sender and short links: SKEY, LKEY, LGET (sender side), LSET, LDEL (recipient
 //! side) (simplexmq `Server.hs`, `Protocol.hs`).
 
-use super::err;
+use super::{err, service_refusal};
 use crate::crypto::keys::PublicAuthKey;
 use crate::protocol::command::{Command, QueueMode};
 use crate::protocol::error::ErrorType;
@@ -23,8 +23,8 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             Ok(q) => q,
             Err(e) => return err(e),
         };
-        if req.service_sig {
-            return err(ErrorType::Service);
+        if let Some(e) = service_refusal(req) {
+            return err(e);
         }
         match &req.command {
             Command::SKey(k) | Command::LKey(k) => {

@@ -20,9 +20,9 @@ use std::pin::Pin;
 use std::task::Poll;
 
 use super::owner::{Owner, Turn};
-use super::router::{encode, Group, GroupKind, Request, Session, ShardMsg};
+use super::router::{encode, Group, GroupKind, Request, ServiceCheck, Session, ShardMsg};
 use crate::protocol::command::Command;
-use crate::protocol::error::ErrorType;
+use crate::protocol::error::{CommandError, ErrorType};
 use crate::protocol::response::BrokerMsg;
 use crate::store::{EntityId, Message, MessageStore, QueueRec, QueueStatus, QueueStore};
 
@@ -31,6 +31,17 @@ pub use crate::clock::now_secs;
 
 fn err(e: ErrorType) -> BrokerMsg {
     BrokerMsg::Err(e)
+}
+
+/// What the connection found of the request's role and service signature (`ServiceCheck`),
+/// answered after the queue lookup, as the reference orders it (simplexmq `Server.hs`,
+/// `verifyTransmission`).
+fn service_refusal(req: &Request) -> Option<ErrorType> {
+    match req.service {
+        ServiceCheck::Prohibited => Some(ErrorType::Cmd(CommandError::Prohibited)),
+        ServiceCheck::Refused => Some(ErrorType::Service),
+        ServiceCheck::Plain | ServiceCheck::Signed => None,
+    }
 }
 
 impl<S: QueueStore + MessageStore> Owner<S> {
@@ -232,8 +243,8 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             Ok(q) => q,
             Err(e) => return err(e),
         };
-        if req.service_sig {
-            return err(ErrorType::Service);
+        if let Some(e) = service_refusal(req) {
+            return err(e);
         }
         if !self.verify_recipient(session, req, &q.recipient_id, &q.recipient_keys) {
             return err(ErrorType::Auth);
@@ -246,6 +257,15 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             Command::Del => return self.del(session, q, turn).await,
             _ => {}
         }
+        // A SUB moves the queue to the session's service, or out of any service from an ordinary
+        // session, before the status check (simplexmq `Server.hs`, `prepareBatchSubs`).
+        let q = match &req.command {
+            Command::Sub => match self.associate(session, q).await {
+                Ok(q) => q,
+                Err(e) => return err(e),
+            },
+            _ => q,
+        };
         let q = match self.queue_wrapper(q).await {
             Ok(q) => q,
             Err(e) => return err(e),
@@ -288,6 +308,34 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         let today = now_secs() / 86400 * 86400;
         if q.updated_at != Some(today) {
             q.updated_at = Some(today);
+            self.update(q.clone()).await?;
+        }
+        Ok(q)
+    }
+
+    /// Sets the queue's messaging service to `session`'s (none for an ordinary session) when it
+    /// differs, durably (simplexmq `Server.hs`, `prepareBatchSubs`, `setQueueServices`).
+    async fn associate(&self, session: &Session, mut q: QueueRec) -> Result<QueueRec, ErrorType> {
+        let service = session.service.as_ref().map(|s| &s.service_id);
+        if q.rcv_service_id.as_ref() != service {
+            q.rcv_service_id = service.cloned();
+            self.update(q.clone()).await?;
+        }
+        Ok(q)
+    }
+
+    /// As `associate`, for the queue's notifier and NSUB.
+    async fn associate_notifier(
+        &self,
+        session: &Session,
+        mut q: QueueRec,
+    ) -> Result<QueueRec, ErrorType> {
+        let service = session.service.as_ref().map(|s| &s.service_id);
+        let Some(n) = q.notifier.as_mut() else {
+            return Ok(q);
+        };
+        if n.ntf_service_id.as_ref() != service {
+            n.ntf_service_id = service.cloned();
             self.update(q.clone()).await?;
         }
         Ok(q)

@@ -4,7 +4,7 @@
 use rand::RngCore;
 use x25519_dalek::{PublicKey as X25519Public, StaticSecret};
 
-use super::{err, random_id};
+use super::{err, random_id, service_refusal};
 use crate::crypto::keys::PublicAuthKey;
 use crate::crypto::sxbox;
 use crate::limits::NTFS_PER_PART;
@@ -162,8 +162,8 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             Ok(q) => q,
             Err(e) => return err(e),
         };
-        if req.service_sig {
-            return err(ErrorType::Service);
+        if let Some(e) = service_refusal(req) {
+            return err(e);
         }
         let Some(n) = q.notifier.as_ref() else {
             self.dummy_verify(session, req);
@@ -173,6 +173,9 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             return err(ErrorType::Auth);
         }
         let nid = n.notifier_id.clone();
+        if let Err(e) = self.associate_notifier(session, q).await {
+            return err(e);
+        }
         let prev = self
             .ntf_subs
             .borrow_mut()
@@ -189,7 +192,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         // rest when the connection has room for them (`Owner::redeliver`).
         let part = self.ntf_part(session, &nid).await;
         turn.trailing.extend(part);
-        BrokerMsg::Sok(None)
+        BrokerMsg::Sok(session.service.as_ref().map(|s| s.service_id.clone()))
     }
 
     /// Stores an NMSG for `m` and delivers it at once when the notifier has a subscriber.

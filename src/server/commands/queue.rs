@@ -3,7 +3,7 @@
 
 use x25519_dalek::{PublicKey as X25519Public, StaticSecret};
 
-use super::{err, now_secs, random_id, store_error};
+use super::{err, now_secs, random_id, service_refusal, store_error};
 use crate::crypto::keys::PublicAuthKey;
 use crate::crypto::{hash, sxbox};
 use crate::protocol::command::{Command, QueueMode, QueueReq, SubMode};
@@ -33,9 +33,9 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         let Command::New(new) = &req.command else {
             return err(ErrorType::Internal);
         };
-        // No service sessions yet: a service signature on NEW is refused before verification.
-        if req.service_sig {
-            return err(ErrorType::Service);
+        // NEW has no queue to look up: the role, then the service signature (`ServiceCheck`).
+        if let Some(e) = service_refusal(req) {
+            return err(e);
         }
         // Proof of possession of the recipient key.
         if !self.verify_with(session, req, &new.rcv_auth_key) {
@@ -48,6 +48,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         };
         if !s.new_queues || !password_ok {
             return err(ErrorType::Auth);
+        }
+        // A service creates its queues subscribed (simplexmq `Server.hs`, `createQueue`).
+        let service_id = session.service.as_ref().map(|s| s.service_id.clone());
+        if service_id.is_some() && new.sub_mode == SubMode::OnlyCreate {
+            return err(ErrorType::Cmd(CommandError::Prohibited));
         }
         // Client-supplied IDs (short-link data): the sender ID must be derived from the corrId, so
         // that NEW cannot be used to probe whether an ID exists.
@@ -103,7 +108,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 notifier: notifier.clone().map(Box::new),
                 status: QueueStatus::Active,
                 updated_at: Some(today),
-                rcv_service_id: None,
+                rcv_service_id: service_id.clone(),
             };
             match self.claim_ids(&rec) {
                 Ok(()) => {}
@@ -145,7 +150,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 srv_dh_key: srv_dh_pub,
                 queue_mode,
                 link_id: queue_link.map(|l| l.link_id),
-                service_id: None,
+                service_id,
                 srv_ntf_creds: match (notifier, &ntf) {
                     (Some(n), Some((_, _, public))) => Some(ServerNtfCreds {
                         notifier_id: n.notifier_id,
