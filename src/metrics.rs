@@ -74,6 +74,10 @@ pub struct OwnerStats {
     pub verify_batch_fallbacks: u64,
     /// Connections closed for spending their failed-verification budget.
     pub verify_budget_closes: u64,
+    /// MSGs handed to a messaging service's connection by its `SUBS`, and queues it already
+    /// held (the reference's `rcvServicesSubMsg`, `rcvServicesSubDuplicate`).
+    pub service_sub_msgs: u64,
+    pub service_sub_duplicates: u64,
 }
 
 /// Plain numbers, per shard or summed over shards. Counters only grow while the relay runs;

@@ -58,7 +58,7 @@ fn garbage_instead_of_the_client_hello_block_is_closed() {
         let block = wire::read_block(&mut s).expect("server hello");
         (s, wire::parse_hello(wire::unpad(&block)))
     };
-    assert_eq!(hello.max, 18);
+    assert_eq!(hello.max, 20);
     // A whole block that does not unpad as a hello.
     wire::write_block(&mut s, &[0xffu8; wire::BLOCK]).expect("write");
     assert_eq!(wire::bytes_until_close(&mut s), Some(0));
@@ -196,7 +196,7 @@ fn tls_without_hello(relay: &Relay, n: usize) -> Vec<openssl::ssl::SslStream<Tcp
                         let mut s =
                             wire::openssl_connect(addr, Some(&[b"smp/1"]), false).expect("TLS");
                         let block = wire::read_block(&mut s).expect("server hello");
-                        assert_eq!(wire::parse_hello(wire::unpad(&block)).max, 18);
+                        assert_eq!(wire::parse_hello(wire::unpad(&block)).max, 20);
                         s
                     })
                     .collect::<Vec<_>>()

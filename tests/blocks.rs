@@ -38,7 +38,7 @@ fn collect_pongs(c: &mut Client, want: &HashSet<Vec<u8>>) -> usize {
 fn ping_batches_are_answered_in_one_block() {
     let relay = Relay::start();
     let mut c = relay.client();
-    assert_eq!(c.version(), 18);
+    assert_eq!(c.version(), 20);
     assert!(c.is_encrypted());
     for n in [1usize, 10, 255] {
         let corr_ids: Vec<Vec<u8>> = (0..n)

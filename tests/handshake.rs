@@ -11,7 +11,7 @@ use smp_relay::client::{ClientError, ClientOptions};
 use smp_relay::protocol::response::BrokerMsg;
 
 const MIN_VERSION: u16 = 6;
-const MAX_VERSION: u16 = 18;
+const MAX_VERSION: u16 = 20;
 
 fn opts(version: u16) -> ClientOptions {
     ClientOptions {
@@ -104,7 +104,7 @@ fn handshake_and_ping_on_two_shards() {
     }
 }
 
-/// The relay refuses a version outside 6..18 by closing without a word (`TEVersion`).
+/// The relay refuses a version outside 6..20 by closing without a word (`TEVersion`).
 fn assert_refused(relay: &Relay, o: ClientOptions) {
     let mut c = relay.connect(o).expect("TLS and server hello");
     assert_eq!(c.wait_closed(16).expect("closed, not timed out"), 0);

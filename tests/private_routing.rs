@@ -295,17 +295,17 @@ fn forwarded_version_decides_the_command_forms() {
         expect_body(&mut r, &q, b"old");
         support::ack(&mut r, &q, b"");
     }
-    // The largest SEND, Ed448-signed at the highest version this relay serves (18; a forwarded
+    // The largest SEND, Ed448-signed at the highest version this relay serves (20; a forwarded
     // version outside its range is refused), fills the padded length exactly and is accepted.
     let q = create(&mut r);
     let s = auth_key(KeyAlg::Ed448);
     assert_eq!(
-        fwd_msg(&mut p, 18, q.sid(), Command::SKey(s.public_key()), sign(&s)),
+        fwd_msg(&mut p, 20, q.sid(), Command::SKey(s.public_key()), sign(&s)),
         BrokerMsg::Ok
     );
-    let max = vec![b'm'; max_message_length(18)];
+    let max = vec![b'm'; max_message_length(20)];
     assert_eq!(
-        fwd_msg(&mut p, 18, q.sid(), send_cmd(&max), sign(&s)),
+        fwd_msg(&mut p, 20, q.sid(), send_cmd(&max), sign(&s)),
         BrokerMsg::Ok
     );
     expect_body(&mut r, &q, &max);

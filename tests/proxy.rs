@@ -223,7 +223,7 @@ fn forwarded_send_skey_lkey_lget_reach_the_destination() {
     let pr = prxy(&mut c, &dest);
     assert_eq!(
         pr.versions,
-        VersionRange { min: 8, max: 18 },
+        VersionRange { min: 8, max: 20 },
         "the destination's range, capped to 8..20"
     );
     assert_eq!(pr.session_id.len(), 32, "tls-unique of the proxy's session");

@@ -1,5 +1,5 @@
-//! The queue round at every protocol version a client may still use (6, 8, 9, 14, 15, 16, 17, and
-//! 18 for comparison): NEW and the per-version form of IDS, SEND and MSG, SUB answered `SOK` (`OK`
+//! The queue round at every protocol version a client may still use (6, 8, 9, 14, 15, 16, 17, 18,
+//! 19 and 20), and the apps' server test at every version the relay advertises: NEW and the per-version form of IDS, SEND and MSG, SUB answered `SOK` (`OK`
 //! below v16) with the pending MSG in the same block, END to the previous subscriber, DEL giving
 //! `DELD` (`END` below v10), and the per-version maximum message size
 //! (simplexmq `Protocol.hs`, `Transport.hs`).
@@ -129,6 +129,50 @@ fn queue_round_at_v17() {
 #[test]
 fn queue_round_at_v18() {
     round_at(&Relay::start(), 18);
+}
+
+#[test]
+fn queue_round_at_v19() {
+    round_at(&Relay::start(), 19);
+}
+
+#[test]
+fn queue_round_at_v20() {
+    round_at(&Relay::start(), 20);
+}
+
+/// Every version the relay advertises is negotiated, and the SimpleX apps' server test passes at
+/// it: create a queue, secure it (by the sender, SKEY, from v9; by the recipient, KEY, before),
+/// send and receive over it, delete it.
+#[test]
+fn every_advertised_version_passes_the_apps_server_test() {
+    let relay = Relay::start();
+    let advertised = smp_relay::protocol::version::SERVER_VERSIONS;
+    assert_eq!((advertised.min, advertised.max), (6, 20));
+    for v in advertised.min..=advertised.max {
+        let (mut rc, mut sc) = (connect(&relay, v), connect(&relay, v));
+        let q = create(&mut rc);
+        let sender = auth_key(KeyAlg::Ed25519);
+        let (by, entity, key) = if v >= 9 {
+            (&mut sc, q.sid(), Command::SKey(sender.public_key()))
+        } else {
+            (&mut rc, q.rid(), Command::Key(sender.public_key()))
+        };
+        let signer = if v >= 9 { &sender } else { q.key() };
+        assert_eq!(
+            signed(by, signer, entity, key),
+            BrokerMsg::Ok,
+            "v{v}: secure"
+        );
+        send_ok(&mut sc, &q, Some(&sender), format!("v{v}").as_bytes());
+        let m = expect_body(&mut rc, &q, format!("v{v}").as_bytes());
+        assert_eq!(ack(&mut rc, &q, &m.msg_id), BrokerMsg::Ok, "v{v}: ACK");
+        assert_eq!(
+            signed(&mut rc, q.key(), q.rid(), Command::Del),
+            BrokerMsg::Ok,
+            "v{v}: DEL"
+        );
+    }
 }
 
 /// SKEY exists from v9: a messaging queue made at v9 can be secured by its sender.

@@ -47,9 +47,10 @@ pub struct VersionRange {
     pub max: Version,
 }
 
-/// What this relay advertises to clients that negotiated ALPN. 19 and 20 are left out until the
-/// service-subscription and names semantics exist; nothing an ordinary client does needs them.
-pub const SERVER_VERSIONS: VersionRange = VersionRange { min: 6, max: 18 };
+/// What this relay advertises to clients that negotiated ALPN: every version whose obligations it
+/// meets, up to 20 (v19: service counts and hashes; v20: `RSLV`, answered `ERR NAME NO_RESOLVER`
+/// without a names resolver, as the reference does).
+pub const SERVER_VERSIONS: VersionRange = VersionRange { min: 6, max: 20 };
 /// What a client without ALPN is offered (simplexmq `Transport.hs`).
 pub const LEGACY_SERVER_VERSIONS: VersionRange = VersionRange { min: 6, max: 6 };
 /// What our client library accepts (`supportedClientSMPRelayVRange`).

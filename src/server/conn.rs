@@ -24,10 +24,12 @@ use rand::rngs::OsRng;
 use x25519_dalek::{PublicKey as X25519Public, StaticSecret};
 
 use super::admission::Handshaking;
+use super::commands::service::CountHash;
 use super::context::ShardContext;
+use super::dispatch::ServiceJob;
 use super::dispatch::{self, RouteCtx};
 use super::output::{ask_again, coalesce, ConnHandle, Output, OutputState, MAX_COALESCED_OUTPUTS};
-use super::router::{ConnRef, Group, GroupKind, ServiceSession, SessionInfo, ShardMsg};
+use super::router::{ConnRef, Group, GroupKind, ServiceSession, Session, SessionInfo, ShardMsg};
 use super::tls_stream::{self, SharedTls, TlsStream};
 use super::ws::{self, Framing, PortKind, WsError};
 use crate::crypto::keys::PublicAuthKey;
@@ -35,11 +37,12 @@ use crate::crypto::{signed_key, sxbox};
 use crate::limits::{MAX_BLOCKS_IN_FLIGHT, MAX_PROXIED_IN_FLIGHT, SLOW_READER_MIN_PROGRESS_BYTES};
 use crate::protocol::batch;
 use crate::protocol::command::{Command, ServiceRole};
-use crate::protocol::error::{HandshakeError, TransportError};
+use crate::protocol::error::{ErrorType, HandshakeError, TransportError};
 use crate::protocol::handshake::{
     encode_chain, CertChainPubKey, ClientHello, ClientService, ServerHello, ServiceResponse,
 };
 use crate::protocol::pad;
+use crate::protocol::response::BrokerMsg;
 use crate::protocol::version::{self, VersionRange, SERVER_VERSIONS};
 use crate::store::services::ServiceRec;
 use crate::transport::block::{BlockCodec, BLOCK_SIZE};
@@ -271,6 +274,8 @@ async fn read_loop(
         session_secret,
     };
     let mut seq: u64 = 0;
+    // The roles this connection's service subscribed in (SUBS, NSUBS), with what it was answered.
+    let subscribed: Rc<RefCell<HashMap<ServiceRole, CountHash>>> = Rc::default();
     loop {
         in_flight
             .permits
@@ -302,8 +307,10 @@ async fn read_loop(
             dispatch::route_block(&route_ctx, content)
         };
         seq += 1;
-        let parts =
-            routed.by_owner.len() + usize::from(!routed.local.is_empty()) + routed.proxied.len();
+        let parts = routed.by_owner.len()
+            + usize::from(!routed.local.is_empty())
+            + routed.proxied.len()
+            + routed.services.len();
         in_flight.parts.borrow_mut().insert(seq, parts);
         if !routed.local.is_empty() {
             let _ = out.try_send(Output {
@@ -329,6 +336,16 @@ async fn read_loop(
             })
             .detach();
         }
+        for job in routed.services {
+            // Every owner may now hold something of this connection's.
+            touched.set(u64::MAX);
+            let (ctx, info, out, state) = (ctx.clone(), info.clone(), out.clone(), state.clone());
+            let subscribed = subscribed.clone();
+            glommio::spawn_local(async move {
+                subscribe_service(&ctx, &info, &subscribed, job, &out, &state, seq).await;
+            })
+            .detach();
+        }
         for (shard, mut requests) in routed.by_owner {
             mark_undelivered_acks(state, &mut requests);
             touched.set(touched.get() | (1u64 << (shard % 64)));
@@ -341,6 +358,84 @@ async fn read_loop(
                 },
             );
         }
+    }
+}
+
+/// `SUBS`/`NSUBS` (simplexmq `Server.hs`, `sharedSubscribeService`): the service's count and ID
+/// hash gathered from every owner answer it (`SOKS`, as the block's answer); then every owner
+/// makes this connection the service's subscriber and (SUBS) hands it the service's queues'
+/// messages, after which `ALLS` follows. A second one on the same connection is answered what
+/// the first was, and does nothing else.
+async fn subscribe_service(
+    ctx: &ShardContext,
+    info: &Session,
+    subscribed: &RefCell<HashMap<ServiceRole, CountHash>>,
+    job: ServiceJob,
+    out: &LocalSender<Output>,
+    state: &OutputState,
+    seq: u64,
+) {
+    let Some(service) = info.service.as_ref() else {
+        return;
+    };
+    let answer = |msg: BrokerMsg, block_seq: Option<u64>, corr_id: &[u8], entity: &[u8]| {
+        let t = super::router::encode(info, corr_id, entity, &msg);
+        let _ = out.try_send(Output {
+            groups: state.admit(vec![Group::plain(vec![t])], false).kept,
+            block_seq,
+        });
+    };
+    let soks = |(count, ids_hash): CountHash| BrokerMsg::Soks { count, ids_hash };
+    let key = (service.service_id.clone(), job.role);
+    let known = subscribed.borrow().get(&job.role).copied();
+    if let Some(done) = known {
+        answer(soks(done), Some(seq), &job.corr_id, &service.service_id);
+        return;
+    }
+    subscribed.borrow_mut().insert(job.role, (0, [0; 16]));
+    let reply_to = ctx.shard_id;
+    let counted = ctx
+        .gather_services(|round| ShardMsg::ServiceCount {
+            key: key.clone(),
+            reply_to,
+            round,
+        })
+        .await;
+    let Some(counted) = counted else {
+        answer(
+            BrokerMsg::Err(ErrorType::Internal),
+            Some(seq),
+            &job.corr_id,
+            &service.service_id,
+        );
+        return;
+    };
+    subscribed.borrow_mut().insert(job.role, counted);
+    if let Some((n, h)) = job.expected.filter(|e| e.0 >= 0 && *e != counted) {
+        tracing::debug!(
+            expected = n,
+            counted = counted.0,
+            same_hash = h == counted.1,
+            "SUBS counts differ"
+        );
+    }
+    answer(soks(counted), Some(seq), &job.corr_id, &service.service_id);
+    // A connection that closed meanwhile must not become the subscriber: its owners may have
+    // forgotten it already (`ShardMsg::Closed` was sent when it left the table).
+    if !ctx.connections_table.borrow().contains_key(&info.conn.id) {
+        return;
+    }
+    let session = info.clone();
+    let taken = ctx
+        .gather_services(|round| ShardMsg::ServiceTake {
+            key: key.clone(),
+            session: session.clone(),
+            answered: counted,
+            round,
+        })
+        .await;
+    if taken.is_some() && job.role == ServiceRole::Messaging {
+        answer(BrokerMsg::Alls, None, b"", b"");
     }
 }
 

@@ -11,7 +11,10 @@ use super::directory::Directory;
 use super::output::{ask_again, ConnHandle, Output};
 use super::router::{ConnRef, Gathering, Group, GroupKind, Mesh, ShardMsg};
 use crate::config::StartConfig;
+use glommio::channels::local_channel::{self, LocalSender};
+
 use crate::metrics::MetricsSnapshot;
+use crate::server::commands::service::{xor_into, CountHash};
 use crate::store::services::Services;
 use crate::transport::certs::ServerCredentials;
 
@@ -45,6 +48,9 @@ pub struct ShardContext {
     pub(super) stats_waiters: RefCell<Vec<flume::Sender<()>>>,
     /// Back-pressure counters of this shard's connections, exported as metrics.
     pub conn_stats: ConnStats,
+    /// `SUBS`/`NSUBS` of this shard's connections waiting for every shard's part, by round.
+    service_waits: RefCell<HashMap<u64, LocalSender<CountHash>>>,
+    next_service_round: Cell<u64>,
 }
 
 /// Counters of what back-pressure did to this shard's connections.
@@ -57,6 +63,40 @@ pub struct ConnStats {
 
 impl ShardContext {
     #[allow(clippy::too_many_arguments)]
+    /// Sends `msg(round)` to every shard and sums the counts and XORs the hashes of their
+    /// answers (`ServicePart`); `None` if a shard stopped before answering.
+    pub async fn gather_services(&self, msg: impl Fn(u64) -> ShardMsg) -> Option<CountHash> {
+        let round = self.next_service_round.get() + 1;
+        self.next_service_round.set(round);
+        let shards = self.mesh.shards();
+        let (tx, rx) = local_channel::new_bounded(shards);
+        self.service_waits.borrow_mut().insert(round, tx);
+        self.mesh.fan_out(|_| msg(round));
+        let mut acc: CountHash = (0, [0; 16]);
+        let mut all = true;
+        for _ in 0..shards {
+            match rx.recv().await {
+                Some((n, h)) => {
+                    acc.0 += n;
+                    xor_into(&mut acc.1, &h);
+                }
+                None => {
+                    all = false;
+                    break;
+                }
+            }
+        }
+        self.service_waits.borrow_mut().remove(&round);
+        all.then_some(acc)
+    }
+
+    /// A shard's answer to a round of `gather_services`.
+    pub fn service_part(&self, round: u64, part: CountHash) {
+        if let Some(tx) = self.service_waits.borrow().get(&round) {
+            let _ = tx.try_send(part);
+        }
+    }
+
     pub fn new(
         shard_id: usize,
         config: StartConfig,
@@ -82,6 +122,8 @@ impl ShardContext {
             services,
             mesh,
             connections_table: RefCell::new(HashMap::new()),
+            service_waits: RefCell::new(HashMap::new()),
+            next_service_round: Cell::new(0),
             next_conn: Cell::new(0),
             proxy,
             stats_round: RefCell::new(None),

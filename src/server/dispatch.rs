@@ -11,7 +11,9 @@ use super::forward::{self, Decoded};
 use super::proxy::ProxyJob;
 use super::router::{Mesh, Request, ServiceCheck, Session};
 use crate::protocol::batch::parse_batch;
-use crate::protocol::command::{check_credentials, parse_command, Command, EntityKind, Runs};
+use crate::protocol::command::{
+    check_credentials, parse_command, Command, EntityKind, Runs, ServiceRole, ServiceSubs,
+};
 use crate::protocol::error::{CommandError, ErrorType};
 use crate::protocol::response::BrokerMsg;
 use crate::protocol::transmission::{
@@ -27,6 +29,16 @@ pub struct Routed {
     pub by_owner: BTreeMap<usize, Vec<Request>>,
     /// PRXY and PFWD, answered by the shard's proxy agent as tasks of their own.
     pub proxied: Vec<ProxyJob>,
+    /// SUBS and NSUBS of a service session, answered by tasks of their own (`conn.rs`).
+    pub services: Vec<ServiceJob>,
+}
+
+/// A verified `SUBS` or `NSUBS`.
+pub struct ServiceJob {
+    pub corr_id: Vec<u8>,
+    pub role: ServiceRole,
+    /// The count and hash the client expects (v19); only compared, never trusted.
+    pub expected: Option<ServiceSubs>,
 }
 
 pub struct RouteCtx<'a> {
@@ -126,6 +138,13 @@ fn route_transmission(ctx: &RouteCtx<'_>, bytes: &[u8], routed: &mut Routed) {
     }
     match facts.runs {
         Runs::Owner => {}
+        Runs::Connection if matches!(cmd, Command::Subs(_) | Command::NSubs(_)) => {
+            match service_subs(session, &cmd, &t, service, &authorized) {
+                Ok(job) => routed.services.push(job),
+                Err(e) => routed.local.push(local(BrokerMsg::Err(e), t.entity_id)),
+            }
+            return;
+        }
         Runs::Connection => {
             // PING is answered without its entity ID, as the reference answers it.
             let entity = if matches!(cmd, Command::Ping) {
@@ -167,6 +186,34 @@ fn route_transmission(ctx: &RouteCtx<'_>, bytes: &[u8], routed: &mut Routed) {
         service,
         authorized,
     ));
+}
+
+/// `SUBS`/`NSUBS` need a service session whose service key signed them (Ed25519), no service
+/// signature, and the service ID as entity; anything else is `ERR SERVICE` (simplexmq
+/// `Server.hs`, `verifyServiceCmd`).
+fn service_subs(
+    session: &Session,
+    cmd: &Command,
+    t: &RawTransmission<'_>,
+    service: ServiceCheck,
+    authorized: &[u8],
+) -> Result<ServiceJob, ErrorType> {
+    let (role, expected) = match cmd {
+        Command::Subs(e) => (ServiceRole::Messaging, *e),
+        Command::NSubs(e) => (ServiceRole::Notifier, *e),
+        _ => return Err(ErrorType::Internal),
+    };
+    let s = session.service.as_ref().ok_or(ErrorType::Service)?;
+    let signed = <&[u8; 64]>::try_from(t.authorization)
+        .is_ok_and(|sig| crate::crypto::auth::ed25519_verify(&s.key, authorized, sig));
+    if service != ServiceCheck::Plain || t.entity_id != &s.service_id[..] || !signed {
+        return Err(ErrorType::Service);
+    }
+    Ok(ServiceJob {
+        corr_id: t.corr_id.to_vec(),
+        role,
+        expected,
+    })
 }
 
 /// The service checks the connection can make (`ServiceCheck`): the role, and for NEW, SUB and

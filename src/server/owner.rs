@@ -139,6 +139,8 @@ pub struct Owner<S> {
     batch_off_all: Cell<u32>,
     /// Source of subscription epochs.
     next_epoch: Cell<u64>,
+    /// Services: associations, subscribed connections (`commands/service.rs`).
+    pub services: crate::server::commands::service::ServiceState,
     /// A deliberately broken variant, for the simulation to catch (`server::sim`).
     #[cfg(test)]
     pub fault: Cell<Fault>,
@@ -168,7 +170,10 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         mesh: Mesh,
         settings: Rc<Settings>,
     ) -> Self {
+        let services = crate::server::commands::service::ServiceState::default();
+        store.for_each_queue(&mut |q| services.index(q, true));
         Owner {
+            services,
             shard,
             store,
             directory,
@@ -537,6 +542,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
 
     /// A connection closed: drop its subscriptions here. Nobody is told (the reference sends no END).
     pub fn connection_closed(&self, conn: ConnRef) {
+        self.services.connection_closed(conn);
         self.batch_off.borrow_mut().remove(&conn);
         self.verify_budget.borrow_mut().remove(&conn);
         let Some(e) = self.by_conn.borrow_mut().remove(&conn) else {

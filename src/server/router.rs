@@ -15,6 +15,7 @@ use crate::crypto::sxbox::NONCE_LEN;
 use crate::protocol::command::{Command, ServiceRole};
 use crate::protocol::response::{encode_response, BrokerMsg};
 use crate::protocol::version::Version;
+use crate::server::commands::service::{CountHash, ServiceKey};
 use crate::store::{group_of, EntityId, MsgId, MsgNtf, PARTITION_GROUPS};
 
 /// What an answer to a forwarded transmission needs: how to seal it for the client and for the
@@ -244,6 +245,25 @@ pub enum ShardMsg {
         recipient_id: EntityId,
         epoch: u64,
     },
+    /// `SUBS`/`NSUBS`, first step, fanned out to every shard: this owner's count and hash of the
+    /// service's queues, answered to `reply_to` as a `ServicePart` of `round`.
+    ServiceCount {
+        key: ServiceKey,
+        reply_to: usize,
+        round: u64,
+    },
+    /// `SUBS`/`NSUBS`, second step, fanned out to every shard: `session` becomes the service's
+    /// subscriber and (role M) the service's queues with messages are handed to it; a
+    /// `ServicePart` of `round` says it is done. `answered` is what the connection was answered
+    /// (`SOKS`), which the service's home shard keeps for `ENDS`.
+    ServiceTake {
+        key: ServiceKey,
+        session: Session,
+        answered: CountHash,
+        round: u64,
+    },
+    /// One shard's answer to `ServiceCount` or `ServiceTake`.
+    ServicePart { round: u64, part: CountHash },
     /// Periodic work of an owner (expiration).
     Tick,
     /// Time to write the metrics file (shard 0): it asks every shard for its numbers.

@@ -11,15 +11,17 @@ use std::time::Duration;
 use glommio::net::TcpListener;
 
 use super::admission::Refused;
+use super::commands::service::{CountHash, FoldDone, FoldJob, ServiceKey, SERVICE_FOLD_CHUNK};
 use super::conn;
 use super::context::ShardContext;
 use super::owner::Owner;
 use super::pipeline::{Keys, Pipeline};
+use super::router::Session;
 use super::router::{Gathering, ShardMsg, Step};
 use super::ws::PortKind;
 use crate::log_limit::{self, RateLimited};
 use crate::metrics::{self, MetricsSnapshot};
-use crate::store::{MessageStore, QueueStore, ShardStore};
+use crate::store::{EntityId, MessageStore, QueueStore, ShardStore};
 
 /// Accepts on `listeners` (bound by `super::listen::shard_listener`) and runs the shard until it
 /// is told to stop; returns the owner's store so that the caller can save it.
@@ -121,6 +123,7 @@ async fn inbox_loop<S: ShardStore>(
                 },
             ),
             ShardMsg::StatsPart { round, part } => gather_stats(ctx, round, *part),
+            ShardMsg::ServicePart { round, part } => ctx.service_part(round, part),
             ShardMsg::MetricsNow { done } => {
                 ctx.stats_waiters.borrow_mut().push(done);
                 ask_for_stats(ctx);
@@ -183,6 +186,20 @@ pub fn owner_job<S: QueueStore + MessageStore + 'static>(
             recipient_id,
             epoch,
         } => o.register_sub(&session, &recipient_id, epoch),
+        ShardMsg::ServiceCount {
+            key,
+            reply_to,
+            round,
+        } => {
+            let part = o.services.count(&key);
+            o.mesh.send(reply_to, ShardMsg::ServicePart { round, part });
+        }
+        ShardMsg::ServiceTake {
+            key,
+            session,
+            answered,
+            round,
+        } => take_service(o, pipeline, key, session, answered, round),
         ShardMsg::Tick => expire(o, pipeline, None),
         ShardMsg::ExpireNow { done } => expire(o, pipeline, Some(done)),
         // Connection output, metrics and stop are the loop's own.
@@ -194,6 +211,7 @@ pub fn owner_job<S: QueueStore + MessageStore + 'static>(
         | ShardMsg::StatsRequest { .. }
         | ShardMsg::StatsPart { .. }
         | ShardMsg::MetricsNow { .. }
+        | ShardMsg::ServicePart { .. }
         | ShardMsg::Stop => {}
     }
 }
@@ -365,5 +383,48 @@ async fn accept_loop(listener: TcpListener, kind: PortKind, ctx: Rc<ShardContext
             drop(slot);
         })
         .detach();
+    }
+}
+
+/// `SUBS`/`NSUBS` on this owner (`ShardMsg::ServiceTake`): the connection becomes the service's
+/// subscriber at once, then the service's queues are folded in jobs of `SERVICE_FOLD_CHUNK`,
+/// each holding its queues (their order with SENDs, ACKs and SUBs is the per-queue order, §2);
+/// the connection's shard hears when the last has ended.
+fn take_service<S: QueueStore + MessageStore + 'static>(
+    o: Rc<Owner<S>>,
+    pipeline: &Pipeline,
+    key: ServiceKey,
+    session: Session,
+    answered: CountHash,
+    round: u64,
+) {
+    let home = o.mesh.owner_of(&key.0) == o.shard;
+    let (queues, prev) = o.take_service(&key, &session, answered, home);
+    let reply_to = session.conn.shard;
+    let mesh = o.mesh.clone();
+    let chunks: Vec<Vec<EntityId>> = queues
+        .chunks(SERVICE_FOLD_CHUNK)
+        .map(<[EntityId]>::to_vec)
+        .collect();
+    let done = FoldDone::new(chunks.len(), move || {
+        mesh.send(
+            reply_to,
+            ShardMsg::ServicePart {
+                round,
+                part: (0, [0; 16]),
+            },
+        )
+    });
+    for chunk in chunks {
+        let (o, key, session) = (o.clone(), key.clone(), session.clone());
+        let job = FoldJob(done.clone());
+        pipeline.submit(
+            Keys::of(chunk.iter().map(Vec::as_slice)),
+            Some(session.conn),
+            Box::pin(async move {
+                o.fold_service_chunk(&key, &session, prev, chunk).await;
+                drop(job);
+            }),
+        );
     }
 }

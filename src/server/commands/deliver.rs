@@ -502,6 +502,10 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// Delivers `m`, the new head, to the queue's subscriber if nothing is outstanding there. A push
     /// to the sending connection itself precedes its response (O2); others get an event.
     fn push(&self, session: &Session, rid: &[u8], secret: &[u8; 32], m: &Message, turn: &mut Turn) {
+        // A queue of a subscribed service is delivered to the service's connection.
+        if !self.service_delivery_sub(rid) {
+            return;
+        }
         let mut subs = self.subs.borrow_mut();
         let Some(s) = subs.get_mut(rid) else {
             return;

@@ -13,6 +13,7 @@ pub use deliver::msg_transmission;
 mod link;
 mod notify;
 mod queue;
+pub mod service;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -343,7 +344,10 @@ impl<S: QueueStore + MessageStore> Owner<S> {
 
     /// Makes a record change durable.
     async fn update(&self, q: QueueRec) -> Result<(), ErrorType> {
-        self.store.update(q).await.map_err(store_error)
+        let old = self.store.get(&q.recipient_id);
+        self.store.update(q.clone()).await.map_err(store_error)?;
+        self.services.changed(old.as_ref(), Some(&q));
+        Ok(())
     }
 }
 

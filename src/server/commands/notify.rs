@@ -214,12 +214,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             enc_meta,
         };
         // Stored while earlier ones are still coming to the subscriber, so they keep their order.
+        // A notifier of a subscribed notification service without a subscriber of its own is
+        // delivered to the service's connection.
         let subscriber = self
-            .ntf_subs
-            .borrow()
-            .get(&n.notifier_id)
-            .filter(|_| !self.ntf_backlog.borrow().contains(&n.notifier_id))
-            .cloned();
+            .service_ntf_sub(&n.notifier_id, n.ntf_service_id.as_ref())
+            .filter(|_| !self.ntf_backlog.borrow().contains(&n.notifier_id));
         match subscriber {
             Some(s) => {
                 let conn = s.conn;

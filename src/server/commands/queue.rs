@@ -129,6 +129,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                     return err(store_error(e));
                 }
             }
+            self.services.changed(None, Some(&rec));
             self.stats.borrow_mut().queues_created += 1;
             if new.sub_mode == SubMode::Subscribe {
                 // A new queue has no message and no other subscriber.
@@ -264,9 +265,22 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         }
         self.release_ids(&q);
         self.forget_queue(&rid);
+        self.services.changed(Some(&q), None);
         self.stats.borrow_mut().queues_deleted += 1;
         turn.touched.insert(rid.clone());
         let sub = self.subs.borrow_mut().remove(&rid);
+        // A queue of a subscribed service without a subscription of its own: the service's
+        // connection is told (simplexmq `Server.hs`, `CSDeleted`).
+        if sub.is_none() {
+            let service = q.rcv_service_id.as_ref().and_then(|s| {
+                self.services
+                    .subscriber(s, crate::protocol::command::ServiceRole::Messaging)
+            });
+            if let Some(s) = service.filter(|s| s.conn != session.conn) {
+                let deld = encode(&s, b"", &rid, &BrokerMsg::Deld);
+                self.send_event(s.conn, vec![vec![deld]]);
+            }
+        }
         if let Some(sub) = sub {
             if sub.session.conn != session.conn {
                 let deld = encode(&sub.session, b"", &rid, &BrokerMsg::Deld);
