@@ -4,9 +4,11 @@
 //! them with `tls_unique::client_finished`, since rustls does not expose Finished messages.
 
 use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::ResolvesClientCert;
 use rustls::crypto::{ring as ring_provider, CryptoProvider};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
@@ -539,17 +541,81 @@ pub fn client_config(alpn: Vec<Vec<u8>>) -> Result<Arc<ClientConfig>, TlsError> 
 }
 
 /// As `client_config`, presenting `chain` (DER, leaf first) with an Ed25519 key when asked.
+/// The chain is sent as given, even when the key is not the leaf's (so tests can present chains
+/// a server must refuse); the handshake then fails at the CertificateVerify.
 pub fn client_config_with_cert(
     alpn: Vec<Vec<u8>>,
     chain: Vec<Vec<u8>>,
     key: &ed25519_dalek::SigningKey,
 ) -> Result<Arc<ClientConfig>, TlsError> {
-    client_config_inner(alpn, Some((chain, key)))
+    Ok(client_config_with_cert_sent(alpn, chain, key)?.0)
+}
+
+/// Set once a client actually sent its certificate chain: the server asked for one
+/// (CertificateRequest) and accepts Ed25519 signatures. The reference client offers service
+/// credentials in its hello only then (simplexmq `Transport.hs`, `certificateSent`). One flag per
+/// config: make a config per connection to read it per connection.
+#[derive(Debug, Clone, Default)]
+pub struct CertSent(Arc<AtomicBool>);
+
+impl CertSent {
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// As `client_config_with_cert`, with the flag telling whether the chain was sent. An empty chain
+/// is never sent (the client then answers a CertificateRequest with no certificate).
+pub fn client_config_with_cert_sent(
+    alpn: Vec<Vec<u8>>,
+    chain: Vec<Vec<u8>>,
+    key: &ed25519_dalek::SigningKey,
+) -> Result<(Arc<ClientConfig>, CertSent), TlsError> {
+    let sent = CertSent::default();
+    let provider = Arc::new(provider());
+    let certified = if chain.is_empty() {
+        None
+    } else {
+        let signer = provider.key_provider.load_private_key(ed25519_pkcs8(key))?;
+        let chain = chain.into_iter().map(CertificateDer::from).collect();
+        Some(Arc::new(rustls::sign::CertifiedKey::new(chain, signer)))
+    };
+    let resolver = Arc::new(ClientCertResolver {
+        certified,
+        sent: sent.clone(),
+    });
+    Ok((client_config_inner(alpn, Some(resolver))?, sent))
+}
+
+/// Presents one Ed25519 chain when the server asks and accepts Ed25519, and records that it did.
+#[derive(Debug)]
+struct ClientCertResolver {
+    certified: Option<Arc<rustls::sign::CertifiedKey>>,
+    sent: CertSent,
+}
+
+impl ResolvesClientCert for ClientCertResolver {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        sigschemes: &[SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        let certified = self.certified.clone()?;
+        if !sigschemes.contains(&SignatureScheme::ED25519) {
+            return None;
+        }
+        self.sent.0.store(true, Ordering::Relaxed);
+        Some(certified)
+    }
+
+    fn has_certs(&self) -> bool {
+        self.certified.is_some()
+    }
 }
 
 fn client_config_inner(
     alpn: Vec<Vec<u8>>,
-    identity: Option<(Vec<Vec<u8>>, &ed25519_dalek::SigningKey)>,
+    identity: Option<Arc<ClientCertResolver>>,
 ) -> Result<Arc<ClientConfig>, TlsError> {
     let provider = Arc::new(provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
@@ -558,10 +624,7 @@ fn client_config_inner(
         .with_custom_certificate_verifier(Arc::new(AcceptAnyServerChain { provider }));
     let mut config = match identity {
         None => builder.with_no_client_auth(),
-        Some((chain, key)) => builder.with_client_auth_cert(
-            chain.into_iter().map(CertificateDer::from).collect(),
-            ed25519_pkcs8(key),
-        )?,
+        Some(resolver) => builder.with_client_cert_resolver(resolver),
     };
     config.alpn_protocols = alpn;
     config.enable_sni = false;
