@@ -174,9 +174,6 @@ struct StartArgs {
     /// The settings the configuration file may also set (`smp_relay::settings`).
     #[command(flatten)]
     settings: StartFlags,
-    /// Ask clients for a TLS certificate (test switch until services exist).
-    #[arg(long, hide = true)]
-    test_request_client_cert: bool,
     /// Test hook: shard SHARD's reads of queue heads wait MS milliseconds first
     /// (`store/held.rs`).
     #[arg(long, hide = true, value_name = "SHARD:MS", value_parser = shard_delay)]
@@ -558,7 +555,6 @@ fn start(data_dir: &Path, args: &StartArgs) -> Result<(), String> {
         .map_err(|e| e.to_string())?
         .unwrap_or_default();
     let mut c = StartConfig::new(data_dir);
-    c.request_client_cert = args.test_request_client_cert;
     c.test_store_delay = args.test_store_delay;
     if let Some(b) = args.test_output_high_water_bytes {
         c.output_limits = smp_relay::limits::OutputLimits::from_high_water(b as usize);

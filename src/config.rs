@@ -34,8 +34,6 @@ pub struct StartConfig {
     pub max_handshakes_per_address: usize,
     pub tls_timeout: Duration,
     pub handshake_timeout: Duration,
-    /// Test-only for now: ask clients for a TLS certificate (the services issue makes it real).
-    pub request_client_cert: bool,
     pub settings: Settings,
     /// How often the metrics file is rewritten; `None`: no metrics file (`prometheus_interval`).
     pub metrics_interval: Option<Duration>,

@@ -1,6 +1,6 @@
 //! The server's tls-unique (SMP session id) must equal what an independent TLS stack computes as
 //! its own client Finished: OpenSSL's `SSL_get_finished`, over real sockets, for every suite, with
-//! and without a client-certificate request, after a HelloRetryRequest, and with application data
+//! and without a client certificate (the server always requests one), after a HelloRetryRequest, and with application data
 //! arriving in the same read as Finished. Also the ALPN and protocol-version rules of simplexmq
 //! `Transport.hs`.
 
@@ -51,14 +51,9 @@ fn credentials() -> certs::ServerCredentials {
     certs::load(&dir).unwrap()
 }
 
-fn config(request_client_cert: bool) -> Arc<ServerConfig> {
-    tls::server_config(
-        &credentials(),
-        &TlsOptions {
-            request_client_cert,
-        },
-    )
-    .unwrap()
+/// The server always sends a CertificateRequest (a client certificate is optional).
+fn config() -> Arc<ServerConfig> {
+    tls::server_config(&credentials(), &TlsOptions::default()).unwrap()
 }
 
 /// A blocking one-connection server driving `AcceptState` over a std socket.
@@ -295,7 +290,7 @@ const SUITES: [(&str, usize); 3] = [
 
 #[test]
 fn session_id_equals_openssl_finished_for_every_suite() {
-    let config = config(false);
+    let config = config();
     for (suite, len) in SUITES {
         let client = OpensslClient {
             suite,
@@ -310,7 +305,7 @@ fn session_id_equals_openssl_finished_for_every_suite() {
 
 #[test]
 fn session_id_with_client_certificate_request() {
-    let config = config(true);
+    let config = config();
     for (suite, _) in SUITES {
         for client_cert in [false, true] {
             let client = OpensslClient {
@@ -331,7 +326,7 @@ fn session_id_with_client_certificate_request() {
 #[test]
 fn session_id_after_hello_retry_request() {
     // OpenSSL sends a key share for the first group only; the server has no X448, so it asks again.
-    let config = config(false);
+    let config = config();
     for (suite, _) in SUITES {
         let client = OpensslClient {
             suite,
@@ -355,7 +350,7 @@ fn session_id_with_hrr_and_client_certificate() {
         client_cert: true,
         ..Default::default()
     };
-    let (served, result) = handshake(config(true), &client, b"ping");
+    let (served, result) = handshake(config(), &client, b"ping");
     assert_eq!(client_hello_count(&served.captured), 2);
     assert_eq!(served.peer_cert_count, 1);
     assert_eq!(served.session_id, result.finished);
@@ -364,7 +359,7 @@ fn session_id_with_hrr_and_client_certificate() {
 
 #[test]
 fn application_data_in_the_same_read_as_finished() {
-    let config = config(false);
+    let config = config();
     for (suite, _) in SUITES {
         let client = OpensslClient {
             suite,
@@ -378,7 +373,7 @@ fn application_data_in_the_same_read_as_finished() {
 
 #[test]
 fn alpn_negotiation() {
-    let config = config(false);
+    let config = config();
     for proto in [ALPN_SMP, b"h2", b"http/1.1"] {
         let offered: &[&[u8]] = &[b"foo", proto];
         let client = OpensslClient {
@@ -421,14 +416,14 @@ fn sni_is_served_like_no_sni() {
         sni: Some("smp.example.com"),
         ..Default::default()
     };
-    let (served, result) = handshake(config(false), &client, b"");
+    let (served, result) = handshake(config(), &client, b"");
     assert_eq!(served.session_id, result.finished);
     assert_eq!(served.alpn.as_deref(), Some(ALPN_SMP));
 }
 
 #[test]
 fn tls12_client_is_refused() {
-    let (addr, server) = serve_one(config(false));
+    let (addr, server) = serve_one(config());
     let client = OpensslClient {
         max_version: SslVersion::TLS1_2,
         ..Default::default()
@@ -440,25 +435,23 @@ fn tls12_client_is_refused() {
 
 #[test]
 fn rustls_client_session_id_equals_server() {
-    for request_client_cert in [false, true] {
-        let (addr, server) = serve_one(config(request_client_cert));
-        let client_config = tls::client_config(vec![ALPN_SMP.to_vec()]).unwrap();
-        let mut capture =
-            ClientCapture::new(&client_config, ServerName::try_from("127.0.0.1").unwrap()).unwrap();
-        let mut sock = TcpStream::connect(addr).unwrap();
-        sock.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
-        capture.handshake_blocking(&mut sock).unwrap();
-        let (conn, client_id) = capture.finish().unwrap();
-        let served = server.join().unwrap().unwrap();
-        assert_eq!(client_id.len(), 32);
-        assert_eq!(client_id, served.session_id);
-        assert_eq!(conn.alpn_protocol(), Some(ALPN_SMP));
-    }
+    let (addr, server) = serve_one(config());
+    let client_config = tls::client_config(vec![ALPN_SMP.to_vec()]).unwrap();
+    let mut capture =
+        ClientCapture::new(&client_config, ServerName::try_from("127.0.0.1").unwrap()).unwrap();
+    let mut sock = TcpStream::connect(addr).unwrap();
+    sock.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    capture.handshake_blocking(&mut sock).unwrap();
+    let (conn, client_id) = capture.finish().unwrap();
+    let served = server.join().unwrap().unwrap();
+    assert_eq!(client_id.len(), 32);
+    assert_eq!(client_id, served.session_id);
+    assert_eq!(conn.alpn_protocol(), Some(ALPN_SMP));
 }
 
 #[test]
 fn rustls_client_with_certificate_and_data_after_finished() {
-    let (addr, server) = serve_one(config(true));
+    let (addr, server) = serve_one(config());
     let key = ed25519_dalek::SigningKey::from_bytes(&[9; 32]);
     let rc_key = rcgen::KeyPair::try_from(
         ed25519_dalek::pkcs8::EncodePrivateKey::to_pkcs8_der(&key)
@@ -508,7 +501,7 @@ fn rustls_client_with_certificate_and_data_after_finished() {
 
 #[test]
 fn capture_limit_is_enforced_on_a_real_socket() {
-    let (addr, server) = serve_one(config(false));
+    let (addr, server) = serve_one(config());
     let mut sock = TcpStream::connect(addr).unwrap();
     // A ClientHello that announces 65520 bytes (rustls buffers messages up to 64 KiB), sent in
     // full-size records: the capture bound trips before rustls sees the end of the message.
@@ -537,7 +530,7 @@ fn ed448_client_certificate_is_verified() {
         client_cert_ed448: true,
         ..Default::default()
     };
-    let (served, result) = handshake(config(true), &client, b"");
+    let (served, result) = handshake(config(), &client, b"");
     assert_eq!(served.peer_cert_count, 1);
     assert_eq!(served.session_id, result.finished);
 }

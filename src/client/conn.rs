@@ -13,6 +13,7 @@ use std::time::Duration;
 use rustls::ClientConnection;
 
 use super::error::ClientError;
+use super::service::ClientCert;
 use crate::transport::tls;
 
 pub struct TlsConn {
@@ -21,6 +22,8 @@ pub struct TlsConn {
     tls_unique: Vec<u8>,
     /// Blocks travel as WebSocket messages.
     websocket: bool,
+    /// The client certificate chain was sent in the TLS handshake.
+    cert_sent: bool,
 }
 
 /// Bytes of the server's upgrade answer read at most.
@@ -29,18 +32,27 @@ const MAX_UPGRADE_ANSWER: usize = 8192;
 const MAX_WS_MESSAGE: usize = 65536;
 
 impl TlsConn {
-    /// TCP connect, TLS handshake offering `alpn` (no extension when `None`), then the client's
-    /// tls-unique.
+    /// TCP connect, TLS handshake offering `alpn` (no extension when `None`) and presenting `cert`
+    /// if the server asks, then the client's tls-unique.
     pub fn connect(
         addr: SocketAddr,
         alpn: Option<&[Vec<u8>]>,
         timeout: Duration,
+        cert: Option<&ClientCert>,
     ) -> Result<Self, ClientError> {
         let mut sock = TcpStream::connect_timeout(&addr, timeout)?;
         sock.set_read_timeout(Some(timeout))?;
         sock.set_write_timeout(Some(timeout))?;
         sock.set_nodelay(true)?;
-        let config = tls::client_config(alpn.map(|a| a.to_vec()).unwrap_or_default())?;
+        let alpn = alpn.map(|a| a.to_vec()).unwrap_or_default();
+        let (config, sent) = match cert {
+            None => (tls::client_config(alpn)?, None),
+            Some(c) => {
+                let (config, sent) =
+                    tls::client_config_with_cert_sent(alpn, c.chain.clone(), &c.key)?;
+                (config, Some(sent))
+            }
+        };
         let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
         let mut capture = tls::ClientCapture::new(&config, name)?;
         capture.handshake_blocking(&mut sock)?;
@@ -50,6 +62,7 @@ impl TlsConn {
             tls,
             tls_unique,
             websocket: false,
+            cert_sent: sent.is_some_and(|s| s.get()),
         })
     }
 
@@ -157,6 +170,11 @@ impl TlsConn {
 
     pub fn tls_unique(&self) -> &[u8] {
         &self.tls_unique
+    }
+
+    /// Whether the client certificate chain was sent (the server asked for one).
+    pub fn cert_sent(&self) -> bool {
+        self.cert_sent
     }
 
     pub fn peer_certificates(&self) -> Vec<Vec<u8>> {

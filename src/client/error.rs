@@ -37,6 +37,8 @@ pub enum ClientError {
     BadBlock,
     #[error("an X25519 authenticator needs the server session key, which this session lacks")]
     NoServerKey,
+    #[error("service authorization needs a service session")]
+    NoServiceSession,
     #[error("WebSocket: {0}")]
     WebSocket(String),
     #[error("more than {0} unmatched transmissions are waiting")]

@@ -11,6 +11,7 @@ pub mod handshake;
 pub mod proxy;
 pub mod queue;
 pub mod rfwd;
+pub mod service;
 #[cfg(test)]
 mod tests;
 
@@ -32,6 +33,7 @@ use crate::protocol::version::{Version, VersionRange};
 use crate::transport::block::{BlockCodec, BLOCK_SIZE};
 use conn::TlsConn;
 use handshake::{HandshakeError, HandshakeParams, ServiceError};
+pub use service::{ClientCert, ServiceSession};
 
 /// The versions this client speaks (the reference's `supportedClientSMPRelayVRange`).
 pub const CLIENT_VERSIONS: VersionRange = VersionRange { min: 6, max: 20 };
@@ -52,8 +54,17 @@ pub struct ClientOptions {
     pub send_key: bool,
     /// Claim to be an SMP proxy (v≥14): no block encryption.
     pub proxy_server: bool,
-    /// Service credentials to send in the hello (v≥16), sent as given.
+    /// Service credentials to send in the hello (v≥16), sent as given; the session is then no
+    /// service session for signing (no session key is known). Takes precedence over
+    /// `service_role`.
     pub service: Option<ClientService>,
+    /// A TLS client certificate chain and key, presented when the server asks for one.
+    pub tls_cert: Option<ClientCert>,
+    /// Act as a service of this role (`service::ROLE_*`) with `tls_cert`, as the reference client
+    /// does: only if the chain was actually sent and the negotiated version allows the role
+    /// (`service::role_min_version`), the hello offers the chain with a fresh Ed25519 session key
+    /// signed by the leaf key, and a service session follows (`Client::service`).
+    pub service_role: Option<u8>,
     /// Check the certificate chain against the key hash before answering. Off to send a wrong key
     /// hash on purpose.
     pub check_identity: bool,
@@ -72,6 +83,8 @@ impl Default for ClientOptions {
             send_key: true,
             proxy_server: false,
             service: None,
+            tls_cert: None,
+            service_role: None,
             check_identity: true,
             timeout: DEFAULT_TIMEOUT,
             websocket: None,
@@ -121,6 +134,9 @@ pub enum Authorization {
     Sign(Signer),
     /// These exact bytes as the authorization field (any length, for bad-input tests).
     Raw(Vec<u8>),
+    /// Signed by the service session key (SUBS, NSUBS; `Client::service_transmission`), with no
+    /// service signature. Needs a service session.
+    Service,
 }
 
 /// The command of a transmission.
@@ -139,8 +155,12 @@ pub struct ClientTransmission {
     pub entity_id: Vec<u8>,
     pub command: CommandBody,
     pub auth: Authorization,
-    /// The service-signature slot (v≥16, only with a non-empty authorization), sent as given.
+    /// The service-signature slot (v≥16, only with a non-empty authorization), sent as given
+    /// instead of the one a service session computes.
     pub service_sig: Option<Vec<u8>>,
+    /// In a service session, sign NEW, SUB and NSUB as a service (see `service`); `false` signs
+    /// them as an ordinary client would. True by default.
+    pub service_auth: bool,
     /// v6 only: the session id written into the transmission instead of the real one.
     pub session_id: Option<Vec<u8>>,
 }
@@ -161,6 +181,7 @@ impl ClientTransmission {
             command,
             auth: Authorization::None,
             service_sig: None,
+            service_auth: true,
             session_id: None,
         }
     }
@@ -197,6 +218,8 @@ pub struct Client {
     /// X25519(our hello key, the server session key), when both exist: a proxy seals `RFWD` with it.
     session_secret: Option<[u8; 32]>,
     service_id: Option<Vec<u8>>,
+    /// Set after a service handshake this client made from `ClientOptions::service_role`.
+    service: Option<ServiceSession>,
     codec: BlockCodec,
     pending: VecDeque<ServerTransmission>,
     block: Box<[u8; BLOCK_SIZE]>,
@@ -210,13 +233,18 @@ impl Client {
         key_hash: [u8; 32],
         opts: ClientOptions,
     ) -> Result<Client, ClientError> {
-        let mut conn = TlsConn::connect(addr, opts.alpn.as_deref(), opts.timeout)?;
+        let mut conn = TlsConn::connect(
+            addr,
+            opts.alpn.as_deref(),
+            opts.timeout,
+            opts.tls_cert.as_ref(),
+        )?;
         if let Some(path) = &opts.websocket {
             conn.websocket_upgrade(&addr.ip().to_string(), path)?;
         }
         let mut block = Box::new([0u8; BLOCK_SIZE]);
         conn.read_block(&mut block[..])?;
-        let params = HandshakeParams {
+        let mut params = HandshakeParams {
             key_hash: key_hash.to_vec(),
             versions: CLIENT_VERSIONS,
             version: opts.version,
@@ -225,20 +253,34 @@ impl Client {
             service: opts.service,
             check_identity: opts.check_identity,
         };
-        let (hello, session) = handshake::answer(
-            &block[..],
-            conn.tls_unique(),
-            &conn.peer_certificates(),
-            &params,
-        )
-        .map_err(|e| match e {
+        let handshake_error = |e| match e {
             HandshakeError::Parse => ClientError::HandshakeParse,
             HandshakeError::BadSession => ClientError::BadSession,
             HandshakeError::Identity => ClientError::Identity,
             HandshakeError::BadAuth => ClientError::BadAuth,
             HandshakeError::Version => ClientError::Version,
             HandshakeError::Block(e) => ClientError::Block(e),
-        })?;
+        };
+        let peer_chain = conn.peer_certificates();
+        let mut answered = handshake::answer(&block[..], conn.tls_unique(), &peer_chain, &params)
+            .map_err(handshake_error)?;
+        // The reference offers service credentials only once it knows the version, and only if
+        // the chain went out in the TLS handshake (`smpClientHandshake`): answer again with them.
+        let mut pending_service = None;
+        if let (None, Some(role), Some(cert)) = (&params.service, opts.service_role, &opts.tls_cert)
+        {
+            let fingerprint = cert.fingerprint();
+            if let Some(fingerprint) = fingerprint.filter(|_| {
+                conn.cert_sent() && answered.1.version >= service::role_min_version(role)
+            }) {
+                let session_key = ed25519_dalek::SigningKey::generate(&mut rand::rngs::OsRng);
+                params.service = Some(cert.client_service(role, &session_key.verifying_key()));
+                answered = handshake::answer(&block[..], conn.tls_unique(), &peer_chain, &params)
+                    .map_err(handshake_error)?;
+                pending_service = Some((role, fingerprint, session_key));
+            }
+        }
+        let (hello, session) = answered;
         conn.write_block(&hello[..])?;
 
         let mut service_id = None;
@@ -255,8 +297,18 @@ impl Client {
                 })?,
             );
         }
+        let service = match (pending_service, &service_id) {
+            (Some((role, fingerprint, session_key)), Some(id)) => Some(ServiceSession {
+                role,
+                fingerprint,
+                session_key,
+                service_id: id.clone(),
+            }),
+            _ => None,
+        };
         Ok(Client {
             conn,
+            service,
             version: session.version,
             server_versions: session.server_versions,
             session_id: session.session_id,
@@ -301,6 +353,38 @@ impl Client {
         self.service_id.as_deref()
     }
 
+    /// The service session, after a service handshake made from `ClientOptions::service_role`.
+    pub fn service(&self) -> Option<&ServiceSession> {
+        self.service.as_ref()
+    }
+
+    /// SHA-256 of the service's identity certificate, in a service session.
+    pub fn service_fingerprint(&self) -> Option<&[u8; 32]> {
+        self.service.as_ref().map(|s| &s.fingerprint)
+    }
+
+    /// The service role (`b'M'`, `b'N'` or `b'P'`), in a service session.
+    pub fn service_role(&self) -> Option<u8> {
+        self.service.as_ref().map(|s| s.role)
+    }
+
+    /// Whether the TLS client certificate chain was sent (the server asked for one).
+    pub fn cert_sent(&self) -> bool {
+        self.conn.cert_sent()
+    }
+
+    /// A transmission for the service itself (SUBS, NSUBS): the service ID as entity ID, signed
+    /// by the service session key (`Authorization::Service`).
+    pub fn service_transmission(
+        &self,
+        corr_id: &[u8],
+        command: Command,
+    ) -> Result<ClientTransmission, ClientError> {
+        let s = self.service.as_ref().ok_or(ClientError::NoServiceSession)?;
+        Ok(ClientTransmission::new(corr_id, &s.service_id, command)
+            .with_auth(Authorization::Service))
+    }
+
     pub fn is_encrypted(&self) -> bool {
         self.codec.is_encrypted()
     }
@@ -320,32 +404,19 @@ impl Client {
             CommandBody::Raw(b) => b.clone(),
         };
         let session_id = t.session_id.as_deref().unwrap_or(&self.session_id);
-        let authorization: Vec<u8> = match &t.auth {
-            Authorization::None => Vec::new(),
-            Authorization::Raw(b) => b.clone(),
-            Authorization::Sign(signer) => {
-                let signed = client_signed_bytes(
-                    self.version,
-                    session_id,
-                    &t.corr_id,
-                    &t.entity_id,
-                    &command,
-                );
-                match signer {
-                    Signer::Ed25519(sk) => auth::sign_ed25519(sk, &signed).to_vec(),
-                    Signer::Ed448(sk) => auth::sign_ed448(sk, &signed).to_vec(),
-                    Signer::X25519(sk) => {
-                        let server = self.server_session_key.ok_or(ClientError::NoServerKey)?;
-                        auth::x25519_authenticator(sk, &server, &t.corr_id, &signed).to_vec()
-                    }
-                }
-            }
-        };
+        let (authorization, service_sig) = authorize(
+            self.version,
+            session_id,
+            t,
+            &command,
+            self.service.as_ref(),
+            self.server_session_key.as_ref(),
+        )?;
         Ok(encode_client_transmission(
             self.version,
             session_id,
             &authorization,
-            t.service_sig.as_deref(),
+            t.service_sig.as_deref().or(service_sig.as_deref()),
             &t.corr_id,
             &t.entity_id,
             &command,
@@ -506,6 +577,66 @@ impl Client {
     /// (stops counting past `max_bytes`).
     pub fn wait_closed(&mut self, max_bytes: usize) -> Result<usize, ClientError> {
         self.conn.read_until_closed(max_bytes)
+    }
+}
+
+/// The commands a service session signs with both keys (simplexmq `Protocol.hs`,
+/// `useServiceAuth`): NEW, SUB and NSUB. Raw commands are recognised by their tag.
+fn uses_service_auth(command: &CommandBody) -> bool {
+    match command {
+        CommandBody::Cmd(c) => matches!(c, Command::New(_) | Command::Sub | Command::NSub),
+        CommandBody::Raw(b) => b == b"SUB" || b == b"NSUB" || b.starts_with(b"NEW "),
+    }
+}
+
+/// The authorization and the computed service signature of one transmission (simplexmq
+/// `Client.hs`, `authTransmission`). In a service session, for NEW, SUB and NSUB signed with a
+/// queue key, the service session key signs the authorized bytes and the queue key signs
+/// `fingerprint ‖ authorized` (an X25519 authenticator is computed over those bytes too).
+fn authorize(
+    version: Version,
+    session_id: &[u8],
+    t: &ClientTransmission,
+    command: &[u8],
+    service: Option<&ServiceSession>,
+    server_session_key: Option<&[u8; 32]>,
+) -> Result<(Vec<u8>, Option<Vec<u8>>), ClientError> {
+    let authorized = || client_signed_bytes(version, session_id, &t.corr_id, &t.entity_id, command);
+    match &t.auth {
+        Authorization::None => Ok((Vec::new(), None)),
+        Authorization::Raw(b) => Ok((b.clone(), None)),
+        Authorization::Service => {
+            let s = service.ok_or(ClientError::NoServiceSession)?;
+            Ok((
+                auth::sign_ed25519(&s.session_key, &authorized()).to_vec(),
+                None,
+            ))
+        }
+        Authorization::Sign(signer) => {
+            let signed = authorized();
+            let dual = service.filter(|_| t.service_auth && uses_service_auth(&t.command));
+            let (message, service_sig) = match dual {
+                Some(s) => {
+                    let mut m = Vec::with_capacity(32 + signed.len());
+                    m.extend_from_slice(&s.fingerprint);
+                    m.extend_from_slice(&signed);
+                    (
+                        m,
+                        Some(auth::sign_ed25519(&s.session_key, &signed).to_vec()),
+                    )
+                }
+                None => (signed, None),
+            };
+            let authorization = match signer {
+                Signer::Ed25519(sk) => auth::sign_ed25519(sk, &message).to_vec(),
+                Signer::Ed448(sk) => auth::sign_ed448(sk, &message).to_vec(),
+                Signer::X25519(sk) => {
+                    let server = server_session_key.ok_or(ClientError::NoServerKey)?;
+                    auth::x25519_authenticator(sk, server, &t.corr_id, &message).to_vec()
+                }
+            };
+            Ok((authorization, service_sig))
+        }
     }
 }
 

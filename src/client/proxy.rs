@@ -144,7 +144,9 @@ impl ForwardedCommand {
         };
         let corr_id = &self.nonce[..];
         let a: Vec<u8> = match authorization {
-            Authorization::None => Vec::new(),
+            // Proxied commands are never signed as a service (simplexmq `Client.hs`, where
+            // `authTransmission` gets no service for them): no authorization.
+            Authorization::None | Authorization::Service => Vec::new(),
             Authorization::Raw(b) => b.clone(),
             Authorization::Sign(signer) => {
                 let signed = client_signed_bytes(v, &dest.session_id, corr_id, entity_id, &command);

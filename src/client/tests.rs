@@ -308,3 +308,204 @@ fn no_common_version_is_rejected() {
         Err(ClientError::Version)
     ));
 }
+
+#[test]
+fn a_tls_certificate_alone_gives_an_ordinary_session() {
+    let (addr, kh, h) = mini_server(Lies::default());
+    let mut c = Client::connect(
+        addr,
+        kh,
+        ClientOptions {
+            tls_cert: Some(ClientCert::with_ca().expect("cert")),
+            ..opts(None)
+        },
+    )
+    .expect("connect");
+    assert!(c.cert_sent());
+    assert_eq!(c.ping().expect("ping").command, b"PONG");
+    assert!(c.service().is_none() && c.service_role().is_none());
+    drop(c);
+    assert_eq!(h.join().expect("server").expect("hello").service, None);
+}
+
+#[test]
+fn a_service_role_offers_the_chain_and_a_signed_session_key() {
+    // The mini server sends no service response, so the client gives up waiting for it; what it
+    // sent in its hello is what is checked.
+    let cert = ClientCert::self_signed().expect("cert");
+    let (addr, kh, h) = mini_server(Lies::default());
+    let r = Client::connect(
+        addr,
+        kh,
+        ClientOptions {
+            tls_cert: Some(cert.clone()),
+            service_role: Some(service::ROLE_NOTIFIER),
+            timeout: Duration::from_millis(500),
+            ..opts(None)
+        },
+    );
+    assert!(r.is_err());
+    let svc = h
+        .join()
+        .expect("server")
+        .expect("hello")
+        .service
+        .expect("service");
+    assert_eq!((svc.role, &svc.chain), (b'N', &cert.chain));
+    let leaf = keys::PublicAuthKey::Ed25519(cert.key.verifying_key().to_bytes());
+    let spki = signed_key::verify_signed_key(&svc.signed_key, &leaf).expect("signed by the leaf");
+    assert!(matches!(
+        keys::PublicAuthKey::from_spki(&spki),
+        Ok(keys::PublicAuthKey::Ed25519(_))
+    ));
+
+    // A messaging service needs v19; at the mini server's v18 the session is an ordinary one.
+    let (addr, kh, h) = mini_server(Lies::default());
+    let mut c = Client::connect(
+        addr,
+        kh,
+        ClientOptions {
+            tls_cert: Some(cert),
+            service_role: Some(service::ROLE_MESSAGING),
+            ..opts(None)
+        },
+    )
+    .expect("connect");
+    assert_eq!(c.ping().expect("ping").command, b"PONG");
+    drop(c);
+    assert_eq!(h.join().expect("server").expect("hello").service, None);
+}
+
+mod signing {
+    use super::*;
+    use crate::client::queue::{new_queue, KeyAlg, RecipientKeys};
+    use ed25519_dalek::{Signature, Verifier};
+
+    const V: Version = 18;
+    const SID: [u8; 32] = [0x33; 32];
+
+    fn service() -> ServiceSession {
+        ServiceSession {
+            role: b'M',
+            fingerprint: [0xf1; 32],
+            session_key: ed25519_dalek::SigningKey::from_bytes(&[0x51; 32]),
+            service_id: vec![0x5e; 24],
+        }
+    }
+
+    fn ed_verify(key: &ed25519_dalek::SigningKey, msg: &[u8], sig: &[u8]) -> bool {
+        let sig = Signature::from_slice(sig).expect("64 bytes");
+        key.verifying_key().verify(msg, &sig).is_ok()
+    }
+
+    fn authorized(t: &ClientTransmission) -> Vec<u8> {
+        let command = match &t.command {
+            CommandBody::Cmd(c) => c.to_bytes(V),
+            CommandBody::Raw(b) => b.clone(),
+        };
+        client_signed_bytes(V, &SID, &t.corr_id, &t.entity_id, &command)
+    }
+
+    fn run(
+        t: &ClientTransmission,
+        s: Option<&ServiceSession>,
+        server: Option<&[u8; 32]>,
+    ) -> Result<(Vec<u8>, Option<Vec<u8>>), ClientError> {
+        let command = match &t.command {
+            CommandBody::Cmd(c) => c.to_bytes(V),
+            CommandBody::Raw(b) => b.clone(),
+        };
+        authorize(V, &SID, t, &command, s, server)
+    }
+
+    fn fp_then(s: &ServiceSession, bytes: &[u8]) -> Vec<u8> {
+        [&s.fingerprint[..], bytes].concat()
+    }
+
+    #[test]
+    fn new_sub_and_nsub_are_signed_by_both_keys_in_a_service_session() {
+        let s = service();
+        let queue_key = ed25519_dalek::SigningKey::from_bytes(&[0x71; 32]);
+        let keys = RecipientKeys::generate(KeyAlg::Ed25519);
+        let commands = [
+            CommandBody::Cmd(Command::New(new_queue(&keys))),
+            CommandBody::Cmd(Command::Sub),
+            CommandBody::Cmd(Command::NSub),
+            CommandBody::Raw(b"SUB".to_vec()),
+        ];
+        for command in commands {
+            let t = ClientTransmission::with_body(b"c1", &[7; 24], command)
+                .signed(Signer::Ed25519(queue_key.clone()));
+            let (a, slot) = run(&t, Some(&s), None).unwrap();
+            let signed = authorized(&t);
+            assert!(ed_verify(&queue_key, &fp_then(&s, &signed), &a));
+            assert!(!ed_verify(&queue_key, &signed, &a));
+            assert!(ed_verify(&s.session_key, &signed, &slot.expect("slot")));
+            // Without the service session, or with service signing turned off: plain.
+            let (a, slot) = run(&t, None, None).unwrap();
+            assert!(ed_verify(&queue_key, &signed, &a) && slot.is_none());
+            let mut plain = t.clone();
+            plain.service_auth = false;
+            let (a, slot) = run(&plain, Some(&s), None).unwrap();
+            assert!(ed_verify(&queue_key, &signed, &a) && slot.is_none());
+        }
+    }
+
+    #[test]
+    fn other_commands_are_signed_as_usual_in_a_service_session() {
+        let s = service();
+        let queue_key = ed25519_dalek::SigningKey::from_bytes(&[0x71; 32]);
+        for command in [Command::Ack(vec![1; 24]), Command::Del, Command::Subs(None)] {
+            let t = ClientTransmission::new(b"c2", &[7; 24], command)
+                .signed(Signer::Ed25519(queue_key.clone()));
+            let (a, slot) = run(&t, Some(&s), None).unwrap();
+            assert!(ed_verify(&queue_key, &authorized(&t), &a));
+            assert!(slot.is_none());
+        }
+    }
+
+    #[test]
+    fn ed448_and_x25519_queue_keys_sign_the_fingerprint_too() {
+        let s = service();
+        let ed448 = [0x44u8; 57];
+        let t = ClientTransmission::new(b"c3", &[7; 24], Command::Sub).signed(Signer::Ed448(ed448));
+        let (a, slot) = run(&t, Some(&s), None).unwrap();
+        let signed = authorized(&t);
+        let a448: &[u8; 114] = a.as_slice().try_into().unwrap();
+        assert!(auth::ed448_verify(
+            &auth::ed448_public(&ed448),
+            &fp_then(&s, &signed),
+            a448
+        ));
+        assert!(ed_verify(&s.session_key, &signed, &slot.unwrap()));
+
+        let server_priv = [0x91u8; 32];
+        let server_pub =
+            x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from(server_priv))
+                .to_bytes();
+        let x = Signer::X25519([0x92; 32]);
+        let t = ClientTransmission::new(b"c4", &[7; 24], Command::Sub).signed(x.clone());
+        let (a, slot) = run(&t, Some(&s), Some(&server_pub)).unwrap();
+        let a80 = auth::Authorization::from_bytes(&a).unwrap();
+        let signed = authorized(&t);
+        let check =
+            |msg: &[u8]| auth::verify(&x.public_key(), &a80, msg, Some(&server_priv), b"c4");
+        assert!(check(&fp_then(&s, &signed)));
+        assert!(!check(&signed));
+        assert!(ed_verify(&s.session_key, &signed, &slot.unwrap()));
+    }
+
+    #[test]
+    fn service_authorization_is_the_session_key_alone() {
+        let s = service();
+        let t = ClientTransmission::new(b"c5", &s.service_id, Command::Subs(None))
+            .with_auth(Authorization::Service);
+        let (a, slot) = run(&t, Some(&s), None).unwrap();
+        assert!(ed_verify(&s.session_key, &authorized(&t), &a));
+        assert!(slot.is_none());
+        assert!(matches!(
+            run(&t, None, None),
+            Err(ClientError::NoServiceSession)
+        ));
+    }
+}

@@ -93,13 +93,8 @@ fn run_on<S: ShardStore>(config: StartConfig) -> Result<(), StartError> {
     let credentials = Arc::new(
         certs::load_for_start(&config.data_dir).map_err(|e| StartError::Setup(e.to_string()))?,
     );
-    let tls_config = tls::server_config(
-        &credentials,
-        &tls::TlsOptions {
-            request_client_cert: config.request_client_cert,
-        },
-    )
-    .map_err(|e| StartError::Setup(e.to_string()))?;
+    let tls_config = tls::server_config(&credentials, &tls::TlsOptions::default())
+        .map_err(|e| StartError::Setup(e.to_string()))?;
     let ws_tls_config = tls::websocket_config(&tls_config);
     check_websocket_ports(&config)?;
     check_ports_free(&config.ports)?;

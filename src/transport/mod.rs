@@ -3,6 +3,7 @@
 pub mod block;
 pub mod certs;
 pub mod identity;
+pub mod service_cert;
 pub mod tls;
 pub mod tls_unique;
 pub mod websocket;

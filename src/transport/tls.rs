@@ -4,9 +4,11 @@
 //! them with `tls_unique::client_finished`, since rustls does not expose Finished messages.
 
 use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::ResolvesClientCert;
 use rustls::crypto::{ring as ring_provider, CryptoProvider};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
@@ -19,6 +21,7 @@ use rustls::{
 
 use crate::protocol::version::{VersionRange, LEGACY_SERVER_VERSIONS, SERVER_VERSIONS};
 use crate::transport::certs::{self, ServerCredentials};
+use crate::transport::service_cert::{self, ServiceCertError};
 use crate::transport::tls_unique::{self, TlsUniqueError};
 
 /// The SMP ALPN protocol id.
@@ -54,12 +57,11 @@ pub enum TlsError {
     TlsUnique(#[from] TlsUniqueError),
 }
 
+/// Server TLS options. None are left: the server always sends a CertificateRequest, a client
+/// certificate is optional, and a chain that is sent is validated (`transport::service_cert`), as
+/// the reference does (simplexmq `Transport/Server.hs`). Kept so callers need not change.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct TlsOptions {
-    /// Send a CertificateRequest (optional for the client). Services (simplexmq `Transport.hs`)
-    /// need it; for now the client chain is accepted without validation, so this is for tests only.
-    pub request_client_cert: bool,
-}
+pub struct TlsOptions {}
 
 /// Version range offered in the server hello: legacy 6..6 without ALPN, the full range with any
 /// (simplexmq `Transport.hs`).
@@ -87,16 +89,12 @@ fn provider() -> CryptoProvider {
 /// Server config shared by all connections; `AcceptState` clones it per connection to add a key log.
 pub fn server_config(
     creds: &ServerCredentials,
-    opts: &TlsOptions,
+    _opts: &TlsOptions,
 ) -> Result<Arc<ServerConfig>, TlsError> {
     let provider = Arc::new(provider());
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])?;
-    let builder = if opts.request_client_cert {
-        builder.with_client_cert_verifier(Arc::new(AcceptAnyClientChain { provider }))
-    } else {
-        builder.with_no_client_auth()
-    };
+    let builder = builder.with_client_cert_verifier(Arc::new(ServiceClientChain { provider }));
     let chain = creds
         .chain_der
         .iter()
@@ -174,16 +172,17 @@ fn ed448_verify_with_cert(
     }
 }
 
-/// Accepts any client chain. Test-only for now: service certificates (simplexmq `Transport.hs`)
-/// will be validated at the SMP layer (1–4 certificates, self-signed or chained to the CA) when
-/// services are added. The CertificateVerify signature is still checked, so the client proves it
-/// holds the key.
+/// Asks every client for a certificate, accepts none (an ordinary client), and validates a chain
+/// that is sent by the reference's rules (`service_cert::validate_chain`, simplexmq
+/// `Transport/Server.hs`, `validateClientCertificate`); a refused chain aborts the handshake with
+/// an alert. The CertificateVerify signature is checked too, so the client proves it holds the
+/// leaf key. The chain stays readable with `ServerConnection::peer_certificates`.
 #[derive(Debug)]
-struct AcceptAnyClientChain {
+struct ServiceClientChain {
     provider: Arc<CryptoProvider>,
 }
 
-impl ClientCertVerifier for AcceptAnyClientChain {
+impl ClientCertVerifier for ServiceClientChain {
     fn offer_client_auth(&self) -> bool {
         true
     }
@@ -198,10 +197,15 @@ impl ClientCertVerifier for AcceptAnyClientChain {
 
     fn verify_client_cert(
         &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _now: UnixTime,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
+        let chain: Vec<Vec<u8>> = std::iter::once(end_entity)
+            .chain(intermediates)
+            .map(|c| c.as_ref().to_vec())
+            .collect();
+        service_cert::validate_chain(&chain, now.as_secs()).map_err(client_chain_error)?;
         Ok(ClientCertVerified::assertion())
     }
 
@@ -226,6 +230,27 @@ impl ClientCertVerifier for AcceptAnyClientChain {
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         EDDSA_SCHEMES.to_vec()
     }
+}
+
+/// The rustls error (and so the TLS alert) for a refused client chain: `certificate_expired`,
+/// `decrypt_error` (bad signature), `unknown_ca`, `decode_error`, and `certificate_unknown` for
+/// the rest, close to the reference's `CertificateReject*` reasons.
+fn client_chain_error(e: ServiceCertError) -> rustls::Error {
+    use rustls::CertificateError as C;
+    let c = match e {
+        ServiceCertError::Expired => C::Expired,
+        ServiceCertError::NotYetValid => C::NotValidYet,
+        ServiceCertError::BadSignature => C::BadSignature,
+        ServiceCertError::UnknownCa | ServiceCertError::SelfSigned => C::UnknownIssuer,
+        ServiceCertError::Parse => C::BadEncoding,
+        ServiceCertError::LeafKey
+        | ServiceCertError::UnsupportedSignature
+        | ServiceCertError::Empty
+        | ServiceCertError::TooLong(_)
+        | ServiceCertError::LeafNotV3
+        | ServiceCertError::NotCa => C::Other(rustls::OtherError(Arc::new(e))),
+    };
+    rustls::Error::InvalidCertificate(c)
 }
 
 /// Keeps this connection's CLIENT_HANDSHAKE_TRAFFIC_SECRET (one config clone per connection, so
@@ -516,17 +541,81 @@ pub fn client_config(alpn: Vec<Vec<u8>>) -> Result<Arc<ClientConfig>, TlsError> 
 }
 
 /// As `client_config`, presenting `chain` (DER, leaf first) with an Ed25519 key when asked.
+/// The chain is sent as given, even when the key is not the leaf's (so tests can present chains
+/// a server must refuse); the handshake then fails at the CertificateVerify.
 pub fn client_config_with_cert(
     alpn: Vec<Vec<u8>>,
     chain: Vec<Vec<u8>>,
     key: &ed25519_dalek::SigningKey,
 ) -> Result<Arc<ClientConfig>, TlsError> {
-    client_config_inner(alpn, Some((chain, key)))
+    Ok(client_config_with_cert_sent(alpn, chain, key)?.0)
+}
+
+/// Set once a client actually sent its certificate chain: the server asked for one
+/// (CertificateRequest) and accepts Ed25519 signatures. The reference client offers service
+/// credentials in its hello only then (simplexmq `Transport.hs`, `certificateSent`). One flag per
+/// config: make a config per connection to read it per connection.
+#[derive(Debug, Clone, Default)]
+pub struct CertSent(Arc<AtomicBool>);
+
+impl CertSent {
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// As `client_config_with_cert`, with the flag telling whether the chain was sent. An empty chain
+/// is never sent (the client then answers a CertificateRequest with no certificate).
+pub fn client_config_with_cert_sent(
+    alpn: Vec<Vec<u8>>,
+    chain: Vec<Vec<u8>>,
+    key: &ed25519_dalek::SigningKey,
+) -> Result<(Arc<ClientConfig>, CertSent), TlsError> {
+    let sent = CertSent::default();
+    let provider = Arc::new(provider());
+    let certified = if chain.is_empty() {
+        None
+    } else {
+        let signer = provider.key_provider.load_private_key(ed25519_pkcs8(key))?;
+        let chain = chain.into_iter().map(CertificateDer::from).collect();
+        Some(Arc::new(rustls::sign::CertifiedKey::new(chain, signer)))
+    };
+    let resolver = Arc::new(ClientCertResolver {
+        certified,
+        sent: sent.clone(),
+    });
+    Ok((client_config_inner(alpn, Some(resolver))?, sent))
+}
+
+/// Presents one Ed25519 chain when the server asks and accepts Ed25519, and records that it did.
+#[derive(Debug)]
+struct ClientCertResolver {
+    certified: Option<Arc<rustls::sign::CertifiedKey>>,
+    sent: CertSent,
+}
+
+impl ResolvesClientCert for ClientCertResolver {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        sigschemes: &[SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        let certified = self.certified.clone()?;
+        if !sigschemes.contains(&SignatureScheme::ED25519) {
+            return None;
+        }
+        self.sent.0.store(true, Ordering::Relaxed);
+        Some(certified)
+    }
+
+    fn has_certs(&self) -> bool {
+        self.certified.is_some()
+    }
 }
 
 fn client_config_inner(
     alpn: Vec<Vec<u8>>,
-    identity: Option<(Vec<Vec<u8>>, &ed25519_dalek::SigningKey)>,
+    identity: Option<Arc<ClientCertResolver>>,
 ) -> Result<Arc<ClientConfig>, TlsError> {
     let provider = Arc::new(provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
@@ -535,10 +624,7 @@ fn client_config_inner(
         .with_custom_certificate_verifier(Arc::new(AcceptAnyServerChain { provider }));
     let mut config = match identity {
         None => builder.with_no_client_auth(),
-        Some((chain, key)) => builder.with_client_auth_cert(
-            chain.into_iter().map(CertificateDer::from).collect(),
-            ed25519_pkcs8(key),
-        )?,
+        Some(resolver) => builder.with_client_cert_resolver(resolver),
     };
     config.alpn_protocols = alpn;
     config.enable_sni = false;
@@ -728,16 +814,15 @@ mod tests {
     #[test]
     fn in_memory_handshake_agrees_on_session_id_and_alpn() {
         let creds = creds();
-        for request in [false, true] {
-            let server = server_config(
-                &creds,
-                &TlsOptions {
-                    request_client_cert: request,
-                },
-            )
-            .unwrap();
-            let client = client_config(vec![b"foo".to_vec(), ALPN_SMP.to_vec()]).unwrap();
-            let (sc, sid, cc, cid) = run(&server, &client).unwrap();
+        let server = server_config(&creds, &TlsOptions::default()).unwrap();
+        let alpn = vec![b"foo".to_vec(), ALPN_SMP.to_vec()];
+        let (chain, key) = self_signed_client();
+        let clients = [
+            client_config(alpn.clone()).unwrap(),
+            client_config_with_cert(alpn, chain.clone(), &key).unwrap(),
+        ];
+        for (with_cert, client) in clients.iter().enumerate() {
+            let (sc, sid, cc, cid) = run(&server, client).unwrap();
             assert_eq!(sid, cid);
             assert_eq!(sid.len(), 32);
             assert_eq!(sc.alpn_protocol(), Some(ALPN_SMP));
@@ -746,10 +831,57 @@ mod tests {
                 sc.negotiated_cipher_suite().unwrap().suite(),
                 rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256
             );
-            let chain = cc.peer_certificates().unwrap();
-            assert_eq!(chain.len(), 2);
-            assert_eq!(chain[1].as_ref(), creds.chain_der[1].as_slice());
+            let server_chain = cc.peer_certificates().unwrap();
+            assert_eq!(server_chain.len(), 2);
+            assert_eq!(server_chain[1].as_ref(), creds.chain_der[1].as_slice());
+            // The server reads the client's chain after the handshake.
+            let peer: Vec<&[u8]> = sc
+                .peer_certificates()
+                .unwrap_or_default()
+                .iter()
+                .map(|c| c.as_ref())
+                .collect();
+            let expected: Vec<&[u8]> = if with_cert == 1 {
+                vec![chain[0].as_slice()]
+            } else {
+                vec![]
+            };
+            assert_eq!(peer, expected);
         }
+    }
+
+    /// A 1-certificate Ed25519 chain (rcgen's default dates: 1975 to 4096) and its key.
+    fn self_signed_client() -> (Vec<Vec<u8>>, ed25519_dalek::SigningKey) {
+        let key = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
+        let rc_key =
+            rcgen::KeyPair::try_from(certs::ed25519_pkcs8_v1_der(&key).as_slice()).unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["svc".into()])
+            .unwrap()
+            .self_signed(&rc_key)
+            .unwrap();
+        (vec![cert.der().to_vec()], key)
+    }
+
+    #[test]
+    fn a_refused_client_chain_aborts_the_handshake() {
+        let creds = creds();
+        let server = server_config(&creds, &TlsOptions::default()).unwrap();
+        let (chain, key) = self_signed_client();
+        let long = vec![chain[0].clone(); 5];
+        let client = client_config_with_cert(vec![ALPN_SMP.to_vec()], long, &key).unwrap();
+        let err = run(&server, &client).err();
+        assert!(
+            matches!(
+                &err,
+                Some(TlsError::Rustls(rustls::Error::InvalidCertificate(
+                    rustls::CertificateError::Other(_)
+                )))
+            ),
+            "{err:?}"
+        );
+        // The server still serves an ordinary client afterwards (nothing is left behind).
+        let client = client_config(vec![ALPN_SMP.to_vec()]).unwrap();
+        assert!(run(&server, &client).is_ok());
     }
 
     #[test]
