@@ -46,6 +46,7 @@ use crate::protocol::response::BrokerMsg;
 use crate::protocol::version::{self, VersionRange, SERVER_VERSIONS};
 use crate::store::services::ServiceRec;
 use crate::transport::block::{BlockCodec, BLOCK_SIZE};
+use crate::transport::service_cert;
 use crate::transport::tls::{alpn_versions, AcceptState};
 
 /// Why a connection ended; logged at debug level, never sent to the client.
@@ -788,29 +789,4 @@ async fn write_plain_block(
     ws::queue_block(&mut tls.borrow_mut(), framing, &block)?;
     tls_stream::flush(tls).await?;
     Ok(())
-}
-
-// TEMPORARY until the TLS layer's module lands.
-mod service_cert {
-    use crate::crypto::keys::PublicAuthKey;
-    pub struct ServiceCert {
-        pub leaf_key: PublicAuthKey,
-        pub fingerprint: [u8; 32],
-    }
-    pub fn service_cert(chain: &[Vec<u8>]) -> Result<ServiceCert, ()> {
-        if chain.is_empty() || chain.len() > 4 {
-            return Err(());
-        }
-        let id = if chain.len() == 1 {
-            &chain[0]
-        } else {
-            &chain[1]
-        };
-        let (_, leaf) = x509_parser::parse_x509_certificate(&chain[0]).map_err(|_| ())?;
-        let leaf_key = PublicAuthKey::from_spki(leaf.public_key().raw).map_err(|_| ())?;
-        Ok(ServiceCert {
-            leaf_key,
-            fingerprint: crate::crypto::hash::sha256(id),
-        })
-    }
 }

@@ -1,0 +1,509 @@
+//! Services (`docs/ARCHITECTURE.md` §5, "Services"): service handshakes, service signatures, the
+//! association of queues with a service, and `SUBS`/`NSUBS` over every shard, against the
+//! reference's behaviour (simplexmq `tests/ServerTests.hs`: `testServiceDeliverSubscribe`,
+//! `testServiceUpgradeAndDowngrade`, `testServiceNotificationsTwoRestarts` and the notifier
+//! service test), with real TLS client certificates.
+
+mod common;
+mod support;
+
+use std::collections::HashMap;
+
+use common::{Relay, RelayOptions};
+use md5::{Digest, Md5};
+use smp_relay::client::queue::{self, describe, receive, KeyAlg, RecipientKeys};
+use smp_relay::client::service::{ROLE_MESSAGING, ROLE_NOTIFIER};
+use smp_relay::client::{
+    new_corr_id, Client, ClientCert, ClientError, ClientOptions, ClientTransmission,
+    ServerTransmission,
+};
+use smp_relay::protocol::command::{Command, SubMode};
+use smp_relay::protocol::response::BrokerMsg;
+use support::*;
+
+fn service(relay: &Relay, cert: &ClientCert, role: u8) -> Client {
+    let c = relay
+        .connect(ClientOptions {
+            tls_cert: Some(cert.clone()),
+            service_role: Some(role),
+            ..Default::default()
+        })
+        .unwrap_or_else(|e| panic!("service connection: {e}"));
+    assert!(c.service().is_some(), "a service session");
+    c
+}
+
+/// XOR of MD5 of each ID (simplexmq `Protocol.hs`, `IdsHash`).
+fn ids_hash<'a>(ids: impl IntoIterator<Item = &'a [u8]>) -> [u8; 16] {
+    let mut h = [0u8; 16];
+    for id in ids {
+        let d: [u8; 16] = Md5::digest(id).into();
+        for (x, y) in h.iter_mut().zip(d) {
+            *x ^= y;
+        }
+    }
+    h
+}
+
+fn sok_service(c: &Client) -> BrokerMsg {
+    BrokerMsg::Sok(Some(c.service_id().expect("service ID").to_vec()))
+}
+
+/// `SUBS`/`NSUBS` with the count and hash the client expects; returns the `SOKS` answer and
+/// everything else that arrived until `ALLS` (role M) or the answer (role N).
+fn subs(
+    c: &mut Client,
+    notifier: bool,
+    expect: (i64, [u8; 16]),
+) -> (BrokerMsg, Vec<ServerTransmission>) {
+    let corr = new_corr_id();
+    let cmd = if notifier {
+        Command::NSubs(Some(expect))
+    } else {
+        Command::Subs(Some(expect))
+    };
+    let t = c
+        .service_transmission(&corr, cmd)
+        .expect("service transmission");
+    c.send_batch(&[t]).expect("send SUBS");
+    let mut answer = None;
+    let mut rest = Vec::new();
+    let mut alls = false;
+    while answer.is_none() || (!notifier && !alls) {
+        let t = next(c);
+        if t.corr_id == corr {
+            assert_eq!(
+                t.entity_id,
+                c.service_id().expect("service ID"),
+                "SOKS names the service"
+            );
+            answer = Some(t.msg.clone().expect("parsed answer"));
+        } else if t.msg == Ok(BrokerMsg::Alls) {
+            assert_eq!((t.corr_id.len(), t.entity_id.len()), (0, 0), "ALLS");
+            alls = true;
+        } else {
+            rest.push(t);
+        }
+    }
+    (answer.expect("answered"), rest)
+}
+
+fn soks(count: i64, ids_hash: [u8; 16]) -> BrokerMsg {
+    BrokerMsg::Soks { count, ids_hash }
+}
+
+/// A service-signed SUB (the default in a service session).
+fn service_sub(c: &mut Client, q: &Queue) -> BrokerMsg {
+    signed(c, q.key(), q.rid(), Command::Sub)
+}
+
+/// The same command signed as an ordinary client would (no service signature).
+fn plain(c: &mut Client, q: &Queue, cmd: Command) -> BrokerMsg {
+    let corr = new_corr_id();
+    let mut t = ClientTransmission::new(&corr, q.rid(), cmd).signed(q.key().clone());
+    t.service_auth = false;
+    c.send_batch(&[t]).expect("send");
+    c.recv_for(&corr).expect("answer").msg.expect("parsed")
+}
+
+fn new_as_service(c: &mut Client, service_auth: bool) -> Result<Queue, BrokerMsg> {
+    let keys = RecipientKeys::generate(KeyAlg::Ed25519);
+    let new = queue::new_queue(&keys);
+    let corr = new_corr_id();
+    let mut t = ClientTransmission::new(&corr, b"", Command::New(new)).signed(keys.auth.clone());
+    t.service_auth = service_auth;
+    c.send_batch(&[t]).expect("send NEW");
+    let r = c.recv_for(&corr).expect("answer");
+    match queue::parse_ids(&r) {
+        Ok(ids) => Ok(Queue {
+            secret: keys.dh.shared(&ids.srv_dh_key),
+            keys,
+            ids,
+        }),
+        Err(_) => Err(r.msg.expect("parsed")),
+    }
+}
+
+/// The MSGs among `ts`, by queue, decrypted with the queues' secrets.
+fn bodies(queues: &[&Queue], ts: &[ServerTransmission]) -> HashMap<Vec<u8>, Vec<u8>> {
+    let by_rid: HashMap<&[u8], &Queue> = queues.iter().map(|q| (q.rid(), *q)).collect();
+    let mut out = HashMap::new();
+    for t in ts {
+        let q = by_rid
+            .get(&t.entity_id[..])
+            .unwrap_or_else(|| panic!("unexpected {}", describe(t)));
+        let m = receive(&q.secret, t).unwrap_or_else(|e| panic!("{e}: {}", describe(t)));
+        let body = m.msg.body().expect("a message").to_vec();
+        assert!(
+            out.insert(t.entity_id.clone(), body).is_none(),
+            "one MSG per queue"
+        );
+    }
+    out
+}
+
+/// Scenario 14 of the reference's server tests: a service creates its queue (only with the
+/// service signature), gets its messages without SUB, and after reconnecting subscribes it with
+/// SUBS: SOKS with the count and hash, the pending MSG and ALLS.
+#[test]
+fn a_service_creates_a_queue_and_subscribes_it_with_subs_after_reconnecting() {
+    let relay = Relay::start();
+    let cert = ClientCert::self_signed().expect("certificate");
+    let mut svc = service(&relay, &cert, ROLE_MESSAGING);
+    let id = svc.service_id().expect("service ID").to_vec();
+    assert_eq!(id.len(), 24);
+    assert_eq!(
+        new_as_service(&mut svc, false).err(),
+        Some(BrokerMsg::Err(ErrorType::Service)),
+        "NEW without the service signature"
+    );
+    let q = new_as_service(&mut svc, true).expect("IDS");
+    assert_eq!(
+        q.ids.service_id.as_deref(),
+        Some(&id[..]),
+        "IDS names the service"
+    );
+    let mut sc = relay.client();
+    send_ok(&mut sc, &q, None, b"first");
+    let m = expect_body(&mut svc, &q, b"first");
+    // ACK needs no service signature.
+    assert_eq!(ack(&mut svc, &q, &m.msg_id), BrokerMsg::Ok);
+    send_ok(&mut sc, &q, None, b"second");
+    expect_body(&mut svc, &q, b"second");
+    drop(svc);
+
+    let mut svc = service(&relay, &cert, ROLE_MESSAGING);
+    assert_eq!(
+        svc.service_id(),
+        Some(&id[..]),
+        "the same service after reconnecting"
+    );
+    // SUBS without the service ID as entity.
+    let corr = new_corr_id();
+    let mut t = svc
+        .service_transmission(&corr, Command::Subs(Some((1, [0; 16]))))
+        .expect("transmission");
+    t.entity_id = Vec::new();
+    svc.send_batch(&[t]).expect("send");
+    assert_eq!(
+        svc.recv_for(&corr).expect("answer").msg,
+        Ok(cmd_err(CommandError::NoAuth))
+    );
+    let hash = ids_hash([q.rid()]);
+    let (answer, rest) = subs(&mut svc, false, (1, hash));
+    assert_eq!(answer, soks(1, hash));
+    assert_eq!(bodies(&[&q], &rest)[q.rid()], b"second");
+    send_ok(&mut sc, &q, None, b"third");
+    expect_nothing(&mut svc, "the unacknowledged second is outstanding");
+}
+
+/// Scenario 15: queues made by an ordinary client move to a service with double-signed SUBs, are
+/// subscribed by SUBS after a reconnect, and move back with an ordinary SUB.
+#[test]
+fn queues_move_to_a_service_and_back() {
+    let relay = Relay::start();
+    let cert = ClientCert::self_signed().expect("certificate");
+    let mut rc = relay.client();
+    let mut sc = relay.client();
+    let qs: Vec<Queue> = (0..3).map(|_| create_only(&mut rc)).collect();
+    send_ok(&mut sc, &qs[0], None, b"a");
+    send_ok(&mut sc, &qs[1], None, b"b");
+
+    let mut svc = service(&relay, &cert, ROLE_MESSAGING);
+    assert_eq!(
+        plain(&mut svc, &qs[0], Command::Sub),
+        BrokerMsg::Err(ErrorType::Service),
+        "an ordinary SUB in a service session"
+    );
+    for q in &qs {
+        assert_eq!(service_sub(&mut svc, q), sok_service(&svc));
+    }
+    let got = bodies(&[&qs[0], &qs[1]], &[next(&mut svc), next(&mut svc)]);
+    assert_eq!(
+        (&got[qs[0].rid()][..], &got[qs[1].rid()][..]),
+        (&b"a"[..], &b"b"[..])
+    );
+    drop(svc);
+
+    let mut svc = service(&relay, &cert, ROLE_MESSAGING);
+    let hash = ids_hash(qs.iter().map(|q| q.rid()));
+    let (answer, rest) = subs(&mut svc, false, (3, hash));
+    assert_eq!(answer, soks(3, hash));
+    let got = bodies(&[&qs[0], &qs[1], &qs[2]], &rest);
+    assert_eq!(got.len(), 2, "the two pending messages");
+
+    // An ordinary connection: SUBS is refused, SUB takes the queue back.
+    let mut oc = relay.client();
+    let corr = new_corr_id();
+    let t = ClientTransmission::new(
+        &corr,
+        svc.service_id().unwrap(),
+        Command::Subs(Some((3, hash))),
+    )
+    .signed(qs[0].key().clone());
+    oc.send_batch(&[t]).expect("send");
+    assert_eq!(
+        oc.recv_for(&corr).expect("answer").msg,
+        Ok(BrokerMsg::Err(ErrorType::Service))
+    );
+    let m = sub_with_msg(&mut oc, &qs[0]);
+    assert_eq!(m.msg.body(), Some(&b"a"[..]));
+    expect_event(&mut svc, qs[0].rid(), BrokerMsg::End);
+    assert_eq!(ack(&mut oc, &qs[0], &m.msg_id), BrokerMsg::Ok);
+    send_ok(&mut sc, &qs[0], None, b"c");
+    expect_body(&mut oc, &qs[0], b"c");
+    // The service now has two queues.
+    let mut svc2 = service(&relay, &cert, ROLE_MESSAGING);
+    let hash2 = ids_hash([qs[1].rid(), qs[2].rid()]);
+    let (answer, _) = subs(&mut svc2, false, (2, hash2));
+    assert_eq!(answer, soks(2, hash2));
+    // The first service connection was told, with what it had been answered.
+    expect_ends(&mut svc, 3, hash);
+}
+
+fn expect_ends(c: &mut Client, count: i64, hash: [u8; 16]) {
+    loop {
+        let t = next(c);
+        match &t.msg {
+            Ok(BrokerMsg::Ends { count: n, ids_hash }) => {
+                assert_eq!(t.entity_id, c.service_id().unwrap());
+                assert_eq!((*n, *ids_hash), (count, hash));
+                return;
+            }
+            // A MSG it was handed before the takeover.
+            Ok(BrokerMsg::Msg { .. }) => {}
+            other => panic!("expected ENDS, got {other:?}"),
+        }
+    }
+}
+
+/// Service handshakes the reference refuses: a certificate registered with another role
+/// (`BAD_SERVICE`), and service credentials without a TLS client certificate (`BAD_AUTH`).
+#[test]
+fn service_handshakes_are_refused_as_the_reference_refuses_them() {
+    let relay = Relay::start();
+    let cert = ClientCert::self_signed().expect("certificate");
+    service(&relay, &cert, ROLE_NOTIFIER);
+    let refused = relay.connect(ClientOptions {
+        tls_cert: Some(cert.clone()),
+        service_role: Some(ROLE_MESSAGING),
+        ..Default::default()
+    });
+    match refused {
+        Err(ClientError::ServiceRefused(e)) => assert_eq!(e, "HANDSHAKE BAD_SERVICE"),
+        other => panic!("expected BAD_SERVICE, got {:?}", other.map(|_| ())),
+    }
+    // The hello's chain without the TLS certificate.
+    let session_key = ed25519_dalek::SigningKey::generate(&mut rand::rngs::OsRng);
+    let offered = cert.client_service(ROLE_NOTIFIER, &session_key.verifying_key());
+    let refused = relay.connect(ClientOptions {
+        service: Some(offered),
+        ..Default::default()
+    });
+    match refused {
+        Err(ClientError::ServiceRefused(e)) => assert_eq!(e, "HANDSHAKE BAD_AUTH"),
+        other => panic!("expected BAD_AUTH, got {:?}", other.map(|_| ())),
+    }
+    // The relay still serves, and the first service keeps its ID.
+    let a = service(&relay, &cert, ROLE_NOTIFIER);
+    let b = service(&relay, &cert, ROLE_NOTIFIER);
+    assert_eq!(a.service_id(), b.service_id());
+    relay.assert_serves();
+}
+
+/// Role checks: a notifier service may not create or subscribe queues (`CMD PROHIBITED`), a
+/// service's NEW may not be create-only, and signatures of the wrong kind are `ERR SERVICE`.
+#[test]
+fn roles_and_service_signatures_are_enforced() {
+    let relay = Relay::start();
+    let mut rc = relay.client();
+    let q = create(&mut rc);
+    let n = nkey(&mut rc, &q);
+    let ncert = ClientCert::self_signed().expect("certificate");
+    let mut nsvc = service(&relay, &ncert, ROLE_NOTIFIER);
+    assert_eq!(
+        new_as_service(&mut nsvc, true).err(),
+        Some(cmd_err(CommandError::Prohibited))
+    );
+    assert_eq!(
+        service_sub(&mut nsvc, &q),
+        cmd_err(CommandError::Prohibited)
+    );
+    // The queue lookup comes first: an unknown queue is AUTH even for a wrong role.
+    let mut ghost = q.clone();
+    ghost.ids.rcv_id = vec![7; 24];
+    assert_eq!(service_sub(&mut nsvc, &ghost), ERR_AUTH);
+    assert_eq!(
+        nsub(&mut nsvc, &n),
+        BrokerMsg::Sok(Some(nsvc.service_id().unwrap().to_vec()))
+    );
+
+    let mcert = ClientCert::with_ca().expect("certificate");
+    let mut msvc = service(&relay, &mcert, ROLE_MESSAGING);
+    let keys = RecipientKeys::generate(KeyAlg::Ed25519);
+    let mut new = queue::new_queue(&keys);
+    new.sub_mode = SubMode::OnlyCreate;
+    let corr = new_corr_id();
+    let t = ClientTransmission::new(&corr, b"", Command::New(new)).signed(keys.auth.clone());
+    msvc.send_batch(&[t]).expect("send");
+    assert_eq!(
+        msvc.recv_for(&corr).expect("answer").msg,
+        Ok(cmd_err(CommandError::Prohibited))
+    );
+    // A service signature on a command that takes none.
+    let corr = new_corr_id();
+    let mut t = ClientTransmission::new(&corr, q.rid(), Command::Get).signed(q.key().clone());
+    t.service_sig = Some(vec![1; 64]);
+    msvc.send_batch(&[t]).expect("send");
+    assert_eq!(
+        msvc.recv_for(&corr).expect("answer").msg,
+        Ok(BrokerMsg::Err(ErrorType::Service))
+    );
+    // A wrong service signature on SUB.
+    let corr = new_corr_id();
+    let mut t = ClientTransmission::new(&corr, q.rid(), Command::Sub).signed(q.key().clone());
+    t.service_sig = Some(vec![1; 64]);
+    msvc.send_batch(&[t]).expect("send");
+    assert_eq!(
+        msvc.recv_for(&corr).expect("answer").msg,
+        Ok(BrokerMsg::Err(ErrorType::Service))
+    );
+    // NSUBS from a messaging service.
+    let corr = new_corr_id();
+    let t = msvc
+        .service_transmission(&corr, Command::NSubs(Some((0, [0; 16]))))
+        .expect("transmission");
+    msvc.send_batch(&[t]).expect("send");
+    assert_eq!(
+        msvc.recv_for(&corr).expect("answer").msg,
+        Ok(cmd_err(CommandError::Prohibited))
+    );
+}
+
+/// A service with 5,000 associated queues over two shards, subscribed by one SUBS: the count and
+/// hash are every shard's sum, every pending message is delivered exactly once, then ALLS; a SEND
+/// in the same block as the SUBS is delivered once (T2).
+#[test]
+fn subs_over_two_shards_delivers_every_pending_message_once() {
+    let relay = Relay::start_with(RelayOptions {
+        cores: 2,
+        ..RelayOptions::default()
+    });
+    let cert = ClientCert::self_signed().expect("certificate");
+    let mut svc = service(&relay, &cert, ROLE_MESSAGING);
+    let mut rc = relay.client();
+    let qs = create_many(&mut rc, 5000, 100);
+    // Associate them in blocks of SUBs from the service.
+    for chunk in qs.chunks(100) {
+        let corrs: Vec<_> = chunk.iter().map(|_| new_corr_id()).collect();
+        let ts: Vec<_> = chunk
+            .iter()
+            .zip(&corrs)
+            .map(|(q, c)| ClientTransmission::new(c, q.rid(), Command::Sub).signed(q.key().clone()))
+            .collect();
+        svc.send_batch(&ts).expect("send SUBs");
+        for c in &corrs {
+            assert_eq!(svc.recv_for(c).expect("SOK").msg, Ok(sok_service(&svc)));
+        }
+    }
+    drop(svc);
+    let mut sc = relay.client();
+    let with_msgs: Vec<&Queue> = qs.iter().step_by(3).collect();
+    for (i, q) in with_msgs.iter().enumerate() {
+        send_ok(&mut sc, q, None, format!("m{i}").as_bytes());
+    }
+    let extra = &qs[1];
+    let mut svc = service(&relay, &cert, ROLE_MESSAGING);
+    let hash = ids_hash(qs.iter().map(|q| q.rid()));
+    // SUBS and a SEND to one of its queues in one block (the service is its own sender here).
+    let corr = new_corr_id();
+    let subs_t = svc
+        .service_transmission(&corr, Command::Subs(Some((5000, hash))))
+        .expect("SUBS");
+    let send_corr = new_corr_id();
+    let send_t = ClientTransmission::new(&send_corr, extra.sid(), send_cmd(b"same block"));
+    svc.send_batch(&[subs_t, send_t]).expect("send");
+    let mut answer = None;
+    let mut msgs = Vec::new();
+    let mut alls = false;
+    let mut send_ok_seen = false;
+    while answer.is_none() || !alls || !send_ok_seen || msgs.len() < with_msgs.len() + 1 {
+        let t = next(&mut svc);
+        if t.corr_id == corr {
+            answer = Some(t.msg.clone().expect("parsed"));
+        } else if t.corr_id == send_corr {
+            assert_eq!(t.msg, Ok(BrokerMsg::Ok));
+            send_ok_seen = true;
+        } else if t.msg == Ok(BrokerMsg::Alls) {
+            alls = true;
+        } else {
+            msgs.push(t);
+        }
+    }
+    assert_eq!(answer, Some(soks(5000, hash)));
+    let mut all: Vec<&Queue> = with_msgs.clone();
+    all.push(extra);
+    let got = bodies(&all, &msgs);
+    assert_eq!(got.len(), with_msgs.len() + 1);
+    for (i, q) in with_msgs.iter().enumerate() {
+        assert_eq!(got[q.rid()], format!("m{i}").as_bytes());
+    }
+    assert_eq!(got[extra.rid()], b"same block");
+    expect_nothing(&mut svc, "nothing more after ALLS");
+}
+
+/// Associations survive restarts (simplexmq #1618: three restarts), on the memory and journal
+/// stores; SOKS then reports them, and the service keeps its ID.
+#[test]
+fn associations_survive_three_restarts_on_memory_and_journal() {
+    for store in ["memory", "journal"] {
+        let mut relay = Relay::start_with(RelayOptions {
+            extra_args: vec!["--store".into(), store.into()],
+            ..RelayOptions::default()
+        });
+        let cert = ClientCert::self_signed().expect("certificate");
+        let ncert = ClientCert::with_ca().expect("certificate");
+        let mut rc = relay.client();
+        let qs: Vec<Queue> = (0..4).map(|_| create_only(&mut rc)).collect();
+        let ns: Vec<Notifier> = qs.iter().map(|q| nkey(&mut rc, q)).collect();
+        let (id, nid) = {
+            let mut svc = service(&relay, &cert, ROLE_MESSAGING);
+            let mut nsvc = service(&relay, &ncert, ROLE_NOTIFIER);
+            for q in &qs[..3] {
+                assert_eq!(service_sub(&mut svc, q), sok_service(&svc));
+            }
+            for n in &ns[1..] {
+                assert_eq!(nsub(&mut nsvc, n), sok_service(&nsvc));
+            }
+            (
+                svc.service_id().unwrap().to_vec(),
+                nsvc.service_id().unwrap().to_vec(),
+            )
+        };
+        let hash = ids_hash(qs[..3].iter().map(|q| q.rid()));
+        let nhash = ids_hash(ns[1..].iter().map(|n| &n.nid[..]));
+        for round in 0..3 {
+            relay.stop();
+            relay.restart();
+            let mut svc = service(&relay, &cert, ROLE_MESSAGING);
+            let mut nsvc = service(&relay, &ncert, ROLE_NOTIFIER);
+            assert_eq!(svc.service_id(), Some(&id[..]), "{store} restart {round}");
+            assert_eq!(nsvc.service_id(), Some(&nid[..]), "{store} restart {round}");
+            let (answer, _) = subs(&mut svc, false, (3, hash));
+            assert_eq!(answer, soks(3, hash), "{store} restart {round}");
+            let (answer, _) = subs(&mut nsvc, true, (3, nhash));
+            assert_eq!(answer, soks(3, nhash), "{store} restart {round}");
+        }
+        // Notifications of an associated notifier reach the notification service after NSUBS.
+        let mut nsvc = service(&relay, &ncert, ROLE_NOTIFIER);
+        subs(&mut nsvc, true, (3, nhash));
+        let mut sc = relay.client();
+        send_ok_ntf(&mut sc, &qs[2]);
+        expect_nmsg(&mut nsvc, &ns[2]);
+    }
+}
+
+fn send_ok_ntf(c: &mut Client, q: &Queue) {
+    let r = unsigned(c, q.sid(), send_ntf_cmd(b"with a notification"));
+    assert_eq!(r, BrokerMsg::Ok);
+}
