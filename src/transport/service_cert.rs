@@ -113,7 +113,7 @@ fn check_len(len: usize) -> Result<(), ServiceCertError> {
 
 fn parse(der: &[u8]) -> Result<X509Certificate<'_>, ServiceCertError> {
     match x509_parser::parse_x509_certificate(der) {
-        Ok((rest, cert)) if rest.is_empty() => Ok(cert),
+        Ok(([], cert)) => Ok(cert),
         _ => Err(ServiceCertError::Parse),
     }
 }
