@@ -130,6 +130,16 @@ pub struct MetricsSnapshot {
     pub p_msg_fwds: ProxyStats,
     pub p_msg_fwds_own: ProxyStats,
     pub p_msg_fwds_recv: u64,
+    /// Services with a subscribed connection, and the subscriptions those connections hold, per
+    /// role (the reference's `serviceSubscribers` and `totalServiceSubs`).
+    pub rcv_services: u64,
+    pub rcv_service_subs: u64,
+    pub ntf_services: u64,
+    pub ntf_service_subs: u64,
+    /// MSGs handed to messaging services by SUBS, and queues they already held
+    /// (`rcvServicesSubMsg`, `rcvServicesSubDuplicate`).
+    pub rcv_services_sub_msg: u64,
+    pub rcv_services_sub_duplicate: u64,
 }
 
 impl MetricsSnapshot {
@@ -152,6 +162,8 @@ impl MetricsSnapshot {
             verify_batches: owner.verify_batches,
             verify_batch_fallbacks: owner.verify_batch_fallbacks,
             verify_budget_closes: owner.verify_budget_closes,
+            rcv_services_sub_msg: owner.service_sub_msgs,
+            rcv_services_sub_duplicate: owner.service_sub_duplicates,
             store_peek_first_calls: store.peek_first,
             store_peek_first_many_calls: store.peek_first_many,
             store_writes: store.writes,
@@ -195,6 +207,12 @@ impl MetricsSnapshot {
             p_msg_fwds,
             p_msg_fwds_own,
             p_msg_fwds_recv,
+            rcv_services,
+            rcv_service_subs,
+            ntf_services,
+            ntf_service_subs,
+            rcv_services_sub_msg,
+            rcv_services_sub_duplicate,
         } = other;
         self.p_relays.add(p_relays);
         self.p_relays_own.add(p_relays_own);
@@ -233,6 +251,15 @@ impl MetricsSnapshot {
             (&mut self.subscriptions, subscriptions),
             (&mut self.connections, connections),
             (&mut self.p_msg_fwds_recv, p_msg_fwds_recv),
+            (&mut self.rcv_services, rcv_services),
+            (&mut self.rcv_service_subs, rcv_service_subs),
+            (&mut self.ntf_services, ntf_services),
+            (&mut self.ntf_service_subs, ntf_service_subs),
+            (&mut self.rcv_services_sub_msg, rcv_services_sub_msg),
+            (
+                &mut self.rcv_services_sub_duplicate,
+                rcv_services_sub_duplicate,
+            ),
         ] {
             *sum = sum.saturating_add(*n);
         }
@@ -356,6 +383,43 @@ pub fn render(s: &MetricsSnapshot, now_ms: u64) -> String {
             kind: Kind::Gauge,
             help: "Queues with a subscriber.",
             samples: &[("", s.subscriptions)],
+        },
+        // Spelled as the reference spells them, "subscribtion" and "nts" included.
+        Family {
+            name: "simplex_smp_subscribtion_services_total",
+            kind: Kind::Gauge,
+            help: "Messaging services with a subscribed connection.",
+            samples: &[("", s.rcv_services)],
+        },
+        Family {
+            name: "simplex_smp_subscribtion_service_subs_total",
+            kind: Kind::Gauge,
+            help: "Queue subscriptions held by messaging services' connections.",
+            samples: &[("", s.rcv_service_subs)],
+        },
+        Family {
+            name: "simplex_smp_subscribtion_nts_services_total",
+            kind: Kind::Gauge,
+            help: "Notification services with a subscribed connection.",
+            samples: &[("", s.ntf_services)],
+        },
+        Family {
+            name: "simplex_smp_subscription_ntf_service_subs_total",
+            kind: Kind::Gauge,
+            help: "Notifier subscriptions held by notification services' connections.",
+            samples: &[("", s.ntf_service_subs)],
+        },
+        Family {
+            name: "simplex_smp_rcv_services_sub_msg_count",
+            kind: Kind::Counter,
+            help: "Messages handed to messaging services by SUBS.",
+            samples: &[("", s.rcv_services_sub_msg)],
+        },
+        Family {
+            name: "simplex_smp_rcv_services_sub_duplicate_count",
+            kind: Kind::Counter,
+            help: "Queues a messaging service's connection already held at its SUBS.",
+            samples: &[("", s.rcv_services_sub_duplicate)],
         },
         Family {
             name: "simplex_smp_clients_total",
@@ -562,6 +626,12 @@ mod tests {
             p_msg_fwds_own: proxy(38),
             p_msg_fwds_recv: 43,
             msg_sent_block: 48,
+            rcv_services: 49,
+            rcv_service_subs: 50,
+            ntf_services: 51,
+            ntf_service_subs: 52,
+            rcv_services_sub_msg: 53,
+            rcv_services_sub_duplicate: 54,
         }
     }
 
@@ -607,6 +677,12 @@ mod tests {
             ("simplex_smp_messages_total", 18),
             ("simplex_smp_subscribtion_total", 19),
             ("simplex_smp_clients_total", 20),
+            ("simplex_smp_subscribtion_services_total", 49),
+            ("simplex_smp_subscribtion_service_subs_total", 50),
+            ("simplex_smp_subscribtion_nts_services_total", 51),
+            ("simplex_smp_subscription_ntf_service_subs_total", 52),
+            ("simplex_smp_rcv_services_sub_msg_count", 53),
+            ("simplex_smp_rcv_services_sub_duplicate_count", 54),
             ("simplex_smp_relay_sessions_requests{source=\"all\"}", 23),
             ("simplex_smp_relay_sessions_successes{source=\"all\"}", 24),
             (

@@ -7,7 +7,7 @@
 //! only how a block is read and written differs (`ws::Framing`, `server/ws.rs`).
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::{poll_fn, Future};
 use std::io;
 use std::pin::Pin;
@@ -207,6 +207,9 @@ async fn session(
         permits: Semaphore::new(MAX_BLOCKS_IN_FLIGHT as u64),
         parts: RefCell::new(HashMap::new()),
     };
+    if info.service.is_some() {
+        ctx.directory.service_conn_opened(conn.shard, conn.id);
+    }
     let touched = Cell::new(0u64);
     let reader = async {
         let r = read_loop(
@@ -239,6 +242,7 @@ async fn session(
             .set(ctx.conn_stats.slow_reader_closes.get() + 1);
     }
     ctx.connections_table.borrow_mut().remove(&conn.id);
+    ctx.directory.service_conn_closed(conn.shard, conn.id);
     // Notifications still waiting for the socket go back to their owners, to be stored for the
     // next NSUB (the connection is out of the table, so nothing more is sent to this channel).
     while let Some(Some(o)) = futures_lite::future::poll_once(out_rx.recv()).await {
@@ -276,7 +280,7 @@ async fn read_loop(
     };
     let mut seq: u64 = 0;
     // The roles this connection's service subscribed in (SUBS, NSUBS), with what it was answered.
-    let subscribed: Rc<RefCell<HashMap<ServiceRole, CountHash>>> = Rc::default();
+    let subscribed: Rc<RefCell<HashSet<ServiceRole>>> = Rc::default();
     loop {
         in_flight
             .permits
@@ -370,7 +374,7 @@ async fn read_loop(
 async fn subscribe_service(
     ctx: &ShardContext,
     info: &Session,
-    subscribed: &RefCell<HashMap<ServiceRole, CountHash>>,
+    subscribed: &RefCell<HashSet<ServiceRole>>,
     job: ServiceJob,
     out: &LocalSender<Output>,
     state: &OutputState,
@@ -388,15 +392,26 @@ async fn subscribe_service(
     };
     let soks = |(count, ids_hash): CountHash| BrokerMsg::Soks { count, ids_hash };
     let key = (service.service_id.clone(), job.role);
-    let known = subscribed.borrow().get(&job.role).copied();
-    if let Some(done) = known {
-        answer(soks(done), Some(seq), &job.corr_id, &service.service_id);
+    let reply_to = ctx.shard_id;
+    if subscribed.borrow().contains(&job.role) {
+        // What the connection holds now: its count grew with its service SUBs since, or fell to 0
+        // if another connection took the service over.
+        let home = ctx.mesh.owner_of(&service.service_id);
+        let current = ctx
+            .gather_services(Some(home), |round| ShardMsg::ServiceCurrent {
+                key: key.clone(),
+                conn: info.conn,
+                reply_to,
+                round,
+            })
+            .await
+            .unwrap_or((0, [0; 16]));
+        answer(soks(current), Some(seq), &job.corr_id, &service.service_id);
         return;
     }
-    subscribed.borrow_mut().insert(job.role, (0, [0; 16]));
-    let reply_to = ctx.shard_id;
+    subscribed.borrow_mut().insert(job.role);
     let counted = ctx
-        .gather_services(|round| ShardMsg::ServiceCount {
+        .gather_services(None, |round| ShardMsg::ServiceCount {
             key: key.clone(),
             reply_to,
             round,
@@ -411,7 +426,6 @@ async fn subscribe_service(
         );
         return;
     };
-    subscribed.borrow_mut().insert(job.role, counted);
     if let Some((n, h)) = job.expected.filter(|e| e.0 >= 0 && *e != counted) {
         tracing::debug!(
             expected = n,
@@ -428,7 +442,7 @@ async fn subscribe_service(
     }
     let session = info.clone();
     let taken = ctx
-        .gather_services(|round| ShardMsg::ServiceTake {
+        .gather_services(None, |round| ShardMsg::ServiceTake {
             key: key.clone(),
             session: session.clone(),
             answered: counted,

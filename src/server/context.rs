@@ -63,15 +63,26 @@ pub struct ConnStats {
 
 impl ShardContext {
     #[allow(clippy::too_many_arguments)]
-    /// Sends `msg(round)` to every shard and sums the counts and XORs the hashes of their
-    /// answers (`ServicePart`); `None` if a shard stopped before answering.
-    pub async fn gather_services(&self, msg: impl Fn(u64) -> ShardMsg) -> Option<CountHash> {
+    /// Sends `msg(round)` to every shard (or only to `only`) and sums the counts and XORs the
+    /// hashes of their answers (`ServicePart`); `None` if a shard stopped before answering.
+    pub async fn gather_services(
+        &self,
+        only: Option<usize>,
+        msg: impl Fn(u64) -> ShardMsg,
+    ) -> Option<CountHash> {
         let round = self.next_service_round.get() + 1;
         self.next_service_round.set(round);
-        let shards = self.mesh.shards();
+        let shards = if only.is_some() {
+            1
+        } else {
+            self.mesh.shards()
+        };
         let (tx, rx) = local_channel::new_bounded(shards);
         self.service_waits.borrow_mut().insert(round, tx);
-        self.mesh.fan_out(|_| msg(round));
+        match only {
+            Some(shard) => self.mesh.send(shard, msg(round)),
+            None => self.mesh.fan_out(|_| msg(round)),
+        }
         let mut acc: CountHash = (0, [0; 16]);
         let mut all = true;
         for _ in 0..shards {

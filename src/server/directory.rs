@@ -13,6 +13,11 @@ pub struct Directory {
     senders: HashMap<EntityId, EntityId>,
     links: HashMap<EntityId, EntityId>,
     notifiers: HashMap<EntityId, EntityId>,
+    /// Open service connections, by shard and number. A connection leaves it before its owners
+    /// are told it closed, so an owner that finds a connection here when it makes it a service's
+    /// subscriber will be told of its close afterwards: no closed connection stays a subscriber
+    /// (the messages that make it one travel by other shards than its close does).
+    live_services: papaya::HashSet<(usize, u64)>,
 }
 
 /// Which ID space an entity ID is looked up in (the party of the command).
@@ -52,6 +57,18 @@ impl Directory {
         if m.get(id).map(|r| r.as_slice() == recipient_id) == Some(true) {
             m.remove(id);
         }
+    }
+
+    pub fn service_conn_opened(&self, shard: usize, conn: u64) {
+        self.live_services.pin().insert((shard, conn));
+    }
+
+    pub fn service_conn_closed(&self, shard: usize, conn: u64) {
+        self.live_services.pin().remove(&(shard, conn));
+    }
+
+    pub fn is_live_service(&self, shard: usize, conn: u64) -> bool {
+        self.live_services.pin().contains(&(shard, conn))
     }
 
     pub fn len(&self, space: IdSpace) -> usize {

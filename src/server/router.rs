@@ -262,7 +262,26 @@ pub enum ShardMsg {
         answered: CountHash,
         round: u64,
     },
-    /// One shard's answer to `ServiceCount` or `ServiceTake`.
+    /// To the service's home shard: `session` subscribed one of the service's queues.
+    ServiceSubscribed {
+        key: ServiceKey,
+        session: Session,
+        hash: [u8; 16],
+        newly: bool,
+    },
+    /// To the service's home shard: one of the service's queues went.
+    ServiceDropped { key: ServiceKey, hash: [u8; 16] },
+    /// From the service's home shard to every shard: `session` is the service's subscriber now.
+    ServiceSwitch { key: ServiceKey, session: Session },
+    /// To the service's home shard: the count and hash of `conn`, if it is the service's
+    /// subscribed connection (a repeated `SUBS`), answered as a `ServicePart` of `round`.
+    ServiceCurrent {
+        key: ServiceKey,
+        conn: ConnRef,
+        reply_to: usize,
+        round: u64,
+    },
+    /// One shard's answer to `ServiceCount`, `ServiceTake` or `ServiceCurrent`.
     ServicePart { round: u64, part: CountHash },
     /// Periodic work of an owner (expiration).
     Tick,

@@ -200,6 +200,23 @@ pub fn owner_job<S: QueueStore + MessageStore + 'static>(
             answered,
             round,
         } => take_service(o, pipeline, key, session, answered, round),
+        ShardMsg::ServiceSubscribed {
+            key,
+            session,
+            hash,
+            newly,
+        } => o.service_subscribed(key, session, hash, newly),
+        ShardMsg::ServiceDropped { key, hash } => o.service_dropped(&key, hash),
+        ShardMsg::ServiceSwitch { key, session } => o.service_switch(&key, &session),
+        ShardMsg::ServiceCurrent {
+            key,
+            conn,
+            reply_to,
+            round,
+        } => {
+            let part = o.services.current(&key, conn);
+            o.mesh.send(reply_to, ShardMsg::ServicePart { round, part });
+        }
         ShardMsg::Tick => expire(o, pipeline, None),
         ShardMsg::ExpireNow { done } => expire(o, pipeline, Some(done)),
         // Connection output, metrics and stop are the loop's own.
@@ -324,6 +341,9 @@ fn shard_stats<S: ShardStore>(ctx: &ShardContext, owner: &Owner<S>) -> MetricsSn
     m.p_msg_fwds = p.msg_fwds;
     m.p_msg_fwds_own = p.msg_fwds_own;
     m.p_msg_fwds_recv = super::forward::received_count();
+    use crate::protocol::command::ServiceRole;
+    (m.rcv_services, m.rcv_service_subs) = owner.services.totals(ServiceRole::Messaging);
+    (m.ntf_services, m.ntf_service_subs) = owner.services.totals(ServiceRole::Notifier);
     m
 }
 

@@ -8,6 +8,7 @@
 
 use std::rc::Rc;
 
+use super::service::same_service;
 use super::{err, now_secs, random_id, service_refusal, store_error};
 use crate::crypto::sxbox;
 use crate::protocol::command::Command;
@@ -233,8 +234,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                     if let Some(e) = self.by_conn.borrow_mut().get_mut(&prev.session.conn) {
                         e.subs.remove(rid);
                     }
-                    let end = encode(&prev.session, b"", rid, &BrokerMsg::End);
-                    self.send_event(prev.session.conn, vec![vec![end]]);
+                    // Between connections of one service, ENDS says it (`commands/service.rs`).
+                    if !same_service(&prev.session, session) {
+                        let end = encode(&prev.session, b"", rid, &BrokerMsg::End);
+                        self.send_event(prev.session.conn, vec![vec![end]]);
+                    }
                 }
             }
         }

@@ -23,6 +23,7 @@ use std::task::Poll;
 use super::owner::{Owner, Turn};
 use super::router::{encode, Group, GroupKind, Request, ServiceCheck, Session, ShardMsg};
 use crate::protocol::command::Command;
+use crate::protocol::command::ServiceRole;
 use crate::protocol::error::{CommandError, ErrorType};
 use crate::protocol::response::BrokerMsg;
 use crate::store::{EntityId, Message, MessageStore, QueueRec, QueueStatus, QueueStore};
@@ -260,19 +261,25 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         }
         // A SUB moves the queue to the session's service, or out of any service from an ordinary
         // session, before the status check (simplexmq `Server.hs`, `prepareBatchSubs`).
-        let q = match &req.command {
+        let (q, newly) = match &req.command {
             Command::Sub => match self.associate(session, q).await {
                 Ok(q) => q,
                 Err(e) => return err(e),
             },
-            _ => q,
+            _ => (q, false),
         };
         let q = match self.queue_wrapper(q).await {
             Ok(q) => q,
             Err(e) => return err(e),
         };
         match &req.command {
-            Command::Sub => self.sub(session, &rid, head, turn).await,
+            Command::Sub => {
+                let answer = self.sub(session, &rid, head, turn).await;
+                if matches!(answer, BrokerMsg::Sok(_)) {
+                    self.tell_home_subscribed(session, ServiceRole::Messaging, &rid, newly);
+                }
+                answer
+            }
             Command::Get => self.get(session, &rid).await,
             Command::Ack(msg_id) => {
                 self.ack(session, &rid, msg_id, req.undelivered.as_ref(), turn)
@@ -315,14 +322,20 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     }
 
     /// Sets the queue's messaging service to `session`'s (none for an ordinary session) when it
-    /// differs, durably (simplexmq `Server.hs`, `prepareBatchSubs`, `setQueueServices`).
-    async fn associate(&self, session: &Session, mut q: QueueRec) -> Result<QueueRec, ErrorType> {
+    /// differs, durably (simplexmq `Server.hs`, `prepareBatchSubs`, `setQueueServices`); true if
+    /// it changed.
+    async fn associate(
+        &self,
+        session: &Session,
+        mut q: QueueRec,
+    ) -> Result<(QueueRec, bool), ErrorType> {
         let service = session.service.as_ref().map(|s| &s.service_id);
-        if q.rcv_service_id.as_ref() != service {
+        let changed = q.rcv_service_id.as_ref() != service;
+        if changed {
             q.rcv_service_id = service.cloned();
             self.update(q.clone()).await?;
         }
-        Ok(q)
+        Ok((q, changed))
     }
 
     /// As `associate`, for the queue's notifier and NSUB.
@@ -330,23 +343,25 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         &self,
         session: &Session,
         mut q: QueueRec,
-    ) -> Result<QueueRec, ErrorType> {
+    ) -> Result<bool, ErrorType> {
         let service = session.service.as_ref().map(|s| &s.service_id);
         let Some(n) = q.notifier.as_mut() else {
-            return Ok(q);
+            return Ok(false);
         };
-        if n.ntf_service_id.as_ref() != service {
+        let changed = n.ntf_service_id.as_ref() != service;
+        if changed {
             n.ntf_service_id = service.cloned();
-            self.update(q.clone()).await?;
+            self.update(q).await?;
         }
-        Ok(q)
+        Ok(changed)
     }
 
     /// Makes a record change durable.
     async fn update(&self, q: QueueRec) -> Result<(), ErrorType> {
         let old = self.store.get(&q.recipient_id);
         self.store.update(q.clone()).await.map_err(store_error)?;
-        self.services.changed(old.as_ref(), Some(&q));
+        let gone = self.services.changed(old.as_ref(), Some(&q));
+        self.tell_home_dropped(gone);
         Ok(())
     }
 }

@@ -4,10 +4,12 @@
 use rand::RngCore;
 use x25519_dalek::{PublicKey as X25519Public, StaticSecret};
 
+use super::service::same_service;
 use super::{err, random_id, service_refusal};
 use crate::crypto::keys::PublicAuthKey;
 use crate::crypto::sxbox;
 use crate::limits::NTFS_PER_PART;
+use crate::protocol::command::ServiceRole;
 use crate::protocol::encoding::{put_int64, put_short_unchecked};
 use crate::protocol::error::ErrorType;
 use crate::protocol::response::BrokerMsg;
@@ -173,9 +175,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             return err(ErrorType::Auth);
         }
         let nid = n.notifier_id.clone();
-        if let Err(e) = self.associate_notifier(session, q).await {
-            return err(e);
-        }
+        let newly = match self.associate_notifier(session, q).await {
+            Ok(newly) => newly,
+            Err(e) => return err(e),
+        };
+        self.tell_home_subscribed(session, ServiceRole::Notifier, &nid, newly);
         let prev = self
             .ntf_subs
             .borrow_mut()
@@ -185,8 +189,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             if let Some(e) = self.by_conn.borrow_mut().get_mut(&prev.conn) {
                 e.ntf_subs.remove(&nid);
             }
-            let end = encode(&prev, b"", &nid, &BrokerMsg::End);
-            self.send_event(prev.conn, vec![vec![end]]);
+            // Between connections of one service, ENDS says it (`commands/service.rs`).
+            if !same_service(&prev, session) {
+                let end = encode(&prev, b"", &nid, &BrokerMsg::End);
+                self.send_event(prev.conn, vec![vec![end]]);
+            }
         }
         // Notifications that waited for a subscriber follow the response, a part at a time: the
         // rest when the connection has room for them (`Owner::redeliver`).

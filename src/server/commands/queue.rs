@@ -6,7 +6,7 @@ use x25519_dalek::{PublicKey as X25519Public, StaticSecret};
 use super::{err, now_secs, random_id, service_refusal, store_error};
 use crate::crypto::keys::PublicAuthKey;
 use crate::crypto::{hash, sxbox};
-use crate::protocol::command::{Command, QueueMode, QueueReq, SubMode};
+use crate::protocol::command::{Command, QueueMode, QueueReq, ServiceRole, SubMode};
 use crate::protocol::error::{CommandError, ErrorType};
 use crate::protocol::response::{BrokerMsg, QueueIds, ServerNtfCreds};
 use crate::server::directory::IdSpace;
@@ -130,6 +130,9 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 }
             }
             self.services.changed(None, Some(&rec));
+            if new.sub_mode == SubMode::Subscribe {
+                self.tell_home_subscribed(session, ServiceRole::Messaging, &rid, true);
+            }
             self.stats.borrow_mut().queues_created += 1;
             if new.sub_mode == SubMode::Subscribe {
                 // A new queue has no message and no other subscriber.
@@ -265,7 +268,8 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         }
         self.release_ids(&q);
         self.forget_queue(&rid);
-        self.services.changed(Some(&q), None);
+        let gone = self.services.changed(Some(&q), None);
+        self.tell_home_dropped(gone);
         self.stats.borrow_mut().queues_deleted += 1;
         turn.touched.insert(rid.clone());
         let sub = self.subs.borrow_mut().remove(&rid);

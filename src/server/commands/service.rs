@@ -20,7 +20,7 @@ use super::deliver::msg_transmission;
 use crate::protocol::command::ServiceRole;
 use crate::protocol::response::BrokerMsg;
 use crate::server::owner::{Owner, Subscriber};
-use crate::server::router::{encode, ConnRef, Session};
+use crate::server::router::{encode, ConnRef, Session, ShardMsg};
 use crate::store::{EntityId, MessageStore, QueueRec, QueueStore};
 
 /// A service and the role it subscribes in.
@@ -38,6 +38,14 @@ pub fn id_hash(id: &[u8]) -> [u8; 16] {
 pub fn xor_into(a: &mut [u8; 16], b: &[u8; 16]) {
     for (x, y) in a.iter_mut().zip(b) {
         *x ^= y;
+    }
+}
+
+/// Whether two sessions are connections of one service.
+pub fn same_service(a: &Session, b: &Session) -> bool {
+    match (&a.service, &b.service) {
+        (Some(x), Some(y)) => x.service_id == y.service_id,
+        _ => false,
     }
 }
 
@@ -95,14 +103,19 @@ impl ServiceState {
     }
 
     /// Follows a record change: `old` (none for a new queue) became `new` (none: deleted).
-    pub fn changed(&self, old: Option<&QueueRec>, new: Option<&QueueRec>) {
-        let same = |a: &QueueRec, b: &QueueRec| {
-            associations(a).collect::<Vec<_>>() == associations(b).collect::<Vec<_>>()
+    /// Returns the associations that went, with the hash of each queue's ID.
+    pub fn changed(
+        &self,
+        old: Option<&QueueRec>,
+        new: Option<&QueueRec>,
+    ) -> Vec<(ServiceKey, [u8; 16])> {
+        let of = |q: Option<&QueueRec>| -> Vec<(ServiceKey, [u8; 16])> {
+            q.map(|q| associations(q).map(|(k, id)| (k, id_hash(id))).collect())
+                .unwrap_or_default()
         };
-        if let (Some(o), Some(n)) = (old, new) {
-            if same(o, n) {
-                return;
-            }
+        let (before, after) = (of(old), of(new));
+        if before == after {
+            return Vec::new();
         }
         if let Some(o) = old {
             self.index(o, false);
@@ -110,6 +123,7 @@ impl ServiceState {
         if let Some(n) = new {
             self.index(n, true);
         }
+        before.into_iter().filter(|b| !after.contains(b)).collect()
     }
 
     /// This owner's count and hash of the service's queues.
@@ -143,11 +157,25 @@ impl ServiceState {
         self.home.borrow_mut().retain(|_, (s, _)| s.conn != conn);
     }
 
-    /// How many services have a subscribed connection here, and how many queues the home shard's
-    /// records say they were answered (the metrics' totals).
-    pub fn totals(&self) -> (usize, i64) {
+    /// Per role: the services whose home is this shard that have a subscribed connection, and
+    /// the subscriptions those connections hold (the reference's `totalServiceSubs`).
+    pub fn totals(&self, role: ServiceRole) -> (u64, u64) {
         let home = self.home.borrow();
-        (home.len(), home.values().map(|(_, (n, _))| *n).sum())
+        let mine = home.iter().filter(|((_, r), _)| *r == role);
+        let (mut services, mut subs) = (0, 0);
+        for (_, (_, (n, _))) in mine {
+            services += 1;
+            subs += (*n).max(0) as u64;
+        }
+        (services, subs)
+    }
+
+    /// The count and hash of the service's current connection, if it is `conn` (home shard).
+    pub fn current(&self, key: &ServiceKey, conn: ConnRef) -> CountHash {
+        match self.home.borrow().get(key) {
+            Some((s, ch)) if s.conn == conn => *ch,
+            _ => (0, [0; 16]),
+        }
     }
 }
 
@@ -156,6 +184,173 @@ impl ServiceState {
 pub const SERVICE_FOLD_CHUNK: usize = 135;
 
 impl<S: QueueStore + MessageStore> Owner<S> {
+    /// Tells the service's home shard that `session` subscribed one of its queues (a service's
+    /// SUB, NSUB or subscribed NEW), `newly` if the queue was not associated with it before.
+    pub fn tell_home_subscribed(
+        &self,
+        session: &Session,
+        role: ServiceRole,
+        id: &[u8],
+        newly: bool,
+    ) {
+        let Some(s) = &session.service else {
+            return;
+        };
+        let key = (s.service_id.clone(), role);
+        self.mesh.send(
+            self.mesh.owner_of(&key.0),
+            ShardMsg::ServiceSubscribed {
+                key,
+                session: session.clone(),
+                hash: id_hash(id),
+                newly,
+            },
+        );
+    }
+
+    /// Tells the home shards of services with a subscribed connection which of their queues went.
+    pub fn tell_home_dropped(&self, gone: Vec<(ServiceKey, [u8; 16])>) {
+        for (key, hash) in gone {
+            if self.services.subscriber(&key.0, key.1).is_some() {
+                let home = self.mesh.owner_of(&key.0);
+                self.mesh.send(home, ShardMsg::ServiceDropped { key, hash });
+            }
+        }
+    }
+
+    /// On the home shard: `session` subscribed one of the service's queues. The connection's count
+    /// grows by it if the queue is new to the service (or the count is 0, simplexmq `Server.hs`,
+    /// `sharedSubscribeQueue`); a connection that was not the service's subscriber becomes it:
+    /// the previous one gets `ENDS` with its count, and every owner switches to the new one.
+    pub fn service_subscribed(
+        &self,
+        key: ServiceKey,
+        session: Session,
+        hash: [u8; 16],
+        newly: bool,
+    ) {
+        if !self.is_live(&session) {
+            return;
+        }
+        let mut home = self.services.home.borrow_mut();
+        if let Some((s, (n, h))) = home.get_mut(&key) {
+            if s.conn == session.conn {
+                if newly || *n == 0 {
+                    *n += 1;
+                    xor_into(h, &hash);
+                }
+                return;
+            }
+        }
+        let before = home.insert(key.clone(), (session.clone(), (1, hash)));
+        drop(home);
+        if let Some((s, (n, h))) = before {
+            self.send_ends(&key, &s, (n, h));
+        }
+        self.mesh.fan_out(|_| ShardMsg::ServiceSwitch {
+            key: key.clone(),
+            session: session.clone(),
+        });
+    }
+
+    /// On the home shard: a queue of the service went (deleted, dissociated, its notifier
+    /// removed); the subscribed connection's count loses it (simplexmq `Protocol.hs`,
+    /// `subtractServiceSubs`).
+    pub fn service_dropped(&self, key: &ServiceKey, hash: [u8; 16]) {
+        if let Some((_, (n, h))) = self.services.home.borrow_mut().get_mut(key) {
+            if *n > 1 {
+                *n -= 1;
+                xor_into(h, &hash);
+            } else {
+                *n = 0;
+                *h = [0; 16];
+            }
+        }
+    }
+
+    /// On every owner: `session` is now the service's subscriber. The previous connection's
+    /// subscriptions of the service's queues here end with it (it was sent `ENDS`).
+    pub fn service_switch(&self, key: &ServiceKey, session: &Session) {
+        if !self.is_live(session) {
+            return;
+        }
+        let prev = self
+            .services
+            .subscribers
+            .borrow_mut()
+            .insert(key.clone(), session.clone())
+            .map(|s| s.conn)
+            .filter(|c| *c != session.conn);
+        if let Some(prev) = prev {
+            self.release(key, prev);
+        }
+    }
+
+    /// The subscriptions `prev` holds here of the service's queues (or notifiers) end: another
+    /// connection of the service took it over.
+    fn release(&self, key: &ServiceKey, prev: ConnRef) {
+        match key.1 {
+            ServiceRole::Messaging => {
+                let held: Vec<EntityId> = self
+                    .by_conn
+                    .borrow()
+                    .get(&prev)
+                    .map(|e| e.subs.iter().cloned().collect())
+                    .unwrap_or_default();
+                for rid in held {
+                    let ours = self
+                        .store
+                        .with_queue(&rid, |q| q.rcv_service_id.as_ref() == Some(&key.0))
+                        .unwrap_or(false);
+                    if ours {
+                        self.subs.borrow_mut().remove(&rid);
+                        if let Some(e) = self.by_conn.borrow_mut().get_mut(&prev) {
+                            e.subs.remove(&rid);
+                        }
+                    }
+                }
+            }
+            ServiceRole::Notifier => {
+                let held: Vec<EntityId> = self
+                    .by_conn
+                    .borrow()
+                    .get(&prev)
+                    .map(|e| e.ntf_subs.iter().cloned().collect())
+                    .unwrap_or_default();
+                for nid in held {
+                    let ours = self.notifier_queue(&nid).is_some_and(|rid| {
+                        self.store
+                            .with_queue(&rid, |q| {
+                                q.notifier
+                                    .as_ref()
+                                    .is_some_and(|n| n.ntf_service_id.as_ref() == Some(&key.0))
+                            })
+                            .unwrap_or(false)
+                    });
+                    if ours {
+                        self.ntf_subs.borrow_mut().remove(&nid);
+                        self.ntf_backlog.borrow_mut().remove(&nid);
+                        if let Some(e) = self.by_conn.borrow_mut().get_mut(&prev) {
+                            e.ntf_subs.remove(&nid);
+                        }
+                    }
+                }
+            }
+            ServiceRole::Proxy => {}
+        }
+    }
+
+    /// Whether `session`'s connection is still open (`Directory::is_live_service`).
+    fn is_live(&self, session: &Session) -> bool {
+        self.directory
+            .is_live_service(session.conn.shard, session.conn.id)
+    }
+
+    fn send_ends(&self, key: &ServiceKey, to: &Session, (count, ids_hash): CountHash) {
+        let ends = encode(to, b"", &key.0, &BrokerMsg::Ends { count, ids_hash });
+        self.send_event(to.conn, vec![vec![ends]]);
+    }
+
     /// `SUBS`/`NSUBS`, second step on this owner: `session` becomes the service's subscriber
     /// here. On the service's home shard the previous connection, if another, gets `ENDS` with
     /// what it was answered. Returns the queues to fold (role M) and the connection that was the
@@ -167,6 +362,9 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         answered: CountHash,
         home: bool,
     ) -> (Vec<EntityId>, Option<ConnRef>) {
+        if !self.is_live(session) {
+            return (Vec::new(), None);
+        }
         let prev = self
             .services
             .subscribers
@@ -180,22 +378,18 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 .home
                 .borrow_mut()
                 .insert(key.clone(), (session.clone(), answered));
-            if let Some((s, (n, h))) = before.filter(|(s, _)| s.conn != session.conn) {
-                let ends = encode(
-                    &s,
-                    b"",
-                    &key.0,
-                    &BrokerMsg::Ends {
-                        count: n,
-                        ids_hash: h,
-                    },
-                );
-                self.send_event(s.conn, vec![vec![ends]]);
+            if let Some((s, ch)) = before.filter(|(s, _)| s.conn != session.conn) {
+                self.send_ends(key, &s, ch);
             }
         }
         let queues = match key.1 {
             ServiceRole::Messaging => self.services.queues(key),
-            _ => Vec::new(),
+            _ => {
+                if let Some(prev) = prev {
+                    self.release(key, prev);
+                }
+                Vec::new()
+            }
         };
         (queues, prev)
     }
