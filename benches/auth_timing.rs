@@ -83,6 +83,7 @@ fn main() {
         version: 18,
         session_id: vec![7; 32],
         server_key: server_secret,
+        service: None,
     });
     println!("AUTH timing, µs per SUB answered AUTH (median [min, max] over {RUNS} runs of {ITERATIONS})");
     println!(
@@ -125,7 +126,7 @@ fn main() {
                     recipient_id: Some(entity.to_vec()),
                     command: Command::Sub,
                     authorization: (wrong.sign)(&signed, &corr),
-                    service_sig: false,
+                    service: smp_relay::server::router::ServiceCheck::Plain,
                     authorized: signed,
                     forward: None,
                     batch_verified: None,

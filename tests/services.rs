@@ -106,7 +106,7 @@ fn plain(c: &mut Client, q: &Queue, cmd: Command) -> BrokerMsg {
     c.recv_for(&corr).expect("answer").msg.expect("parsed")
 }
 
-fn new_as_service(c: &mut Client, service_auth: bool) -> Result<Queue, BrokerMsg> {
+fn new_as_service(c: &mut Client, service_auth: bool) -> Result<Queue, Box<BrokerMsg>> {
     let keys = RecipientKeys::generate(KeyAlg::Ed25519);
     let new = queue::new_queue(&keys);
     let corr = new_corr_id();
@@ -120,7 +120,7 @@ fn new_as_service(c: &mut Client, service_auth: bool) -> Result<Queue, BrokerMsg
             keys,
             ids,
         }),
-        Err(_) => Err(r.msg.expect("parsed")),
+        Err(_) => Err(Box::new(r.msg.expect("parsed"))),
     }
 }
 
@@ -153,7 +153,7 @@ fn a_service_creates_a_queue_and_subscribes_it_with_subs_after_reconnecting() {
     let id = svc.service_id().expect("service ID").to_vec();
     assert_eq!(id.len(), 24);
     assert_eq!(
-        new_as_service(&mut svc, false).err(),
+        new_as_service(&mut svc, false).err().map(|e| *e),
         Some(BrokerMsg::Err(ErrorType::Service)),
         "NEW without the service signature"
     );
@@ -322,7 +322,7 @@ fn roles_and_service_signatures_are_enforced() {
     let ncert = ClientCert::self_signed().expect("certificate");
     let mut nsvc = service(&relay, &ncert, ROLE_NOTIFIER);
     assert_eq!(
-        new_as_service(&mut nsvc, true).err(),
+        new_as_service(&mut nsvc, true).err().map(|e| *e),
         Some(cmd_err(CommandError::Prohibited))
     );
     assert_eq!(

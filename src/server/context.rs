@@ -62,7 +62,6 @@ pub struct ConnStats {
 }
 
 impl ShardContext {
-    #[allow(clippy::too_many_arguments)]
     /// Sends `msg(round)` to every shard (or only to `only`) and sums the counts and XORs the
     /// hashes of their answers (`ServicePart`); `None` if a shard stopped before answering.
     pub async fn gather_services(
@@ -108,6 +107,7 @@ impl ShardContext {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         shard_id: usize,
         config: StartConfig,
