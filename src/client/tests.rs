@@ -194,7 +194,7 @@ fn ping_at_every_version() {
 fn default_version_is_the_highest_in_common() {
     let (addr, kh, _h) = mini_server(Lies::default());
     let c = Client::connect(addr, kh, opts(None)).expect("connect");
-    assert_eq!(c.version(), 18);
+    assert_eq!(c.version(), 20);
     assert!(c.is_encrypted());
     assert!(c.server_session_key().is_some());
 }
@@ -359,7 +359,7 @@ fn a_service_role_offers_the_chain_and_a_signed_session_key() {
         Ok(keys::PublicAuthKey::Ed25519(_))
     ));
 
-    // A messaging service needs v19; at the mini server's v18 the session is an ordinary one.
+    // A messaging service needs v19; at v18 the session is an ordinary one.
     let (addr, kh, h) = mini_server(Lies::default());
     let mut c = Client::connect(
         addr,
@@ -367,7 +367,7 @@ fn a_service_role_offers_the_chain_and_a_signed_session_key() {
         ClientOptions {
             tls_cert: Some(cert),
             service_role: Some(service::ROLE_MESSAGING),
-            ..opts(None)
+            ..opts(Some(18))
         },
     )
     .expect("connect");

@@ -835,7 +835,8 @@ impl Command {
                 false,
                 B::Recipient,
             ),
-            // Services need a TLS client certificate, which this relay does not ask for yet.
+            // Answered by the connection: `ERR SERVICE` outside a service session, else over every
+            // shard (server/conn.rs, `subscribe_service`).
             Command::Subs(_) => f(
                 Party::RecipientService,
                 E::Service,

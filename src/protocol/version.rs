@@ -133,7 +133,7 @@ mod tests {
         assert!(r.contains(6) && r.contains(20) && !r.contains(5) && !r.contains(21));
         assert_eq!(
             r.intersect(&SERVER_VERSIONS),
-            Some(VersionRange { min: 6, max: 18 })
+            Some(VersionRange { min: 6, max: 20 })
         );
         assert_eq!(
             VersionRange::new(6, 6)

@@ -1,7 +1,7 @@
 //! Commands the connection's shard answers itself, with no queue and no owner (`Runs::Connection`
 //! in `Command::facts`): PING, RSLV (the names role is off: simplexmq `Server.hs` answers
-//! `ERR NAME NO_RESOLVER` without a resolver), and SUBS/NSUBS, which need a service session and
-//! so a TLS client certificate, which this relay does not ask for yet.
+//! `ERR NAME NO_RESOLVER` without a resolver), and SUBS/NSUBS outside a service session, which are
+//! `ERR SERVICE` (a service session's go to `conn.rs`, `subscribe_service`).
 
 use crate::protocol::command::Command;
 use crate::protocol::error::{ErrorType, NameError};

@@ -420,7 +420,7 @@ mod tests {
     #[test]
     fn forwarded_version_outside_the_server_range_is_a_syntax_error() {
         let (session, secret, dest) = sessions(18);
-        for v in [5u16, 19] {
+        for v in [5u16, 21] {
             let fc = ForwardedCommand::new(v, &dest);
             let b = one(&dest, &fc, b"sender-id", send(b"x"), Authorization::None);
             let (n2, body) = rfwd(&dest, &fc, &b);
@@ -430,7 +430,7 @@ mod tests {
                 "v{v}"
             );
         }
-        for v in [6u16, 18] {
+        for v in [6u16, 18, 20] {
             let fc = ForwardedCommand::new(v, &dest);
             let b = one(&dest, &fc, b"sender-id", send(b"x"), Authorization::None);
             let (n2, body) = rfwd(&dest, &fc, &b);
