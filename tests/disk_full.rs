@@ -328,7 +328,7 @@ fn a_full_disk_refuses_send_and_new_keeps_deletes_and_recovers_when_space_return
     // Space returns: SEND works again at once, and the operator is told.
     std::fs::remove_file(fs.0.join("filler")).expect("remove the filler");
     sends_work_again(&relay, &mut gs);
-    assert!(relay.log_text().contains("the journal has room again"));
+    assert!(relay.log_shows("the journal has room again"));
 
     assert!(relay.stop().success(), "clean stop:\n{}", relay.log_text());
     relay.restart();

@@ -112,9 +112,9 @@ fn assert_refused(relay: &Relay, o: ClientOptions) {
 }
 
 #[test]
-fn version_19_is_refused() {
+fn version_21_is_refused() {
     let relay = Relay::start();
-    assert_refused(&relay, opts(19));
+    assert_refused(&relay, opts(21));
 }
 
 #[test]

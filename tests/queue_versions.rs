@@ -1,6 +1,6 @@
 //! The queue round at every protocol version a client may still use (6, 8, 9, 14, 15, 16, 17, 18,
-//! 19 and 20), and the apps' server test at every version the relay advertises: NEW and the per-version form of IDS, SEND and MSG, SUB answered `SOK` (`OK`
-//! below v16) with the pending MSG in the same block, END to the previous subscriber, DEL giving
+//! 19 and 20), and the apps' server test at every version the relay advertises: NEW and the
+//! per-version form of IDS, SEND and MSG, SUB answered `SOK` (`OK` below v16) with the pending MSG in the same block, END to the previous subscriber, DEL giving
 //! `DELD` (`END` below v10), and the per-version maximum message size
 //! (simplexmq `Protocol.hs`, `Transport.hs`).
 

@@ -235,6 +235,10 @@ struct MsgArgs {
     /// `--profile 'perf record -F 999 -g -o /tmp/storm.perf -p $RELAY_PID'`.
     #[arg(long)]
     profile: Option<String>,
+    /// Every subscribing connection is a messaging service with a certificate of its own, so each
+    /// SUB moves its queue to that service (the service-association storm).
+    #[arg(long)]
+    services: bool,
     #[command(flatten)]
     relay: RelayArgs,
 }
@@ -663,6 +667,7 @@ fn messages(
         timeout: Duration::from_secs(a.timeout_secs),
         progress: !a.quiet,
         profile: a.profile.clone(),
+        services: a.services,
     };
     let mut records = Vec::new();
     for run in 0..a.runs {

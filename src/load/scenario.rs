@@ -66,6 +66,23 @@ impl Target {
         Client::connect(self.addr, self.key_hash, ClientOptions::default())
             .map_err(|e| format!("connect to {}: {e}", self.addr))
     }
+
+    /// A messaging service's connection, with a certificate of its own: each of its SUBs moves
+    /// its queue to this service (the service-association storm).
+    fn connect_service(&self) -> Result<Client, String> {
+        let cert = crate::client::ClientCert::self_signed().map_err(|e| e.to_string())?;
+        let opts = ClientOptions {
+            tls_cert: Some(cert),
+            service_role: Some(crate::client::service::ROLE_MESSAGING),
+            ..ClientOptions::default()
+        };
+        let c = Client::connect(self.addr, self.key_hash, opts)
+            .map_err(|e| format!("connect to {}: {e}", self.addr))?;
+        match c.service() {
+            Some(_) => Ok(c),
+            None => Err("the relay did not take the connection as a service".into()),
+        }
+    }
 }
 
 /// What every message scenario shares.
@@ -84,6 +101,8 @@ pub struct LoadParams {
     pub progress: bool,
     /// A shell command run over the measured interval, with RELAY_PID in its environment.
     pub profile: Option<String>,
+    /// Subscribing connections are messaging services, each with its own certificate.
+    pub services: bool,
 }
 
 /// The `--profile` command of a run: started at the release, stopped (SIGINT, then waited for) when
@@ -589,6 +608,7 @@ fn spawn_set(
     conns: usize,
     shared: &Arc<Shared>,
     window: usize,
+    services: bool,
     ready: &Arc<Barrier>,
     go: &Arc<Barrier>,
 ) -> Result<(Arc<SubSet>, Vec<RecvHandle>), String> {
@@ -599,7 +619,11 @@ fn spawn_set(
     });
     let mut hs = Vec::new();
     for mine in split(qs, conns) {
-        let c = target.connect()?;
+        let c = if services {
+            target.connect_service()?
+        } else {
+            target.connect()?
+        };
         let (creds, shared, set2, ready, go) = (
             creds.clone(),
             shared.clone(),
@@ -690,6 +714,7 @@ pub fn run_messages(
         spec.conns,
         &shared,
         p.window_blocks,
+        p.services,
         &ready,
         &go,
     )?;
@@ -701,6 +726,7 @@ pub fn run_messages(
             b_conns,
             &shared,
             p.window_blocks,
+            p.services,
             &ready,
             &go_b,
         )?;

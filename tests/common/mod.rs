@@ -476,6 +476,21 @@ impl Relay {
         self.log_lines().join("\n")
     }
 
+    /// Whether the relay's log shows `text` within 5 s: its lines are read from a pipe by another
+    /// thread, so a line the relay wrote before an answer may be read after it.
+    pub fn log_shows(&self, text: &str) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            if self.log_text().contains(text) {
+                return true;
+            }
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            sleep(Duration::from_millis(20));
+        }
+    }
+
     /// The relay's rate-limited warnings about `what` (`log_limit`): how many lines, and
     /// how many warnings they stand for (each line itself, unless it only reports a count, plus
     /// its `suppressed=N`).
