@@ -126,6 +126,7 @@ impl RelayArgs {
                 key_hash: proc::decode_key_hash(kh)?,
                 pid: self.relay_pid,
                 db_pid: None,
+                db_conninfo: None,
             })),
             _ => Ok(None),
         }
@@ -355,6 +356,8 @@ fn pg_database(pg: &Path, name: &str, template: Option<&str>) -> Result<String, 
 struct RunDatabase {
     pg: PathBuf,
     name: String,
+    /// Where the relay reads and writes it (the WAL position is sampled through it).
+    conninfo: String,
 }
 
 impl Drop for RunDatabase {
@@ -545,12 +548,13 @@ impl RunRelay {
                 "--store".into(),
                 "postgres".into(),
                 "--database".into(),
-                conninfo,
+                conninfo.clone(),
             ]);
             db = Some((
                 RunDatabase {
                     pg: pg.clone(),
                     name,
+                    conninfo,
                 },
                 postmaster,
             ));
@@ -570,8 +574,9 @@ impl RunRelay {
                 key_hash: p.key_hash,
                 pid: Some(p.pid()),
                 db_pid: db.as_ref().map(|(_, pid)| *pid),
+                db_conninfo: db.as_ref().map(|(d, _)| d.conninfo.clone()),
             },
-            RunRelay::External(t) => *t,
+            RunRelay::External(t) => t.clone(),
         }
     }
 

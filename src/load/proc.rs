@@ -30,6 +30,8 @@ pub struct ProcSample {
     /// Resident file pages (for the journal store: its mapped segments).
     pub rss_file_kb: u64,
     pub hwm_kb: u64,
+    /// The relay's PostgreSQL cluster's WAL position in bytes (with `--pg`; else 0).
+    pub wal_lsn: u64,
 }
 
 fn clock_ticks() -> f64 {

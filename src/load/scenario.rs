@@ -35,7 +35,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 const MONITOR_TICK: Duration = Duration::from_millis(2);
 
 /// The relay the run talks to; `pid` gives CPU and memory figures when known.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Target {
     pub addr: SocketAddr,
     pub key_hash: [u8; 32],
@@ -43,6 +43,8 @@ pub struct Target {
     /// The postmaster of the relay's PostgreSQL cluster: its CPU and its processes' count as the
     /// relay's (`proc::tree_cpu_seconds`).
     pub db_pid: Option<u32>,
+    /// Its database, to read the WAL position at each sample.
+    pub db_conninfo: Option<String>,
 }
 
 impl Target {
@@ -58,6 +60,9 @@ impl Target {
         if let Some(db) = self.db_pid {
             s.db_cpu_s = proc::tree_cpu_seconds(db).unwrap_or(f64::NAN);
             s.cpu_s += s.db_cpu_s;
+        }
+        if let Some(conninfo) = &self.db_conninfo {
+            s.wal_lsn = wal_lsn(conninfo).unwrap_or(0);
         }
         s
     }
@@ -83,6 +88,16 @@ impl Target {
             None => Err("the relay did not take the connection as a service".into()),
         }
     }
+}
+
+/// The cluster's current WAL position, in bytes. The query's own backend (a few ms of the
+/// cluster's CPU) falls into the interval after the sample.
+fn wal_lsn(conninfo: &str) -> Option<u64> {
+    let mut c = postgres::Client::connect(conninfo, postgres::NoTls).ok()?;
+    let row = c
+        .query_one("SELECT (pg_current_wal_lsn() - '0/0')::bigint", &[])
+        .ok()?;
+    u64::try_from(row.get::<_, i64>(0)).ok()
 }
 
 /// What every message scenario shares.
@@ -903,6 +918,7 @@ pub fn run_messages(
     let subs = n as u64 * (1 + u64::from(set_b.is_some()));
     let relay_cpu = r1.cpu_s - r0.cpu_s;
     let relay_cpu_window = r_window.cpu_s - r0.cpu_s;
+    let wal_window = r_window.wal_lsn.saturating_sub(r0.wal_lsn);
     let per_delivered_us = relay_cpu * 1e6 / delivered as f64;
     let run_floor_us = floor.run_us(subs, delivered, sent);
     let secs = |d: Duration| d.as_secs_f64();
@@ -917,6 +933,14 @@ pub fn run_messages(
         ),
         ("run_s", secs(total)),
         ("subs", subs as f64),
+        (
+            "wal_bytes_per_sub_in_window",
+            if target.db_conninfo.is_some() {
+                wal_window as f64 / subs.max(1) as f64
+            } else {
+                f64::NAN
+            },
+        ),
         ("delivered", delivered as f64),
         ("sent", sent as f64),
         ("delivered_per_s", delivered as f64 / secs(total)),
@@ -988,7 +1012,7 @@ pub fn run_idle(
     let hs: Vec<JoinHandle<Result<Vec<Client>, String>>> = (0..threads)
         .map(|i| {
             let share = conns / threads + usize::from(i < conns % threads);
-            let (target, done) = (*target, done.clone());
+            let (target, done) = (target.clone(), done.clone());
             std::thread::spawn(move || {
                 let mut cs = Vec::with_capacity(share);
                 for _ in 0..share {
