@@ -891,3 +891,38 @@ fn service_subscriptions_are_freed_with_their_connection() {
         "RssAnon grew from {first} KB after 200 cycles to {last} KB after 1,000"
     );
 }
+
+/// Notifications stored while a notification service was away reach it after its NSUBS, each
+/// once.
+#[test]
+fn stored_notifications_reach_the_service_after_nsubs() {
+    let relay = Relay::start_with(RelayOptions {
+        cores: 2,
+        ..RelayOptions::default()
+    });
+    let cert = ClientCert::self_signed().expect("certificate");
+    let mut rc = relay.client();
+    let qs: Vec<Queue> = (0..6).map(|_| create_only(&mut rc)).collect();
+    let ns: Vec<Notifier> = qs.iter().map(|q| nkey(&mut rc, q)).collect();
+    {
+        let mut svc = service(&relay, &cert, ROLE_NOTIFIER);
+        for n in &ns {
+            assert_eq!(nsub(&mut svc, n), sok_service(&svc));
+        }
+    }
+    let mut sc = relay.client();
+    for q in &qs[..4] {
+        send_ok_ntf(&mut sc, q);
+    }
+    let mut svc = service(&relay, &cert, ROLE_NOTIFIER);
+    let hash = ids_hash(ns.iter().map(|n| &n.nid[..]));
+    assert_eq!(subs_answer(&mut svc, true, (6, hash)), soks(6, hash));
+    let mut got: Vec<Vec<u8>> = (0..4).map(|_| next(&mut svc).entity_id).collect();
+    got.sort();
+    let mut want: Vec<Vec<u8>> = ns[..4].iter().map(|n| n.nid.clone()).collect();
+    want.sort();
+    assert_eq!(got, want, "one NMSG per notifier that had one stored");
+    expect_nothing(&mut svc, "each notification once");
+    send_ok_ntf(&mut sc, &qs[5]);
+    expect_nmsg(&mut svc, &ns[5]);
+}

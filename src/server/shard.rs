@@ -442,7 +442,12 @@ fn take_service<S: QueueStore + MessageStore + 'static>(
             Keys::of(chunk.iter().map(Vec::as_slice)),
             Some(session.conn),
             Box::pin(async move {
-                o.fold_service_chunk(&key, &session, prev, chunk).await;
+                match key.1 {
+                    crate::protocol::command::ServiceRole::Notifier => {
+                        o.fold_ntf_chunk(&key, &session, chunk).await
+                    }
+                    _ => o.fold_service_chunk(&key, &session, prev, chunk).await,
+                }
                 drop(job);
             }),
         );

@@ -384,12 +384,28 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         }
         let queues = match key.1 {
             ServiceRole::Messaging => self.services.queues(key),
-            _ => {
+            ServiceRole::Notifier => {
                 if let Some(prev) = prev {
                     self.release(key, prev);
                 }
-                Vec::new()
+                // Only notifiers with stored notifications have something to hand over.
+                let waiting: std::collections::HashSet<EntityId> =
+                    self.store.ntf_ids().into_iter().collect();
+                self.services
+                    .queues(key)
+                    .into_iter()
+                    .filter(|rid| {
+                        self.store
+                            .with_queue(rid, |q| {
+                                q.notifier
+                                    .as_ref()
+                                    .is_some_and(|n| waiting.contains(&n.notifier_id))
+                            })
+                            .unwrap_or(false)
+                    })
+                    .collect()
             }
+            ServiceRole::Proxy => Vec::new(),
         };
         (queues, prev)
     }
@@ -472,6 +488,44 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             let t = msg_transmission(session, b"", rid, &secret, &m);
             let delivery = self.delivery(rid, m.msg_id());
             self.send_delivery(session.conn, t, delivery);
+        }
+    }
+
+    /// As `fold_service_chunk`, for a notification service after `NSUBS`: each notifier of the
+    /// chunk without a subscriber of its own gets the service's connection, and its stored
+    /// notifications, a part at a time as an NSUB's (the rest when the connection has room).
+    pub async fn fold_ntf_chunk(&self, key: &ServiceKey, session: &Session, chunk: Vec<EntityId>) {
+        for rid in chunk {
+            let nid = self
+                .store
+                .with_queue(&rid, |q| {
+                    q.notifier
+                        .as_ref()
+                        .filter(|n| n.ntf_service_id.as_ref() == Some(&key.0))
+                        .map(|n| n.notifier_id.clone())
+                })
+                .flatten();
+            let current = self.services.subscriber(&key.0, key.1);
+            let Some(nid) = nid else { continue };
+            if current.as_ref().map(|s| s.conn) != Some(session.conn)
+                || self.ntf_subs.borrow().contains_key(&nid)
+            {
+                continue;
+            }
+            self.ntf_subs
+                .borrow_mut()
+                .insert(nid.clone(), session.clone());
+            self.entries(session.conn, |e| e.ntf_subs.insert(nid.clone()));
+            let groups = self.ntf_part(session, &nid).await;
+            if !groups.is_empty() {
+                self.mesh.send(
+                    session.conn.shard,
+                    ShardMsg::Event {
+                        conn: session.conn,
+                        groups,
+                    },
+                );
+            }
         }
     }
 
