@@ -333,6 +333,8 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         let changed = q.rcv_service_id.as_ref() != service;
         if changed {
             q.rcv_service_id = service.cloned();
+            // The day's `updated_at` goes with it, so that the SUB writes the record once.
+            q.updated_at = Some(now_secs() / 86400 * 86400);
             self.update(q.clone()).await?;
         }
         Ok((q, changed))
