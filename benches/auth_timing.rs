@@ -132,6 +132,7 @@ fn main() {
                     batch_verified: None,
                     pre_verified: None,
                     undelivered: None,
+                    associated: false,
                 }
             };
             let time_path = |entity: &[u8]| {

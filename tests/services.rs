@@ -608,7 +608,7 @@ fn a_notification_service_subscribes_and_is_taken_over() {
     expect_nothing(&mut ns2, "the service moved to the first connection");
 }
 
-/// The seed's T5: the count SUBS answers after DEL of an associated queue and SUBS from other
+/// T5: the count SUBS answers after DEL of an associated queue and SUBS from other
 /// connections of the same service.
 #[test]
 fn subs_counts_after_del_and_other_connections_of_the_service() {

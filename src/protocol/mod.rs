@@ -7,6 +7,7 @@ pub mod encoding;
 pub mod error;
 pub mod forward;
 pub mod handshake;
+pub mod ids_hash;
 /// Padding is the reference's `Crypto.hs` `pad`/`unPad`, kept in `crypto` (which sealing needs)
 /// and named here too, where the wire formats use it.
 pub use crate::crypto::pad;

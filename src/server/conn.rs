@@ -24,12 +24,13 @@ use rand::rngs::OsRng;
 use x25519_dalek::{PublicKey as X25519Public, StaticSecret};
 
 use super::admission::Handshaking;
-use super::commands::service::CountHash;
 use super::context::ShardContext;
 use super::dispatch::ServiceJob;
 use super::dispatch::{self, RouteCtx};
 use super::output::{ask_again, coalesce, ConnHandle, Output, OutputState, MAX_COALESCED_OUTPUTS};
-use super::router::{ConnRef, Group, GroupKind, ServiceSession, Session, SessionInfo, ShardMsg};
+use super::router::{
+    ConnRef, CountHash, Group, GroupKind, ServiceSession, Session, SessionInfo, ShardMsg,
+};
 use super::tls_stream::{self, SharedTls, TlsStream};
 use super::ws::{self, Framing, PortKind, WsError};
 use crate::crypto::keys::PublicAuthKey;

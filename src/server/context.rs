@@ -14,7 +14,8 @@ use crate::config::StartConfig;
 use glommio::channels::local_channel::{self, LocalSender};
 
 use crate::metrics::MetricsSnapshot;
-use crate::server::commands::service::{xor_into, CountHash};
+use crate::protocol::ids_hash::xor_into;
+use crate::server::router::CountHash;
 use crate::store::services::Services;
 use crate::transport::certs::ServerCredentials;
 

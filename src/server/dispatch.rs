@@ -296,6 +296,7 @@ fn route_forwarded(ctx: &RouteCtx<'_>, corr_id: &[u8], body: &[u8], routed: &mut
                 batch_verified: None,
                 pre_verified: None,
                 undelivered: None,
+                associated: false,
             });
         }
     }
@@ -334,5 +335,6 @@ fn request(
         batch_verified: None,
         pre_verified: None,
         undelivered: None,
+        associated: false,
     }
 }

@@ -23,6 +23,7 @@ pub mod owner;
 pub mod pipeline;
 pub mod proxy;
 pub mod router;
+pub mod service_state;
 pub mod shard;
 #[cfg(test)]
 pub(crate) mod sim;

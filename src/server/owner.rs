@@ -140,7 +140,7 @@ pub struct Owner<S> {
     /// Source of subscription epochs.
     next_epoch: Cell<u64>,
     /// Services: associations, subscribed connections (`commands/service.rs`).
-    pub services: crate::server::commands::service::ServiceState,
+    pub services: crate::server::service_state::ServiceState,
     /// A deliberately broken variant, for the simulation to catch (`server::sim`).
     #[cfg(test)]
     pub fault: Cell<Fault>,
@@ -170,7 +170,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         mesh: Mesh,
         settings: Rc<Settings>,
     ) -> Self {
-        let services = crate::server::commands::service::ServiceState::default();
+        let services = crate::server::service_state::ServiceState::default();
         store.for_each_queue(&mut |q| services.index(q, true));
         Owner {
             services,
@@ -648,6 +648,7 @@ mod tests {
             batch_verified: None,
             pre_verified: None,
             undelivered: None,
+            associated: false,
         }
     }
 
@@ -894,6 +895,7 @@ mod tests {
             batch_verified: None,
             pre_verified: None,
             undelivered: None,
+            associated: false,
         }
     }
 

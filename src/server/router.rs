@@ -15,7 +15,6 @@ use crate::crypto::sxbox::NONCE_LEN;
 use crate::protocol::command::{Command, ServiceRole};
 use crate::protocol::response::{encode_response, BrokerMsg};
 use crate::protocol::version::Version;
-use crate::server::commands::service::{CountHash, ServiceKey};
 use crate::store::{group_of, EntityId, MsgId, MsgNtf, PARTITION_GROUPS};
 
 /// What an answer to a forwarded transmission needs: how to seal it for the client and for the
@@ -46,6 +45,12 @@ pub fn encode(session: &Session, corr_id: &[u8], entity_id: &[u8], msg: &BrokerM
         msg,
     )
 }
+
+/// A service and the role it subscribes in.
+pub type ServiceKey = (EntityId, ServiceRole);
+
+/// A count of queues and their ID hash (`protocol::ids_hash`).
+pub type CountHash = (i64, [u8; 16]);
 
 /// A connection, named by the shard that holds it and a number unique on that shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -121,6 +126,9 @@ pub struct Request {
     /// its bound). The reference marks a message delivered only once it is queued for sending, so
     /// an ACK of it is `NO_MSG` and deletes nothing.
     pub undelivered: Option<Delivery>,
+    /// For a SUB: its queue was moved to (or out of) the session's service with the part's
+    /// other SUBs, in one store call before the part ran (`Owner::associate_part`).
+    pub associated: bool,
 }
 
 /// A group of encoded transmissions packed into as few blocks as they fit. A MSG delivery is a

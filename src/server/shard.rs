@@ -11,13 +11,12 @@ use std::time::Duration;
 use glommio::net::TcpListener;
 
 use super::admission::Refused;
-use super::commands::service::{CountHash, FoldDone, FoldJob, ServiceKey, SERVICE_FOLD_CHUNK};
 use super::conn;
 use super::context::ShardContext;
 use super::owner::Owner;
 use super::pipeline::{Keys, Pipeline};
-use super::router::Session;
-use super::router::{Gathering, ShardMsg, Step};
+use super::router::{CountHash, Gathering, ServiceKey, Session, ShardMsg, Step};
+use super::service_state::{FoldDone, FoldJob, SERVICE_FOLD_CHUNK};
 use super::ws::PortKind;
 use crate::log_limit::{self, RateLimited};
 use crate::metrics::{self, MetricsSnapshot};

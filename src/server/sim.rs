@@ -218,6 +218,7 @@ impl World {
             batch_verified: Some(self.queues[q].key),
             pre_verified: None,
             undelivered: None,
+            associated: false,
         }
     }
 
@@ -264,6 +265,7 @@ impl World {
                         batch_verified: None,
                         pre_verified: None,
                         undelivered: None,
+                        associated: false,
                     }
                 }
             };

@@ -219,6 +219,27 @@ pub trait QueueStore {
     async fn update(&self, rec: QueueRec) -> Result<(), StoreError>;
     /// Deletes the queue, its messages and its notifications; returns the deleted record.
     async fn delete(&self, recipient_id: &[u8]) -> Result<QueueRec, StoreError>;
+    /// Sets the messaging service of the queues `ids` to `service` and their `updated_at` to
+    /// `updated_at` (a block's SUBs from one session: simplexmq `Server.hs`, `prepareBatchSubs`),
+    /// durably; returns the records as they now are, those of queues that exist. One call per
+    /// block part; the PostgreSQL store makes it one statement, the others one record write per
+    /// queue.
+    async fn associate_many(
+        &self,
+        ids: &[EntityId],
+        service: Option<&EntityId>,
+        updated_at: i64,
+    ) -> Result<Vec<QueueRec>, StoreError> {
+        let mut out = Vec::with_capacity(ids.len());
+        for rid in ids {
+            let Some(mut q) = self.get(rid) else { continue };
+            q.rcv_service_id = service.cloned();
+            q.updated_at = Some(updated_at);
+            self.update(q.clone()).await?;
+            out.push(q);
+        }
+        Ok(out)
+    }
 }
 
 #[allow(async_fn_in_trait)]

@@ -72,6 +72,9 @@ const UPDATE_QUEUE: &str = "UPDATE msg_queues SET recipient_keys = $2, sender_ke
      fixed_data = $15, user_data = $16 \
      WHERE recipient_id = $1 AND deleted_at IS NULL AND rcv_dh_secret = $3 AND sender_id = $4";
 const DELETE_QUEUE: &str = "DELETE FROM msg_queues WHERE recipient_id = $1";
+// A block's associations (simplexmq `QueueStore/Postgres.hs`, `setQueueServices`).
+const ASSOCIATE_MANY: &str = "UPDATE msg_queues SET rcv_service_id = $1, updated_at = $2 \
+     WHERE recipient_id = ANY($3) AND deleted_at IS NULL RETURNING recipient_id";
 const WRITE: &str =
     "SELECT quota_written, was_empty FROM write_message($1, $2, $3, $4, $5, $6, $7)";
 // A SEND's expiry and its write in one round trip: the write refers to the expiry's row, so it
@@ -163,6 +166,7 @@ pub const HOT_STATEMENTS: &[&str] = &[
     INSERT_QUEUE,
     UPDATE_QUEUE,
     DELETE_QUEUE,
+    ASSOCIATE_MANY,
     WRITE,
     EXPIRE_AND_WRITE,
     WRITE_MANY,
@@ -743,6 +747,43 @@ impl QueueStore for PostgresStore {
                 Ok(())
             }
         }
+    }
+
+    async fn associate_many(
+        &self,
+        ids: &[EntityId],
+        service: Option<&EntityId>,
+        updated_at: i64,
+    ) -> Result<Vec<QueueRec>, StoreError> {
+        let known: Vec<EntityId> = {
+            let data = self.data.borrow();
+            ids.iter()
+                .filter(|rid| data.queues.contains_key(*rid))
+                .cloned()
+                .collect()
+        };
+        if known.is_empty() {
+            return Ok(Vec::new());
+        }
+        let svc = service.cloned();
+        let changed: Vec<EntityId> = self
+            .shared
+            .run("associate", move |c| {
+                let st = c.stmt(ASSOCIATE_MANY)?;
+                let rows = c.client.query(&st, &[&svc, &updated_at, &known])?;
+                Ok(rows.iter().map(|r| r.get(0)).collect())
+            })
+            .await?;
+        let mut data = self.data.borrow_mut();
+        let mut out = Vec::with_capacity(changed.len());
+        for rid in changed {
+            if let Some(q) = data.queues.get_mut(&rid) {
+                q.rec.rcv_service_id = service.cloned();
+                q.rec.updated_at = Some(updated_at);
+                out.push(q.rec.clone());
+            }
+        }
+        Ok(out)
     }
 
     async fn delete(&self, recipient_id: &[u8]) -> Result<QueueRec, StoreError> {

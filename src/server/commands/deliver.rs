@@ -8,7 +8,6 @@
 
 use std::rc::Rc;
 
-use super::service::same_service;
 use super::{err, now_secs, random_id, service_refusal, store_error};
 use crate::crypto::sxbox;
 use crate::protocol::command::Command;
@@ -23,6 +22,7 @@ use crate::server::owner::{Owner, Subscriber, Turn, T1_RACE_VARIANT, T1_VARIANT_
 use crate::server::router::{
     encode, ConnRef, Delivery, Group, GroupKind, Pending, Request, Session, ShardMsg,
 };
+use crate::server::service_state::same_service;
 use crate::store::{Message, MessageStore, MsgId, QueueStatus, QueueStore, WriteOutcome};
 
 /// MSG bodies are always padded to this before sealing: `MaxRcvMessageLen + 2`

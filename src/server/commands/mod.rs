@@ -51,6 +51,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     pub async fn process(&self, session: Session, block_seq: u64, mut requests: Vec<Request>) {
         self.batch_verify(&session, &mut requests);
         self.pre_verify_subs(&session, &mut requests);
+        self.associate_part(&session, &mut requests).await;
         let mut prefetched = self.prefetch_subs(&requests).await;
         let items = requests
             .into_iter()
@@ -263,7 +264,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         // session, before the status check (simplexmq `Server.hs`, `prepareBatchSubs`).
         let (q, newly) = match &req.command {
             Command::Sub => match self.associate(session, q).await {
-                Ok(q) => q,
+                Ok((q, changed)) => (q, changed || req.associated),
                 Err(e) => return err(e),
             },
             _ => (q, false),

@@ -4,7 +4,6 @@
 use rand::RngCore;
 use x25519_dalek::{PublicKey as X25519Public, StaticSecret};
 
-use super::service::same_service;
 use super::{err, random_id, service_refusal};
 use crate::crypto::keys::PublicAuthKey;
 use crate::crypto::sxbox;
@@ -16,6 +15,7 @@ use crate::protocol::response::BrokerMsg;
 use crate::server::directory::IdSpace;
 use crate::server::owner::{Owner, Turn};
 use crate::server::router::{encode, Group, GroupKind, NtfReturn, Pending, Request, Session};
+use crate::server::service_state::same_service;
 use crate::store::{Message, MessageStore, MsgNtf, NotifierCreds, QueueRec, QueueStore};
 
 /// Attempts at a free notifier ID (the reference's 3).

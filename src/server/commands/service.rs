@@ -10,178 +10,17 @@
 //! without a subscriber of its own is delivered to that connection, which gets a per-queue
 //! subscription when a message is handed to it (freed with the connection, simplexmq #1820).
 
-use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
-use std::rc::Rc;
-
-use md5::{Digest, Md5};
 
 use super::deliver::msg_transmission;
-use crate::protocol::command::ServiceRole;
+use crate::protocol::command::{Command, ServiceRole};
+use crate::protocol::ids_hash::{id_hash, xor_into};
 use crate::protocol::response::BrokerMsg;
 use crate::server::owner::{Owner, Subscriber};
-use crate::server::router::{encode, ConnRef, Session, ShardMsg};
+use crate::server::router::{
+    encode, ConnRef, CountHash, Request, ServiceCheck, ServiceKey, Session, ShardMsg,
+};
 use crate::store::{EntityId, MessageStore, QueueRec, QueueStore};
-
-/// A service and the role it subscribes in.
-pub type ServiceKey = (EntityId, ServiceRole);
-
-/// A count of queues and their ID hash.
-pub type CountHash = (i64, [u8; 16]);
-
-/// The ID hash of one queue: MD5 of its ID.
-pub fn id_hash(id: &[u8]) -> [u8; 16] {
-    Md5::digest(id).into()
-}
-
-/// `a ⊕= b`.
-pub fn xor_into(a: &mut [u8; 16], b: &[u8; 16]) {
-    for (x, y) in a.iter_mut().zip(b) {
-        *x ^= y;
-    }
-}
-
-/// Whether two sessions are connections of one service.
-pub fn same_service(a: &Session, b: &Session) -> bool {
-    match (&a.service, &b.service) {
-        (Some(x), Some(y)) => x.service_id == y.service_id,
-        _ => false,
-    }
-}
-
-/// One owner's queues of one service and role.
-#[derive(Default)]
-struct Assoc {
-    /// Recipient IDs (the owner's key), for either role.
-    queues: HashSet<EntityId>,
-    hash: [u8; 16],
-}
-
-/// The services' state on one owner.
-#[derive(Default)]
-pub struct ServiceState {
-    index: RefCell<HashMap<ServiceKey, Assoc>>,
-    /// The connection subscribed to each service (`SUBS`/`NSUBS`) on this owner.
-    subscribers: RefCell<HashMap<ServiceKey, Session>>,
-    /// On the service's home shard: its subscribed connection, with the count and hash it was
-    /// answered, which `ENDS` reports to it when another connection takes over.
-    home: RefCell<HashMap<ServiceKey, (Session, CountHash)>>,
-}
-
-/// The associations of a queue record: (service, role) and the ID its hash is of.
-fn associations(q: &QueueRec) -> impl Iterator<Item = (ServiceKey, &[u8])> {
-    let rcv = q
-        .rcv_service_id
-        .as_ref()
-        .map(|s| ((s.clone(), ServiceRole::Messaging), &q.recipient_id[..]));
-    let ntf = q.notifier.as_ref().and_then(|n| {
-        n.ntf_service_id
-            .as_ref()
-            .map(|s| ((s.clone(), ServiceRole::Notifier), &n.notifier_id[..]))
-    });
-    rcv.into_iter().chain(ntf)
-}
-
-impl ServiceState {
-    /// Adds (`add`) or removes a record's associations.
-    pub fn index(&self, q: &QueueRec, add: bool) {
-        let mut index = self.index.borrow_mut();
-        for (key, id) in associations(q) {
-            let a = index.entry(key.clone()).or_default();
-            let changed = if add {
-                a.queues.insert(q.recipient_id.clone())
-            } else {
-                a.queues.remove(&q.recipient_id)
-            };
-            if changed {
-                xor_into(&mut a.hash, &id_hash(id));
-            }
-            if a.queues.is_empty() {
-                index.remove(&key);
-            }
-        }
-    }
-
-    /// Follows a record change: `old` (none for a new queue) became `new` (none: deleted).
-    /// Returns the associations that went, with the hash of each queue's ID.
-    pub fn changed(
-        &self,
-        old: Option<&QueueRec>,
-        new: Option<&QueueRec>,
-    ) -> Vec<(ServiceKey, [u8; 16])> {
-        let of = |q: Option<&QueueRec>| -> Vec<(ServiceKey, [u8; 16])> {
-            q.map(|q| associations(q).map(|(k, id)| (k, id_hash(id))).collect())
-                .unwrap_or_default()
-        };
-        let (before, after) = (of(old), of(new));
-        if before == after {
-            return Vec::new();
-        }
-        if let Some(o) = old {
-            self.index(o, false);
-        }
-        if let Some(n) = new {
-            self.index(n, true);
-        }
-        before.into_iter().filter(|b| !after.contains(b)).collect()
-    }
-
-    /// This owner's count and hash of the service's queues.
-    pub fn count(&self, key: &ServiceKey) -> CountHash {
-        self.index
-            .borrow()
-            .get(key)
-            .map_or((0, [0; 16]), |a| (a.queues.len() as i64, a.hash))
-    }
-
-    /// This owner's queues of the service.
-    pub fn queues(&self, key: &ServiceKey) -> Vec<EntityId> {
-        self.index
-            .borrow()
-            .get(key)
-            .map(|a| a.queues.iter().cloned().collect())
-            .unwrap_or_default()
-    }
-
-    /// The connection subscribed to `service` in `role`, if any.
-    pub fn subscriber(&self, service: &[u8], role: ServiceRole) -> Option<Session> {
-        self.subscribers
-            .borrow()
-            .get(&(service.to_vec(), role))
-            .cloned()
-    }
-
-    /// A closed connection is no service's subscriber any more.
-    pub fn connection_closed(&self, conn: ConnRef) {
-        self.subscribers.borrow_mut().retain(|_, s| s.conn != conn);
-        self.home.borrow_mut().retain(|_, (s, _)| s.conn != conn);
-    }
-
-    /// Per role: the services whose home is this shard that have a subscribed connection, and
-    /// the subscriptions those connections hold (the reference's `totalServiceSubs`).
-    pub fn totals(&self, role: ServiceRole) -> (u64, u64) {
-        let home = self.home.borrow();
-        let mine = home.iter().filter(|((_, r), _)| *r == role);
-        let (mut services, mut subs) = (0, 0);
-        for (_, (_, (n, _))) in mine {
-            services += 1;
-            subs += (*n).max(0) as u64;
-        }
-        (services, subs)
-    }
-
-    /// The count and hash of the service's current connection, if it is `conn` (home shard).
-    pub fn current(&self, key: &ServiceKey, conn: ConnRef) -> CountHash {
-        match self.home.borrow().get(key) {
-            Some((s, ch)) if s.conn == conn => *ch,
-            _ => (0, [0; 16]),
-        }
-    }
-}
-
-/// The queues of a service one owner job folds after `SUBS`, as a SUB batch is
-/// (`limits::MAX_SUBS_PER_BLOCK`-sized: one head read per chunk).
-pub const SERVICE_FOLD_CHUNK: usize = 135;
 
 impl<S: QueueStore + MessageStore> Owner<S> {
     /// Tells the service's home shard that `session` subscribed one of its queues (a service's
@@ -491,6 +330,65 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         }
     }
 
+    /// The SUBs of a block part that move their queues to the session's service (or, from an
+    /// ordinary session, out of one), verified before the part runs, are associated in one store
+    /// call (simplexmq `Server.hs`, `prepareBatchSubs`: PostgreSQL, one `UPDATE … RETURNING`);
+    /// each marks its request. A lone SUB, or a failed call, leaves them to `associate` one by
+    /// one (each then reports its own error).
+    pub async fn associate_part(&self, session: &Session, requests: &mut [Request]) {
+        let service = session.service.as_ref().map(|s| s.service_id.clone());
+        let mut ids: Vec<EntityId> = Vec::new();
+        for r in requests.iter() {
+            let verified = r.batch_verified.is_some() || r.pre_verified == Some(true);
+            let eligible = matches!(r.command, Command::Sub)
+                && r.forward.is_none()
+                && matches!(r.service, ServiceCheck::Plain | ServiceCheck::Signed)
+                && verified;
+            let Some(rid) = r.recipient_id.as_ref().filter(|_| eligible) else {
+                continue;
+            };
+            let moves = self
+                .store
+                .with_queue(rid, |q| q.rcv_service_id != service)
+                .unwrap_or(false);
+            if moves && !ids.contains(rid) {
+                ids.push(rid.clone());
+            }
+        }
+        if ids.len() < 2 {
+            return;
+        }
+        let olds: HashMap<EntityId, QueueRec> = ids
+            .iter()
+            .filter_map(|rid| self.store.get(rid).map(|q| (rid.clone(), q)))
+            .collect();
+        let today = crate::clock::now_secs() / 86400 * 86400;
+        let Ok(news) = self
+            .store
+            .associate_many(&ids, service.as_ref(), today)
+            .await
+        else {
+            return;
+        };
+        let mut done = HashSet::with_capacity(news.len());
+        for new in &news {
+            let gone = self
+                .services
+                .changed(olds.get(&new.recipient_id), Some(new));
+            self.tell_home_dropped(gone);
+            done.insert(new.recipient_id.clone());
+        }
+        for r in requests.iter_mut() {
+            if matches!(r.command, Command::Sub)
+                && r.recipient_id
+                    .as_ref()
+                    .is_some_and(|rid| done.contains(rid))
+            {
+                r.associated = true;
+            }
+        }
+    }
+
     /// As `fold_service_chunk`, for a notification service after `NSUBS`: each notifier of the
     /// chunk without a subscriber of its own gets the service's connection, and its stored
     /// notifications, a part at a time as an NSUB's (the rest when the connection has room).
@@ -570,48 +468,5 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             .insert(nid.to_vec(), session.clone());
         self.entries(session.conn, |e| e.ntf_subs.insert(nid.to_vec()));
         Some(session)
-    }
-}
-
-/// Counts the chunk jobs of one fold: the last to end tells the connection's shard.
-pub struct FoldDone {
-    left: Cell<usize>,
-    notify: RefCell<Option<Box<dyn FnOnce()>>>,
-}
-
-impl FoldDone {
-    pub fn new(jobs: usize, notify: impl FnOnce() + 'static) -> Rc<Self> {
-        let done = Rc::new(FoldDone {
-            left: Cell::new(jobs),
-            notify: RefCell::new(Some(Box::new(notify))),
-        });
-        if jobs == 0 {
-            done.finish();
-        }
-        done
-    }
-
-    /// One job ended.
-    pub fn one(&self) {
-        let left = self.left.get().saturating_sub(1);
-        self.left.set(left);
-        if left == 0 {
-            self.finish();
-        }
-    }
-
-    fn finish(&self) {
-        if let Some(f) = self.notify.borrow_mut().take() {
-            f();
-        }
-    }
-}
-
-/// One chunk job of a fold: its end (or its drop, should the pipeline drop it) counts.
-pub struct FoldJob(pub Rc<FoldDone>);
-
-impl Drop for FoldJob {
-    fn drop(&mut self) {
-        self.0.one();
     }
 }

@@ -1,0 +1,198 @@
+//! The services' state on one owner (`docs/ARCHITECTURE.md` §5, "Services"): the index of its
+//! queues' associations per service and role with their ID hashes, the connection subscribed to
+//! each service, and on a service's home shard that connection's count and hash. What the owner
+//! does with it is `commands/service.rs`.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+
+use crate::protocol::command::ServiceRole;
+use crate::protocol::ids_hash::{id_hash, xor_into};
+use crate::server::router::{ConnRef, CountHash, ServiceKey, Session};
+use crate::store::{EntityId, QueueRec};
+
+/// Whether two sessions are connections of one service.
+pub fn same_service(a: &Session, b: &Session) -> bool {
+    match (&a.service, &b.service) {
+        (Some(x), Some(y)) => x.service_id == y.service_id,
+        _ => false,
+    }
+}
+
+/// One owner's queues of one service and role.
+#[derive(Default)]
+struct Assoc {
+    /// Recipient IDs (the owner's key), for either role.
+    queues: HashSet<EntityId>,
+    hash: [u8; 16],
+}
+
+/// The services' state on one owner.
+#[derive(Default)]
+pub struct ServiceState {
+    index: RefCell<HashMap<ServiceKey, Assoc>>,
+    /// The connection subscribed to each service (`SUBS`/`NSUBS`) on this owner.
+    pub(crate) subscribers: RefCell<HashMap<ServiceKey, Session>>,
+    /// On the service's home shard: its subscribed connection, with the count and hash it was
+    /// answered, which `ENDS` reports to it when another connection takes over.
+    pub(crate) home: RefCell<HashMap<ServiceKey, (Session, CountHash)>>,
+}
+
+/// The associations of a queue record: (service, role) and the ID its hash is of.
+fn associations(q: &QueueRec) -> impl Iterator<Item = (ServiceKey, &[u8])> {
+    let rcv = q
+        .rcv_service_id
+        .as_ref()
+        .map(|s| ((s.clone(), ServiceRole::Messaging), &q.recipient_id[..]));
+    let ntf = q.notifier.as_ref().and_then(|n| {
+        n.ntf_service_id
+            .as_ref()
+            .map(|s| ((s.clone(), ServiceRole::Notifier), &n.notifier_id[..]))
+    });
+    rcv.into_iter().chain(ntf)
+}
+
+impl ServiceState {
+    /// Adds (`add`) or removes a record's associations.
+    pub fn index(&self, q: &QueueRec, add: bool) {
+        let mut index = self.index.borrow_mut();
+        for (key, id) in associations(q) {
+            let a = index.entry(key.clone()).or_default();
+            let changed = if add {
+                a.queues.insert(q.recipient_id.clone())
+            } else {
+                a.queues.remove(&q.recipient_id)
+            };
+            if changed {
+                xor_into(&mut a.hash, &id_hash(id));
+            }
+            if a.queues.is_empty() {
+                index.remove(&key);
+            }
+        }
+    }
+
+    /// Follows a record change: `old` (none for a new queue) became `new` (none: deleted).
+    /// Returns the associations that went, with the hash of each queue's ID.
+    pub fn changed(
+        &self,
+        old: Option<&QueueRec>,
+        new: Option<&QueueRec>,
+    ) -> Vec<(ServiceKey, [u8; 16])> {
+        let of = |q: Option<&QueueRec>| -> Vec<(ServiceKey, [u8; 16])> {
+            q.map(|q| associations(q).map(|(k, id)| (k, id_hash(id))).collect())
+                .unwrap_or_default()
+        };
+        let (before, after) = (of(old), of(new));
+        if before == after {
+            return Vec::new();
+        }
+        if let Some(o) = old {
+            self.index(o, false);
+        }
+        if let Some(n) = new {
+            self.index(n, true);
+        }
+        before.into_iter().filter(|b| !after.contains(b)).collect()
+    }
+
+    /// This owner's count and hash of the service's queues.
+    pub fn count(&self, key: &ServiceKey) -> CountHash {
+        self.index
+            .borrow()
+            .get(key)
+            .map_or((0, [0; 16]), |a| (a.queues.len() as i64, a.hash))
+    }
+
+    /// This owner's queues of the service.
+    pub fn queues(&self, key: &ServiceKey) -> Vec<EntityId> {
+        self.index
+            .borrow()
+            .get(key)
+            .map(|a| a.queues.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The connection subscribed to `service` in `role`, if any.
+    pub fn subscriber(&self, service: &[u8], role: ServiceRole) -> Option<Session> {
+        self.subscribers
+            .borrow()
+            .get(&(service.to_vec(), role))
+            .cloned()
+    }
+
+    /// A closed connection is no service's subscriber any more.
+    pub fn connection_closed(&self, conn: ConnRef) {
+        self.subscribers.borrow_mut().retain(|_, s| s.conn != conn);
+        self.home.borrow_mut().retain(|_, (s, _)| s.conn != conn);
+    }
+
+    /// Per role: the services whose home is this shard that have a subscribed connection, and
+    /// the subscriptions those connections hold (the reference's `totalServiceSubs`).
+    pub fn totals(&self, role: ServiceRole) -> (u64, u64) {
+        let home = self.home.borrow();
+        let mine = home.iter().filter(|((_, r), _)| *r == role);
+        let (mut services, mut subs) = (0, 0);
+        for (_, (_, (n, _))) in mine {
+            services += 1;
+            subs += (*n).max(0) as u64;
+        }
+        (services, subs)
+    }
+
+    /// The count and hash of the service's current connection, if it is `conn` (home shard).
+    pub fn current(&self, key: &ServiceKey, conn: ConnRef) -> CountHash {
+        match self.home.borrow().get(key) {
+            Some((s, ch)) if s.conn == conn => *ch,
+            _ => (0, [0; 16]),
+        }
+    }
+}
+
+/// The queues of a service one owner job folds after `SUBS`, as a SUB batch is
+/// (`limits::MAX_SUBS_PER_BLOCK`-sized: one head read per chunk).
+pub const SERVICE_FOLD_CHUNK: usize = 135;
+
+/// Counts the chunk jobs of one fold: the last to end tells the connection's shard.
+pub struct FoldDone {
+    left: Cell<usize>,
+    notify: RefCell<Option<Box<dyn FnOnce()>>>,
+}
+
+impl FoldDone {
+    pub fn new(jobs: usize, notify: impl FnOnce() + 'static) -> Rc<Self> {
+        let done = Rc::new(FoldDone {
+            left: Cell::new(jobs),
+            notify: RefCell::new(Some(Box::new(notify))),
+        });
+        if jobs == 0 {
+            done.finish();
+        }
+        done
+    }
+
+    /// One job ended.
+    pub fn one(&self) {
+        let left = self.left.get().saturating_sub(1);
+        self.left.set(left);
+        if left == 0 {
+            self.finish();
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(f) = self.notify.borrow_mut().take() {
+            f();
+        }
+    }
+}
+
+/// One chunk job of a fold: its end (or its drop, should the pipeline drop it) counts.
+pub struct FoldJob(pub Rc<FoldDone>);
+
+impl Drop for FoldJob {
+    fn drop(&mut self) {
+        self.0.one();
+    }
+}
