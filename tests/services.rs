@@ -879,7 +879,7 @@ fn service_subscriptions_are_freed_with_their_connection() {
 }
 
 /// Notifications stored while a notification service was away reach it after its NSUBS, each
-/// once.
+/// once; its notifiers were associated by one block of NSUBs (one store call per owner).
 #[test]
 fn stored_notifications_reach_the_service_after_nsubs() {
     let relay = Relay::start_with(RelayOptions {
@@ -892,8 +892,17 @@ fn stored_notifications_reach_the_service_after_nsubs() {
     let ns: Vec<Notifier> = qs.iter().map(|q| nkey(&mut rc, q)).collect();
     {
         let mut svc = service(&relay, &cert, ROLE_NOTIFIER);
-        for n in &ns {
-            assert_eq!(nsub(&mut svc, n), sok_service(&svc));
+        let corrs: Vec<_> = ns.iter().map(|_| new_corr_id()).collect();
+        let ts: Vec<_> = ns
+            .iter()
+            .zip(&corrs)
+            .map(|(n, c)| {
+                ClientTransmission::new(c, &n.nid, Command::NSub).signed(n.keys.auth.clone())
+            })
+            .collect();
+        svc.send_batch(&ts).expect("send NSUBs");
+        for c in &corrs {
+            assert_eq!(svc.recv_for(c).expect("SOK").msg, Ok(sok_service(&svc)));
         }
     }
     let mut sc = relay.client();

@@ -413,9 +413,12 @@ fn read_service_subs(r: &mut Reader<'_>) -> DResult<ServiceSubs> {
     r.space()?;
     let n = r.int64()?;
     let h = r.short()?;
-    // The reference accepts any length; every client sends a 16-byte MD5 XOR.
-    let h: [u8; 16] = h.try_into().map_err(|_| DecodeError)?;
-    Ok((n, h))
+    // The reference accepts a hash of any length (`IdsHash` is any string; its XOR truncates to
+    // the shorter): the first 16 bytes, zero-filled, are what a comparison sees.
+    let mut hash = [0u8; 16];
+    let k = h.len().min(16);
+    hash[..k].copy_from_slice(&h[..k]);
+    Ok((n, hash))
 }
 
 fn put_service_subs(v: Version, out: &mut Vec<u8>, s: &Option<ServiceSubs>) {
@@ -1360,11 +1363,16 @@ mod tests {
         assert_eq!(parse_command(19, b"SUBS"), Err(CommandError::Syntax));
         assert_eq!(Command::Subs(Some((3, [0xab; 16]))).to_bytes(18), b"SUBS");
         assert_eq!(Command::Subs(Some((3, [0xab; 16]))).to_bytes(19), p);
-        // a hash that is not 16 bytes
+        // a hash that is not 16 bytes parses, as the reference's (any string): zero-filled here
         let mut p = b"NSUBS ".to_vec();
         p.extend_from_slice(&3i64.to_be_bytes());
         p.push(2);
         p.extend_from_slice(&[0xab; 2]);
+        let mut short = [0u8; 16];
+        short[..2].copy_from_slice(&[0xab; 2]);
+        assert_eq!(parse_command(20, &p), Ok(Command::NSubs(Some((3, short)))));
+        // anything after the hash is still a syntax error
+        p.push(b'x');
         assert_eq!(parse_command(20, &p), Err(CommandError::Syntax));
     }
 

@@ -126,8 +126,8 @@ pub struct Request {
     /// its bound). The reference marks a message delivered only once it is queued for sending, so
     /// an ACK of it is `NO_MSG` and deletes nothing.
     pub undelivered: Option<Delivery>,
-    /// For a SUB: its queue was moved to (or out of) the session's service with the part's
-    /// other SUBs, in one store call before the part ran (`Owner::associate_part`).
+    /// For a SUB (NSUB): its queue (notifier) was moved to (or out of) the session's service with
+    /// the part's others, in one store call before the part ran (`Owner::associate_part`).
     pub associated: bool,
 }
 

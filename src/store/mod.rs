@@ -240,6 +240,26 @@ pub trait QueueStore {
         }
         Ok(out)
     }
+
+    /// As `associate_many`, for the notifiers of the queues `ids` (a block's NSUBs); queues
+    /// without a notifier are left out.
+    async fn associate_notifiers_many(
+        &self,
+        ids: &[EntityId],
+        service: Option<&EntityId>,
+    ) -> Result<Vec<QueueRec>, StoreError> {
+        let mut out = Vec::with_capacity(ids.len());
+        for rid in ids {
+            let Some(mut q) = self.get(rid) else { continue };
+            let Some(n) = q.notifier.as_mut() else {
+                continue;
+            };
+            n.ntf_service_id = service.cloned();
+            self.update(q.clone()).await?;
+            out.push(q);
+        }
+        Ok(out)
+    }
 }
 
 #[allow(async_fn_in_trait)]

@@ -75,6 +75,9 @@ const DELETE_QUEUE: &str = "DELETE FROM msg_queues WHERE recipient_id = $1";
 // A block's associations (simplexmq `QueueStore/Postgres.hs`, `setQueueServices`).
 const ASSOCIATE_MANY: &str = "UPDATE msg_queues SET rcv_service_id = $1, updated_at = $2 \
      WHERE recipient_id = ANY($3) AND deleted_at IS NULL RETURNING recipient_id";
+const ASSOCIATE_NTF_MANY: &str = "UPDATE msg_queues SET ntf_service_id = $1 \
+     WHERE recipient_id = ANY($2) AND deleted_at IS NULL AND notifier_id IS NOT NULL \
+     RETURNING recipient_id";
 const WRITE: &str =
     "SELECT quota_written, was_empty FROM write_message($1, $2, $3, $4, $5, $6, $7)";
 // A SEND's expiry and its write in one round trip: the write refers to the expiry's row, so it
@@ -167,6 +170,7 @@ pub const HOT_STATEMENTS: &[&str] = &[
     UPDATE_QUEUE,
     DELETE_QUEUE,
     ASSOCIATE_MANY,
+    ASSOCIATE_NTF_MANY,
     WRITE,
     EXPIRE_AND_WRITE,
     WRITE_MANY,
@@ -781,6 +785,47 @@ impl QueueStore for PostgresStore {
                 q.rec.rcv_service_id = service.cloned();
                 q.rec.updated_at = Some(updated_at);
                 out.push(q.rec.clone());
+            }
+        }
+        Ok(out)
+    }
+
+    async fn associate_notifiers_many(
+        &self,
+        ids: &[EntityId],
+        service: Option<&EntityId>,
+    ) -> Result<Vec<QueueRec>, StoreError> {
+        let known: Vec<EntityId> = {
+            let data = self.data.borrow();
+            ids.iter()
+                .filter(|rid| {
+                    data.queues
+                        .get(*rid)
+                        .is_some_and(|q| q.rec.notifier.is_some())
+                })
+                .cloned()
+                .collect()
+        };
+        if known.is_empty() {
+            return Ok(Vec::new());
+        }
+        let svc = service.cloned();
+        let changed: Vec<EntityId> = self
+            .shared
+            .run("associate notifiers", move |c| {
+                let st = c.stmt(ASSOCIATE_NTF_MANY)?;
+                let rows = c.client.query(&st, &[&svc, &known])?;
+                Ok(rows.iter().map(|r| r.get(0)).collect())
+            })
+            .await?;
+        let mut data = self.data.borrow_mut();
+        let mut out = Vec::with_capacity(changed.len());
+        for rid in changed {
+            if let Some(q) = data.queues.get_mut(&rid) {
+                if let Some(n) = q.rec.notifier.as_mut() {
+                    n.ntf_service_id = service.cloned();
+                    out.push(q.rec.clone());
+                }
             }
         }
         Ok(out)

@@ -176,7 +176,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         }
         let nid = n.notifier_id.clone();
         let newly = match self.associate_notifier(session, q).await {
-            Ok(newly) => newly,
+            Ok(newly) => newly || req.associated,
             Err(e) => return err(e),
         };
         self.tell_home_subscribed(session, ServiceRole::Notifier, &nid, newly);

@@ -330,61 +330,88 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         }
     }
 
-    /// The SUBs of a block part that move their queues to the session's service (or, from an
-    /// ordinary session, out of one), verified before the part runs, are associated in one store
-    /// call (simplexmq `Server.hs`, `prepareBatchSubs`: PostgreSQL, one `UPDATE … RETURNING`);
-    /// each marks its request. A lone SUB, or a failed call, leaves them to `associate` one by
-    /// one (each then reports its own error).
+    /// The SUBs (and the NSUBs) of a block part that move their queues (notifiers) to the
+    /// session's service (or, from an ordinary session, out of one), verified before the part
+    /// runs, are associated in one store call per party (simplexmq `Server.hs`,
+    /// `prepareBatchSubs`: PostgreSQL, one `UPDATE … RETURNING`); each marks its request. A lone
+    /// one, an unverified one, or a failed call leaves them to `associate` one by one (each then
+    /// reports its own error).
     pub async fn associate_part(&self, session: &Session, requests: &mut [Request]) {
         let service = session.service.as_ref().map(|s| s.service_id.clone());
-        let mut ids: Vec<EntityId> = Vec::new();
+        // (SUB's, NSUB's) queues whose association the part changes.
+        let (mut subs, mut nsubs): (Vec<EntityId>, Vec<EntityId>) = (Vec::new(), Vec::new());
         for r in requests.iter() {
             let verified = r.batch_verified.is_some() || r.pre_verified == Some(true);
-            let eligible = matches!(r.command, Command::Sub)
-                && r.forward.is_none()
+            let eligible = r.forward.is_none()
                 && matches!(r.service, ServiceCheck::Plain | ServiceCheck::Signed)
                 && verified;
             let Some(rid) = r.recipient_id.as_ref().filter(|_| eligible) else {
                 continue;
             };
-            let moves = self
-                .store
-                .with_queue(rid, |q| q.rcv_service_id != service)
-                .unwrap_or(false);
-            if moves && !ids.contains(rid) {
-                ids.push(rid.clone());
+            let (moves, list) = match r.command {
+                Command::Sub => (
+                    self.store
+                        .with_queue(rid, |q| q.rcv_service_id != service)
+                        .unwrap_or(false),
+                    &mut subs,
+                ),
+                Command::NSub => (
+                    self.store
+                        .with_queue(rid, |q| {
+                            q.notifier
+                                .as_ref()
+                                .is_some_and(|n| n.ntf_service_id != service)
+                        })
+                        .unwrap_or(false),
+                    &mut nsubs,
+                ),
+                _ => continue,
+            };
+            if moves && !list.contains(rid) {
+                list.push(rid.clone());
             }
         }
-        if ids.len() < 2 {
-            return;
+        let mut done: HashSet<(bool, EntityId)> = HashSet::new();
+        for (notifier, ids) in [(false, subs), (true, nsubs)] {
+            if ids.len() < 2 {
+                continue;
+            }
+            let olds: HashMap<EntityId, QueueRec> = ids
+                .iter()
+                .filter_map(|rid| self.store.get(rid).map(|q| (rid.clone(), q)))
+                .collect();
+            let news = if notifier {
+                self.store
+                    .associate_notifiers_many(&ids, service.as_ref())
+                    .await
+            } else {
+                let today = crate::clock::now_secs() / 86400 * 86400;
+                self.store
+                    .associate_many(&ids, service.as_ref(), today)
+                    .await
+            };
+            let Ok(news) = news else { continue };
+            for new in &news {
+                let gone = self
+                    .services
+                    .changed(olds.get(&new.recipient_id), Some(new));
+                self.tell_home_dropped(gone);
+                done.insert((notifier, new.recipient_id.clone()));
+            }
         }
-        let olds: HashMap<EntityId, QueueRec> = ids
-            .iter()
-            .filter_map(|rid| self.store.get(rid).map(|q| (rid.clone(), q)))
-            .collect();
-        let today = crate::clock::now_secs() / 86400 * 86400;
-        let Ok(news) = self
-            .store
-            .associate_many(&ids, service.as_ref(), today)
-            .await
-        else {
+        if done.is_empty() {
             return;
-        };
-        let mut done = HashSet::with_capacity(news.len());
-        for new in &news {
-            let gone = self
-                .services
-                .changed(olds.get(&new.recipient_id), Some(new));
-            self.tell_home_dropped(gone);
-            done.insert(new.recipient_id.clone());
         }
         for r in requests.iter_mut() {
-            if matches!(r.command, Command::Sub)
-                && r.recipient_id
-                    .as_ref()
-                    .is_some_and(|rid| done.contains(rid))
-            {
-                r.associated = true;
+            let notifier = match r.command {
+                Command::Sub => false,
+                Command::NSub => true,
+                _ => continue,
+            };
+            if let Some(rid) = &r.recipient_id {
+                if done.contains(&(notifier, rid.clone())) {
+                    r.associated = true;
+                }
             }
         }
     }
