@@ -171,7 +171,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         settings: Rc<Settings>,
     ) -> Self {
         let services = crate::server::service_state::ServiceState::default();
-        store.for_each_queue(&mut |q| services.index(q, true));
+        store.for_each_queue(&mut |q| services.index(q));
         Owner {
             services,
             shard,

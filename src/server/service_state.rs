@@ -39,61 +39,59 @@ pub struct ServiceState {
     pub(crate) home: RefCell<HashMap<ServiceKey, (Session, CountHash)>>,
 }
 
-/// The associations of a queue record: (service, role) and the ID its hash is of.
-fn associations(q: &QueueRec) -> impl Iterator<Item = (ServiceKey, &[u8])> {
-    let rcv = q
-        .rcv_service_id
-        .as_ref()
-        .map(|s| ((s.clone(), ServiceRole::Messaging), &q.recipient_id[..]));
+/// A queue's associations: (service, role) and the hash of the ID that counts for it (the
+/// recipient ID for M, the notifier ID for N). Empty, and allocation-free, for most queues.
+pub type Associations = Vec<(ServiceKey, [u8; 16])>;
+
+/// The associations of a queue record.
+pub fn associations_of(q: &QueueRec) -> Associations {
+    let rcv = q.rcv_service_id.as_ref().map(|s| {
+        (
+            (s.clone(), ServiceRole::Messaging),
+            id_hash(&q.recipient_id),
+        )
+    });
     let ntf = q.notifier.as_ref().and_then(|n| {
         n.ntf_service_id
             .as_ref()
-            .map(|s| ((s.clone(), ServiceRole::Notifier), &n.notifier_id[..]))
+            .map(|s| ((s.clone(), ServiceRole::Notifier), id_hash(&n.notifier_id)))
     });
-    rcv.into_iter().chain(ntf)
+    rcv.into_iter().chain(ntf).collect()
 }
 
 impl ServiceState {
-    /// Adds (`add`) or removes a record's associations.
-    pub fn index(&self, q: &QueueRec, add: bool) {
+    /// Adds a record's associations (the index built at start).
+    pub fn index(&self, q: &QueueRec) {
+        self.apply(&q.recipient_id, &associations_of(q), true);
+    }
+
+    /// Adds (`add`) or removes the associations `list` of the queue `rid`.
+    fn apply(&self, rid: &[u8], list: &Associations, add: bool) {
         let mut index = self.index.borrow_mut();
-        for (key, id) in associations(q) {
+        for (key, hash) in list {
             let a = index.entry(key.clone()).or_default();
             let changed = if add {
-                a.queues.insert(q.recipient_id.clone())
+                a.queues.insert(rid.to_vec())
             } else {
-                a.queues.remove(&q.recipient_id)
+                a.queues.remove(rid)
             };
             if changed {
-                xor_into(&mut a.hash, &id_hash(id));
+                xor_into(&mut a.hash, hash);
             }
             if a.queues.is_empty() {
-                index.remove(&key);
+                index.remove(key);
             }
         }
     }
 
-    /// Follows a record change: `old` (none for a new queue) became `new` (none: deleted).
-    /// Returns the associations that went, with the hash of each queue's ID.
-    pub fn changed(
-        &self,
-        old: Option<&QueueRec>,
-        new: Option<&QueueRec>,
-    ) -> Vec<(ServiceKey, [u8; 16])> {
-        let of = |q: Option<&QueueRec>| -> Vec<(ServiceKey, [u8; 16])> {
-            q.map(|q| associations(q).map(|(k, id)| (k, id_hash(id))).collect())
-                .unwrap_or_default()
-        };
-        let (before, after) = (of(old), of(new));
+    /// Follows a change of queue `rid`'s record from associations `before` (empty for a new
+    /// queue) to `after` (empty: deleted). Returns the associations that went.
+    pub fn changed(&self, rid: &[u8], before: Associations, after: Associations) -> Associations {
         if before == after {
             return Vec::new();
         }
-        if let Some(o) = old {
-            self.index(o, false);
-        }
-        if let Some(n) = new {
-            self.index(n, true);
-        }
+        self.apply(rid, &before, false);
+        self.apply(rid, &after, true);
         before.into_iter().filter(|b| !after.contains(b)).collect()
     }
 

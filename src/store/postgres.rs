@@ -382,6 +382,55 @@ fn msg_of(m: MsgRow) -> Result<Message, StoreError> {
 }
 
 impl PostgresStore {
+    /// One association statement for the known queues of `ids` that `eligible` keeps:
+    /// `ASSOCIATE_MANY` (with `updated_at`) for recipients, `ASSOCIATE_NTF_MANY` for notifiers;
+    /// `set` applies it to the cached record of each row the database changed.
+    async fn associate_rows(
+        &self,
+        ids: &[EntityId],
+        service: Option<&EntityId>,
+        updated_at: Option<i64>,
+        eligible: impl Fn(&QueueRec) -> bool,
+        set: impl Fn(&mut QueueRec, Option<EntityId>),
+    ) -> Result<Vec<QueueRec>, StoreError> {
+        let known: Vec<EntityId> = {
+            let data = self.data.borrow();
+            ids.iter()
+                .filter(|rid| data.queues.get(*rid).is_some_and(|q| eligible(&q.rec)))
+                .cloned()
+                .collect()
+        };
+        if known.is_empty() {
+            return Ok(Vec::new());
+        }
+        let svc = service.cloned();
+        let changed: Vec<EntityId> = self
+            .shared
+            .run("associate", move |c| {
+                let rows = match updated_at {
+                    Some(t) => {
+                        let st = c.stmt(ASSOCIATE_MANY)?;
+                        c.client.query(&st, &[&svc, &t, &known])?
+                    }
+                    None => {
+                        let st = c.stmt(ASSOCIATE_NTF_MANY)?;
+                        c.client.query(&st, &[&svc, &known])?
+                    }
+                };
+                Ok(rows.iter().map(|r| r.get(0)).collect())
+            })
+            .await?;
+        let mut data = self.data.borrow_mut();
+        let mut out = Vec::with_capacity(changed.len());
+        for rid in changed {
+            if let Some(q) = data.queues.get_mut(&rid) {
+                set(&mut q.rec, service.cloned());
+                out.push(q.rec.clone());
+            }
+        }
+        Ok(out)
+    }
+
     /// A SEND: the write, after deleting messages older than `expire` when given (one statement
     /// either way). Returns how many expired and what the write did.
     async fn write_expiring(
@@ -759,35 +808,17 @@ impl QueueStore for PostgresStore {
         service: Option<&EntityId>,
         updated_at: i64,
     ) -> Result<Vec<QueueRec>, StoreError> {
-        let known: Vec<EntityId> = {
-            let data = self.data.borrow();
-            ids.iter()
-                .filter(|rid| data.queues.contains_key(*rid))
-                .cloned()
-                .collect()
-        };
-        if known.is_empty() {
-            return Ok(Vec::new());
-        }
-        let svc = service.cloned();
-        let changed: Vec<EntityId> = self
-            .shared
-            .run("associate", move |c| {
-                let st = c.stmt(ASSOCIATE_MANY)?;
-                let rows = c.client.query(&st, &[&svc, &updated_at, &known])?;
-                Ok(rows.iter().map(|r| r.get(0)).collect())
-            })
-            .await?;
-        let mut data = self.data.borrow_mut();
-        let mut out = Vec::with_capacity(changed.len());
-        for rid in changed {
-            if let Some(q) = data.queues.get_mut(&rid) {
-                q.rec.rcv_service_id = service.cloned();
-                q.rec.updated_at = Some(updated_at);
-                out.push(q.rec.clone());
-            }
-        }
-        Ok(out)
+        self.associate_rows(
+            ids,
+            service,
+            Some(updated_at),
+            |_| true,
+            |q, svc| {
+                q.rcv_service_id = svc;
+                q.updated_at = Some(updated_at);
+            },
+        )
+        .await
     }
 
     async fn associate_notifiers_many(
@@ -795,40 +826,18 @@ impl QueueStore for PostgresStore {
         ids: &[EntityId],
         service: Option<&EntityId>,
     ) -> Result<Vec<QueueRec>, StoreError> {
-        let known: Vec<EntityId> = {
-            let data = self.data.borrow();
-            ids.iter()
-                .filter(|rid| {
-                    data.queues
-                        .get(*rid)
-                        .is_some_and(|q| q.rec.notifier.is_some())
-                })
-                .cloned()
-                .collect()
-        };
-        if known.is_empty() {
-            return Ok(Vec::new());
-        }
-        let svc = service.cloned();
-        let changed: Vec<EntityId> = self
-            .shared
-            .run("associate notifiers", move |c| {
-                let st = c.stmt(ASSOCIATE_NTF_MANY)?;
-                let rows = c.client.query(&st, &[&svc, &known])?;
-                Ok(rows.iter().map(|r| r.get(0)).collect())
-            })
-            .await?;
-        let mut data = self.data.borrow_mut();
-        let mut out = Vec::with_capacity(changed.len());
-        for rid in changed {
-            if let Some(q) = data.queues.get_mut(&rid) {
-                if let Some(n) = q.rec.notifier.as_mut() {
-                    n.ntf_service_id = service.cloned();
-                    out.push(q.rec.clone());
+        self.associate_rows(
+            ids,
+            service,
+            None,
+            |q| q.notifier.is_some(),
+            |q, svc| {
+                if let Some(n) = q.notifier.as_mut() {
+                    n.ntf_service_id = svc;
                 }
-            }
-        }
-        Ok(out)
+            },
+        )
+        .await
     }
 
     async fn delete(&self, recipient_id: &[u8]) -> Result<QueueRec, StoreError> {

@@ -26,6 +26,7 @@ use crate::protocol::command::Command;
 use crate::protocol::command::ServiceRole;
 use crate::protocol::error::{CommandError, ErrorType};
 use crate::protocol::response::BrokerMsg;
+use crate::server::service_state::associations_of;
 use crate::store::{EntityId, Message, MessageStore, QueueRec, QueueStatus, QueueStore};
 
 /// Unix seconds now, from the relay's clock (which the tests can move, `src/clock.rs`).
@@ -361,10 +362,17 @@ impl<S: QueueStore + MessageStore> Owner<S> {
 
     /// Makes a record change durable.
     async fn update(&self, q: QueueRec) -> Result<(), ErrorType> {
-        let old = self.store.get(&q.recipient_id);
-        self.store.update(q.clone()).await.map_err(store_error)?;
-        let gone = self.services.changed(old.as_ref(), Some(&q));
-        self.tell_home_dropped(gone);
+        let before = self
+            .store
+            .with_queue(&q.recipient_id, associations_of)
+            .unwrap_or_default();
+        let after = associations_of(&q);
+        let rid = (before != after).then(|| q.recipient_id.clone());
+        self.store.update(q).await.map_err(store_error)?;
+        if let Some(rid) = rid {
+            let gone = self.services.changed(&rid, before, after);
+            self.tell_home_dropped(gone);
+        }
         Ok(())
     }
 }

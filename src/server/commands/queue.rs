@@ -13,6 +13,7 @@ use crate::server::directory::IdSpace;
 use crate::server::owner::{Owner, Subscriber, Turn};
 use crate::server::router::encode;
 use crate::server::router::{owner_shard, Request, Session};
+use crate::server::service_state::associations_of;
 use crate::store::{
     EntityId, Message, MessageStore, NotifierCreds, QueueLink, QueueRec, QueueStatus, QueueStore,
     StoreError,
@@ -129,7 +130,8 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                     return err(store_error(e));
                 }
             }
-            self.services.changed(None, Some(&rec));
+            self.services
+                .changed(&rec.recipient_id, Vec::new(), associations_of(&rec));
             if new.sub_mode == SubMode::Subscribe {
                 self.tell_home_subscribed(session, ServiceRole::Messaging, &rid, true);
             }
@@ -268,7 +270,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         }
         self.release_ids(&q);
         self.forget_queue(&rid);
-        let gone = self.services.changed(Some(&q), None);
+        let gone = self.services.changed(&rid, associations_of(&q), Vec::new());
         self.tell_home_dropped(gone);
         self.stats.borrow_mut().queues_deleted += 1;
         turn.touched.insert(rid.clone());

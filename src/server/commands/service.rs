@@ -20,7 +20,8 @@ use crate::server::owner::{Owner, Subscriber};
 use crate::server::router::{
     encode, ConnRef, CountHash, Request, ServiceCheck, ServiceKey, Session, ShardMsg,
 };
-use crate::store::{EntityId, MessageStore, QueueRec, QueueStore};
+use crate::server::service_state::{associations_of, Associations};
+use crate::store::{EntityId, MessageStore, QueueStore};
 
 impl<S: QueueStore + MessageStore> Owner<S> {
     /// Tells the service's home shard that `session` subscribed one of its queues (a service's
@@ -48,7 +49,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     }
 
     /// Tells the home shards of services with a subscribed connection which of their queues went.
-    pub fn tell_home_dropped(&self, gone: Vec<(ServiceKey, [u8; 16])>) {
+    pub fn tell_home_dropped(&self, gone: Associations) {
         for (key, hash) in gone {
             if self.services.subscriber(&key.0, key.1).is_some() {
                 let home = self.mesh.owner_of(&key.0);
@@ -113,16 +114,20 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         if !self.is_live(session) {
             return;
         }
-        let prev = self
-            .services
+        if let Some(prev) = self.install(key, session) {
+            self.release(key, prev);
+        }
+    }
+
+    /// Makes `session` the service's subscriber on this owner; returns the connection that was
+    /// before, if another.
+    fn install(&self, key: &ServiceKey, session: &Session) -> Option<ConnRef> {
+        self.services
             .subscribers
             .borrow_mut()
             .insert(key.clone(), session.clone())
             .map(|s| s.conn)
-            .filter(|c| *c != session.conn);
-        if let Some(prev) = prev {
-            self.release(key, prev);
-        }
+            .filter(|c| *c != session.conn)
     }
 
     /// The subscriptions `prev` holds here of the service's queues (or notifiers) end: another
@@ -204,13 +209,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         if !self.is_live(session) {
             return (Vec::new(), None);
         }
-        let prev = self
-            .services
-            .subscribers
-            .borrow_mut()
-            .insert(key.clone(), session.clone())
-            .map(|s| s.conn)
-            .filter(|c| *c != session.conn);
+        let prev = self.install(key, session);
         if home {
             let before = self
                 .services
@@ -260,16 +259,20 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         prev: Option<ConnRef>,
         chunk: Vec<EntityId>,
     ) {
+        // Still subscribed to by `session` on this owner (it may have closed, or another
+        // connection taken over, since the fold began).
+        let current = self.services.subscriber(&key.0, key.1);
+        if current.as_ref().map(|s| s.conn) != Some(session.conn) {
+            return;
+        }
         let mut todo = Vec::with_capacity(chunk.len());
         for rid in chunk {
-            // Still associated (a job before this one may have moved it) and still subscribed
-            // to by `session` on this owner (it may have closed, or another taken over).
+            // Still associated (a job before this one may have moved it).
             let ours = self
                 .store
                 .with_queue(&rid, |q| q.rcv_service_id.as_ref() == Some(&key.0))
                 .unwrap_or(false);
-            let current = self.services.subscriber(&key.0, key.1);
-            if !ours || current.as_ref().map(|s| s.conn) != Some(session.conn) {
+            if !ours {
                 continue;
             }
             let holder = self.subs.borrow().get(&rid).map(|s| s.session.conn);
@@ -376,9 +379,12 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             if ids.len() < 2 {
                 continue;
             }
-            let olds: HashMap<EntityId, QueueRec> = ids
+            let mut befores: HashMap<EntityId, Associations> = ids
                 .iter()
-                .filter_map(|rid| self.store.get(rid).map(|q| (rid.clone(), q)))
+                .filter_map(|rid| {
+                    let before = self.store.with_queue(rid, associations_of)?;
+                    Some((rid.clone(), before))
+                })
                 .collect();
             let news = if notifier {
                 self.store
@@ -392,9 +398,10 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             };
             let Ok(news) = news else { continue };
             for new in &news {
+                let before = befores.remove(&new.recipient_id).unwrap_or_default();
                 let gone = self
                     .services
-                    .changed(olds.get(&new.recipient_id), Some(new));
+                    .changed(&new.recipient_id, before, associations_of(new));
                 self.tell_home_dropped(gone);
                 done.insert((notifier, new.recipient_id.clone()));
             }
