@@ -45,9 +45,14 @@ fn tls(ws: SocketAddr) -> Tls {
 }
 
 fn request(extra: &[&str], key: Option<&str>, version: &str) -> String {
-    let mut r = "GET /smp?x=1 HTTP/1.1\r\nHost: relay.test\r\nUpgrade: websocket\r\n\
-                 Connection: Upgrade\r\n"
-        .to_string();
+    request_to("/smp?x=1", extra, key, version)
+}
+
+fn request_to(target: &str, extra: &[&str], key: Option<&str>, version: &str) -> String {
+    let mut r = format!(
+        "GET {target} HTTP/1.1\r\nHost: relay.test\r\nUpgrade: websocket\r\n\
+         Connection: Upgrade\r\n"
+    );
     if let Some(k) = key {
         r += &format!("Sec-WebSocket-Key: {k}\r\n");
     }
@@ -136,8 +141,13 @@ fn read_block_frame(s: &mut Tls) -> Vec<u8> {
 
 /// TLS, the upgrade, and the server hello; returns the stream and the hello.
 fn open(ws: SocketAddr) -> (Tls, wire::Hello) {
+    open_at(ws, "/smp?x=1")
+}
+
+/// `open` with this request target.
+fn open_at(ws: SocketAddr, target: &str) -> (Tls, wire::Hello) {
     let mut s = tls(ws);
-    s.write_all(request(&[], Some(KEY), "13").as_bytes())
+    s.write_all(request_to(target, &[], Some(KEY), "13").as_bytes())
         .unwrap();
     let head = read_head(&mut s);
     assert!(
@@ -256,6 +266,56 @@ fn queue_commands_over_websocket_next_to_a_native_client() {
     );
     assert_eq!(send(&mut bob, &q, Some(&bob_key), b"gone"), ERR_AUTH);
     expect_nothing(&mut alice2, "after DEL");
+}
+
+/// A web client's `challenge=` (simplexmq `Transport/WebSockets.hs`, `parseChallenge`; the server
+/// hello's `webIdentityProof` of `Transport.hs`): the hello ends with `shortString` of the online
+/// certificate's signature of challenge ‖ session ID, and the session goes on as any other. A
+/// challenge that is not unpadded base64url of 32 bytes is no challenge: no proof, same session.
+#[test]
+fn the_identity_challenge_is_signed_by_the_online_key() {
+    let (relay, ws) = relay_with_ws(&[]);
+    let challenge: [u8; 32] = rand::random();
+    let url = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let target = format!("/smp?a=b&challenge={}&c=d", url.encode(challenge));
+    let (mut s, hello) = open_at(ws, &target);
+    assert_eq!(hello.max, SERVER_VERSIONS.max);
+    assert_eq!(hello.tail.len(), 65, "shortString of an Ed25519 signature");
+    assert_eq!(hello.tail[0], 64);
+    let (proof, leaf) = (&hello.tail[1..], &hello.chain[0]);
+    let signed = [&challenge[..], &hello.session_id].concat();
+    assert!(
+        wire::leaf_signed(proof, &signed, leaf),
+        "the proof verifies"
+    );
+    let mut other = signed.clone();
+    other[0] ^= 1;
+    assert!(!wire::leaf_signed(proof, &other, leaf), "and only for it");
+    // A second connection with the same challenge gets another proof (another session ID).
+    let (_, hello2) = open_at(ws, &target);
+    assert_ne!(hello2.session_id, hello.session_id);
+    let signed2 = [&challenge[..], &hello2.session_id].concat();
+    assert!(wire::leaf_signed(&hello2.tail[1..], &signed2, leaf));
+
+    let ch = wire::standard_hello(hello.max, &relay.key_hash, None);
+    s.write_all(&frame(true, 2, MASK, &wire::pad(&ch, BLOCK)))
+        .unwrap();
+    s.write_all(&frame(true, 2, MASK, &ping_block(&hello, b"after-proof")))
+        .unwrap();
+    let answer = read_block_frame(&mut s);
+    assert!(contains(wire::unpad(&answer), b"PONG"));
+
+    let padded = base64::engine::general_purpose::URL_SAFE.encode(challenge);
+    let short = url.encode(&challenge[..31]);
+    for bad in [
+        format!("/?challenge={padded}"),
+        format!("/?challenge={short}"),
+        "/?challenge=".to_string(),
+        "/smp".to_string(),
+    ] {
+        let (_, hello) = open_at(ws, &bad);
+        assert_eq!(hello.trailing, 0, "no proof for {bad}");
+    }
 }
 
 /// Without ALPN a WebSocket session still gets every version (the raw-TLS rule gives v6 only).

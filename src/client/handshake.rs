@@ -201,6 +201,7 @@ mod tests {
             versions,
             session_id: session_id.to_vec(),
             cert_key: None,
+            web_proof: None,
         };
         pad::pad(&hello.encode(), BLOCK_SIZE).unwrap()
     }

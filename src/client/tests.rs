@@ -96,6 +96,7 @@ fn serve(
             chain: creds.chain_der.clone(),
             signed_key: signed_key::sign_x25519_key(&signer, &session_public),
         }),
+        web_proof: None,
     };
     s.write_all(&pad(&hello.encode(), BLOCK_SIZE).ok()?).ok()?;
     let mut block = Box::new([0u8; BLOCK_SIZE]);

@@ -6,7 +6,9 @@ use super::encoding::{
     put_bool, put_large, put_maybe, put_short_unchecked, put_word16, DResult, DecodeError, Reader,
 };
 use super::error::TransportError;
-use super::version::{Version, VersionRange, AUTH_CMDS, PROXY_SERVER_HANDSHAKE, SERVICE_CERTS};
+use super::version::{
+    Version, VersionRange, AUTH_CMDS, PROXY_SERVER_HANDSHAKE, SERVICE_CERTS, WEB_PROOF,
+};
 use crate::crypto::keys::{x25519_from_spki, x25519_to_spki};
 
 /// A certificate chain and a key signed by its leaf (`CertChainPubKey`): the server hello's
@@ -74,6 +76,10 @@ pub struct ServerHello {
     pub session_id: Vec<u8>,
     /// Written only when `versions.max >= 7` (absent from the legacy 6..6 hello).
     pub cert_key: Option<CertChainPubKey>,
+    /// A web client's identity proof: the online key's signature of its challenge followed by the
+    /// session ID, written only when `versions.max >= 19` (`version::RCV_SERVICE`, the reference's
+    /// `webClientSMPVersion`; simplexmq `Transport.hs`, `encodeWebIdentityProof`).
+    pub web_proof: Option<Vec<u8>>,
 }
 
 impl ServerHello {
@@ -84,6 +90,11 @@ impl ServerHello {
         if self.versions.max >= AUTH_CMDS {
             if let Some(k) = &self.cert_key {
                 k.encode(&mut out);
+            }
+        }
+        if self.versions.max >= WEB_PROOF {
+            if let Some(sig) = &self.web_proof {
+                put_short_unchecked(&mut out, sig);
             }
         }
         out
@@ -99,10 +110,21 @@ impl ServerHello {
         } else {
             None
         };
+        let web_proof = if versions.max >= WEB_PROOF {
+            // A signature's length (Ed25519 64, Ed448 114 bytes), or nothing, as the reference's
+            // `webIdentityProofP` (an optional `decodeSignature`).
+            r.attempt(|r| match r.short()? {
+                sig if sig.len() == 64 || sig.len() == 114 => Ok(sig.to_vec()),
+                _ => Err(DecodeError),
+            })
+        } else {
+            None
+        };
         Ok(ServerHello {
             versions,
             session_id,
             cert_key,
+            web_proof,
         })
     }
 }
@@ -350,6 +372,7 @@ mod tests {
                 chain: vec![vec![0xa1; 300], vec![0xa2; 290]],
                 signed_key: vec![0x77; 120],
             }),
+            web_proof: None,
         };
         let b = h.encode();
         assert_eq!(&b[..5], &[0x00, 0x06, 0x00, 0x14, 0x20]);
@@ -367,6 +390,7 @@ mod tests {
             versions: VersionRange::new(6, 6).unwrap(),
             session_id: vec![1; 32],
             cert_key: h.cert_key.clone(),
+            web_proof: Some(vec![9; 64]),
         };
         let b = legacy.encode();
         assert_eq!(b.len(), 4 + 33);
@@ -377,6 +401,25 @@ mod tests {
         let d = ServerHello::decode(&b).unwrap();
         assert_eq!(d.cert_key, None);
         assert!(ServerHello::decode(&[0, 7, 0, 6, 0]).is_err());
+
+        // A web identity proof follows the signed key from version 19 on: `40 <64 bytes>`.
+        let proven = ServerHello {
+            web_proof: Some(vec![0x3c; 64]),
+            ..h.clone()
+        };
+        let b = proven.encode();
+        assert_eq!(b.len(), 40 + 302 + 292 + 120 + 65);
+        assert_eq!(&b[b.len() - 65..b.len() - 63], &[0x40, 0x3c]);
+        assert_eq!(ServerHello::decode(&b).unwrap(), proven);
+        // Not below 19; a short string of another length is no proof.
+        let old = ServerHello {
+            versions: VersionRange::new(6, 18).unwrap(),
+            ..proven.clone()
+        };
+        assert_eq!(old.encode().len(), 40 + 302 + 292 + 120);
+        let mut odd = h.encode();
+        odd.extend_from_slice(&[3, 1, 2, 3]);
+        assert_eq!(ServerHello::decode(&odd).unwrap().web_proof, None);
     }
 
     #[test]

@@ -34,6 +34,9 @@ pub const CLIENT_NOTICES: Version = 18;
 pub const RCV_SERVICE: Version = 19;
 /// `RSLV`/`RNAME`, `ERR NAME`.
 pub const NAMES: Version = 20;
+/// The web client's identity proof in the server hello comes with version 19 too (simplexmq
+/// `Transport.hs`, `webClientSMPVersion`).
+pub const WEB_PROOF: Version = RCV_SERVICE;
 
 /// The lowest version any current peer speaks, and the only one legacy (no-ALPN) clients get.
 pub const MIN_VERSION: Version = SUB_MODE;

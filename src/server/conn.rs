@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use ed25519_dalek::Signer;
 use futures_lite::{AsyncRead, AsyncWriteExt};
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 use glommio::net::TcpStream;
@@ -49,6 +50,7 @@ use crate::store::services::ServiceRec;
 use crate::transport::block::{BlockCodec, BLOCK_SIZE};
 use crate::transport::service_cert;
 use crate::transport::tls::{alpn_versions, AcceptState};
+use crate::transport::websocket::CHALLENGE_BYTES;
 
 /// Why a connection ended; logged at debug level, never sent to the client.
 #[derive(Debug, thiserror::Error)]
@@ -140,6 +142,7 @@ async fn run(
         ctx.read_scratch.clone(),
     )));
     let framing = Framing::for_port(kind);
+    let mut challenge = None;
     if kind == PortKind::WebSocket {
         // The upgrade shares the TLS deadline, as the reference's TLS setup timeout covers it
         // (simplexmq `src/Simplex/Messaging/Transport/Server.hs`, `runTransportServerSocketState_`).
@@ -148,9 +151,12 @@ async fn run(
             Ok(ws::upgrade(&tls).await?)
         })
         .await;
-        if let Err(e) = upgraded {
-            tls_stream::close(&tls).await;
-            return Err(e);
+        match upgraded {
+            Ok(c) => challenge = c,
+            Err(e) => {
+                tls_stream::close(&tls).await;
+                return Err(e);
+            }
         }
     }
     let conn_ref = ConnRef {
@@ -160,7 +166,9 @@ async fn run(
     let handshake = timed(
         ctx.config.handshake_timeout,
         "SMP handshake",
-        smp_handshake(&tls, &framing, ctx, versions, session_id, conn_ref),
+        smp_handshake(
+            &tls, &framing, ctx, versions, session_id, challenge, conn_ref,
+        ),
     )
     .await;
     // Done with the handshake, well or not: the address may start another.
@@ -665,6 +673,7 @@ async fn smp_handshake(
     ctx: &ShardContext,
     versions: VersionRange,
     session_id: Vec<u8>,
+    challenge: Option<[u8; CHALLENGE_BYTES]>,
     conn: ConnRef,
 ) -> Result<Handshake, ConnError> {
     let server_key = StaticSecret::random_from_rng(OsRng);
@@ -673,10 +682,19 @@ async fn smp_handshake(
         chain: ctx.credentials.chain_der.clone(),
         signed_key: signed_key::sign_x25519_key(&ctx.credentials.leaf_key, server_pub.as_bytes()),
     });
+    // A web client's challenge is answered with the online key's signature of it and the session
+    // ID (simplexmq `Transport.hs`, `smpServerHandshake`, `webIdentityProof`): the client, which
+    // may not see the TLS certificate, so learns that this relay holds the address's key.
+    let web_proof = challenge.map(|c| {
+        let mut signed = c.to_vec();
+        signed.extend_from_slice(&session_id);
+        ctx.credentials.leaf_key.sign(&signed).to_bytes().to_vec()
+    });
     let hello = ServerHello {
         versions,
         session_id: session_id.clone(),
         cert_key,
+        web_proof,
     };
     write_plain_block(tls, framing, &hello.encode()).await?;
 

@@ -25,9 +25,9 @@ use super::tls_stream::{self, SharedTls, TlsStream};
 use crate::limits::{WS_MAX_MESSAGE_BYTES, WS_UPGRADE_MAX_BYTES};
 use crate::transport::block::BLOCK_SIZE;
 use crate::transport::websocket::{
-    self as wsp, FrameStart, UpgradeError, BLOCK_FRAME_HEADER, CLOSE_NORMAL, CLOSE_PROTOCOL_ERROR,
-    CLOSE_TOO_BIG, CLOSE_UNSUPPORTED_DATA, MAX_CONTROL_PAYLOAD, OP_BINARY, OP_CLOSE,
-    OP_CONTINUATION, OP_PING, OP_PONG, OP_TEXT,
+    self as wsp, FrameStart, UpgradeError, BLOCK_FRAME_HEADER, CHALLENGE_BYTES, CLOSE_NORMAL,
+    CLOSE_PROTOCOL_ERROR, CLOSE_TOO_BIG, CLOSE_UNSUPPORTED_DATA, MAX_CONTROL_PAYLOAD, OP_BINARY,
+    OP_CLOSE, OP_CONTINUATION, OP_PING, OP_PONG, OP_TEXT,
 };
 
 /// What a listening port serves.
@@ -81,8 +81,9 @@ impl Framing {
 }
 
 /// Reads the client's upgrade request (at most `WS_UPGRADE_MAX_BYTES`) and answers it: `101` and
-/// the WebSocket from here on, or an HTTP error and `Err` (the caller closes the connection).
-pub async fn upgrade(tls: &SharedTls) -> Result<(), WsError> {
+/// the WebSocket from here on, with the request's identity challenge if it had one; or an HTTP
+/// error and `Err` (the caller closes the connection).
+pub async fn upgrade(tls: &SharedTls) -> Result<Option<[u8; CHALLENGE_BYTES]>, WsError> {
     let mut head: Vec<u8> = Vec::new();
     let mut byte = Vec::new();
     // One byte at a time, so that nothing after the request's empty line is taken from the
@@ -101,12 +102,12 @@ pub async fn upgrade(tls: &SharedTls) -> Result<(), WsError> {
         }
     };
     let answer = match &parsed {
-        Ok(key) => wsp::switching_protocols(key),
+        Ok(up) => wsp::switching_protocols(&up.key),
         Err(e) => wsp::refusal(*e),
     };
     tls.borrow_mut().queue(&answer)?;
     tls_stream::flush(tls).await?;
-    parsed.map(drop).map_err(WsError::Upgrade)
+    parsed.map(|up| up.challenge).map_err(WsError::Upgrade)
 }
 
 /// Reads one block into `buf`. On a WebSocket, control frames met on the way are answered: by

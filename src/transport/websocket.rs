@@ -65,9 +65,34 @@ pub enum UpgradeError {
     Version,
 }
 
+/// A web client's identity challenge: 32 random bytes the relay signs in its server hello.
+pub const CHALLENGE_BYTES: usize = 32;
+
+/// An accepted upgrade request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upgrade {
+    /// `Sec-WebSocket-Key`, for the answer's `Sec-WebSocket-Accept`.
+    pub key: String,
+    /// The request target's `challenge=` value (`challenge`).
+    pub challenge: Option<[u8; CHALLENGE_BYTES]>,
+}
+
+/// The identity challenge of a request target, as the reference's web transport reads it
+/// (simplexmq `Transport/WebSockets.hs`, `parseChallenge`): the text after the first
+/// `challenge=` anywhere in the target, up to the next `&`, must be unpadded base64url of exactly
+/// 32 bytes; anything else is no challenge (the session goes on, without a proof).
+pub fn challenge(target: &str) -> Option<[u8; CHALLENGE_BYTES]> {
+    let (_, rest) = target.split_once("challenge=")?;
+    let value = rest.split('&').next().unwrap_or("");
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(value)
+        .ok()?;
+    bytes.try_into().ok()
+}
+
 /// The upgrade request head (request line and headers, up to and without the empty line) of a
-/// WebSocket handshake (RFC 6455 §4.2.1); any path is accepted. Returns the client's key.
-pub fn parse_upgrade(head: &[u8]) -> Result<String, UpgradeError> {
+/// WebSocket handshake (RFC 6455 §4.2.1); any path is accepted.
+pub fn parse_upgrade(head: &[u8]) -> Result<Upgrade, UpgradeError> {
     let head = std::str::from_utf8(head).map_err(|_| UpgradeError::Header)?;
     let mut lines = head.split("\r\n");
     let request = lines.next().unwrap_or("");
@@ -128,7 +153,10 @@ pub fn parse_upgrade(head: &[u8]) -> Result<String, UpgradeError> {
     if version.as_deref() != Some("13") {
         return Err(UpgradeError::Version);
     }
-    Ok(key)
+    Ok(Upgrade {
+        key,
+        challenge: target.and_then(challenge),
+    })
 }
 
 /// `101 Switching Protocols` for a client's key: no extension, no subprotocol.
@@ -264,8 +292,11 @@ mod tests {
     #[test]
     fn upgrade_requests() {
         assert_eq!(
-            parse_upgrade(&request(&GOOD)).as_deref(),
-            Ok("dGhlIHNhbXBsZSBub25jZQ==")
+            parse_upgrade(&request(&GOOD)),
+            Ok(Upgrade {
+                key: "dGhlIHNhbXBsZSBub25jZQ==".into(),
+                challenge: None
+            })
         );
         // Header names are case-insensitive, and extensions offered are simply not taken.
         let mut lower: Vec<String> = GOOD.iter().map(|l| l.to_string()).collect();
@@ -308,6 +339,42 @@ mod tests {
         let refused = String::from_utf8(refusal(UpgradeError::Version)).unwrap();
         assert!(refused.starts_with("HTTP/1.1 426 "));
         assert!(refused.contains("\r\nSec-WebSocket-Version: 13\r\n"));
+    }
+
+    #[test]
+    fn challenges() {
+        let bytes: Vec<u8> = (0..32).collect();
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&bytes);
+        assert_eq!(b64.len(), 43);
+        let want = Some(<[u8; 32]>::try_from(bytes.as_slice()).unwrap());
+        assert_eq!(challenge(&format!("/?challenge={b64}")), want);
+        assert_eq!(challenge(&format!("/smp?a=1&challenge={b64}&b=2")), want);
+        // The first `challenge=` anywhere in the target counts, as the reference's substring search.
+        assert_eq!(challenge(&format!("/xchallenge={b64}")), want);
+        assert_eq!(
+            challenge(&format!("/?challenge={b64}&challenge=AAAA")),
+            want
+        );
+        // Padded, standard alphabet, 31 or 33 bytes, empty, absent: no challenge.
+        let padded = base64::engine::general_purpose::URL_SAFE.encode(&bytes);
+        assert_eq!(challenge(&format!("/?challenge={padded}")), None);
+        let odd: Vec<u8> = vec![0xfb; 32];
+        let std_alphabet = base64::engine::general_purpose::STANDARD_NO_PAD.encode(&odd);
+        assert!(std_alphabet.contains('+') || std_alphabet.contains('/'));
+        assert_eq!(challenge(&format!("/?challenge={std_alphabet}")), None);
+        for n in [31, 33] {
+            let b = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(vec![7u8; n]);
+            assert_eq!(challenge(&format!("/?challenge={b}")), None);
+        }
+        assert_eq!(challenge("/?challenge="), None);
+        assert_eq!(challenge("/smp"), None);
+        let mut with_challenge = GOOD.to_vec();
+        let line = format!("GET /smp?challenge={b64} HTTP/1.1");
+        with_challenge[0] = &line;
+        assert_eq!(
+            parse_upgrade(&request(&with_challenge)).unwrap().challenge,
+            want
+        );
     }
 
     #[test]

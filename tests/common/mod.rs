@@ -808,6 +808,8 @@ pub mod wire {
         pub signed_key: Vec<u8>,
         /// Bytes after the last known field (allowed, ignored by clients).
         pub trailing: usize,
+        /// Those bytes (a web identity proof, when the client sent a challenge).
+        pub tail: Vec<u8>,
     }
 
     pub fn parse_hello(content: &[u8]) -> Hello {
@@ -838,6 +840,7 @@ pub mod wire {
             chain,
             signed_key,
             trailing: content.len() - p,
+            tail: content[p..].to_vec(),
         }
     }
 
@@ -864,6 +867,14 @@ pub mod wire {
             "signed key does not verify with the leaf key"
         );
         spki[12..].try_into().expect("32 bytes")
+    }
+
+    /// Whether `sig` is the leaf certificate's Ed25519 signature of `data`.
+    pub fn leaf_signed(sig: &[u8], data: &[u8], leaf_der: &[u8]) -> bool {
+        let leaf = openssl::x509::X509::from_der(leaf_der).expect("leaf DER");
+        let key = leaf.public_key().expect("leaf key");
+        let mut v = openssl::sign::Verifier::new_without_digest(&key).expect("verifier");
+        v.verify_oneshot(sig, data).unwrap_or(false)
     }
 
     /// The client hello (simplexmq `Transport.hs`, `SMPClientHandshake`), byte by byte: `Word16 v,
