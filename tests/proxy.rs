@@ -657,6 +657,7 @@ fn fake_destination_with(versions: VersionRange, lie: Lie) -> FakeDestination {
                 chain: signer.chain_der.clone(),
                 signed_key: signed_key::sign_x25519_key(&signer.leaf_key, &public),
             }),
+            web_proof: None,
         };
         let block = pad::pad(&hello.encode(), BLOCK_SIZE).ok()?;
         let mut stream = rustls::Stream::new(&mut tls, &mut sock);
