@@ -484,6 +484,14 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
          # upgrade): off, on (port 80) or ports other than those above.\n\
          websockets = off\n\
          \n\
+         [WEB]\n\
+         # One of the ports above may serve web clients too: a client that names a host (TLS SNI,\n\
+         # as browsers do) gets this web certificate and SMP over WebSocket, one that names none\n\
+         # native SMP. The address stays this relay's fingerprint.\n\
+         # https = 443\n\
+         # cert = /etc/opt/simplex/web.crt\n\
+         # key = /etc/opt/simplex/web.key\n\
+         \n\
          [RELAY]\n\
          # What the reference fixes in code. Messages a queue holds before ERR QUOTA:\n\
          # quota = {quota}\n\

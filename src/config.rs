@@ -18,6 +18,14 @@ pub const FINGERPRINT_FILE: &str = "fingerprint";
 pub const INI_FILE: &str = "smp-server.ini";
 pub const LOCK_FILE: &str = "lock";
 
+/// `[WEB] https`, `cert` and `key`, each as set.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WebTls {
+    pub https: Option<u16>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+}
+
 /// What `start` runs with, after the command line and the data directory are read.
 #[derive(Debug, Clone)]
 pub struct StartConfig {
@@ -25,6 +33,10 @@ pub struct StartConfig {
     pub ports: Vec<u16>,
     /// Ports serving SMP over WebSocket (`[TRANSPORT] websockets`); none when off.
     pub websocket_ports: Vec<u16>,
+    /// The web certificate (`[WEB] https`, `cert`, `key`): on `https`, when it is an SMP port too,
+    /// a client that names a host (TLS SNI) gets this certificate and SMP over WebSocket; one that
+    /// names none stays native SMP (simplexmq `Server.hs`, `attachStaticAndWS`).
+    pub web: WebTls,
     /// Number of shards, one per pinned core.
     pub shards: usize,
     /// Connections held at once over all shards; `None`: `limits::MAX_CONNECTIONS`, or fewer if

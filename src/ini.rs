@@ -27,6 +27,8 @@
 //! | | `port` | comma-separated ports to listen on (default 5223) |
 //! | | `websockets` | `off`, `on` (port 80, as the reference) or comma-separated ports serving SMP over WebSocket |
 //! | | `log_tls_errors` | accepted as `off` |
+//! | `[WEB]` | `https` | an SMP port that also serves web clients, split by TLS SNI (with `cert` and `key`) |
+//! | | `cert`, `key` | the web certificate chain and key (PEM) that clients naming a host get on `https` |
 //! | `[RELAY]` | `quota` | messages a queue holds before ERR QUOTA (reference: fixed 128) |
 //! | | `cores` | shards, one pinned core each, 1 to 64 (default: every online core, at most 64) |
 //! | | `max_connections` | connections held at once over all shards (default 65,536, or what the open-file limit allows) |
@@ -343,9 +345,6 @@ const KEYS: &[KeySpec] = &[
     k("INFORMATION", "hosting_type", NO_INFO),
     k("WEB", "static_path", NO_WEB),
     k("WEB", "http", NO_WEB),
-    k("WEB", "https", NO_WEB),
-    k("WEB", "cert", NO_WEB),
-    k("WEB", "key", NO_WEB),
 ];
 
 /// Reads `path`; `Ok(None)` when the file does not exist (a data directory from before it did).
@@ -779,7 +778,10 @@ mod tests {
              own_server_domains = example.com relays.example.net\n\
              socks_mode = onion\n\
              client_concurrency = 32\n\
-             [WEB]\n",
+             [WEB]\n\
+             https = 443\n\
+             cert = /etc/opt/simplex/web.crt\n\
+             key = /etc/opt/simplex/web.key\n",
         );
         assert_eq!(c.host.as_deref(), Some("smp.example.com"));
         assert_eq!(
@@ -795,6 +797,9 @@ mod tests {
                 db_pool_wait: None,
                 ports: Some(vec![5223, 443]),
                 websockets: Some(WebSockets(vec![8443, 80])),
+                web_https: Some(443),
+                web_cert: Some("/etc/opt/simplex/web.crt".to_string()),
+                web_key: Some("/etc/opt/simplex/web.key".to_string()),
                 shards: Some(3),
                 max_connections: Some(100),
                 max_handshakes_per_address: Some(4),

@@ -230,6 +230,30 @@ start_settings! {
         ini: "TRANSPORT" "websockets" => ini::websockets,
         flag: (long, value_name = "off|on|PORTS", value_parser = ini::websockets),
     }
+    /// Port also serving web clients, split by TLS SNI: a client naming a host gets the web
+    /// certificate and SMP over WebSocket, one naming none native SMP; one of the SMP ports, with
+    /// --web-cert and --web-key (ini `[WEB] https`).
+    web_https: u16 {
+        set: |c, v| c.web.https = Some(v),
+        default: None,
+        ini: "WEB" "https" => ini::port,
+        flag: (long = "web-https", value_name = "PORT", value_parser = ini::port),
+    }
+    /// The web certificate chain (PEM) for --web-https; any key rustls signs with (RSA, ECDSA,
+    /// Ed25519) (ini `[WEB] cert`).
+    web_cert: String {
+        set: |c, v| c.web.cert = Some(v.into()),
+        default: None,
+        ini: "WEB" "cert" => ini::text,
+        flag: (long = "web-cert", value_name = "FILE"),
+    }
+    /// The web certificate's private key (PEM) (ini `[WEB] key`).
+    web_key: String {
+        set: |c, v| c.web.key = Some(v.into()),
+        default: None,
+        ini: "WEB" "key" => ini::text,
+        flag: (long = "web-key", value_name = "FILE"),
+    }
     /// Number of shards, each pinned to its own core, 1 to 64 (ini `[RELAY] cores`).
     shards: usize {
         set: |c, v| c.shards = v,
@@ -399,6 +423,12 @@ impl ShowDefault for u64 {
     }
 }
 
+impl ShowDefault for u16 {
+    fn show(&self) -> String {
+        self.to_string()
+    }
+}
+
 impl ShowDefault for usize {
     fn show(&self) -> String {
         self.to_string()
@@ -489,6 +519,7 @@ impl StartConfig {
             // The settings' fields, blank until their defaults are written below.
             ports: Vec::new(),
             websocket_ports: Vec::new(),
+            web: config::WebTls::default(),
             shards: 0,
             max_connections: None,
             max_handshakes_per_address: 0,

@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 use common::{Relay, RelayOptions, TempDir};
 use smp_relay::client::proxy::{batch_of, Destination, ForwardedCommand, InnerResponse};
 use smp_relay::client::queue::{auth_key, KeyAlg, RecipientKeys};
-use smp_relay::client::{new_corr_id, Authorization, Client, ClientTransmission, CommandBody};
+use smp_relay::client::{
+    new_corr_id, Authorization, Client, ClientOptions, ClientTransmission, CommandBody,
+};
 use smp_relay::crypto::keys::{x25519_from_spki, PublicAuthKey};
 use smp_relay::crypto::{hash, signed_key};
 use smp_relay::protocol::command::{Command, QueueReq, SmpServer};
@@ -351,6 +353,58 @@ fn forwarded_send_skey_lkey_lget_reach_the_destination() {
     ) {
         Forwarded::Err(e) => assert_eq!(e, ErrorType::Proxy(ProxyError::NoSession)),
         other => panic!("NO_SESSION expected, got {other:?}"),
+    }
+}
+
+/// A web client routes privately through the proxy as a native one does: PRXY and PFWD over
+/// WebSocket, on a dedicated WebSocket port and on a port shared with native clients by SNI.
+#[test]
+fn web_clients_send_through_the_proxy() {
+    let dest = Relay::start();
+    let files = TempDir::new("web-cert");
+    let cert = common::web::write(files.path());
+    let (shared, ws) = (common::free_port(), common::free_port());
+    let mut args = cert.args(shared);
+    args.extend([
+        "--websockets".to_string(),
+        ws.to_string(),
+        ALLOW_PRIVATE.to_string(),
+    ]);
+    let proxy = Relay::start_with(RelayOptions {
+        cores: 1,
+        extra_args: args,
+    });
+    let mut r = dest.client();
+    let at = |port: u16| std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let web = ClientOptions {
+        sni: Some(common::web::HOST.to_string()),
+        ..ClientOptions::websocket()
+    };
+    let clients = [
+        (
+            "shared port",
+            Client::connect(at(shared), proxy.key_hash, web),
+        ),
+        (
+            "WebSocket port",
+            Client::connect(at(ws), proxy.key_hash, ClientOptions::websocket()),
+        ),
+    ];
+    for (port, c) in clients {
+        let mut c = c.unwrap_or_else(|e| panic!("{port}: {e}\n{}", proxy.log_text()));
+        let pr = prxy(&mut c, &dest);
+        let q = create(&mut r);
+        let s = auth_key(KeyAlg::Ed25519);
+        let skey = Command::SKey(s.public_key());
+        assert_eq!(
+            pfwd_ok(&mut c, &pr, q.sid(), skey, sign(&s)),
+            BrokerMsg::Ok,
+            "{port}"
+        );
+        let body = format!("from a web client on the {port}");
+        let sent = pfwd_ok(&mut c, &pr, q.sid(), send_cmd(body.as_bytes()), sign(&s));
+        assert_eq!(sent, BrokerMsg::Ok, "{port}");
+        expect_body(&mut r, &q, body.as_bytes());
     }
 }
 

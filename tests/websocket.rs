@@ -12,7 +12,7 @@ use std::net::{SocketAddr, TcpStream};
 
 use base64::Engine;
 use common::wire::{self, BLOCK};
-use common::{free_port, Relay, RelayOptions};
+use common::{free_port, web, Relay, RelayOptions, TempDir};
 use openssl::ssl::SslStream;
 use smp_relay::client::queue::{auth_key, KeyAlg};
 use smp_relay::client::{Client, ClientOptions};
@@ -33,6 +33,29 @@ fn relay_with_ws(extra: &[&str]) -> (Relay, SocketAddr) {
         ..RelayOptions::default()
     });
     (relay, SocketAddr::from(([127, 0, 0, 1], ws_port)))
+}
+
+/// A relay whose second SMP port also serves web clients by SNI (`[WEB] https`); returns it, that
+/// port's address, the web certificate and the folder holding its files.
+fn relay_with_shared_port() -> (Relay, SocketAddr, web::WebCert, TempDir) {
+    let files = TempDir::new("web-cert");
+    let cert = web::write(files.path());
+    let port = free_port();
+    let relay = Relay::start_with(RelayOptions {
+        extra_args: cert.args(port),
+        ..RelayOptions::default()
+    });
+    (relay, SocketAddr::from(([127, 0, 0, 1], port)), cert, files)
+}
+
+/// A web client of the library on a shared port: SNI, WebSocket, the challenge checked.
+fn web_client(relay: &Relay, shared: SocketAddr) -> Client {
+    let opts = ClientOptions {
+        sni: Some(web::HOST.to_string()),
+        ..ClientOptions::websocket()
+    };
+    Client::connect(shared, relay.key_hash, opts)
+        .unwrap_or_else(|e| panic!("web client: {e}\nrelay log:\n{}", relay.log_text()))
 }
 
 fn ws_client(relay: &Relay, ws: SocketAddr) -> Client {
@@ -146,7 +169,11 @@ fn open(ws: SocketAddr) -> (Tls, wire::Hello) {
 
 /// `open` with this request target.
 fn open_at(ws: SocketAddr, target: &str) -> (Tls, wire::Hello) {
-    let mut s = tls(ws);
+    upgrade_on(tls(ws), target)
+}
+
+/// The upgrade to `target` and the server hello, on a TLS connection made by the caller.
+fn upgrade_on(mut s: Tls, target: &str) -> (Tls, wire::Hello) {
     s.write_all(request_to(target, &[], Some(KEY), "13").as_bytes())
         .unwrap();
     let head = read_head(&mut s);
@@ -316,6 +343,125 @@ fn the_identity_challenge_is_signed_by_the_online_key() {
         let (_, hello) = open_at(ws, &bad);
         assert_eq!(hello.trailing, 0, "no proof for {bad}");
     }
+}
+
+/// A port shared by native and web clients, as the reference's `[WEB] https` on an SMP port
+/// (simplexmq `Server.hs`, `attachStaticAndWS`; `Transport/Server.hs`, SNI): a ClientHello naming
+/// no host gets the SMP certificate and raw SMP; one naming a host gets the web certificate,
+/// ALPN `http/1.1` whatever it offers first, and WebSocket, whose server hello carries the SMP
+/// chain and the identity proof signed by the SMP online key.
+#[test]
+fn a_shared_port_splits_web_and_native_clients_by_sni() {
+    let (relay, shared, cert, _files) = relay_with_shared_port();
+
+    let mut native = wire::openssl_connect(shared, Some(&[b"smp/1"]), false).expect("native TLS");
+    let smp_leaf = native.ssl().peer_certificate().unwrap().to_der().unwrap();
+    assert_ne!(smp_leaf, cert.der);
+    let mut block = vec![0u8; BLOCK];
+    native.read_exact(&mut block).expect("raw SMP hello");
+    let native_hello = wire::parse_hello(wire::unpad(&block));
+    assert_eq!(native_hello.chain[0], smp_leaf);
+    assert_eq!(native_hello.max, SERVER_VERSIONS.max);
+
+    let s = wire::openssl_connect_sni(shared, &[b"h2", b"http/1.1"], web::HOST).expect("web TLS");
+    assert_eq!(s.ssl().selected_alpn_protocol(), Some(&b"http/1.1"[..]));
+    let web_leaf = s.ssl().peer_certificate().unwrap().to_der().unwrap();
+    assert_eq!(web_leaf, cert.der, "the web certificate");
+    let challenge: [u8; 32] = rand::random();
+    let url = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let (mut s, hello) = upgrade_on(s, &format!("/?challenge={}", url.encode(challenge)));
+    assert_eq!(hello.session_id, wire::own_finished(&s), "tls-unique");
+    assert_eq!(
+        hello.chain, native_hello.chain,
+        "the SMP chain in the hello"
+    );
+    assert_eq!(
+        (hello.min, hello.max),
+        (SERVER_VERSIONS.min, SERVER_VERSIONS.max)
+    );
+    assert_eq!(hello.tail.first(), Some(&64));
+    let signed = [&challenge[..], &hello.session_id].concat();
+    assert!(wire::leaf_signed(&hello.tail[1..], &signed, &smp_leaf));
+    let ch = wire::standard_hello(hello.max, &relay.key_hash, None);
+    s.write_all(&frame(true, 2, MASK, &wire::pad(&ch, BLOCK)))
+        .unwrap();
+    s.write_all(&frame(true, 2, MASK, &ping_block(&hello, b"web-ping")))
+        .unwrap();
+    assert!(contains(wire::unpad(&read_block_frame(&mut s)), b"PONG"));
+
+    // A web client offering only h2 has no protocol in common.
+    assert!(wire::openssl_connect_sni(shared, &[b"h2"], web::HOST).is_err());
+    // The relay's other SMP port is not shared: a host name there changes nothing.
+    let plain = wire::openssl_connect_sni(relay.addr, &[b"smp/1"], web::HOST).expect("TLS");
+    assert_eq!(
+        plain.ssl().peer_certificate().unwrap().to_der().unwrap(),
+        smp_leaf
+    );
+}
+
+/// The library's web client (SNI, WebSocket, the proof checked) and a native client on the same
+/// shared port at once: a queue's life across both.
+#[test]
+fn web_and_native_clients_share_a_port() {
+    let (relay, shared, _cert, _files) = relay_with_shared_port();
+    let mut alice = web_client(&relay, shared);
+    assert_eq!(alice.alpn(), Some(&b"http/1.1"[..]));
+    assert_eq!(alice.server_versions(), SERVER_VERSIONS);
+    let mut bob = Client::connect(shared, relay.key_hash, ClientOptions::default())
+        .expect("native client on the shared port");
+    assert_eq!(bob.alpn(), Some(&b"smp/1"[..]));
+
+    let q = create(&mut alice);
+    send_ok(&mut bob, &q, None, b"from the native side");
+    let m = expect_body(&mut alice, &q, b"from the native side");
+    assert_eq!(ack(&mut alice, &q, &m.msg_id), BrokerMsg::Ok);
+    let large = vec![b'w'; 15_000];
+    send_ok(&mut bob, &q, None, &large);
+    let m = expect_body(&mut alice, &q, &large);
+    assert_eq!(ack(&mut alice, &q, &m.msg_id), BrokerMsg::Ok);
+    assert_eq!(
+        signed(&mut alice, q.key(), q.rid(), Command::Del),
+        BrokerMsg::Ok
+    );
+    assert_eq!(send(&mut bob, &q, None, b"gone"), ERR_AUTH);
+}
+
+/// `[WEB]` settings that cannot serve web clients: a missing certificate file stops the start
+/// naming it; `https` on a port that is not an SMP port, and a WebSocket port that is an SMP port,
+/// are warned about, and the SMP ports serve as before (the reference's rules).
+#[test]
+fn web_settings_that_cannot_serve() {
+    let mut relay = Relay::start();
+    relay.stop();
+    let port = relay.port.to_string();
+    let missing = relay.dir.path().join("no-such-web.crt");
+    let missing = missing.display().to_string();
+    let key = relay.dir.path().join("server.key").display().to_string();
+    let out = relay.failed_start(&[
+        "--web-https",
+        &port,
+        "--web-cert",
+        &missing,
+        "--web-key",
+        &key,
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no-such-web.crt"), "{err}");
+
+    let other = free_port().to_string();
+    relay.restart_with(&["--web-https", &other, "--websockets", &port]);
+    relay.client().ping().expect("SMP as before");
+    assert!(
+        relay.log_shows("is not an SMP port"),
+        "{}",
+        relay.log_text()
+    );
+    assert!(
+        relay.log_shows("serves no WebSocket of its own"),
+        "{}",
+        relay.log_text()
+    );
 }
 
 /// Without ALPN a WebSocket session still gets every version (the raw-TLS rule gives v6 only).
@@ -524,20 +670,4 @@ fn an_unfinished_upgrade_is_closed_at_the_tls_deadline() {
         String::from_utf8_lossy(&got)
     );
     ws_client(&relay, ws).ping().expect("a new wss connection");
-}
-
-/// `start` refuses a port that is both an SMP and a WebSocket port (the reference splits such a
-/// port by SNI, which this relay does not do yet).
-#[test]
-fn a_port_cannot_be_both() {
-    let mut relay = Relay::start();
-    relay.stop();
-    let port = relay.port.to_string();
-    let out = relay.failed_start(&["--websockets", &port]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("both an SMP port and a WebSocket port"),
-        "{err}"
-    );
 }

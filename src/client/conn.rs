@@ -39,6 +39,7 @@ impl TlsConn {
         alpn: Option<&[Vec<u8>]>,
         timeout: Duration,
         cert: Option<&ClientCert>,
+        sni: Option<&str>,
     ) -> Result<Self, ClientError> {
         let mut sock = TcpStream::connect_timeout(&addr, timeout)?;
         sock.set_read_timeout(Some(timeout))?;
@@ -46,6 +47,7 @@ impl TlsConn {
         sock.set_nodelay(true)?;
         let alpn = alpn.map(|a| a.to_vec()).unwrap_or_default();
         let (config, sent) = match cert {
+            _ if sni.is_some() => (tls::web_client_config(alpn)?, None),
             None => (tls::client_config(alpn)?, None),
             Some(c) => {
                 let (config, sent) =
@@ -53,7 +55,12 @@ impl TlsConn {
                 (config, Some(sent))
             }
         };
-        let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+        // No SNI (as SMP clients), unless a host name is given (`web_client_config`).
+        let name = match sni {
+            Some(host) => rustls::pki_types::ServerName::try_from(host.to_string())
+                .map_err(|e| ClientError::TlsSetup(format!("host name {host}: {e}")))?,
+            None => rustls::pki_types::ServerName::IpAddress(addr.ip().into()),
+        };
         let mut capture = tls::ClientCapture::new(&config, name)?;
         capture.handshake_blocking(&mut sock)?;
         let (tls, tls_unique) = capture.finish()?;

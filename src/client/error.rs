@@ -21,7 +21,7 @@ pub enum ClientError {
     BadSession,
     #[error("the server certificate chain does not match the key hash")]
     Identity,
-    #[error("the server's signed session key does not verify with its leaf certificate")]
+    #[error("the server's signed session key (or a web client's identity proof) does not verify with its leaf certificate")]
     BadAuth,
     #[error("no SMP version in common with the server")]
     Version,

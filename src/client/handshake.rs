@@ -7,6 +7,7 @@
 //! Both client stacks drive it: the blocking library (`client::Client::connect`) and the proxy's
 //! glommio sessions to destinations (`server::proxy::session`).
 
+use crate::crypto::auth::{self, Authorization};
 use crate::crypto::{keys, signed_key, sxbox};
 use crate::protocol::error::TransportError;
 use crate::protocol::handshake::{
@@ -36,6 +37,11 @@ pub struct HandshakeParams {
     pub service: Option<ClientService>,
     /// Check both chains (TLS and the hello's) against `key_hash`.
     pub check_identity: bool,
+    /// The challenge a web client sent in its upgrade request, when it reached the relay through
+    /// a host name (SNI) and so holds the web certificate, not the relay's: the hello's own chain
+    /// stands for the TLS one, and the hello must carry the proof, the hello leaf's signature of
+    /// challenge ‖ session ID, as the reference's web client checks it.
+    pub web_challenge: Option<[u8; 32]>,
 }
 
 /// Which check failed (the reference's `TransportError` handshake cases).
@@ -100,6 +106,10 @@ pub fn answer(
     if hello.session_id != tls_unique {
         return Err(HandshakeError::BadSession);
     }
+    let peer_chain = match &params.web_challenge {
+        Some(challenge) => web_identity(&hello, challenge)?,
+        None => peer_chain,
+    };
     let kh = &params.key_hash;
     if params.check_identity && !chain_matches(peer_chain, kh) {
         return Err(HandshakeError::Identity);
@@ -184,6 +194,27 @@ fn chain_matches(chain: &[Vec<u8>], key_hash: &[u8]) -> bool {
 }
 
 /// The leaf certificate's public key, which signs the hello's session key (Ed25519 or Ed448).
+/// The hello's chain, once its leaf is found to have signed the challenge and the session ID.
+fn web_identity<'h>(
+    hello: &'h ServerHello,
+    challenge: &[u8; 32],
+) -> Result<&'h [Vec<u8>], HandshakeError> {
+    let chain = &hello
+        .cert_key
+        .as_ref()
+        .ok_or(HandshakeError::BadAuth)?
+        .chain;
+    let leaf = chain.first().ok_or(HandshakeError::BadAuth)?;
+    let key = leaf_public_key(leaf).ok_or(HandshakeError::BadAuth)?;
+    let proof = hello.web_proof.as_deref().ok_or(HandshakeError::BadAuth)?;
+    let proof = Authorization::from_bytes(proof).ok_or(HandshakeError::BadAuth)?;
+    let signed = [&challenge[..], &hello.session_id].concat();
+    match auth::verify(&key, &proof, &signed, None, &[]) {
+        true => Ok(chain),
+        false => Err(HandshakeError::BadAuth),
+    }
+}
+
 fn leaf_public_key(der: &[u8]) -> Option<keys::PublicAuthKey> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
     keys::PublicAuthKey::from_spki(cert.public_key().raw).ok()
@@ -215,6 +246,7 @@ mod tests {
             proxy_server,
             service: None,
             check_identity: false,
+            web_challenge: None,
         }
     }
 
@@ -259,6 +291,21 @@ mod tests {
         };
         let (out, s) = answer(&block, &SID, &[], &p).unwrap();
         assert_eq!((s.version, sent_hello(&out).version), (21, 21));
+    }
+
+    #[test]
+    fn a_web_challenge_needs_the_proof() {
+        // No chain and no proof in the hello: a web client cannot tell who answered.
+        let block = hello_block(VersionRange::new(6, 20).unwrap(), &SID);
+        let p = HandshakeParams {
+            web_challenge: Some([7; 32]),
+            ..params(false)
+        };
+        assert_eq!(
+            answer(&block, &SID, &[], &p).err(),
+            Some(HandshakeError::BadAuth)
+        );
+        assert!(answer(&block, &SID, &[], &params(false)).is_ok());
     }
 
     #[test]

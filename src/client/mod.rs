@@ -73,6 +73,11 @@ pub struct ClientOptions {
     /// Speak SMP over WebSocket (a relay's `websockets` port): this path in the upgrade request.
     /// Pair it with `alpn: Some(vec![b"http/1.1".to_vec()])` or `None`, as web clients offer.
     pub websocket: Option<String>,
+    /// Name this host in TLS (SNI), as a browser names the host of its URL. On a relay's shared
+    /// port (`[WEB] https`) that makes it a web client's connection, with the web certificate:
+    /// with `websocket` the client then sends a challenge in the path and checks the relay's
+    /// identity as the reference's web client does (`handshake::HandshakeParams::web_challenge`).
+    pub sni: Option<String>,
 }
 
 impl Default for ClientOptions {
@@ -88,6 +93,7 @@ impl Default for ClientOptions {
             check_identity: true,
             timeout: DEFAULT_TIMEOUT,
             websocket: None,
+            sni: None,
         }
     }
 }
@@ -238,9 +244,22 @@ impl Client {
             opts.alpn.as_deref(),
             opts.timeout,
             opts.tls_cert.as_ref(),
+            opts.sni.as_deref(),
         )?;
+        let web_challenge =
+            (opts.sni.is_some() && opts.websocket.is_some()).then(rand::random::<[u8; 32]>);
         if let Some(path) = &opts.websocket {
-            conn.websocket_upgrade(&addr.ip().to_string(), path)?;
+            let host = opts.sni.clone().unwrap_or_else(|| addr.ip().to_string());
+            let path = match web_challenge {
+                Some(c) => {
+                    use base64::Engine;
+                    let c = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(c);
+                    let sep = if path.contains('?') { '&' } else { '?' };
+                    format!("{path}{sep}challenge={c}")
+                }
+                None => path.clone(),
+            };
+            conn.websocket_upgrade(&host, &path)?;
         }
         let mut block = Box::new([0u8; BLOCK_SIZE]);
         conn.read_block(&mut block[..])?;
@@ -252,6 +271,7 @@ impl Client {
             proxy_server: opts.proxy_server,
             service: opts.service,
             check_identity: opts.check_identity,
+            web_challenge,
         };
         let handshake_error = |e| match e {
             HandshakeError::Parse => ClientError::HandshakeParse,

@@ -120,20 +120,28 @@ async fn run(
     sock.set_nodelay(true)
         .map_err(|e| io::Error::other(e.to_string()))?;
     let setup_deadline = Instant::now() + ctx.config.tls_timeout;
-    let tls_config = match kind {
-        PortKind::Smp => &ctx.tls_config,
-        PortKind::WebSocket => &ctx.ws_tls_config,
+    let (tls_config, web) = match kind {
+        PortKind::Smp => (&ctx.tls.smp, None),
+        PortKind::WebSocket => (&ctx.tls.websocket, None),
+        PortKind::Shared => (&ctx.tls.smp, ctx.tls.web.as_ref()),
     };
     let (conn, session_id) = timed(
         ctx.config.tls_timeout,
         "TLS setup",
-        tls_accept(&mut sock, ctx, tls_config),
+        tls_accept(&mut sock, ctx, tls_config, web),
     )
     .await?;
+    // On a shared port a client that named a host was given the web certificate: it is a web
+    // client, and speaks WebSocket from here (`AcceptState::with_web`).
+    let kind = match kind {
+        PortKind::Shared if conn.server_name().is_some() => PortKind::WebSocket,
+        PortKind::Shared => PortKind::Smp,
+        other => other,
+    };
     // A WebSocket session offers every version: its ALPN is `http/1.1` (or none), which says
     // nothing of the SMP client's age; the raw-TLS rule (`alpn_versions`) is for native clients.
     let versions = match kind {
-        PortKind::Smp => alpn_versions(conn.alpn_protocol()),
+        PortKind::Smp | PortKind::Shared => alpn_versions(conn.alpn_protocol()),
         PortKind::WebSocket => SERVER_VERSIONS,
     };
     let tls: SharedTls = Rc::new(RefCell::new(TlsStream::new(
@@ -636,8 +644,11 @@ async fn tls_accept(
     sock: &mut TcpStream,
     ctx: &ShardContext,
     tls_config: &Arc<rustls::ServerConfig>,
+    web: Option<&Arc<rustls::ServerConfig>>,
 ) -> Result<(rustls::ServerConnection, Vec<u8>), ConnError> {
-    let mut state = AcceptState::new(tls_config).map_err(|e| ConnError::Tls(e.to_string()))?;
+    let mut state = AcceptState::new(tls_config)
+        .map_err(|e| ConnError::Tls(e.to_string()))?
+        .with_web(web);
     let mut out = Vec::new();
     loop {
         // Read into the shard's scratch buffer and feed rustls at once, so that a connection

@@ -19,14 +19,23 @@ use crate::server::router::CountHash;
 use crate::store::services::Services;
 use crate::transport::certs::ServerCredentials;
 
+/// The TLS configs of the relay's ports, built once at start.
+#[derive(Clone)]
+pub struct TlsConfigs {
+    /// The SMP ports'.
+    pub smp: Arc<rustls::ServerConfig>,
+    /// The WebSocket ports': the same certificate, ALPN `http/1.1` only (`tls::websocket_config`).
+    pub websocket: Arc<rustls::ServerConfig>,
+    /// Web clients' on a shared port (`[WEB] https`): the web certificate (`tls::web_config`).
+    pub web: Option<Arc<rustls::ServerConfig>>,
+}
+
 /// What every connection of a shard reads; built once per shard.
 pub struct ShardContext {
     pub shard_id: usize,
     pub config: StartConfig,
     pub credentials: Arc<ServerCredentials>,
-    pub tls_config: Arc<rustls::ServerConfig>,
-    /// The WebSocket ports' TLS: the same certificate, ALPN `http/1.1` only (`tls::websocket_config`).
-    pub ws_tls_config: Arc<rustls::ServerConfig>,
+    pub tls: TlsConfigs,
     /// Connections this shard holds now (its part of the metrics' count).
     pub connections: Cell<usize>,
     /// The relay's connection limits, shared by every shard.
@@ -113,8 +122,7 @@ impl ShardContext {
         shard_id: usize,
         config: StartConfig,
         credentials: Arc<ServerCredentials>,
-        tls_config: Arc<rustls::ServerConfig>,
-        ws_tls_config: Arc<rustls::ServerConfig>,
+        tls: TlsConfigs,
         admission: Arc<Admission>,
         directory: Arc<Directory>,
         services: Arc<Services>,
@@ -125,8 +133,7 @@ impl ShardContext {
             shard_id,
             config,
             credentials,
-            tls_config,
-            ws_tls_config,
+            tls,
             connections: Cell::new(0),
             admission,
             read_scratch: super::tls_stream::new_scratch(),

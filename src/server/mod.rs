@@ -85,7 +85,7 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
     with_store(config.store, config.test_store_delay.is_some(), Run(config))
 }
 
-fn run_on<S: ShardStore>(config: StartConfig) -> Result<(), StartError> {
+fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
     let _lock = lock::lock_data_dir(&config.data_dir)?;
     config
         .store
@@ -96,8 +96,13 @@ fn run_on<S: ShardStore>(config: StartConfig) -> Result<(), StartError> {
     );
     let tls_config = tls::server_config(&credentials, &tls::TlsOptions::default())
         .map_err(|e| StartError::Setup(e.to_string()))?;
-    let ws_tls_config = tls::websocket_config(&tls_config);
-    check_websocket_ports(&config)?;
+    drop_shared_websocket_ports(&mut config);
+    let tls_configs = context::TlsConfigs {
+        websocket: tls::websocket_config(&tls_config),
+        web: web_tls(&config)?,
+        smp: tls_config,
+    };
+    let shared_port = tls_configs.web.as_ref().and(config.web.https);
     check_ports_free(&config.ports)?;
     check_ports_free(&config.websocket_ports)?;
     let store_settings = store_settings(&config);
@@ -127,8 +132,7 @@ fn run_on<S: ShardStore>(config: StartConfig) -> Result<(), StartError> {
         let cpu = cpus[shard_id % cpus.len()];
         let config = config.clone();
         let credentials = credentials.clone();
-        let tls_config = tls_config.clone();
-        let ws_tls_config = ws_tls_config.clone();
+        let tls_configs = tls_configs.clone();
         let mut reporter = Reporter::new(shard_id, report_tx.clone());
         let (go_tx, go_rx) = flume::bounded::<bool>(1);
         let mesh = mesh.clone();
@@ -161,7 +165,10 @@ fn run_on<S: ShardStore>(config: StartConfig) -> Result<(), StartError> {
                     .map_err(|e| reporter.fail(e))?;
                 fill_directory(&directory, &store);
                 let mut listeners = Vec::with_capacity(config.ports.len());
-                let ports = config.ports.iter().map(|p| (*p, ws::PortKind::Smp));
+                let ports = config.ports.iter().map(|&p| match shared_port == Some(p) {
+                    true => (p, ws::PortKind::Shared),
+                    false => (p, ws::PortKind::Smp),
+                });
                 let ws_ports = config.websocket_ports.iter();
                 let ports = ports.chain(ws_ports.map(|p| (*p, ws::PortKind::WebSocket)));
                 for (port, kind) in ports {
@@ -189,8 +196,7 @@ fn run_on<S: ShardStore>(config: StartConfig) -> Result<(), StartError> {
                     shard_id,
                     config,
                     credentials,
-                    tls_config,
-                    ws_tls_config,
+                    tls_configs,
                     admission,
                     directory.clone(),
                     services,
@@ -254,6 +260,7 @@ fn run_on<S: ShardStore>(config: StartConfig) -> Result<(), StartError> {
         tracing::info!(
             ports = ?config.ports,
             websocket_ports = ?config.websocket_ports,
+            web_clients_by_sni = ?shared_port,
             shards,
             queues = directory.len(IdSpace::Sender),
             "listening on {}",
@@ -363,21 +370,56 @@ fn check_ports_free(ports: &[u16]) -> Result<(), StartError> {
     Ok(())
 }
 
-/// A port serves SMP over raw TLS or over WebSocket, not both: the reference tells them apart on a
-/// shared port by SNI (simplexmq `src/Simplex/Messaging/Server/CLI.hs`, `iniTransports`, drops
-/// such ports from the WebSocket list), which this relay does not do yet, so such a configuration
-/// is refused rather than half served.
-fn check_websocket_ports(config: &StartConfig) -> Result<(), StartError> {
-    match config
-        .websocket_ports
-        .iter()
-        .find(|p| config.ports.contains(p))
-    {
-        Some(p) => Err(StartError::Setup(format!(
-            "port {p} is both an SMP port and a WebSocket port; serving both on one port (split by \
-             SNI) is not supported yet: choose another port for websockets"
-        ))),
-        None => Ok(()),
+/// A WebSocket port that is an SMP port too is dropped from the WebSocket ports, as the
+/// reference does (simplexmq `src/Simplex/Messaging/Server/CLI.hs`, `iniTransports`): such a port
+/// serves web clients only when it is `[WEB] https`, split by SNI (`web_tls`).
+fn drop_shared_websocket_ports(config: &mut StartConfig) {
+    let smp = config.ports.clone();
+    config.websocket_ports.retain(|p| {
+        let both = smp.contains(p);
+        if both {
+            tracing::warn!(
+                "port {p} is an SMP port, so it serves no WebSocket of its own (`websockets`); \
+                 to serve web clients on it too, split by TLS SNI, set `[WEB] https = {p}` with \
+                 `cert` and `key` (start --web-https, --web-cert, --web-key)"
+            );
+        }
+        !both
+    });
+}
+
+/// The web clients' TLS config when `[WEB] https` names an SMP port and `cert` and `key` are
+/// set (simplexmq `Server/Main.hs`: web credentials need all three); otherwise none, with a
+/// warning saying why when part of it is set. A certificate or key that cannot be used stops the
+/// start with the file's name.
+fn web_tls(config: &StartConfig) -> Result<Option<Arc<rustls::ServerConfig>>, StartError> {
+    let web = &config.web;
+    match (web.https, &web.cert, &web.key) {
+        (None, None, None) => Ok(None),
+        (None, _, _) => {
+            tracing::warn!(
+                "`[WEB] cert`/`key` are set without `https`: no port serves web clients by SNI"
+            );
+            Ok(None)
+        }
+        (Some(p), _, _) if !config.ports.contains(&p) => {
+            tracing::warn!(
+                "`[WEB] https = {p}` is not an SMP port: the reference serves its static web site \
+                 there, and this relay serves none, so port {p} is not opened (web clients can \
+                 use `[TRANSPORT] websockets = {p}`, or `https` set to an SMP port)"
+            );
+            Ok(None)
+        }
+        (Some(_), Some(cert), Some(key)) => tls::web_config(cert, key)
+            .map(Some)
+            .map_err(StartError::Setup),
+        (Some(p), _, _) => {
+            tracing::warn!(
+                "`[WEB] https = {p}` needs `cert` and `key` (start --web-cert, --web-key): port \
+                 {p} serves native SMP only"
+            );
+            Ok(None)
+        }
     }
 }
 

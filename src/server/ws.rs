@@ -37,6 +37,9 @@ pub enum PortKind {
     Smp,
     /// SMP over WebSocket over TLS (`[TRANSPORT] websockets`).
     WebSocket,
+    /// An SMP port that also serves web clients (`[WEB] https`): a TLS client naming a host gets
+    /// the web certificate and WebSocket, one naming none raw SMP.
+    Shared,
 }
 
 /// Why a WebSocket connection ended.
@@ -74,7 +77,7 @@ pub struct WsState {
 impl Framing {
     pub fn for_port(kind: PortKind) -> Framing {
         match kind {
-            PortKind::Smp => Framing::Raw,
+            PortKind::Smp | PortKind::Shared => Framing::Raw,
             PortKind::WebSocket => Framing::WebSocket(WsState::default()),
         }
     }

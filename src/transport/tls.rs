@@ -4,6 +4,7 @@
 //! them with `tls_unique::client_finished`, since rustls does not expose Finished messages.
 
 use std::io::{self, Read, Write};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -117,6 +118,54 @@ pub fn websocket_config(base: &Arc<ServerConfig>) -> Arc<ServerConfig> {
     let mut config = ServerConfig::clone(base);
     config.alpn_protocols = vec![ALPN_HTTP11.to_vec()];
     Arc::new(config)
+}
+
+/// The config for web clients on a shared port (`[WEB] https`, `cert`, `key`): the web
+/// certificate chain and key read from these PEM files (any key the provider signs with: RSA,
+/// ECDSA, Ed25519), ALPN `http/1.1` only (the WebSocket upgrade is HTTP/1.1's) and no
+/// CertificateRequest (a browser would ask its user for a certificate). Resumption stays off: the
+/// session ID is tls-unique here too. The error names the file and what is wrong with it.
+pub fn web_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, String> {
+    let read = |path: &Path| {
+        std::fs::read(path).map_err(|e| {
+            format!(
+                "cannot read the web certificate file {}: {e}",
+                path.display()
+            )
+        })
+    };
+    let cert_pem = read(cert)?;
+    let chain: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut cert_pem.as_slice())
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{}: not a PEM certificate chain: {e}", cert.display()))?;
+    if chain.is_empty() {
+        return Err(format!(
+            "{}: no certificate in it (a PEM `CERTIFICATE` block is expected)",
+            cert.display()
+        ));
+    }
+    let key_pem = read(key)?;
+    let key_der = rustls_pemfile::private_key(&mut key_pem.as_slice())
+        .map_err(|e| format!("{}: not a PEM private key: {e}", key.display()))?
+        .ok_or_else(|| format!("{}: no private key in it", key.display()))?;
+    let mut config = ServerConfig::builder_with_provider(Arc::new(provider()))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        // Fails on a key TLS cannot sign with, or one that is not the certificate's.
+        .with_single_cert(chain, key_der)
+        .map_err(|e| {
+            format!(
+                "{} with {}: {e} (the key must be the certificate's, RSA, ECDSA or Ed25519)",
+                key.display(),
+                cert.display()
+            )
+        })?;
+    config.alpn_protocols = vec![ALPN_HTTP11.to_vec()];
+    config.send_tls13_tickets = 0;
+    config.session_storage = Arc::new(NoServerSessionStorage {});
+    config.max_early_data_size = 0;
+    Ok(Arc::new(config))
 }
 
 fn ed25519_pkcs8(key: &ed25519_dalek::SigningKey) -> PrivateKeyDer<'static> {
@@ -327,6 +376,8 @@ fn session_id(
 /// (rustls alone would pick by the server's order).
 pub struct AcceptState {
     base: Arc<ServerConfig>,
+    /// On a shared port, the config for a ClientHello that names a host (`web_config`).
+    web: Option<Arc<ServerConfig>>,
     stage: Stage,
     captured: Vec<u8>,
     key_log: Arc<HandshakeSecretLog>,
@@ -344,11 +395,21 @@ impl AcceptState {
     pub fn new(base: &Arc<ServerConfig>) -> Result<Self, TlsError> {
         Ok(Self {
             base: base.clone(),
+            web: None,
             stage: Stage::Hello(Box::default()),
             captured: Vec::new(),
             key_log: Arc::new(HandshakeSecretLog::default()),
             alert: Vec::new(),
         })
+    }
+
+    /// On a port shared with web clients: a ClientHello naming a host (SNI) is served with
+    /// `web`, one naming none with the base config, as the reference's shared port (simplexmq
+    /// `Transport/Server.hs`, `onServerNameIndication`: any host name, unchecked). The connection
+    /// then says which (`ServerConnection::server_name`).
+    pub fn with_web(mut self, web: Option<&Arc<ServerConfig>>) -> Self {
+        self.web = web.cloned();
+        self
     }
 
     /// Processes bytes received from the client, in chunks of any size. On error, `take_output`
@@ -408,7 +469,11 @@ impl AcceptState {
                 return Err(e.into());
             }
         };
-        let mut config = (*self.base).clone();
+        let base = match &self.web {
+            Some(web) if accepted.client_hello().server_name().is_some() => web,
+            _ => &self.base,
+        };
+        let mut config = ServerConfig::clone(base);
         config.key_log = self.key_log.clone();
         let offered: Option<Vec<Vec<u8>>> = accepted
             .client_hello()
@@ -494,9 +559,14 @@ impl AcceptState {
 /// Accepts any server chain at the TLS level: SMP checks the chain against the address
 /// fingerprint after the handshake (simplexmq `Transport/Client.hs`). The handshake signature is
 /// still verified.
+///
+/// A web client (`web`) takes any certificate's signature scheme the provider verifies: it meets
+/// the web certificate of a shared port (RSA, ECDSA), and checks the relay's identity in the SMP
+/// handshake instead (`client::handshake`, the web challenge).
 #[derive(Debug)]
 struct AcceptAnyServerChain {
     provider: Arc<CryptoProvider>,
+    web: bool,
 }
 
 impl ServerCertVerifier for AcceptAnyServerChain {
@@ -526,18 +596,42 @@ impl ServerCertVerifier for AcceptAnyServerChain {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        eddsa_tls13_verify(message, cert, dss, &self.provider)
+        let algs = &self.provider.signature_verification_algorithms;
+        match dss.scheme {
+            SignatureScheme::ED25519 | SignatureScheme::ED448 => {
+                eddsa_tls13_verify(message, cert, dss, &self.provider)
+            }
+            _ if self.web => rustls::crypto::verify_tls13_signature(message, cert, dss, algs),
+            _ => Err(rustls::PeerMisbehaved::SignedHandshakeWithUnadvertisedSigScheme.into()),
+        }
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        EDDSA_SCHEMES.to_vec()
+        let mut schemes = EDDSA_SCHEMES.to_vec();
+        if self.web {
+            let algs = &self.provider.signature_verification_algorithms;
+            for scheme in algs.supported_schemes() {
+                if !schemes.contains(&scheme) {
+                    schemes.push(scheme);
+                }
+            }
+        }
+        schemes
     }
+}
+
+/// A web client's config: as `client_config`, but naming the host (SNI), as browsers do, and taking
+/// any server certificate scheme (`AcceptAnyServerChain::web`).
+pub fn web_client_config(alpn: Vec<Vec<u8>>) -> Result<Arc<ClientConfig>, TlsError> {
+    let mut config = client_config_inner(alpn, None, true)?;
+    config.enable_sni = true;
+    Ok(Arc::new(config))
 }
 
 /// Client config: TLS 1.3, no SNI (SMP clients never send it: simplexmq `Transport/Client.hs`), no
 /// resumption, `alpn` offered as given (empty = no ALPN extension, a legacy client).
 pub fn client_config(alpn: Vec<Vec<u8>>) -> Result<Arc<ClientConfig>, TlsError> {
-    client_config_inner(alpn, None)
+    client_config_inner(alpn, None, false).map(Arc::new)
 }
 
 /// As `client_config`, presenting `chain` (DER, leaf first) with an Ed25519 key when asked.
@@ -584,7 +678,10 @@ pub fn client_config_with_cert_sent(
         certified,
         sent: sent.clone(),
     });
-    Ok((client_config_inner(alpn, Some(resolver))?, sent))
+    Ok((
+        Arc::new(client_config_inner(alpn, Some(resolver), false)?),
+        sent,
+    ))
 }
 
 /// Presents one Ed25519 chain when the server asks and accepts Ed25519, and records that it did.
@@ -616,12 +713,13 @@ impl ResolvesClientCert for ClientCertResolver {
 fn client_config_inner(
     alpn: Vec<Vec<u8>>,
     identity: Option<Arc<ClientCertResolver>>,
-) -> Result<Arc<ClientConfig>, TlsError> {
+    web: bool,
+) -> Result<ClientConfig, TlsError> {
     let provider = Arc::new(provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AcceptAnyServerChain { provider }));
+        .with_custom_certificate_verifier(Arc::new(AcceptAnyServerChain { provider, web }));
     let mut config = match identity {
         None => builder.with_no_client_auth(),
         Some(resolver) => builder.with_client_cert_resolver(resolver),
@@ -630,7 +728,7 @@ fn client_config_inner(
     config.enable_sni = false;
     config.resumption = rustls::client::Resumption::disabled();
     config.enable_early_data = false;
-    Ok(Arc::new(config))
+    Ok(config)
 }
 
 /// Client side of one TLS handshake: records what the client writes so it can compute its own

@@ -732,9 +732,34 @@ pub mod wire {
         suites: &str,
         groups: Option<&str>,
     ) -> Result<SslStream<TcpStream>, String> {
+        openssl_over_named(tcp, alpn, tls12, suites, groups, None)
+    }
+
+    /// TLS 1.3 to `addr` naming `host` (SNI), as a browser does, offering `alpn`.
+    pub fn openssl_connect_sni(
+        addr: SocketAddr,
+        alpn: &[&[u8]],
+        host: &str,
+    ) -> Result<SslStream<TcpStream>, String> {
+        let tcp = TcpStream::connect_timeout(&addr, Duration::from_secs(10))
+            .map_err(|e| e.to_string())?;
+        let suites = "TLS_CHACHA20_POLY1305_SHA256";
+        openssl_over_named(tcp, Some(alpn), false, suites, None, Some(host))
+    }
+
+    /// `openssl_over`, naming `host` in the ClientHello (SNI) when given.
+    pub fn openssl_over_named(
+        tcp: TcpStream,
+        alpn: Option<&[&[u8]]>,
+        tls12: bool,
+        suites: &str,
+        groups: Option<&str>,
+        host: Option<&str>,
+    ) -> Result<SslStream<TcpStream>, String> {
         tcp.set_read_timeout(Some(Duration::from_secs(10)))
             .map_err(|e| e.to_string())?;
-        // A bare context: no CA store to load (the SMP layer checks the identity), no SNI.
+        // A bare context: no CA store to load (the SMP layer checks the identity), no SNI unless
+        // a host is given.
         let mut b = SslContext::builder(SslMethod::tls_client()).map_err(|e| e.to_string())?;
         b.set_verify(SslVerifyMode::NONE);
         let v = if tls12 {
@@ -758,7 +783,10 @@ pub mod wire {
             }
             b.set_alpn_protos(&wire).map_err(|e| e.to_string())?;
         }
-        let ssl = Ssl::new(&b.build()).map_err(|e| e.to_string())?;
+        let mut ssl = Ssl::new(&b.build()).map_err(|e| e.to_string())?;
+        if let Some(h) = host {
+            ssl.set_hostname(h).map_err(|e| e.to_string())?;
+        }
         ssl.connect(tcp).map_err(|e| e.to_string())
     }
 
@@ -1086,5 +1114,69 @@ impl Drop for Tmpfs {
     fn drop(&mut self) {
         // Lazy, so that a relay still running in a failed test does not keep it mounted.
         let _ = Command::new("umount").arg("-l").arg(&self.0).output();
+    }
+}
+
+/// A web certificate, as an operator's `[WEB] cert` and `key` (simplexmq `Server/Main.hs`): an
+/// ordinary RSA certificate for a host name, made here with OpenSSL, unrelated to the relay's SMP
+/// identity.
+pub mod web {
+    use std::path::{Path, PathBuf};
+
+    use openssl::asn1::Asn1Time;
+    use openssl::hash::MessageDigest;
+    use openssl::pkey::PKey;
+    use openssl::rsa::Rsa;
+    use openssl::x509::{X509NameBuilder, X509};
+
+    pub const HOST: &str = "relay.test";
+
+    pub struct WebCert {
+        pub cert: PathBuf,
+        pub key: PathBuf,
+        pub der: Vec<u8>,
+    }
+
+    impl WebCert {
+        /// `start`'s flags that serve it on `port`, an SMP port of the relay.
+        pub fn args(&self, port: u16) -> Vec<String> {
+            vec![
+                "--port".into(),
+                port.to_string(),
+                "--web-https".into(),
+                port.to_string(),
+                "--web-cert".into(),
+                self.cert.display().to_string(),
+                "--web-key".into(),
+                self.key.display().to_string(),
+            ]
+        }
+    }
+
+    /// Writes `web.crt` and `web.key` (PEM) into `dir`.
+    pub fn write(dir: &Path) -> WebCert {
+        let key = PKey::from_rsa(Rsa::generate(2048).unwrap()).unwrap();
+        let mut name = X509NameBuilder::new().unwrap();
+        name.append_entry_by_text("CN", HOST).unwrap();
+        let name = name.build();
+        let mut b = X509::builder().unwrap();
+        b.set_version(2).unwrap();
+        b.set_subject_name(&name).unwrap();
+        b.set_issuer_name(&name).unwrap();
+        b.set_pubkey(&key).unwrap();
+        b.set_not_before(&Asn1Time::days_from_now(0).unwrap())
+            .unwrap();
+        b.set_not_after(&Asn1Time::days_from_now(30).unwrap())
+            .unwrap();
+        b.sign(&key, MessageDigest::sha256()).unwrap();
+        let x509 = b.build();
+        let (cert, key_path) = (dir.join("web.crt"), dir.join("web.key"));
+        std::fs::write(&cert, x509.to_pem().unwrap()).unwrap();
+        std::fs::write(&key_path, key.private_key_to_pem_pkcs8().unwrap()).unwrap();
+        WebCert {
+            cert,
+            key: key_path,
+            der: x509.to_der().unwrap(),
+        }
     }
 }

@@ -551,6 +551,7 @@ async fn handshake(
         // The TLS chain is verified in full before (`identity::verify_chain`); this checks the
         // hello's chain too, whose mismatch is `BAD_AUTH`.
         check_identity: true,
+        web_challenge: None,
     };
     let handshake_err = |e| DestError::Transport(TransportError::Handshake(e));
     let (hello, session) = client::handshake::answer(&block, tls_unique, peer_chain, &params)
