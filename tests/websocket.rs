@@ -400,7 +400,7 @@ fn a_shared_port_splits_web_and_native_clients_by_sni() {
 }
 
 /// The library's web client (SNI, WebSocket, the proof checked) and a native client on the same
-/// shared port at once: a queue's life across both.
+/// shared port at once: a queue's life across both (NEW, SEND, ACK, KEY, SUB, DEL).
 #[test]
 fn web_and_native_clients_share_a_port() {
     let (relay, shared, _cert, _files) = relay_with_shared_port();
@@ -415,15 +415,23 @@ fn web_and_native_clients_share_a_port() {
     send_ok(&mut bob, &q, None, b"from the native side");
     let m = expect_body(&mut alice, &q, b"from the native side");
     assert_eq!(ack(&mut alice, &q, &m.msg_id), BrokerMsg::Ok);
+    let bob_key = auth_key(KeyAlg::Ed25519);
+    let key = Command::Key(bob_key.public_key());
+    assert_eq!(signed(&mut alice, q.key(), q.rid(), key), BrokerMsg::Ok);
+    assert_eq!(send(&mut bob, &q, None, b"unsigned"), ERR_AUTH);
     let large = vec![b'w'; 15_000];
-    send_ok(&mut bob, &q, None, &large);
+    send_ok(&mut bob, &q, Some(&bob_key), &large);
     let m = expect_body(&mut alice, &q, &large);
-    assert_eq!(ack(&mut alice, &q, &m.msg_id), BrokerMsg::Ok);
+    // Unacknowledged, it goes to the next subscriber, another web client on the port.
+    let mut alice2 = web_client(&relay, shared);
+    assert_eq!(sub_with_msg(&mut alice2, &q).msg_id, m.msg_id);
+    expect_event(&mut alice, q.rid(), BrokerMsg::End);
+    assert_eq!(ack(&mut alice2, &q, &m.msg_id), BrokerMsg::Ok);
     assert_eq!(
-        signed(&mut alice, q.key(), q.rid(), Command::Del),
+        signed(&mut alice2, q.key(), q.rid(), Command::Del),
         BrokerMsg::Ok
     );
-    assert_eq!(send(&mut bob, &q, None, b"gone"), ERR_AUTH);
+    assert_eq!(send(&mut bob, &q, Some(&bob_key), b"gone"), ERR_AUTH);
 }
 
 /// `[WEB]` settings that cannot serve web clients: a missing certificate file stops the start
@@ -669,5 +677,45 @@ fn an_unfinished_upgrade_is_closed_at_the_tls_deadline() {
         "no answer: {:?}",
         String::from_utf8_lossy(&got)
     );
+    ws_client(&relay, ws).ping().expect("a new wss connection");
+}
+
+/// 1,000 upgrades left half-open — TLS done and part of a request, or TLS done and nothing —
+/// cost the other clients nothing: a wss and a native client are served while they hang, each is
+/// closed by the relay at its TLS deadline, and new connections are taken afterwards.
+#[test]
+fn a_thousand_half_open_upgrades_leave_other_clients_served() {
+    const HALF_OPEN: usize = 1000;
+    let (relay, ws) = relay_with_ws(&[
+        "--tls-timeout-secs",
+        "5",
+        "--max-handshakes-per-address",
+        "2000",
+    ]);
+    let mut keeper = ws_client(&relay, ws);
+    let mut native = relay.client();
+    let mut hanging = Vec::with_capacity(HALF_OPEN);
+    for i in 0..HALF_OPEN {
+        let mut s = tls(ws);
+        if i % 2 == 0 {
+            s.write_all(b"GET /smp HTTP/1.1\r\nHost: relay.test\r\nUpgrade: web")
+                .unwrap();
+        }
+        hanging.push(s);
+        if i % 250 == 249 {
+            still_served(&mut keeper, &mut native, "half-open upgrades");
+        }
+    }
+    still_served(&mut keeper, &mut native, "1,000 half-open upgrades");
+    for (i, mut s) in hanging.into_iter().enumerate() {
+        let mut got = Vec::new();
+        let end = s.read_to_end(&mut got);
+        assert!(
+            !matches!(&end, Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)),
+            "half-open upgrade {i} was not closed by the relay: {end:?}"
+        );
+        assert!(got.is_empty(), "no answer to half-open upgrade {i}");
+    }
+    still_served(&mut keeper, &mut native, "the half-open upgrades closed");
     ws_client(&relay, ws).ping().expect("a new wss connection");
 }
