@@ -152,3 +152,7 @@ mod tests {
         assert_eq!(OutputLimits::from_high_water(4096).redeliver_batch, 1);
     }
 }
+
+/// Allocations of at least this many bytes are mapped on their own and returned to the system
+/// when freed (`server::fixed_mmap_threshold`).
+pub const MALLOC_MMAP_THRESHOLD_BYTES: usize = 1024 * 1024;

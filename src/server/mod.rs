@@ -73,8 +73,27 @@ pub fn store_settings(config: &StartConfig) -> StoreSettings {
     }
 }
 
+/// Large allocations (`limits::MALLOC_MMAP_THRESHOLD_BYTES` and up: a service's fold, a big
+/// output backlog) are mapped on their own and unmapped when freed. glibc's default raises that
+/// threshold to the size of each mapped block freed, after which such blocks come from the
+/// threads' heaps and stay resident once freed (simplexmq #1820's symptom, memory that never
+/// comes back after a service's connection goes); a fixed threshold turns that adjustment off.
+fn fixed_mmap_threshold() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let bytes = crate::limits::MALLOC_MMAP_THRESHOLD_BYTES as libc::c_int;
+        // SAFETY: mallopt takes two integers and changes the allocator's parameters under its
+        // own lock; it touches no memory of the caller and is safe to call from any thread.
+        let ok = unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, bytes) };
+        if ok != 1 {
+            tracing::debug!("mallopt(M_MMAP_THRESHOLD) refused; glibc's default stays");
+        }
+    }
+}
+
 /// Runs the relay until SIGINT or SIGTERM, on the store the configuration names.
 pub fn run(config: StartConfig) -> Result<(), StartError> {
+    fixed_mmap_threshold();
     struct Run(StartConfig);
     impl WithStore for Run {
         type Output = Result<(), StartError>;
