@@ -139,6 +139,10 @@ pub const FILES_FIXED: usize = 64;
 /// the rest of the shard goes on meanwhile (`docs/ARCHITECTURE.md` §2).
 pub const EXPIRE_QUEUES_PER_JOB: usize = 64;
 
+/// Allocations of at least this many bytes are mapped on their own and returned to the system
+/// when freed (`server::fixed_mmap_threshold`).
+pub const MALLOC_MMAP_THRESHOLD_BYTES: usize = 1024 * 1024;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,7 +156,3 @@ mod tests {
         assert_eq!(OutputLimits::from_high_water(4096).redeliver_batch, 1);
     }
 }
-
-/// Allocations of at least this many bytes are mapped on their own and returned to the system
-/// when freed (`server::fixed_mmap_threshold`).
-pub const MALLOC_MMAP_THRESHOLD_BYTES: usize = 1024 * 1024;
