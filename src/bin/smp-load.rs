@@ -46,6 +46,11 @@ enum Cmd {
     Displace(MsgArgs),
     /// C connections that handshake and stay idle: relay RssAnon per connection, idle CPU.
     Idle(IdleArgs),
+    /// One messaging service with --queues queues associated (by SUBs from its connection),
+    /// --messages of them holding a message: each run, a new connection of the service sends one
+    /// SUBS; times to SOKS and to ALLS (every held message delivered once), relay CPU and memory.
+    /// One relay for all runs.
+    ServiceSubs(ServiceSubsArgs),
     /// The crypto floor, measured in-process (the criterion benchmark measures it properly).
     Floor,
     /// Makes (if missing) and starts a PostgreSQL cluster in --dir for `--pg` runs; it runs until
@@ -245,6 +250,34 @@ struct MsgArgs {
 }
 
 #[derive(Args)]
+struct ServiceSubsArgs {
+    /// The queue file made by `setup`.
+    #[arg(long)]
+    file: PathBuf,
+    /// Queues associated with the service, the first of the file.
+    #[arg(long, default_value_t = 100_000)]
+    queues: usize,
+    /// Of them, queues holding one message when the SUBS comes (spread evenly).
+    #[arg(long, default_value_t = 1_000)]
+    messages: usize,
+    /// Body bytes of each held message.
+    #[arg(long, default_value_t = 100)]
+    msg_bytes: usize,
+    /// SUBS runs, each from a new connection of the service.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Bound on each wait for the relay.
+    #[arg(long, default_value_t = 600)]
+    timeout_secs: u64,
+    #[arg(long)]
+    json: bool,
+    #[arg(long)]
+    quiet: bool,
+    #[command(flatten)]
+    relay: RelayArgs,
+}
+
+#[derive(Args)]
 struct IdleArgs {
     #[arg(long, default_value_t = 10_000)]
     conns: usize,
@@ -294,6 +327,7 @@ fn run(cli: Cli) -> Result<(), String> {
         Cmd::Individual(a) => messages("individual", Shape::Storm, a, 10_000, &[1]),
         Cmd::Displace(a) => messages("displace", Shape::Displace, a, 50_000, &[8, 32]),
         Cmd::Idle(a) => idle(a),
+        Cmd::ServiceSubs(a) => service_subs(a),
         Cmd::Floor => {
             print_floor(&Floor::measure(), &mut std::io::stdout());
             Ok(())
@@ -722,6 +756,71 @@ fn messages(
         }
     }
     emit(scenario, &records, a.json, Some(&floor));
+    Ok(())
+}
+
+fn service_subs(a: ServiceSubsArgs) -> Result<(), String> {
+    use smp_relay::load::service_subs;
+    prepare(&a.relay)?;
+    let all = creds::load(&a.file).map_err(|e| e.0)?;
+    if a.queues > all.len() {
+        return Err(format!(
+            "{} holds {} queues, {} asked (run setup with --queues {})",
+            a.file.display(),
+            all.len(),
+            a.queues,
+            a.queues
+        ));
+    }
+    let creds: Arc<Vec<QueueCreds>> = Arc::new(all.into_iter().take(a.queues).collect());
+    let base = a
+        .relay
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| default_data_dir(&a.file));
+    let timeout = Duration::from_secs(a.timeout_secs);
+    let relay = RunRelay::start(&a.relay, Some(&base))?;
+    let target = relay.target();
+    let with_log = |e: String| format!("service-subs: {e}\nrelay log:\n{}", relay.log_tail());
+    let config = format!("queues={} messages={}", a.queues, a.messages);
+    if !a.quiet {
+        eprintln!(
+            "service-subs: associating {} queues with one service",
+            a.queues
+        );
+    }
+    let started = std::time::Instant::now();
+    let prepared = service_subs::prepare(&target, &creds, a.messages, a.msg_bytes, timeout)
+        .map_err(with_log)?;
+    if !a.quiet {
+        eprintln!(
+            "  associated and filled in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    let mut records = Vec::new();
+    for run in 0..a.runs {
+        let figures = service_subs::run(&target, &prepared, timeout).map_err(with_log)?;
+        let rec = RunRecord {
+            scenario: "service-subs".into(),
+            config: config.clone(),
+            run,
+            figures,
+        };
+        if !a.quiet {
+            eprintln!(
+                "service-subs run {}/{}: SOKS {:.0} ms, ALLS {:.2} s, relay {:.1} µs/queue",
+                run + 1,
+                a.runs,
+                rec.get("soks_ms").unwrap_or(f64::NAN),
+                rec.get("alls_s").unwrap_or(f64::NAN),
+                rec.get("relay_cpu_us_per_queue").unwrap_or(f64::NAN)
+            );
+        }
+        records.push(rec);
+    }
+    drop(relay);
+    emit("service-subs", &records, a.json, None);
     Ok(())
 }
 

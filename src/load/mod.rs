@@ -1,5 +1,5 @@
 //! The load generator behind `smp-load` (issue 5): the subscription scenarios (storm,
-//! individual, displace, idle; see `scenario.rs`) measured against a relay running as a separate
+//! individual, displace, idle; see `scenario.rs`; a service's SUBS, `service_subs.rs`) measured against a relay running as a separate
 //! process, with its CPU and memory read from `/proc`, and the crypto floor the figures are
 //! compared with.
 
@@ -8,3 +8,4 @@ pub mod floor;
 pub mod proc;
 pub mod report;
 pub mod scenario;
+pub mod service_subs;

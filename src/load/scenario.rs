@@ -49,7 +49,7 @@ pub struct Target {
 
 impl Target {
     /// The relay's figures; with a database, its CPU includes the database server's.
-    fn sample(&self) -> ProcSample {
+    pub fn sample(&self) -> ProcSample {
         let mut s = match self.pid {
             Some(p) => proc::sample(&p.to_string()),
             None => ProcSample {

@@ -466,8 +466,16 @@ async fn subscribe_service(
             round,
         })
         .await;
+    // ALLS follows every MSG of the fold, as the reference's (which writes both to one queue):
+    // those the output bound dropped to markers come first, when they are asked for again.
     if taken.is_some() && job.role == ServiceRole::Messaging {
-        answer(BrokerMsg::Alls, None, b"", b"");
+        let alls = super::router::encode(info, b"", b"", &BrokerMsg::Alls);
+        if let Some(alls) = state.after_held(alls) {
+            let _ = out.try_send(Output {
+                groups: state.admit(vec![Group::plain(vec![alls])], true).kept,
+                block_seq: None,
+            });
+        }
     }
 }
 

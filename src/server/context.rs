@@ -211,6 +211,13 @@ impl ShardContext {
         if let Some(h) = table.get(&conn.id) {
             h.state.asking.set(h.state.asking.get().saturating_sub(1));
             ask_again(&self.mesh, &self.conn_stats.output_reasks, conn, &h.state);
+            let after = h.state.take_after_held();
+            if !after.is_empty() {
+                let _ = h.out.try_send(Output {
+                    groups: h.state.admit(vec![Group::plain(after)], true).kept,
+                    block_seq: None,
+                });
+            }
         }
     }
 

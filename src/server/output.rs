@@ -40,6 +40,9 @@ pub struct OutputState {
     /// An event was refused at the hard limit (or the owner asked for a close): the writer ends
     /// the connection (a lost event must not go unnoticed).
     pub doomed: Cell<bool>,
+    /// Events that must follow every MSG held now (`ALLS` after a service's messages): written
+    /// once nothing is held or asked for (`take_after_held`).
+    pub after_held: RefCell<Vec<Vec<u8>>>,
 }
 
 /// What `OutputState::admit` took, and the notifications it could not take (they go back to their
@@ -61,7 +64,32 @@ impl OutputState {
             asking: Cell::new(0),
             stall_mark: Cell::new(None),
             doomed: Cell::new(false),
+            after_held: RefCell::new(Vec::new()),
         }
+    }
+
+    /// Whether a held item is still to be asked for, or an ask still to be answered.
+    pub fn holds(&self) -> bool {
+        self.asking.get() > 0 || !self.pending.borrow().is_empty()
+    }
+
+    /// `t` as soon as nothing is held: now (returned), or once the last held item came back
+    /// (`take_after_held`). Only one kind of event waits so (a service's `ALLS`, one per SUBS),
+    /// so the list stays short.
+    pub fn after_held(&self, t: Vec<u8>) -> Option<Vec<u8>> {
+        if !self.holds() {
+            return Some(t);
+        }
+        self.after_held.borrow_mut().push(t);
+        None
+    }
+
+    /// The events `after_held` kept, once nothing is held any more.
+    pub fn take_after_held(&self) -> Vec<Vec<u8>> {
+        if self.holds() || self.after_held.borrow().is_empty() {
+            return Vec::new();
+        }
+        std::mem::take(&mut *self.after_held.borrow_mut())
     }
 
     /// Takes `groups` into the output. While over the bound, MSG deliveries that are events (pushes
