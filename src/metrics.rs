@@ -51,6 +51,102 @@ impl ProxyStats {
     }
 }
 
+/// The reference's statistics of the services of one role (`ServiceStatsData`, Stats.hs): queue
+/// associations made by SUB/NSUB, subscriptions by them, and how `SUBS`/`NSUBS` counts compared
+/// with the client's. `sub_duplicate` and `sub_end` are never counted, as in the reference.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServiceStats {
+    /// A service's SUB/NSUB associated a queue that had no service, moved one from another
+    /// service, or found it associated already; an ordinary session's dissociated one.
+    pub assoc_new: u64,
+    pub assoc_duplicate: u64,
+    pub assoc_updated: u64,
+    pub assoc_removed: u64,
+    /// Service SUB/NSUBs that made a connection count its first queue, and queues so counted.
+    pub sub_count: u64,
+    pub sub_duplicate: u64,
+    pub sub_queues: u64,
+    pub sub_end: u64,
+    /// `SUBS`/`NSUBS` whose count and hash were the client's, more, fewer, or the same count with
+    /// another hash; and by how many queues.
+    pub sub_ok: u64,
+    pub sub_more: u64,
+    pub sub_fewer: u64,
+    pub sub_diff: u64,
+    pub sub_more_total: u64,
+    pub sub_fewer_total: u64,
+}
+
+impl ServiceStats {
+    /// A SUB/NSUB found the queue with service `before` and left it with `now`.
+    pub fn count_association(&mut self, before: Option<&[u8]>, now: Option<&[u8]>) {
+        let n = match (before, now) {
+            (b, Some(s)) if b == Some(s) => &mut self.assoc_duplicate,
+            (None, Some(_)) => &mut self.assoc_new,
+            (Some(_), Some(_)) => &mut self.assoc_updated,
+            (Some(_), None) => &mut self.assoc_removed,
+            (None, None) => return,
+        };
+        *n += 1;
+    }
+
+    /// A `SUBS`/`NSUBS` found `found` queues with `found_hash` where the client expected
+    /// `expected` (`None`: a client below v19, which sends no count).
+    pub fn count_subs(&mut self, expected: Option<(i64, [u8; 16])>, found: (i64, [u8; 16])) {
+        match expected {
+            None => self.sub_ok += 1,
+            Some((-1, _)) => self.sub_ok += 1,
+            Some(e) if e == found => self.sub_ok += 1,
+            Some((n, _)) if found.0 > n => {
+                self.sub_more += 1;
+                self.sub_more_total += found.0.abs_diff(n);
+            }
+            Some((n, _)) if found.0 < n => {
+                self.sub_fewer += 1;
+                self.sub_fewer_total += found.0.abs_diff(n);
+            }
+            Some(_) => self.sub_diff += 1,
+        }
+    }
+
+    pub fn add(&mut self, o: &ServiceStats) {
+        let ServiceStats {
+            assoc_new,
+            assoc_duplicate,
+            assoc_updated,
+            assoc_removed,
+            sub_count,
+            sub_duplicate,
+            sub_queues,
+            sub_end,
+            sub_ok,
+            sub_more,
+            sub_fewer,
+            sub_diff,
+            sub_more_total,
+            sub_fewer_total,
+        } = o;
+        for (sum, n) in [
+            (&mut self.assoc_new, assoc_new),
+            (&mut self.assoc_duplicate, assoc_duplicate),
+            (&mut self.assoc_updated, assoc_updated),
+            (&mut self.assoc_removed, assoc_removed),
+            (&mut self.sub_count, sub_count),
+            (&mut self.sub_duplicate, sub_duplicate),
+            (&mut self.sub_queues, sub_queues),
+            (&mut self.sub_end, sub_end),
+            (&mut self.sub_ok, sub_ok),
+            (&mut self.sub_more, sub_more),
+            (&mut self.sub_fewer, sub_fewer),
+            (&mut self.sub_diff, sub_diff),
+            (&mut self.sub_more_total, sub_more_total),
+            (&mut self.sub_fewer_total, sub_fewer_total),
+        ] {
+            *sum = sum.saturating_add(*n);
+        }
+    }
+}
+
 /// Counters of an owner, exported as metrics.
 #[derive(Debug, Default, Clone)]
 pub struct OwnerStats {
@@ -78,6 +174,9 @@ pub struct OwnerStats {
     /// held (the reference's `rcvServicesSubMsg`, `rcvServicesSubDuplicate`).
     pub service_sub_msgs: u64,
     pub service_sub_duplicates: u64,
+    /// Messaging and notification services' statistics.
+    pub rcv_service_stats: ServiceStats,
+    pub ntf_service_stats: ServiceStats,
 }
 
 /// Plain numbers, per shard or summed over shards. Counters only grow while the relay runs;
@@ -140,6 +239,13 @@ pub struct MetricsSnapshot {
     /// (`rcvServicesSubMsg`, `rcvServicesSubDuplicate`).
     pub rcv_services_sub_msg: u64,
     pub rcv_services_sub_duplicate: u64,
+    /// Known services per role, and queues associated with one (the reference's entity counts).
+    pub rcv_services_count: u64,
+    pub rcv_services_queues: u64,
+    pub ntf_services_count: u64,
+    pub ntf_services_queues: u64,
+    pub rcv_service_stats: ServiceStats,
+    pub ntf_service_stats: ServiceStats,
 }
 
 impl MetricsSnapshot {
@@ -164,6 +270,8 @@ impl MetricsSnapshot {
             verify_budget_closes: owner.verify_budget_closes,
             rcv_services_sub_msg: owner.service_sub_msgs,
             rcv_services_sub_duplicate: owner.service_sub_duplicates,
+            rcv_service_stats: owner.rcv_service_stats,
+            ntf_service_stats: owner.ntf_service_stats,
             store_peek_first_calls: store.peek_first,
             store_peek_first_many_calls: store.peek_first_many,
             store_writes: store.writes,
@@ -213,7 +321,15 @@ impl MetricsSnapshot {
             ntf_service_subs,
             rcv_services_sub_msg,
             rcv_services_sub_duplicate,
+            rcv_services_count,
+            rcv_services_queues,
+            ntf_services_count,
+            ntf_services_queues,
+            rcv_service_stats,
+            ntf_service_stats,
         } = other;
+        self.rcv_service_stats.add(rcv_service_stats);
+        self.ntf_service_stats.add(ntf_service_stats);
         self.p_relays.add(p_relays);
         self.p_relays_own.add(p_relays_own);
         self.p_msg_fwds.add(p_msg_fwds);
@@ -260,6 +376,10 @@ impl MetricsSnapshot {
                 &mut self.rcv_services_sub_duplicate,
                 rcv_services_sub_duplicate,
             ),
+            (&mut self.rcv_services_count, rcv_services_count),
+            (&mut self.rcv_services_queues, rcv_services_queues),
+            (&mut self.ntf_services_count, ntf_services_count),
+            (&mut self.ntf_services_queues, ntf_services_queues),
         ] {
             *sum = sum.saturating_add(*n);
         }
@@ -422,6 +542,30 @@ pub fn render(s: &MetricsSnapshot, now_ms: u64) -> String {
             samples: &[("", s.rcv_services_sub_duplicate)],
         },
         Family {
+            name: "simplex_smp_rcv_services_count",
+            kind: Kind::Gauge,
+            help: "The count of receiving services.",
+            samples: &[("", s.rcv_services_count)],
+        },
+        Family {
+            name: "simplex_smp_rcv_services_queues_count",
+            kind: Kind::Gauge,
+            help: "The count of queues associated with receiving services.",
+            samples: &[("", s.rcv_services_queues)],
+        },
+        Family {
+            name: "simplex_smp_ntf_services_count",
+            kind: Kind::Gauge,
+            help: "The count of notification services.",
+            samples: &[("", s.ntf_services_count)],
+        },
+        Family {
+            name: "simplex_smp_ntf_services_queues_count",
+            kind: Kind::Gauge,
+            help: "The count of queues associated with notification services.",
+            samples: &[("", s.ntf_services_queues)],
+        },
+        Family {
             name: "simplex_smp_clients_total",
             kind: Kind::Gauge,
             help: "Open client connections.",
@@ -542,7 +686,7 @@ pub fn render(s: &MetricsSnapshot, now_ms: u64) -> String {
             samples: &[("", s.store_deletes)],
         },
     ];
-    let mut out = String::with_capacity(4096);
+    let mut out = String::with_capacity(8192);
     // `fmt::Write` for a String cannot fail.
     let _ = writeln!(
         out,
@@ -550,18 +694,129 @@ pub fn render(s: &MetricsSnapshot, now_ms: u64) -> String {
         crate::clock::utc_time_ms(now_ms)
     );
     for f in &families {
-        let kind = match f.kind {
-            Kind::Counter => "counter",
-            Kind::Gauge => "gauge",
-        };
-        let _ = writeln!(out, "# HELP {} {}", f.name, f.help);
-        let _ = writeln!(out, "# TYPE {} {kind}", f.name);
-        for (labels, value) in f.samples {
-            let _ = writeln!(out, "{}{labels} {value} {now_ms}", f.name);
+        write_family(&mut out, f.name, f.kind, f.help, f.samples, now_ms);
+    }
+    for (pfx, name, stats) in [
+        ("rcv", "receiving", &s.rcv_service_stats),
+        ("ntf", "notification", &s.ntf_service_stats),
+    ] {
+        for (suffix, kind, help, value) in service_families(stats) {
+            write_family(
+                &mut out,
+                &format!("simplex_smp_{pfx}_services_{suffix}"),
+                kind,
+                &help.replace("{}", name),
+                &[("", value)],
+                now_ms,
+            );
         }
-        out.push('\n');
     }
     out
+}
+
+fn write_family(
+    out: &mut String,
+    name: &str,
+    kind: Kind,
+    help: &str,
+    samples: &[(&str, u64)],
+    now_ms: u64,
+) {
+    let kind = match kind {
+        Kind::Counter => "counter",
+        Kind::Gauge => "gauge",
+    };
+    // `fmt::Write` for a String cannot fail.
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    for (labels, value) in samples {
+        let _ = writeln!(out, "{name}{labels} {value} {now_ms}");
+    }
+    out.push('\n');
+}
+
+/// The reference's service families of one role (`showServices`, Prometheus.hs): name suffix,
+/// type and help (`{}` is the role's name), and value.
+fn service_families(s: &ServiceStats) -> [(&'static str, Kind, &'static str, u64); 14] {
+    use Kind::{Counter, Gauge};
+    let more = "Service subscriptions for {} services with more queues than in the client.";
+    let fewer = "Service subscriptions for {} services with fewer queues than in the client.";
+    [
+        (
+            "assoc_new",
+            Counter,
+            "New queue associations with {} services.",
+            s.assoc_new,
+        ),
+        (
+            "assoc_duplicate",
+            Counter,
+            "Duplicate queue associations with {} services.",
+            s.assoc_duplicate,
+        ),
+        (
+            "assoc_updated",
+            Counter,
+            "Updated queue associations with {} services.",
+            s.assoc_updated,
+        ),
+        (
+            "assoc_removed",
+            Counter,
+            "Removed queue associations with {} services.",
+            s.assoc_removed,
+        ),
+        (
+            "sub_count",
+            Counter,
+            "Service subscriptions by {} services.",
+            s.sub_count,
+        ),
+        (
+            "sub_duplicate",
+            Counter,
+            "Duplicate service subscriptions by {} services.",
+            s.sub_duplicate,
+        ),
+        (
+            "sub_queues",
+            Gauge,
+            "Queues subscribed by {} services.",
+            s.sub_queues,
+        ),
+        (
+            "sub_end",
+            Gauge,
+            "Ended subscriptions with {} services.",
+            s.sub_end,
+        ),
+        (
+            "sub_ok",
+            Gauge,
+            "Service subscriptions for {} services.",
+            s.sub_ok,
+        ),
+        ("sub_more", Gauge, more, s.sub_more),
+        ("sub_fewer", Gauge, fewer, s.sub_fewer),
+        (
+            "sub_diff",
+            Gauge,
+            "Service subscriptions for {} services with different hash than in the client.",
+            s.sub_diff,
+        ),
+        (
+            "sub_more_total",
+            Gauge,
+            "Service subscriptions for {} services with more queues than in the client total.",
+            s.sub_more_total,
+        ),
+        (
+            "sub_fewer_total",
+            Gauge,
+            "Service subscriptions for {} services with fewer queues than in the client total.",
+            s.sub_fewer_total,
+        ),
+    ]
 }
 
 /// Milliseconds since the Unix epoch, for [`render`], from the relay's clock (`src/clock.rs`).
@@ -632,6 +887,31 @@ mod tests {
             ntf_service_subs: 52,
             rcv_services_sub_msg: 53,
             rcv_services_sub_duplicate: 54,
+            rcv_services_count: 55,
+            rcv_services_queues: 56,
+            ntf_services_count: 57,
+            ntf_services_queues: 58,
+            rcv_service_stats: service_stats(100),
+            ntf_service_stats: service_stats(200),
+        }
+    }
+
+    fn service_stats(from: u64) -> ServiceStats {
+        ServiceStats {
+            assoc_new: from,
+            assoc_duplicate: from + 1,
+            assoc_updated: from + 2,
+            assoc_removed: from + 3,
+            sub_count: from + 4,
+            sub_duplicate: from + 5,
+            sub_queues: from + 6,
+            sub_end: from + 7,
+            sub_ok: from + 8,
+            sub_more: from + 9,
+            sub_fewer: from + 10,
+            sub_diff: from + 11,
+            sub_more_total: from + 12,
+            sub_fewer_total: from + 13,
         }
     }
 
@@ -683,6 +963,26 @@ mod tests {
             ("simplex_smp_subscription_ntf_service_subs_total", 52),
             ("simplex_smp_rcv_services_sub_msg_count", 53),
             ("simplex_smp_rcv_services_sub_duplicate_count", 54),
+            ("simplex_smp_rcv_services_count", 55),
+            ("simplex_smp_rcv_services_queues_count", 56),
+            ("simplex_smp_ntf_services_count", 57),
+            ("simplex_smp_ntf_services_queues_count", 58),
+            ("simplex_smp_rcv_services_assoc_new", 100),
+            ("simplex_smp_rcv_services_assoc_duplicate", 101),
+            ("simplex_smp_rcv_services_assoc_updated", 102),
+            ("simplex_smp_rcv_services_assoc_removed", 103),
+            ("simplex_smp_rcv_services_sub_count", 104),
+            ("simplex_smp_rcv_services_sub_duplicate", 105),
+            ("simplex_smp_rcv_services_sub_queues", 106),
+            ("simplex_smp_rcv_services_sub_end", 107),
+            ("simplex_smp_rcv_services_sub_ok", 108),
+            ("simplex_smp_rcv_services_sub_more", 109),
+            ("simplex_smp_rcv_services_sub_fewer", 110),
+            ("simplex_smp_rcv_services_sub_diff", 111),
+            ("simplex_smp_rcv_services_sub_more_total", 112),
+            ("simplex_smp_rcv_services_sub_fewer_total", 113),
+            ("simplex_smp_ntf_services_assoc_new", 200),
+            ("simplex_smp_ntf_services_sub_fewer_total", 213),
             ("simplex_smp_relay_sessions_requests{source=\"all\"}", 23),
             ("simplex_smp_relay_sessions_successes{source=\"all\"}", 24),
             (
@@ -789,6 +1089,47 @@ mod tests {
         };
         max.add(&numbered());
         assert_eq!(max.msg_sent, u64::MAX);
+    }
+
+    #[test]
+    fn service_statistics_count_as_the_reference() {
+        let mut s = ServiceStats::default();
+        let (x, y) = (&b"service x"[..], &b"service y"[..]);
+        s.count_association(None, Some(x));
+        s.count_association(Some(x), Some(x));
+        s.count_association(Some(x), Some(y));
+        s.count_association(Some(y), None);
+        s.count_association(None, None);
+        assert_eq!(
+            (
+                s.assoc_new,
+                s.assoc_duplicate,
+                s.assoc_updated,
+                s.assoc_removed
+            ),
+            (1, 1, 1, 1)
+        );
+        let h = [7; 16];
+        s.count_subs(None, (3, h));
+        s.count_subs(Some((-1, [0; 16])), (3, h));
+        s.count_subs(Some((3, h)), (3, h));
+        s.count_subs(Some((1, h)), (3, h));
+        s.count_subs(Some((10, h)), (3, h));
+        s.count_subs(Some((3, [0; 16])), (3, h));
+        assert_eq!(
+            (
+                s.sub_ok,
+                s.sub_more,
+                s.sub_more_total,
+                s.sub_fewer,
+                s.sub_fewer_total,
+                s.sub_diff
+            ),
+            (3, 1, 2, 1, 7, 1)
+        );
+        let mut sum = s;
+        sum.add(&s);
+        assert_eq!((sum.sub_ok, sum.assoc_removed), (6, 2));
     }
 
     #[test]

@@ -931,3 +931,65 @@ fn stored_notifications_reach_the_service_after_nsubs() {
     send_ok_ntf(&mut sc, &qs[5]);
     expect_nmsg(&mut svc, &ns[5]);
 }
+
+/// The reference's service statistics (simplexmq `Server.hs`, `sharedSubscribeQueue`,
+/// `sharedSubscribeService`; `Server/Prometheus.hs`, `showServices`), counted as it counts them:
+/// associations new, duplicate, updated (moved between services) and removed (by an ordinary SUB),
+/// subscriptions and their queues, and how SUBS counts compare with the client's; with the
+/// services and their queues per role.
+#[test]
+fn service_statistics_as_the_reference_counts_them() {
+    let relay = Relay::start_with(RelayOptions {
+        cores: 2,
+        ..RelayOptions::default()
+    });
+    let (cert_a, cert_b) = (
+        ClientCert::self_signed().expect("certificate"),
+        ClientCert::self_signed().expect("certificate"),
+    );
+    let mut rc = relay.client();
+    let (q1, q2) = (create(&mut rc), create(&mut rc));
+    let mut a = service(&relay, &cert_a, ROLE_MESSAGING);
+    assert_eq!(service_sub(&mut a, &q1), sok_service(&a)); // new; A's first: a subscription
+    assert_eq!(service_sub(&mut a, &q2), sok_service(&a)); // new
+    assert_eq!(service_sub(&mut a, &q1), sok_service(&a)); // duplicate
+    let mut b = service(&relay, &cert_b, ROLE_MESSAGING);
+    assert_eq!(service_sub(&mut b, &q2), sok_service(&b)); // updated; B's first
+    assert_eq!(
+        signed(&mut rc, q1.key(), q1.rid(), Command::Sub),
+        BrokerMsg::Sok(None)
+    ); // removed
+    drop((a, b));
+    // A has no queue left, B has q2: A's SUBS expects 5 (fewer by 5), B's the right one (ok).
+    let mut a2 = service(&relay, &cert_a, ROLE_MESSAGING);
+    let (answer, _) = subs(&mut a2, false, (5, [0; 16]));
+    assert_eq!(answer, soks(0, [0; 16]));
+    let mut b2 = service(&relay, &cert_b, ROLE_MESSAGING);
+    let h2 = ids_hash([q2.rid()]);
+    let (answer, _) = subs(&mut b2, false, (1, h2));
+    assert_eq!(answer, soks(1, h2));
+    let m = relay.metrics_until("the SUBS counted", |m| {
+        m.get("simplex_smp_rcv_services_sub_ok") == Some(&1)
+            && m.get("simplex_smp_rcv_services_sub_fewer") == Some(&1)
+    });
+    for (name, want) in [
+        ("assoc_new", 2),
+        ("assoc_duplicate", 1),
+        ("assoc_updated", 1),
+        ("assoc_removed", 1),
+        ("sub_count", 2),
+        ("sub_queues", 3),
+        ("sub_ok", 1),
+        ("sub_more", 0),
+        ("sub_fewer", 1),
+        ("sub_fewer_total", 5),
+        ("sub_diff", 0),
+    ] {
+        let name = format!("simplex_smp_rcv_services_{name}");
+        assert_eq!(m.get(&name), Some(&want), "{name}");
+    }
+    assert_eq!(m.get("simplex_smp_rcv_services_count"), Some(&2));
+    assert_eq!(m.get("simplex_smp_rcv_services_queues_count"), Some(&1));
+    assert_eq!(m.get("simplex_smp_ntf_services_count"), Some(&0));
+    assert_eq!(m.get("simplex_smp_ntf_services_assoc_new"), Some(&0));
+}

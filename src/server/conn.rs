@@ -443,6 +443,11 @@ async fn subscribe_service(
         );
         return;
     };
+    let stats = match job.role {
+        ServiceRole::Notifier => &ctx.conn_stats.ntf_services,
+        _ => &ctx.conn_stats.rcv_services,
+    };
+    stats.borrow_mut().count_subs(job.expected, counted);
     if let Some((n, h)) = job.expected.filter(|e| e.0 >= 0 && *e != counted) {
         tracing::debug!(
             expected = n,

@@ -126,6 +126,14 @@ impl ServiceState {
         self.home.borrow_mut().retain(|_, (s, _)| s.conn != conn);
     }
 
+    /// Queues of this owner associated with a service of `role` (the reference's
+    /// `rcvServiceQueuesCount`, `ntfServiceQueuesCount`).
+    pub fn associated_queues(&self, role: ServiceRole) -> u64 {
+        let index = self.index.borrow();
+        let mine = index.iter().filter(|((_, r), _)| *r == role);
+        mine.map(|(_, a)| a.queues.len() as u64).sum()
+    }
+
     /// Per role: the services whose home is this shard that have a subscribed connection, and
     /// the subscriptions those connections hold (the reference's `totalServiceSubs`).
     pub fn totals(&self, role: ServiceRole) -> (u64, u64) {

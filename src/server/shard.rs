@@ -343,6 +343,17 @@ fn shard_stats<S: ShardStore>(ctx: &ShardContext, owner: &Owner<S>) -> MetricsSn
     use crate::protocol::command::ServiceRole;
     (m.rcv_services, m.rcv_service_subs) = owner.services.totals(ServiceRole::Messaging);
     (m.ntf_services, m.ntf_service_subs) = owner.services.totals(ServiceRole::Notifier);
+    m.rcv_services_queues = owner.services.associated_queues(ServiceRole::Messaging);
+    m.ntf_services_queues = owner.services.associated_queues(ServiceRole::Notifier);
+    // The registry is the relay's, not the shard's: counted once.
+    if ctx.shard_id == 0 {
+        m.rcv_services_count = ctx.services.count(ServiceRole::Messaging);
+        m.ntf_services_count = ctx.services.count(ServiceRole::Notifier);
+    }
+    m.rcv_service_stats
+        .add(&ctx.conn_stats.rcv_services.borrow());
+    m.ntf_service_stats
+        .add(&ctx.conn_stats.ntf_services.borrow());
     m
 }
 

@@ -202,6 +202,14 @@ impl Services {
         Ok(id)
     }
 
+    /// Known services of `role` (the reference's `rcvServiceCount`, `ntfServiceCount`).
+    pub fn count(&self, role: ServiceRole) -> u64 {
+        lock(&self.by_hash)
+            .values()
+            .filter(|r| r.role == role)
+            .count() as u64
+    }
+
     /// Every known service (for the metrics and the tests).
     pub fn all(&self) -> Vec<ServiceRec> {
         lock(&self.by_hash).values().cloned().collect()

@@ -265,7 +265,13 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         // session, before the status check (simplexmq `Server.hs`, `prepareBatchSubs`).
         let (q, newly) = match &req.command {
             Command::Sub => match self.associate(session, q).await {
-                Ok((q, changed)) => (q, changed || req.associated),
+                Ok((q, changed)) => {
+                    if !changed && !req.associated {
+                        let s = session.service.as_ref().map(|s| s.service_id.as_slice());
+                        self.count_association(ServiceRole::Messaging, s, s);
+                    }
+                    (q, changed || req.associated)
+                }
                 Err(e) => return err(e),
             },
             _ => (q, false),
@@ -334,6 +340,8 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         let service = session.service.as_ref().map(|s| &s.service_id);
         let changed = q.rcv_service_id.as_ref() != service;
         if changed {
+            let (was, now) = (q.rcv_service_id.as_deref(), service.map(Vec::as_slice));
+            self.count_association(ServiceRole::Messaging, was, now);
             q.rcv_service_id = service.cloned();
             // The day's `updated_at` goes with it, so that the SUB writes the record once.
             q.updated_at = Some(now_secs() / 86400 * 86400);
@@ -354,6 +362,8 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         };
         let changed = n.ntf_service_id.as_ref() != service;
         if changed {
+            let (was, now) = (n.ntf_service_id.as_deref(), service.map(Vec::as_slice));
+            self.count_association(ServiceRole::Notifier, was, now);
             n.ntf_service_id = service.cloned();
             self.update(q).await?;
         }

@@ -176,7 +176,13 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         }
         let nid = n.notifier_id.clone();
         let newly = match self.associate_notifier(session, q).await {
-            Ok(newly) => newly || req.associated,
+            Ok(changed) => {
+                if !changed && !req.associated {
+                    let s = session.service.as_ref().map(|s| s.service_id.as_slice());
+                    self.count_association(ServiceRole::Notifier, s, s);
+                }
+                changed || req.associated
+            }
             Err(e) => return err(e),
         };
         self.tell_home_subscribed(session, ServiceRole::Notifier, &nid, newly);

@@ -48,6 +48,16 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         );
     }
 
+    /// Counts a SUB's (or NSUB's) effect on its queue's association with a service of `role`.
+    pub fn count_association(&self, role: ServiceRole, before: Option<&[u8]>, now: Option<&[u8]>) {
+        let mut stats = self.stats.borrow_mut();
+        let s = match role {
+            ServiceRole::Notifier => &mut stats.ntf_service_stats,
+            _ => &mut stats.rcv_service_stats,
+        };
+        s.count_association(before, now);
+    }
+
     /// Tells the home shards of services with a subscribed connection which of their queues went.
     pub fn tell_home_dropped(&self, gone: Associations) {
         for (key, hash) in gone {
@@ -73,15 +83,28 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             return;
         }
         let mut home = self.services.home.borrow_mut();
+        // The reference counts a subscription of the service when the connection's count was 0,
+        // and each queue that joins the count (`srvSubCount`, `srvSubQueues`).
+        let count = |first: bool| {
+            let mut stats = self.stats.borrow_mut();
+            let s = match key.1 {
+                ServiceRole::Notifier => &mut stats.ntf_service_stats,
+                _ => &mut stats.rcv_service_stats,
+            };
+            s.sub_queues += 1;
+            s.sub_count += u64::from(first);
+        };
         if let Some((s, (n, h))) = home.get_mut(&key) {
             if s.conn == session.conn {
                 if newly || *n == 0 {
+                    count(*n == 0);
                     *n += 1;
                     xor_into(h, &hash);
                 }
                 return;
             }
         }
+        count(true);
         let before = home.insert(key.clone(), (session.clone(), (1, hash)));
         drop(home);
         if let Some((s, (n, h))) = before {
@@ -397,8 +420,15 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                     .await
             };
             let Ok(news) = news else { continue };
+            let role = match notifier {
+                true => ServiceRole::Notifier,
+                false => ServiceRole::Messaging,
+            };
             for new in &news {
                 let before = befores.remove(&new.recipient_id).unwrap_or_default();
+                let was = before.iter().find(|((_, r), _)| *r == role);
+                let was = was.map(|((s, _), _)| s.as_slice());
+                self.count_association(role, was, service.as_deref());
                 let gone = self
                     .services
                     .changed(&new.recipient_id, before, associations_of(new));
