@@ -19,6 +19,7 @@ use smp_relay::ini;
 use smp_relay::protocol::error::{BlockingInfo, BlockingReason};
 use smp_relay::server::{lock, lock::LockError};
 use smp_relay::settings::StartFlags;
+use smp_relay::store::services::{ServiceRec, Services};
 use smp_relay::store::{
     all_groups, transfer, with_store, QueueRec, QueueStatus, ShardStore, StoreKind, StoreSettings,
     WithStore,
@@ -769,7 +770,7 @@ fn store_export(
     let mut progress = Progress::new(quiet, "exported");
     let (counts, bytes) = if to_stdout {
         let out = std::io::BufWriter::new(std::io::stdout().lock());
-        let (c, b, _) = with_store(kind, false, Export(settings, out, &mut progress))?;
+        let (c, b, _) = with_store(kind, false, Export(settings, kind, out, &mut progress))?;
         (c, b)
     } else {
         let partial = with_suffix(output, ".partial");
@@ -778,7 +779,7 @@ fn store_export(
         let written = with_store(
             kind,
             false,
-            Export(settings, std::io::BufWriter::new(file), &mut progress),
+            Export(settings, kind, std::io::BufWriter::new(file), &mut progress),
         )
         .and_then(|(c, b, out)| {
             let file = out
@@ -838,7 +839,7 @@ fn store_import(
         .map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?;
     let _lock = lock_stopped(data_dir, "import writes the store it opens at start")?;
     let mut progress = Progress::new(quiet, "imported");
-    let report = with_store(kind, false, Import(settings, reader, &mut progress));
+    let report = with_store(kind, false, Import(settings, kind, reader, &mut progress));
     progress.done();
     let report = report?;
     if !quiet {
@@ -860,37 +861,53 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(p)
 }
 
-/// Opens every group of the stopped relay's store and writes it to the stream.
-struct Export<'a, W>(&'a StoreSettings, W, &'a mut Progress);
+/// Opens every group of the stopped relay's store and its services, and writes them to the
+/// stream.
+struct Export<'a, W>(&'a StoreSettings, StoreKind, W, &'a mut Progress);
 
 impl<W: std::io::Write> WithStore for Export<'_, W> {
     type Output = Result<(transfer::Counts, u64, W), String>;
     fn run<S: ShardStore>(self) -> Self::Output {
-        let Export(settings, out, progress) = self;
+        let Export(settings, kind, out, progress) = self;
         let store = S::open_offline(settings)?;
-        block_on(transfer::export(&store, out, &mut |c| progress.update(c)))
-            .map_err(|e| e.to_string())
+        let services = Services::new(kind, settings);
+        services.load()?;
+        let services = services.all();
+        block_on(transfer::export(&store, &services, out, &mut |c| {
+            progress.update(c)
+        }))
+        .map_err(|e| e.to_string())
         // The store is dropped without `close`: an export changes nothing.
     }
 }
 
-/// Opens every group of the stopped relay's store, checks that it is empty, restores the stream
-/// into it and closes it (the memory store: saves it). A failed import is closed empty.
-struct Import<'a, R>(&'a StoreSettings, R, &'a mut Progress);
+/// Opens every group of the stopped relay's store, checks that it and its services are empty,
+/// restores the stream into them and closes the store (the memory store: saves it). A failed
+/// import is closed empty.
+struct Import<'a, R>(&'a StoreSettings, StoreKind, R, &'a mut Progress);
 
 impl<R: std::io::Read> WithStore for Import<'_, R> {
     type Output = Result<transfer::ImportReport, String>;
     fn run<S: ShardStore>(self) -> Self::Output {
-        let Import(settings, input, progress) = self;
+        let Import(settings, kind, input, progress) = self;
         let store = S::open_offline(settings)?;
         let held = block_on(transfer::store_counts(&store)).map_err(|e| e.to_string())?;
+        // The services file is shared by the memory and journal stores of a data directory, so a
+        // move between them in place finds the stream's services already there (`Registry`).
+        let services = Services::new(kind, settings);
+        let known = services.load()?;
         if held != transfer::Counts::default() {
             return Err(format!(
                 "the store of {} already holds {held}; import writes only into an empty store: choose another --data-dir, or move that store aside",
                 settings.data_dir.display()
             ));
         }
-        let imported = block_on(transfer::import(&store, input, &mut |c| progress.update(c)));
+        let imported = block_on(transfer::import(
+            &store,
+            input,
+            &mut Registry(&services, known == 0),
+            &mut |c| progress.update(c),
+        ));
         // Closed either way: a failed import has deleted what it restored, and a store that wrote
         // as it went must make that durable too.
         let closed = store.close(settings, &all_groups());
@@ -905,6 +922,40 @@ impl<R: std::io::Read> WithStore for Import<'_, R> {
                 settings.data_dir.display()
             )),
             (Err(e), Err(c)) => Err(format!("{e}; and closing the store failed: {c}")),
+        }
+    }
+}
+
+/// The relay's services as an import fills them: each keeps its ID, so that its queues'
+/// associations stay its own; one already known (the same certificate) must have that ID. The
+/// flag: the registry was empty before, so a failed import empties it again.
+struct Registry<'a>(&'a Services, bool);
+
+impl transfer::ServiceSink for Registry<'_> {
+    fn register(&mut self, recs: &[ServiceRec]) -> Result<(), String> {
+        for rec in recs {
+            let id = self
+                .0
+                .get_or_create(rec.clone())
+                .map_err(|e| e.to_string())?;
+            if id != rec.service_id {
+                return Err(format!(
+                    "the service {} is known here with the ID {}: import into a data directory \
+                     without its services file",
+                    hash::b64url(&rec.service_id),
+                    hash::b64url(&id)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn undo(&mut self) {
+        if !self.1 {
+            return;
+        }
+        if let Err(e) = self.0.clear() {
+            eprintln!("smp-relay: the imported services could not be removed again: {e}");
         }
     }
 }

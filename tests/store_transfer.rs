@@ -12,8 +12,10 @@ mod support;
 use std::path::{Path, PathBuf};
 
 use common::{run_cli, Relay, RelayOptions, TempDir};
+use md5::Digest;
 use smp_relay::client::queue::{auth_key, KeyAlg, RcvMsg};
-use smp_relay::client::Client;
+use smp_relay::client::service::ROLE_MESSAGING;
+use smp_relay::client::{new_corr_id, Client, ClientCert, ClientOptions};
 use smp_relay::crypto::hash::b64url;
 use smp_relay::protocol::command::Command;
 use smp_relay::protocol::error::ErrorType;
@@ -263,8 +265,8 @@ fn a_store_moves_to_another_data_dir_with_everything_in_it() {
     let first = files.path().join("first.bin");
     let stream = export(a.dir.path(), &first);
     assert!(
-        stream.starts_with(b"SMPRXFR\0\x00\x01"),
-        "magic and version 1"
+        stream.starts_with(b"SMPRXFR\0\x00\x02"),
+        "magic and version 2"
     );
     assert!(
         !files.path().join("first.bin.partial").exists(),
@@ -617,4 +619,108 @@ fn a_store_moves_into_postgres_with_everything_in_it() {
         from_b,
         "PostgreSQL serves what the journal does"
     );
+}
+
+/// A messaging service of `cert` on `relay`.
+fn service_client(relay: &Relay, cert: &ClientCert) -> Client {
+    let c = relay
+        .connect(ClientOptions {
+            tls_cert: Some(cert.clone()),
+            service_role: Some(ROLE_MESSAGING),
+            ..Default::default()
+        })
+        .unwrap_or_else(|e| panic!("service connection: {e}\n{}", relay.log_text()));
+    assert!(c.service().is_some(), "a service session");
+    c
+}
+
+/// `SUBS` with the count and hash the service expects; its `SOKS` count and hash.
+fn service_count(c: &mut Client, expect: (i64, [u8; 16])) -> (i64, [u8; 16]) {
+    let corr = new_corr_id();
+    let t = c
+        .service_transmission(&corr, Command::Subs(Some(expect)))
+        .expect("SUBS");
+    c.send_batch(&[t]).expect("send SUBS");
+    loop {
+        let t = c.recv().expect("an answer to SUBS");
+        if t.corr_id == corr {
+            match t.msg {
+                Ok(BrokerMsg::Soks { count, ids_hash }) => return (count, ids_hash),
+                other => panic!("SUBS answered {other:?}"),
+            }
+        }
+    }
+}
+
+/// A relay's services move with its store (export format version 2): imported into the memory
+/// store and into PostgreSQL, each service keeps its ID, so that reconnecting with its certificate
+/// it finds its queues (SOKS with their count and hash), as the reference's store keeps them.
+#[test]
+fn services_and_their_queues_move_with_the_store() {
+    let mut a = Relay::start_with(RelayOptions {
+        extra_args: vec!["--store".into(), "journal".into()],
+        ..Default::default()
+    });
+    let cert = ClientCert::self_signed().expect("certificate");
+    let mut rc = a.client();
+    let qs = [create(&mut rc), create(&mut rc)];
+    let mut svc = service_client(&a, &cert);
+    let service_id = svc.service_id().expect("service ID").to_vec();
+    for q in &qs {
+        assert_eq!(
+            signed(&mut svc, q.key(), q.rid(), Command::Sub),
+            BrokerMsg::Sok(Some(service_id.clone()))
+        );
+    }
+    let mut hash = [0u8; 16];
+    for q in &qs {
+        let d: [u8; 16] = md5::Md5::digest(q.rid()).into();
+        hash.iter_mut().zip(d).for_each(|(h, d)| *h ^= d);
+    }
+    drop((svc, rc));
+    stop_cleanly(&mut a);
+    let files = TempDir::new("transfer-services");
+    let stream_file = files.path().join("services.bin");
+    let stream = export(a.dir.path(), &stream_file);
+    assert!(stream.starts_with(b"SMPRXFR\0\x00\x02"), "version 2");
+
+    // Into the memory store of a new directory, into PostgreSQL, and in place into the memory
+    // store of the journal relay's directory (whose services file is already there).
+    let database = common::pg_database();
+    let into: [(&str, Vec<String>, bool); 3] = [
+        ("memory", vec![], false),
+        ("postgres", vec!["--database".into(), database], false),
+        ("memory", vec![], true),
+    ];
+    for (kind, extra, in_place) in into {
+        let dir = match in_place {
+            true => std::mem::replace(&mut a.dir, TempDir::new("transfer-services-moved")),
+            false => dir_with_identity_of(a.dir.path(), "transfer-services-b"),
+        };
+        let mut args = vec!["store", "import", "--store", kind];
+        args.extend(extra.iter().map(String::as_str));
+        args.extend(["--input", stream_file.to_str().unwrap()]);
+        let summary = cli_ok(dir.path(), &args);
+        assert!(
+            summary.contains("written 2 queues, 0 messages, 0 notifications, 1 services"),
+            "{summary}"
+        );
+        if in_place {
+            // As the README's move in place: the old store set aside.
+            let j = dir.path().join("journal");
+            std::fs::rename(&j, dir.path().join("journal.moved")).expect("move the journal");
+        }
+        let mut store_args = vec!["--store".to_string(), kind.to_string()];
+        store_args.extend(extra.iter().cloned());
+        let b = Relay::start_in(
+            dir,
+            RelayOptions {
+                extra_args: store_args,
+                ..Default::default()
+            },
+        );
+        let mut svc = service_client(&b, &cert);
+        assert_eq!(svc.service_id(), Some(&service_id[..]), "{kind}: same ID");
+        assert_eq!(service_count(&mut svc, (2, hash)), (2, hash), "{kind}");
+    }
 }

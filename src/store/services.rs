@@ -202,6 +202,27 @@ impl Services {
         Ok(id)
     }
 
+    /// Forgets every service, in memory and where they are kept (the file, the table): a failed
+    /// `store import` leaves the registry as empty as it found it.
+    pub fn clear(&self) -> Result<(), String> {
+        let mut map = lock(&self.by_hash);
+        match &*lock(&self.backend) {
+            Backend::None => {}
+            Backend::File(path) => match std::fs::remove_file(path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(format!("cannot remove {}: {e}", path.display())),
+            },
+            Backend::Postgres(shared) => {
+                shared.run_blocking("services", |c| {
+                    c.client.execute("DELETE FROM services", &[])
+                })?;
+            }
+        }
+        map.clear();
+        Ok(())
+    }
+
     /// Known services of `role` (the reference's `rcvServiceCount`, `ntfServiceCount`).
     pub fn count(&self, role: ServiceRole) -> u64 {
         lock(&self.by_hash)
@@ -220,13 +241,18 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A record's encoding, as the services file frames it and `store export` writes it.
+pub(crate) fn encode_body(body: &mut Vec<u8>, rec: &ServiceRec) {
+    put_bytes(body, &rec.service_id);
+    body.push(rec.role.byte());
+    put_bytes(body, &rec.cert_chain);
+    body.extend_from_slice(&rec.cert_hash);
+    put_int64(body, rec.created_at);
+}
+
 fn encode(rec: &ServiceRec) -> Vec<u8> {
     let mut body = Vec::new();
-    put_bytes(&mut body, &rec.service_id);
-    body.push(rec.role.byte());
-    put_bytes(&mut body, &rec.cert_chain);
-    body.extend_from_slice(&rec.cert_hash);
-    put_int64(&mut body, rec.created_at);
+    encode_body(&mut body, rec);
     let mut out = Vec::with_capacity(body.len() + 8);
     put_word32(&mut out, body.len() as u32);
     put_word32(&mut out, crc32fast::hash(&body));
@@ -236,12 +262,18 @@ fn encode(rec: &ServiceRec) -> Vec<u8> {
 
 fn decode(body: &[u8]) -> DResult<ServiceRec> {
     let mut r = Reader::new(body);
-    let service_id = read_bytes(&mut r)?.to_vec();
+    let rec = decode_body(&mut r)?;
+    r.end()?;
+    Ok(rec)
+}
+
+/// `encode_body`'s record, from `r`.
+pub(crate) fn decode_body(r: &mut Reader<'_>) -> DResult<ServiceRec> {
+    let service_id = read_bytes(r)?.to_vec();
     let role = ServiceRole::from_byte(r.byte()?).ok_or(DecodeError)?;
-    let cert_chain = read_bytes(&mut r)?.to_vec();
+    let cert_chain = read_bytes(r)?.to_vec();
     let cert_hash = r.array::<32>()?;
     let created_at = r.int64()?;
-    r.end()?;
     Ok(ServiceRec {
         service_id,
         role,

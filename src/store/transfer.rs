@@ -4,22 +4,27 @@
 //! (`docs/ARCHITECTURE.md` §5). Both sides go through the store traits only ([`ShardStore`],
 //! generic over the kind), so every store kind reads and writes the same stream.
 //!
-//! # Stream format, version 1
+//! # Stream format, version 2
 //!
 //! All integers big-endian.
 //!
 //! ```text
 //! stream  = header, record*, trailer record, end of stream
-//! header  = magic "SMPRXFR\0" (8) | format version u16 = 1
+//! header  = magic "SMPRXFR\0" (8) | format version u16 = 2
 //! record  = kind u8 | payload length u32 | payload | CRC-32 u32
 //!           (CRC-32/ISO-HDLC, as zlib's, over kind, length and payload)
+//! kind 'S': service       payload = service record    (`store/services.rs`; every one before the
+//!                                                      first queue, in the order of their IDs)
 //! kind 'Q': queue         payload = record            (the encodings of `store/codec.rs`)
 //! kind 'M': message       payload = message           (of the last queue; oldest first, the quota
 //!                                                      marker 'Q' only as the queue's last message)
 //! kind 'N': notification  payload = notification      (of the last queue's notifier; oldest first,
 //!                                                      after that queue's messages)
-//! kind 'E': trailer       payload = queues u64 | messages u64 | notifications u64
+//! kind 'E': trailer       payload = queues u64 | messages u64 | notifications u64 | services u64
 //! ```
+//!
+//! Version 1 (before services) had no 'S' records and a trailer of the first three counts; it is
+//! still read.
 //!
 //! Queues are written in the order of their recipient IDs (bytewise), so the same store always gives
 //! the same bytes, whatever its kind: the export of an imported store is byte-identical to the
@@ -36,12 +41,15 @@ use std::collections::HashSet;
 use std::io::{self, Read, Write};
 
 use super::codec::{decode_msg, decode_ntf, decode_rec, encode_msg, encode_ntf, encode_rec};
+use super::services::{self, ServiceRec};
 use super::{QueueData, ShardStore, StoreError};
 use crate::crypto::hash::b64url;
 use crate::protocol::encoding::{DResult, Reader};
 
 pub const MAGIC: [u8; 8] = *b"SMPRXFR\0";
-pub const FORMAT_VERSION: u16 = 1;
+pub const FORMAT_VERSION: u16 = 2;
+/// The version before services, still read.
+const FORMAT_V1: u16 = 1;
 const HEADER_LEN: u64 = 10;
 /// The longest payload a record may have: a message body is at most 16 KiB and a queue record's
 /// link data a few KiB, so a longer length can only be corruption.
@@ -51,21 +59,23 @@ const KIND_QUEUE: u8 = b'Q';
 const KIND_MESSAGE: u8 = b'M';
 const KIND_NTF: u8 = b'N';
 const KIND_END: u8 = b'E';
+const KIND_SERVICE: u8 = b'S';
 
-/// Queues, messages (markers included) and notifications.
+/// Queues, messages (markers included), notifications and services.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Counts {
     pub queues: u64,
     pub messages: u64,
     pub ntfs: u64,
+    pub services: u64,
 }
 
 impl std::fmt::Display for Counts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} queues, {} messages, {} notifications",
-            self.queues, self.messages, self.ntfs
+            "{} queues, {} messages, {} notifications, {} services",
+            self.queues, self.messages, self.ntfs, self.services
         )
     }
 }
@@ -90,6 +100,8 @@ pub enum TransferError {
         read: Counts,
         written: Counts,
     },
+    #[error("the stream's services could not be registered: {0}")]
+    Services(String),
     #[error("the store exported {exported}, but holds {held}")]
     ExportCounts { exported: Counts, held: Counts },
 }
@@ -144,6 +156,13 @@ impl<W: Write> StreamWriter<W> {
         Ok(())
     }
 
+    /// One service (all come before the first queue).
+    pub fn service(&mut self, rec: &ServiceRec) -> Result<(), TransferError> {
+        self.record(KIND_SERVICE, |b| services::encode_body(b, rec))?;
+        self.counts.services += 1;
+        Ok(())
+    }
+
     /// One queue: its record, its messages, its notifications.
     pub fn queue(&mut self, q: &QueueData) -> Result<(), TransferError> {
         self.record(KIND_QUEUE, |b| encode_rec(b, &q.rec))?;
@@ -163,7 +182,7 @@ impl<W: Write> StreamWriter<W> {
     pub fn finish(mut self) -> Result<(Counts, u64, W), TransferError> {
         let c = self.counts;
         self.record(KIND_END, |b| {
-            for n in [c.queues, c.messages, c.ntfs] {
+            for n in [c.queues, c.messages, c.ntfs, c.services] {
                 b.extend_from_slice(&n.to_be_bytes());
             }
         })?;
@@ -182,11 +201,12 @@ fn write_all(out: &mut impl Write, b: &[u8]) -> Result<(), TransferError> {
     })
 }
 
-/// Writes every queue of `store` to `out` in the order of their recipient IDs; `progress` is told
-/// the counts after each queue. Checks that what was written is what the store holds. Changes
-/// nothing in the store.
+/// Writes the relay's `services` (in the order of their IDs), then every queue of `store` in the
+/// order of their recipient IDs, to `out`; `progress` is told the counts after each queue. Checks
+/// that what was written is what the store holds. Changes nothing in the store.
 pub async fn export<S: ShardStore, W: Write>(
     store: &S,
+    services: &[ServiceRec],
     out: W,
     progress: &mut dyn FnMut(Counts),
 ) -> Result<(Counts, u64, W), TransferError> {
@@ -194,6 +214,11 @@ pub async fn export<S: ShardStore, W: Write>(
     store.for_each_queue(&mut |r| rids.push(r.recipient_id.clone()));
     rids.sort_unstable();
     let mut w = StreamWriter::new(out)?;
+    let mut services: Vec<&ServiceRec> = services.iter().collect();
+    services.sort_unstable_by(|a, b| a.service_id.cmp(&b.service_id));
+    for rec in services {
+        w.service(rec)?;
+    }
     for rid in rids {
         let store_err = |error| TransferError::Store {
             rid: b64url(&rid),
@@ -215,6 +240,7 @@ pub async fn export<S: ShardStore, W: Write>(
         queues: store.queue_count() as u64,
         messages: store.total_messages() as u64,
         ntfs: exported.ntfs,
+        services: exported.services,
     };
     if exported != held {
         return Err(TransferError::ExportCounts { exported, held });
@@ -239,6 +265,9 @@ pub struct StreamReader<R: Read> {
     peeked: Option<Record>,
     read: Counts,
     trailer: Option<Counts>,
+    version: u16,
+    /// The service records, all read before the first queue.
+    services: Vec<ServiceRec>,
 }
 
 impl<R: Read> StreamReader<R> {
@@ -250,6 +279,8 @@ impl<R: Read> StreamReader<R> {
             peeked: None,
             read: Counts::default(),
             trailer: None,
+            version: FORMAT_VERSION,
+            services: Vec::new(),
         };
         let mut header = [0u8; HEADER_LEN as usize];
         r.read_exact(&mut header, || "inside the header".into())?;
@@ -260,18 +291,27 @@ impl<R: Read> StreamReader<R> {
             ));
         }
         let version = u16::from_be_bytes([header[8], header[9]]);
-        if version != FORMAT_VERSION {
+        if version != FORMAT_VERSION && version != FORMAT_V1 {
             return Err(corrupt(
                 8,
-                format!("format version {version}; this build reads version {FORMAT_VERSION}"),
+                format!(
+                    "format version {version}; this build reads versions {FORMAT_V1} and \
+                     {FORMAT_VERSION}"
+                ),
             ));
         }
+        r.version = version;
         Ok(r)
     }
 
     /// What was read so far.
     pub fn read_counts(&self) -> Counts {
         self.read
+    }
+
+    /// The service records read (all come before the first queue).
+    pub fn services(&self) -> &[ServiceRec] {
+        &self.services
     }
 
     /// The trailer's counts, once [`StreamReader::next_queue`] returned `None`.
@@ -330,7 +370,11 @@ impl<R: Read> StreamReader<R> {
             });
         }
         let kind = head[0];
-        if ![KIND_QUEUE, KIND_MESSAGE, KIND_NTF, KIND_END].contains(&kind) {
+        let kinds: &[u8] = match self.version {
+            FORMAT_V1 => &[KIND_QUEUE, KIND_MESSAGE, KIND_NTF, KIND_END],
+            _ => &[KIND_SERVICE, KIND_QUEUE, KIND_MESSAGE, KIND_NTF, KIND_END],
+        };
+        if !kinds.contains(&kind) {
             return Err(corrupt(offset, format!("unknown record kind 0x{kind:02x}")));
         }
         let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]);
@@ -366,7 +410,16 @@ impl<R: Read> StreamReader<R> {
         if self.trailer.is_some() {
             return Ok(None);
         }
-        let r = self.next_record()?;
+        let mut r = self.next_record()?;
+        while r.kind == KIND_SERVICE {
+            if self.read.queues > 0 {
+                return Err(corrupt(r.offset, "a service record after the first queue"));
+            }
+            let rec = decode(&r, "service record", services::decode_body)?;
+            self.services.push(rec);
+            self.read.services += 1;
+            r = self.next_record()?;
+        }
         match r.kind {
             KIND_QUEUE => {}
             KIND_END => return self.end(r).map(|()| None),
@@ -398,6 +451,12 @@ impl<R: Read> StreamReader<R> {
                     q.msgs.push(m);
                     self.read.messages += 1;
                 }
+                KIND_SERVICE => {
+                    return Err(corrupt(
+                        next.offset,
+                        "a service record after the first queue",
+                    ));
+                }
                 KIND_NTF => {
                     if q.rec.notifier.is_none() {
                         return Err(corrupt(
@@ -418,11 +477,17 @@ impl<R: Read> StreamReader<R> {
     }
 
     fn end(&mut self, r: Record) -> Result<(), TransferError> {
+        let v1 = self.version == FORMAT_V1;
         let counts = decode(&r, "trailer", |rd| {
             Ok(Counts {
                 queues: u64::from_be_bytes(rd.array()?),
                 messages: u64::from_be_bytes(rd.array()?),
                 ntfs: u64::from_be_bytes(rd.array()?),
+                services: if v1 {
+                    0
+                } else {
+                    u64::from_be_bytes(rd.array()?)
+                },
             })
         })?;
         let after = self.offset;
@@ -455,21 +520,44 @@ pub struct ImportReport {
     pub trailer: Counts,
 }
 
-/// Restores every queue of the stream into `store`, which must be empty (the caller checks). On
-/// any error, and when the counts do not agree, the queues restored so far are deleted again, so
-/// that the store is left empty; the caller then closes it.
+/// Where an import puts the stream's services: the relay's registry (`store::services`), which is
+/// not the shards' store.
+pub trait ServiceSink {
+    /// Registers them, each with its ID. Called once, before the first queue is restored: a
+    /// queue's association names its service (on PostgreSQL a foreign key).
+    fn register(&mut self, services: &[ServiceRec]) -> Result<(), String>;
+    /// Forgets them again: the import failed after `register`.
+    fn undo(&mut self);
+}
+
+/// Restores the stream's services into `services` and every queue into `store`, both of which
+/// must be empty (the caller checks). On any error, and when the counts do not agree, the queues
+/// restored so far are deleted again and the services forgotten, so that both are left empty; the
+/// caller then closes the store.
 pub async fn import<S: ShardStore, R: Read>(
     store: &S,
     input: R,
+    services: &mut dyn ServiceSink,
     progress: &mut dyn FnMut(Counts),
 ) -> Result<ImportReport, TransferError> {
     let mut restored = Vec::new();
-    let result = import_into(store, input, &mut restored, progress).await;
+    let mut registered = false;
+    let result = import_into(
+        store,
+        input,
+        (&mut restored, &mut registered),
+        services,
+        progress,
+    )
+    .await;
     if result.is_err() {
         for rid in restored.iter().rev() {
             // The queue was restored a moment ago; if it cannot be deleted the error below still
             // stops the import, and the store is not saved as imported.
             let _ = store.delete(rid).await;
+        }
+        if registered {
+            services.undo();
         }
     }
     result
@@ -478,10 +566,20 @@ pub async fn import<S: ShardStore, R: Read>(
 async fn import_into<S: ShardStore, R: Read>(
     store: &S,
     input: R,
-    restored: &mut Vec<Vec<u8>>,
+    (restored, registered): (&mut Vec<Vec<u8>>, &mut bool),
+    services: &mut dyn ServiceSink,
     progress: &mut dyn FnMut(Counts),
 ) -> Result<ImportReport, TransferError> {
     let mut reader = StreamReader::new(input)?;
+    let mut register = |reader: &StreamReader<R>, registered: &mut bool| {
+        if *registered {
+            return Ok(());
+        }
+        *registered = true;
+        services
+            .register(reader.services())
+            .map_err(TransferError::Services)
+    };
     // The IDs the relay's directory keeps unique (`server/directory.rs`): a stream that repeats one
     // would give two queues one sender, link or notifier.
     let (mut senders, mut links, mut notifiers) = (HashSet::new(), HashSet::new(), HashSet::new());
@@ -514,6 +612,7 @@ async fn import_into<S: ShardStore, R: Read>(
             rid: b64url(&rid),
             error,
         };
+        register(&reader, registered)?;
         store.restore(q).await.map_err(store_err)?;
         restored.push(rid);
         progress(reader.read_counts());
@@ -521,12 +620,15 @@ async fn import_into<S: ShardStore, R: Read>(
     let trailer = reader.trailer().unwrap_or_default();
     let read = reader.read_counts();
     // What the store holds now, as it reports it (it was empty before).
-    let written = store_counts(store)
+    let mut written = store_counts(store)
         .await
         .map_err(|error| TransferError::Store {
             rid: "(counting)".into(),
             error,
         })?;
+    register(&reader, registered)?;
+    // The services went to the registry, which checked them as it took them.
+    written.services = read.services;
     if read != trailer || written != trailer {
         return Err(TransferError::Counts {
             trailer,
@@ -558,6 +660,7 @@ pub async fn store_counts<S: ShardStore>(store: &S) -> Result<Counts, StoreError
         queues: store.queue_count() as u64,
         messages: store.total_messages() as u64,
         ntfs,
+        services: 0,
     })
 }
 
@@ -603,23 +706,79 @@ mod tests {
         s
     }
 
+    /// Two services, given out of the order of their IDs.
+    fn services() -> Vec<ServiceRec> {
+        use crate::protocol::command::ServiceRole;
+        [
+            (b'z', ServiceRole::Notifier),
+            (b'a', ServiceRole::Messaging),
+        ]
+        .into_iter()
+        .map(|(b, role)| ServiceRec {
+            service_id: vec![b; 24],
+            role,
+            cert_chain: vec![1, 0, 3, b, b, b],
+            cert_hash: [b; 32],
+            created_at: 1_700_000_000,
+        })
+        .collect()
+    }
+
     fn export_bytes(s: &MemoryStore) -> Vec<u8> {
-        let (counts, len, out) = block_on(export(s, Vec::new(), &mut |_| {})).unwrap();
+        let (counts, len, out) = block_on(export(s, &services(), Vec::new(), &mut |_| {})).unwrap();
         assert_eq!(
             counts,
             Counts {
                 queues: s.queue_count() as u64,
                 messages: s.total_messages() as u64,
-                ntfs: counts.ntfs
+                ntfs: counts.ntfs,
+                services: 2,
             }
         );
         assert_eq!(len, out.len() as u64);
         out
     }
 
-    fn import_bytes(bytes: &[u8]) -> (MemoryStore, Result<ImportReport, TransferError>) {
+    /// A registry in a list, which may refuse.
+    struct Registry {
+        got: Vec<ServiceRec>,
+        refuse: bool,
+    }
+
+    impl ServiceSink for Registry {
+        fn register(&mut self, services: &[ServiceRec]) -> Result<(), String> {
+            if self.refuse {
+                return Err("refused".to_string());
+            }
+            self.got.extend_from_slice(services);
+            Ok(())
+        }
+
+        fn undo(&mut self) {
+            self.got.clear();
+        }
+    }
+
+    /// Imports into a new store; the services registered go to the returned list.
+    fn import_services(
+        bytes: &[u8],
+        refuse: bool,
+    ) -> (
+        MemoryStore,
+        Vec<ServiceRec>,
+        Result<ImportReport, TransferError>,
+    ) {
         let s = MemoryStore::new();
-        let r = block_on(import(&s, bytes, &mut |_| {}));
+        let mut registry = Registry {
+            got: Vec::new(),
+            refuse,
+        };
+        let r = block_on(import(&s, bytes, &mut registry, &mut |_| {}));
+        (s, registry.got, r)
+    }
+
+    fn import_bytes(bytes: &[u8]) -> (MemoryStore, Result<ImportReport, TransferError>) {
+        let (s, _, r) = import_services(bytes, false);
         (s, r)
     }
 
@@ -640,13 +799,18 @@ mod tests {
     fn a_store_round_trips_exactly_and_exports_the_same_bytes_again() {
         let s = sample();
         let bytes = export_bytes(&s);
-        let (t, report) = import_bytes(&bytes);
+        let (t, registered, report) = import_services(&bytes, false);
         let report = report.unwrap();
         let expected = Counts {
             queues: 3,
             messages: 5,
             ntfs: 2,
+            services: 2,
         };
+        // In the order of their IDs, each as it was.
+        let mut want = services();
+        want.reverse();
+        assert_eq!(registered, want);
         assert_eq!(report.read, expected);
         assert_eq!(report.written, expected);
         assert_eq!(report.trailer, expected);
@@ -788,14 +952,70 @@ mod tests {
         assert_eq!(t.queue_count(), 0);
     }
 
+    /// Services come before the first queue; a registry that refuses them undoes the import.
+    #[test]
+    fn service_records_in_place_and_a_refusing_registry() {
+        let s = sample();
+        let mut w = StreamWriter::new(Vec::new()).unwrap();
+        w.queue(&contents(&s, b"empty")).unwrap();
+        let at = w.offset;
+        w.service(&services()[0]).unwrap();
+        let (_, _, out) = w.finish().unwrap();
+        let (t, r) = import_bytes(&out);
+        match r {
+            Err(TransferError::Corrupt { offset, reason }) => {
+                assert_eq!(offset, at);
+                assert!(reason.contains("service record after the first queue"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(t.queue_count(), 0);
+
+        let (t, got, r) = import_services(&export_bytes(&s), true);
+        assert!(matches!(r, Err(TransferError::Services(_))), "{r:?}");
+        assert!(got.is_empty());
+        assert_eq!(t.queue_count(), 0, "rolled back");
+    }
+
+    /// A stream of version 1 (before services: no service records, a trailer of three counts)
+    /// is still read.
+    #[test]
+    fn a_version_1_stream_is_still_read() {
+        let s = sample();
+        let mut v1 = MAGIC.to_vec();
+        v1.extend_from_slice(&1u16.to_be_bytes());
+        let mut w = StreamWriter {
+            out: v1,
+            counts: Counts::default(),
+            offset: HEADER_LEN,
+            buf: Vec::new(),
+        };
+        for rid in [&b"blocked"[..], b"empty", b"full"] {
+            w.queue(&contents(&s, rid)).unwrap();
+        }
+        let c = w.counts;
+        w.record(KIND_END, |b| {
+            for n in [c.queues, c.messages, c.ntfs] {
+                b.extend_from_slice(&n.to_be_bytes());
+            }
+        })
+        .unwrap();
+        let (t, got, r) = import_services(&w.out, false);
+        let report = r.unwrap();
+        assert_eq!(report.trailer.queues, 3);
+        assert_eq!(report.trailer.services, 0);
+        assert!(got.is_empty());
+        assert_eq!(contents(&t, b"full"), contents(&s, b"full"));
+    }
+
     #[test]
     fn another_version_or_magic_is_refused_at_the_header() {
         let mut bytes = export_bytes(&sample());
-        bytes[9] = 2;
+        bytes[9] = 3;
         let (_, r) = import_bytes(&bytes);
         let e = r.unwrap_err();
         assert!(
-            e.to_string().contains("byte offset 8: format version 2"),
+            e.to_string().contains("byte offset 8: format version 3"),
             "{e}"
         );
         bytes[0] = b'X';
