@@ -485,6 +485,13 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
          # upgrade): off, on (port 80) or ports other than those above.\n\
          websockets = off\n\
          \n\
+         [INACTIVE_CLIENTS]\n\
+         # Close connections without subscriptions that sent and received nothing for ttl\n\
+         # seconds, looked for every check_interval seconds (as the reference's template).\n\
+         disconnect = on\n\
+         ttl = {inactive_ttl}\n\
+         check_interval = {inactive_check}\n\
+         \n\
          [WEB]\n\
          # One of the ports above may serve web clients too: a client that names a host (TLS SNI,\n\
          # as browsers do) gets this web certificate and SMP over WebSocket, one that names none\n\
@@ -507,6 +514,8 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
          # handshake_timeout_secs = {handshake}\n\
          # slow_reader_close_secs = {slow_reader}\n",
         days = d.message_ttl.as_secs() / 86400,
+        inactive_ttl = config::DEFAULT_INACTIVE_TTL.as_secs(),
+        inactive_check = config::DEFAULT_INACTIVE_CHECK.as_secs(),
         on_send = if d.expire_on_send { "on" } else { "off" },
         hours = d.notification_ttl.as_secs() / 3600,
         new_queues = if d.new_queues { "on" } else { "off" },
@@ -563,6 +572,13 @@ fn start(data_dir: &Path, args: &StartArgs) -> Result<(), String> {
     let file = ini::load(&data_dir.join(config::INI_FILE))
         .map_err(|e| e.to_string())?
         .unwrap_or_default();
+    if !file.ignored.is_empty() {
+        tracing::warn!(
+            "{} ignores these keys of features this relay does not have:\n  {}",
+            data_dir.join(config::INI_FILE).display(),
+            file.ignored.join("\n  ")
+        );
+    }
     let mut c = StartConfig::new(data_dir);
     c.test_store_delay = args.test_store_delay;
     if let Some(b) = args.test_output_high_water_bytes {

@@ -18,6 +18,31 @@ pub const FINGERPRINT_FILE: &str = "fingerprint";
 pub const INI_FILE: &str = "smp-server.ini";
 pub const LOCK_FILE: &str = "lock";
 
+/// The reference's defaults for `[INACTIVE_CLIENTS]` (simplexmq `Server/Env/STM.hs`,
+/// `defaultInactiveClientExpiration`): 6 hours, looked for every hour.
+pub const DEFAULT_INACTIVE_TTL: Duration = Duration::from_secs(6 * 3600);
+pub const DEFAULT_INACTIVE_CHECK: Duration = Duration::from_secs(3600);
+
+/// `[INACTIVE_CLIENTS]`: a connection without subscriptions that sent and received nothing for
+/// `ttl` is closed, looked for every `check_interval` (simplexmq `Server.hs`,
+/// `disconnectTransport`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InactiveClients {
+    pub disconnect: bool,
+    pub ttl: Duration,
+    pub check_interval: Duration,
+}
+
+impl Default for InactiveClients {
+    fn default() -> Self {
+        InactiveClients {
+            disconnect: false,
+            ttl: DEFAULT_INACTIVE_TTL,
+            check_interval: DEFAULT_INACTIVE_CHECK,
+        }
+    }
+}
+
 /// `[WEB] https`, `cert` and `key`, each as set.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WebTls {
@@ -37,6 +62,8 @@ pub struct StartConfig {
     /// a client that names a host (TLS SNI) gets this certificate and SMP over WebSocket; one that
     /// names none stays native SMP (simplexmq `Server.hs`, `attachStaticAndWS`).
     pub web: WebTls,
+    /// `[INACTIVE_CLIENTS]`.
+    pub inactive: InactiveClients,
     /// Number of shards, one per pinned core.
     pub shards: usize,
     /// Connections held at once over all shards; `None`: `limits::MAX_CONNECTIONS`, or fewer if

@@ -27,6 +27,7 @@
 //! | | `port` | comma-separated ports to listen on (default 5223) |
 //! | | `websockets` | `off`, `on` (port 80, as the reference) or comma-separated ports serving SMP over WebSocket |
 //! | | `log_tls_errors` | accepted as `off` |
+//! | `[INACTIVE_CLIENTS]` | `disconnect`, `ttl`, `check_interval` | close connections without subscriptions idle for `ttl` seconds, looked for every `check_interval` (as the reference) |
 //! | `[WEB]` | `https` | an SMP port that also serves web clients, split by TLS SNI (with `cert` and `key`) |
 //! | | `cert`, `key` | the web certificate chain and key (PEM) that clients naming a host get on `https` |
 //! | `[RELAY]` | `quota` | messages a queue holds before ERR QUOTA (reference: fixed 128) |
@@ -68,6 +69,9 @@ pub struct IniConfig {
     /// `[TRANSPORT] host`: only printed.
     pub host: Option<String>,
     pub options: StartOptions,
+    /// Keys of the reference's features this relay does not have, accepted and ignored: each
+    /// as `[SECTION] key (line N): why`, for the one warning `start` gives.
+    pub ignored: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +89,9 @@ pub enum IniError {
         // Boxed: the error travels up through every `?` and should stay small.
         problem: Box<Problem>,
     },
+    /// Every problem of a file, one per line, so that one start shows them all.
+    #[error("{} problems:\n{}", .0.len(), .0.iter().map(|e| format!("  {e}")).collect::<Vec<_>>().join("\n"))]
+    Several(Vec<IniError>),
 }
 
 /// What is wrong with one line, and what to do about it.
@@ -102,7 +109,9 @@ pub enum Problem {
         key: String,
         first_line: usize,
     },
-    /// A reference key this relay does not implement (`only`: the one value it accepts).
+    /// A value of a reference key that this relay cannot honour (`only`: the one value it
+    /// accepts). Keys of features it does not have are accepted and ignored instead
+    /// (`IniConfig::ignored`).
     Unsupported {
         section: String,
         key: String,
@@ -200,7 +209,8 @@ enum Rule {
     /// This relay always behaves as the key set to this value; that value is accepted, others are
     /// refused with the reason.
     Only(&'static str, &'static str),
-    /// Refused with the reason.
+    /// A feature this relay does not have: accepted and ignored, with the reason in `start`'s
+    /// warning (`IniConfig::ignored`).
     Unsupported(&'static str),
 }
 
@@ -218,7 +228,6 @@ const NO_CONTROL_PORT: Rule = Rule::Unsupported(
     "this relay has no control port (block and unblock queues with `smp-relay block`/`unblock` while it is stopped)",
 );
 const NO_NAMES: Rule = Rule::Unsupported("this relay has no name resolver role");
-const NO_INACTIVE: Rule = Rule::Unsupported("this relay does not disconnect inactive clients yet");
 const NO_INFO: Rule = Rule::Unsupported(
     "server information is shown on the reference's web page, which this relay does not generate",
 );
@@ -318,13 +327,6 @@ const KEYS: &[KeySpec] = &[
     k("NAMES", "resolver_timeout_ms", NO_NAMES),
     k("NAMES", "resolver_max_response_bytes", NO_NAMES),
     k("NAMES", "resolver_concurrency", NO_NAMES),
-    k(
-        "INACTIVE_CLIENTS",
-        "disconnect",
-        Rule::Only("off", "this relay does not disconnect inactive clients yet"),
-    ),
-    k("INACTIVE_CLIENTS", "ttl", NO_INACTIVE),
-    k("INACTIVE_CLIENTS", "check_interval", NO_INACTIVE),
     k("INFORMATION", "source_code", NO_INFO),
     k("INFORMATION", "usage_conditions", NO_INFO),
     k("INFORMATION", "condition_amendments", NO_INFO),
@@ -359,15 +361,36 @@ pub fn load(path: &Path) -> Result<Option<IniConfig>, IniError> {
     }
 }
 
-/// Parses the text of the file at `path` (the path is only used in errors).
+/// Parses the text of the file at `path` (the path is only used in errors). Every problem of the
+/// file is reported, in one error.
 pub fn parse(path: &Path, text: &str) -> Result<IniConfig, IniError> {
+    let mut errors = Vec::new();
+    let config = parse_into(path, text, &mut errors);
+    match errors.len() {
+        0 => Ok(config),
+        1 => Err(errors.remove(0)),
+        _ => Err(IniError::Several(errors)),
+    }
+}
+
+/// `parse`, each line's problem pushed to `errors` and the next line read.
+fn parse_into(path: &Path, text: &str, errors: &mut Vec<IniError>) -> IniConfig {
     let at = |line: usize, problem: Problem| IniError::At {
         path: path.to_path_buf(),
         line,
         problem: Box::new(problem),
     };
+    // Records the problem and goes on with the next line.
+    macro_rules! fail {
+        ($e:expr) => {{
+            errors.push($e);
+            continue;
+        }};
+    }
     let mut config = IniConfig::default();
     let mut section: Option<&str> = None;
+    // Inside an unknown section, whose keys are not looked at.
+    let mut skipping = false;
     // (section, key, line) of every key seen, to refuse duplicates.
     let mut seen: Vec<(&str, &str, usize)> = Vec::new();
     for (i, raw) in text.lines().enumerate() {
@@ -379,25 +402,32 @@ pub fn parse(path: &Path, text: &str) -> Result<IniConfig, IniError> {
         if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
             let name = name.trim();
             if !SECTIONS.contains(&name) {
-                return Err(at(n, Problem::UnknownSection(name.to_string())));
+                // Its keys would only add one error each.
+                section = None;
+                skipping = true;
+                fail!(at(n, Problem::UnknownSection(name.to_string())));
             }
             section = Some(name);
+            skipping = false;
             continue;
         }
         // The reference's parser splits at the first `=` or `:`.
         let Some(sep) = line.find(['=', ':']) else {
-            return Err(at(n, Problem::Syntax(line.to_string())));
+            fail!(at(n, Problem::Syntax(line.to_string())));
         };
         let key = line[..sep].trim();
         let value = line[sep + 1..].trim();
         if key.is_empty() {
-            return Err(at(n, Problem::Syntax(line.to_string())));
+            fail!(at(n, Problem::Syntax(line.to_string())));
+        }
+        if skipping {
+            continue;
         }
         let Some(section) = section else {
-            return Err(at(n, Problem::KeyOutsideSection(key.to_string())));
+            fail!(at(n, Problem::KeyOutsideSection(key.to_string())));
         };
         if let Some(&(_, _, first_line)) = seen.iter().find(|s| s.0 == section && s.1 == key) {
-            return Err(at(
+            fail!(at(
                 n,
                 Problem::Duplicate {
                     section: section.to_string(),
@@ -408,7 +438,7 @@ pub fn parse(path: &Path, text: &str) -> Result<IniConfig, IniError> {
         }
         seen.push((section, key, n));
         let Some(rule) = rule_of(section, key) else {
-            return Err(at(
+            fail!(at(
                 n,
                 Problem::UnknownKey {
                     section: section.to_string(),
@@ -424,22 +454,26 @@ pub fn parse(path: &Path, text: &str) -> Result<IniConfig, IniError> {
         };
         match rule {
             Rule::Only(v, _) if value == v => {}
-            Rule::Only(v, why) => return Err(at(n, unsupported(why, Some(v)))),
-            Rule::Unsupported(why) => return Err(at(n, unsupported(why, None))),
-            Rule::Applied => apply(&mut config, section, key, value).map_err(|expected| {
-                at(
-                    n,
-                    Problem::BadValue {
-                        section: section.to_string(),
-                        key: key.to_string(),
-                        value: value.to_string(),
-                        expected,
-                    },
-                )
-            })?,
+            Rule::Only(v, why) => fail!(at(n, unsupported(why, Some(v)))),
+            Rule::Unsupported(why) => config
+                .ignored
+                .push(format!("[{section}] {key} (line {n}): {why}")),
+            Rule::Applied => {
+                if let Err(expected) = apply(&mut config, section, key, value) {
+                    fail!(at(
+                        n,
+                        Problem::BadValue {
+                            section: section.to_string(),
+                            key: key.to_string(),
+                            value: value.to_string(),
+                            expected,
+                        },
+                    ));
+                }
+            }
         }
     }
-    Ok(config)
+    config
 }
 
 /// How `[section] key` is treated: `Applied` for the settings (`settings::INI_KEYS`) and the keys
@@ -704,7 +738,8 @@ mod tests {
             let value = match key {
                 "store_queues" | "store_messages" => "memory",
                 "fsync" => "interval-ms 20",
-                "expire_messages_on_send" | "new_queues" => "on",
+                "expire_messages_on_send" | "new_queues" | "disconnect" => "on",
+                "cert" | "key" => "/etc/opt/simplex/web.crt",
                 "create_password" => "secret",
                 "host" => "example.com",
                 "port" => "5223",
@@ -778,6 +813,10 @@ mod tests {
              own_server_domains = example.com relays.example.net\n\
              socks_mode = onion\n\
              client_concurrency = 32\n\
+             [INACTIVE_CLIENTS]\n\
+             disconnect = on\n\
+             ttl = 600\n\
+             check_interval = 60\n\
              [WEB]\n\
              https = 443\n\
              cert = /etc/opt/simplex/web.crt\n\
@@ -812,6 +851,9 @@ mod tests {
                 expire_on_send: Some(false),
                 notification_ttl: Some(Duration::from_secs(12 * 3600)),
                 new_queues: Some(false),
+                inactive_disconnect: Some(true),
+                inactive_ttl: Some(Duration::from_secs(600)),
+                inactive_check_interval: Some(Duration::from_secs(60)),
                 create_password: Some(b"s3cret".to_vec()),
                 metrics_interval: Some(Duration::from_secs(60)),
                 socks_proxy: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 9050))),
@@ -884,12 +926,32 @@ mod tests {
         assert!(e.contains("`websockets`"), "{e}");
         assert!(e.contains("expected off, on or ports"), "{e}");
 
-        let e = parse_err("[TRANSPORT]\ncontrol_port = 5224\n");
-        assert!(e.contains("no control port"), "{e}");
-        assert!(e.contains("remove it"), "{e}");
+        // Keys of features this relay does not have are accepted and named for start's warning.
+        let c = parse(
+            Path::new("/d/smp-server.ini"),
+            "[TRANSPORT]\ncontrol_port = 5224\n[WEB]\nstatic_path = /var/www\n",
+        )
+        .expect("accepted");
+        assert_eq!(c.ignored.len(), 2, "{:?}", c.ignored);
+        assert!(c.ignored[0].starts_with("[TRANSPORT] control_port (line 2): "));
+        assert!(c.ignored[0].contains("no control port"));
+        assert!(c.ignored[1].starts_with("[WEB] static_path (line 4): "));
 
-        let e = parse_err("[WEB]\nstatic_path = /var/www\n");
-        assert!(e.contains("`static_path` in [WEB] is not supported"), "{e}");
+        // Every problem of a file, in one message.
+        let e = parse_err("[RELAY]\nquota = x\n[NOPE]\na = b\n[AUTH]\nnew_queues = yes\nzzz = 1\n");
+        assert!(e.starts_with("4 problems:\n"), "{e}");
+        for part in [
+            "line 2",
+            "line 3: unknown section [NOPE]",
+            "line 6",
+            "line 7: unknown key",
+        ] {
+            assert!(e.contains(part), "{part}: {e}");
+        }
+        assert!(
+            !e.contains("line 4"),
+            "keys of an unknown section are skipped: {e}"
+        );
 
         let e = parse_err("[STORE_LOG]\nstore_messages = sqlite\n");
         assert!(e.contains("expected journal, memory or database"), "{e}");

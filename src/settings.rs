@@ -376,6 +376,31 @@ start_settings! {
         ini: "AUTH" "new_queues" => ini::on_off,
         flag: (long, value_parser = ini::on_off, action = clap::ArgAction::Set),
     }
+    /// Close connections without subscriptions that sent and received nothing for
+    /// --inactive-ttl-secs, looked for every --inactive-check-secs (ini `[INACTIVE_CLIENTS]
+    /// disconnect`; the reference's template turns it on).
+    inactive_disconnect: bool {
+        set: |c, v| c.inactive.disconnect = v,
+        default: Some(false),
+        ini: "INACTIVE_CLIENTS" "disconnect" => ini::on_off,
+        flag: (long, value_name = "on|off", value_parser = ini::on_off, action = clap::ArgAction::Set),
+    }
+    /// Seconds without a block either way after which a connection without subscriptions is
+    /// inactive (ini `[INACTIVE_CLIENTS] ttl`).
+    inactive_ttl: Duration {
+        set: |c, v| c.inactive.ttl = v,
+        default: Some(config::DEFAULT_INACTIVE_TTL),
+        ini: "INACTIVE_CLIENTS" "ttl" => ini::seconds,
+        flag: (long = "inactive-ttl-secs", value_name = "SECS", value_parser = ini::seconds),
+    }
+    /// Seconds between looks for inactive connections (ini `[INACTIVE_CLIENTS]
+    /// check_interval`).
+    inactive_check_interval: Duration {
+        set: |c, v| c.inactive.check_interval = v,
+        default: Some(config::DEFAULT_INACTIVE_CHECK),
+        ini: "INACTIVE_CLIENTS" "check_interval" => ini::seconds,
+        flag: (long = "inactive-check-secs", value_name = "SECS", value_parser = ini::seconds),
+    }
     /// The password NEW must carry (the file only: a command line is visible to every user).
     create_password: Vec<u8> {
         set: |c, v| c.settings.create_password = Some(v),
@@ -520,6 +545,7 @@ impl StartConfig {
             ports: Vec::new(),
             websocket_ports: Vec::new(),
             web: config::WebTls::default(),
+            inactive: config::InactiveClients::default(),
             shards: 0,
             max_connections: None,
             max_handshakes_per_address: 0,

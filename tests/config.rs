@@ -1,6 +1,7 @@
 //! The configuration file `<data-dir>/smp-server.ini` (simplexmq `Server/Main.hs`):
-//! its settings reach the relay, a command-line flag wins over the file, and a key the relay does
-//! not know or support, or a bad value, stops `start` with a message naming the file, line and key.
+//! its settings reach the relay, a command-line flag wins over the file, a key of a reference
+//! feature the relay does not have is ignored with a warning, and an unknown key or a bad value
+//! stops `start` with a message naming the file, line and key (every problem of the file at once).
 
 mod common;
 mod support;
@@ -145,18 +146,86 @@ fn a_bad_boolean_stops_start() {
     assert!(stderr.contains("expected on or off"), "{stderr}");
 }
 
+/// Keys of the reference's features this relay does not have (here the control port, the
+/// server information and the static site of the reference's template) are accepted with one
+/// warning at start naming each; a value this relay cannot honour stops it, and every problem of
+/// the file is in one message.
 #[test]
-fn a_reference_key_this_relay_lacks_stops_start_with_what_to_do() {
-    let (stderr, _) = start_fails(|d| append_ini(d, "\n[TRANSPORT]\ncontrol_port = 5224\n"));
-    assert!(stderr.contains("control_port"), "{stderr}");
-    assert!(stderr.contains("remove it"), "{stderr}");
+fn reference_keys_this_relay_lacks_are_ignored_with_one_warning() {
+    let relay = relay_with_ini(
+        |d| {
+            append_ini(
+                d,
+                "\n[TRANSPORT]\ncontrol_port = 5224\n[INFORMATION]\nsource_code = \
+                 https://github.com/simplex-chat/simplexmq\n[WEB]\nstatic_path = /var/opt/www\n",
+            )
+        },
+        &[],
+    );
+    relay.client().ping().expect("the relay serves");
+    assert!(
+        relay.log_shows("ignores these keys of features this relay does not have"),
+        "{}",
+        relay.log_text()
+    );
+    for key in [
+        "[TRANSPORT] control_port",
+        "[INFORMATION] source_code",
+        "[WEB] static_path",
+    ] {
+        assert!(relay.log_shows(key), "{key}:\n{}", relay.log_text());
+    }
 
-    let (stderr, _) =
-        start_fails(|d| edit_ini(d, "store_messages = journal", "store_messages = sqlite"));
+    let (stderr, _) = start_fails(|d| {
+        edit_ini(d, "store_messages = journal", "store_messages = sqlite");
+        append_ini(d, "\n[RELAY]\nquota = many\n");
+    });
+    assert!(stderr.contains("2 problems"), "{stderr}");
     assert!(
         stderr.contains("expected journal, memory or database"),
         "{stderr}"
     );
+    assert!(stderr.contains("`quota` in [RELAY]"), "{stderr}");
+}
+
+/// `[INACTIVE_CLIENTS]` as the reference does it (here with 1-second `ttl` and
+/// `check_interval`): a connection without subscriptions that sends and gets nothing is closed;
+/// one holding a subscription, and one that keeps sending, stay.
+#[test]
+fn inactive_connections_without_subscriptions_are_closed() {
+    let relay = relay_with_ini(
+        |d| {
+            // `init` writes the reference's template values (on, 6 hours, every hour).
+            edit_ini(d, "ttl = 21600", "ttl = 1");
+            edit_ini(d, "check_interval = 3600", "check_interval = 1");
+        },
+        &[],
+    );
+    let mut idle = relay.client();
+    let mut subscribed = relay.client();
+    let _q = create(&mut subscribed);
+    let active = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let pinger = {
+        let mut c = relay.client();
+        let active = active.clone();
+        std::thread::spawn(move || {
+            while active.load(std::sync::atomic::Ordering::Relaxed) {
+                c.ping().expect("a connection that keeps sending stays");
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+            c
+        })
+    };
+    idle.set_timeout(std::time::Duration::from_secs(20))
+        .unwrap();
+    idle.wait_closed(1 << 20)
+        .expect("the idle connection is closed by the relay");
+    // Two more looks for inactive connections pass over the others.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    active.store(false, std::sync::atomic::Ordering::Relaxed);
+    let mut pinger = pinger.join().expect("pinger");
+    pinger.ping().expect("still open");
+    subscribed.ping().expect("a subscribed connection stays");
 }
 
 #[test]

@@ -307,6 +307,7 @@ async fn read_loop(
         // Allocated per block, so that an idle connection holds no block buffer.
         let mut block = Vec::new();
         let read = ws::read_block(tls, framing, &mut block, Some(out)).await;
+        state.last_active.set(Instant::now());
         let block: Result<&mut [u8; BLOCK_SIZE], ConnError> = match read {
             Ok(()) => (&mut block[..])
                 .try_into()
@@ -554,6 +555,7 @@ async fn write_loop(
             .event_bytes
             .set(state.event_bytes.get().saturating_sub(event_bytes));
         state.note_level(tls.borrow().written_bytes());
+        state.last_active.set(Instant::now());
         for seq in seqs {
             let mut parts = in_flight.parts.borrow_mut();
             if let Some(n) = parts.get_mut(&seq) {

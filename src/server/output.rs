@@ -43,6 +43,8 @@ pub struct OutputState {
     /// Events that must follow every MSG held now (`ALLS` after a service's messages): written
     /// once nothing is held or asked for (`take_after_held`).
     pub after_held: RefCell<Vec<Vec<u8>>>,
+    /// When a block last came in or output last went out (`[INACTIVE_CLIENTS]`).
+    pub last_active: Cell<std::time::Instant>,
 }
 
 /// What `OutputState::admit` took, and the notifications it could not take (they go back to their
@@ -65,6 +67,7 @@ impl OutputState {
             stall_mark: Cell::new(None),
             doomed: Cell::new(false),
             after_held: RefCell::new(Vec::new()),
+            last_active: Cell::new(std::time::Instant::now()),
         }
     }
 

@@ -540,6 +540,17 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         f(self.by_conn.borrow_mut().entry(conn).or_default())
     }
 
+    /// The subscriptions `conn` holds on this owner: queues, notifiers, and services it is the
+    /// subscriber of (what keeps a connection from being closed as inactive).
+    pub fn subscriptions_of(&self, conn: ConnRef) -> usize {
+        let entries = self
+            .by_conn
+            .borrow()
+            .get(&conn)
+            .map_or(0, |e| e.subs.len() + e.ntf_subs.len());
+        entries + self.services.subscribed_by(conn)
+    }
+
     /// A connection closed: drop its subscriptions here. Nobody is told (the reference sends no END).
     pub fn connection_closed(&self, conn: ConnRef) {
         self.services.connection_closed(conn);

@@ -289,8 +289,15 @@ pub enum ShardMsg {
         reply_to: usize,
         round: u64,
     },
-    /// One shard's answer to `ServiceCount`, `ServiceTake` or `ServiceCurrent`.
+    /// One shard's answer to `ServiceCount`, `ServiceTake`, `ServiceCurrent` or `ConnSubs`.
     ServicePart { round: u64, part: CountHash },
+    /// How many subscriptions `conn` holds on this owner (queues, notifiers, services), answered
+    /// as the count of a `ServicePart` of `round` (`[INACTIVE_CLIENTS]`).
+    ConnSubs {
+        conn: ConnRef,
+        reply_to: usize,
+        round: u64,
+    },
     /// Periodic work of an owner (expiration).
     Tick,
     /// Time to write the metrics file (shard 0): it asks every shard for its numbers.

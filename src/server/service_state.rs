@@ -126,6 +126,12 @@ impl ServiceState {
         self.home.borrow_mut().retain(|_, (s, _)| s.conn != conn);
     }
 
+    /// Services whose subscriber on this owner is `conn`.
+    pub fn subscribed_by(&self, conn: ConnRef) -> usize {
+        let subscribers = self.subscribers.borrow();
+        subscribers.values().filter(|s| s.conn == conn).count()
+    }
+
     /// Queues of this owner associated with a service of `role` (the reference's
     /// `rcvServiceQueuesCount`, `ntfServiceQueuesCount`).
     pub fn associated_queues(&self, role: ServiceRole) -> u64 {

@@ -15,7 +15,7 @@ use super::conn;
 use super::context::ShardContext;
 use super::owner::Owner;
 use super::pipeline::{Keys, Pipeline};
-use super::router::{CountHash, Gathering, ServiceKey, Session, ShardMsg, Step};
+use super::router::{ConnRef, CountHash, Gathering, ServiceKey, Session, ShardMsg, Step};
 use super::service_state::{FoldDone, FoldJob, SERVICE_FOLD_CHUNK};
 use super::ws::PortKind;
 use crate::log_limit::{self, RateLimited};
@@ -69,6 +69,11 @@ pub async fn run<S: ShardStore>(
                 }
             })
         });
+    let inactive = ctx
+        .config
+        .inactive
+        .disconnect
+        .then(|| glommio::spawn_local(close_inactive(ctx.clone())));
     // Test hook: shard 0 serves the clock control; bound before `ready` so that a test can use it
     // as soon as the relay has started.
     let clock_control = match ctx.config.test_clock_control.as_deref() {
@@ -86,7 +91,42 @@ pub async fn run<S: ShardStore>(
     drop(clock_control);
     drop(ticker);
     drop(metrics_ticker);
+    drop(inactive);
     Ok(store)
+}
+
+/// `[INACTIVE_CLIENTS]`: every `check_interval`, the connections of this shard that neither sent
+/// nor received a block for `ttl` are closed unless they hold a subscription on some owner
+/// (simplexmq `Server.hs`, `disconnectTransport`: a subscribed client is never closed for it).
+async fn close_inactive(ctx: Rc<ShardContext>) {
+    let cfg = ctx.config.inactive.clone();
+    loop {
+        glommio::timer::Timer::new(cfg.check_interval).await;
+        let idle: Vec<ConnRef> = ctx
+            .connections_table
+            .borrow()
+            .iter()
+            .filter(|(_, h)| h.state.last_active.get().elapsed() >= cfg.ttl)
+            .map(|(&id, _)| ConnRef {
+                shard: ctx.shard_id,
+                id,
+            })
+            .collect();
+        for conn in idle {
+            let reply_to = ctx.shard_id;
+            let held = ctx
+                .gather_services(None, |round| ShardMsg::ConnSubs {
+                    conn,
+                    reply_to,
+                    round,
+                })
+                .await;
+            if held == Some((0, [0; 16])) {
+                tracing::debug!(conn = conn.id, "closing an inactive connection");
+                ctx.close(conn);
+            }
+        }
+    }
 }
 
 /// The shard's single consumer: owner work, answers and events for this shard's connections.
@@ -214,6 +254,14 @@ pub fn owner_job<S: QueueStore + MessageStore + 'static>(
             round,
         } => {
             let part = o.services.current(&key, conn);
+            o.mesh.send(reply_to, ShardMsg::ServicePart { round, part });
+        }
+        ShardMsg::ConnSubs {
+            conn,
+            reply_to,
+            round,
+        } => {
+            let part = (o.subscriptions_of(conn) as i64, [0; 16]);
             o.mesh.send(reply_to, ShardMsg::ServicePart { round, part });
         }
         ShardMsg::Tick => expire(o, pipeline, None),
