@@ -62,6 +62,9 @@ enum Command {
     /// Run the relay: one pinned shard per core, listening on every port. Settings come from these
     /// options, then from <data-dir>/smp-server.ini, then from the defaults.
     Start(StartArgs),
+    /// Print the server address, as `init` did and `start` logs it: the fingerprint, the create
+    /// password, `[TRANSPORT] host` and the first port of <data-dir>/smp-server.ini.
+    Address,
     /// Block a queue of a stopped relay: its clients get ERR BLOCKED (older clients AUTH) for
     /// every command but OFF and DEL. Edits the store the relay saved at its last clean stop.
     Block {
@@ -281,6 +284,7 @@ pub fn main() -> ExitCode {
             no_password,
         } => init(&cli.data_dir, &host, port, no_password),
         Command::Start(args) => start(&cli.data_dir, &args),
+        Command::Address => server_address(&cli.data_dir).map(|a| println!("{a}")),
         Command::Block { id, reason, notice } => {
             let reason = match reason {
                 Reason::Spam => BlockingReason::Spam,
@@ -419,9 +423,46 @@ fn write_identity(dir: &Path, host: &str, port: u16, no_password: bool) -> Resul
     });
     let ini = ini_template(host, port, password.as_deref());
     write_file(dir, config::INI_FILE, &ini, true)?;
-    let auth = password.map(|p| format!(":{p}")).unwrap_or_default();
-    println!("smp://{fingerprint}{auth}@{host}:{port}");
+    println!("{}", address(&fingerprint, password.as_deref(), host, port));
     Ok(())
+}
+
+/// `smp://fingerprint[:password]@host:port`, what users put in their apps.
+fn address(fingerprint: &str, password: Option<&str>, host: &str, port: u16) -> String {
+    let auth = password.map(|p| format!(":{p}")).unwrap_or_default();
+    format!("smp://{fingerprint}{auth}@{host}:{port}")
+}
+
+/// The address of the relay of `data_dir`, from its `fingerprint` and `smp-server.ini`.
+fn server_address(data_dir: &Path) -> Result<String, String> {
+    let fp_path = data_dir.join(config::FINGERPRINT_FILE);
+    let fingerprint = fs::read_to_string(&fp_path).map_err(|e| {
+        format!(
+            "cannot read {}: {e} (is {} a relay's data directory? `init` makes one)",
+            fp_path.display(),
+            data_dir.display()
+        )
+    })?;
+    let file = ini::load(&data_dir.join(config::INI_FILE))
+        .map_err(|e| e.to_string())?
+        .unwrap_or_default();
+    let port = file
+        .options
+        .ports
+        .as_ref()
+        .and_then(|p| p.first().copied())
+        .unwrap_or(config::DEFAULT_PORT);
+    let password = file
+        .options
+        .create_password
+        .as_deref()
+        .map(String::from_utf8_lossy);
+    Ok(address(
+        fingerprint.trim(),
+        password.as_deref(),
+        file.host.as_deref().unwrap_or("127.0.0.1"),
+        port,
+    ))
 }
 
 fn write_file(dir: &Path, name: &str, contents: &str, private: bool) -> Result<(), String> {
@@ -598,6 +639,18 @@ fn start(data_dir: &Path, args: &StartArgs) -> Result<(), String> {
         c.tls_timeout = Duration::from_millis(ms);
     }
     args.apply_proxy(&mut c.settings.proxy);
+    // The address as this start serves it: its first port, the create password in force.
+    if let Ok(fp) = fs::read_to_string(data_dir.join(config::FINGERPRINT_FILE)) {
+        let password = c
+            .settings
+            .create_password
+            .as_deref()
+            .map(String::from_utf8_lossy);
+        let host = file.host.as_deref().unwrap_or("127.0.0.1");
+        let port = c.ports.first().copied().unwrap_or(config::DEFAULT_PORT);
+        let a = address(fp.trim(), password.as_deref(), host, port);
+        tracing::info!("server address: {a}");
+    }
     smp_relay::server::run(c).map_err(|e| e.to_string())
 }
 

@@ -84,6 +84,18 @@ fn init_with_a_password_puts_it_in_the_address() {
     let password = &line[prefix.len()..line.find('@').expect("@host")];
     assert!(!password.is_empty(), "{line}");
     assert!(line.ends_with("@127.0.0.1:5223"), "default port: {line}");
+    // `address` prints it again, and every start logs it (with the port it serves on).
+    let again = run_cli(dir.path(), &["address"]);
+    assert!(again.status.success(), "address: {}", text(&again.stderr));
+    assert_eq!(text(&again.stdout).trim(), line);
+    let mut relay = Relay::start_in(dir, common::RelayOptions::default());
+    let served = line.replace(":5223", &format!(":{}", relay.port));
+    assert!(
+        relay.log_shows(&format!("server address: {served}")),
+        "{}",
+        relay.log_text()
+    );
+    relay.stop();
 }
 
 #[test]

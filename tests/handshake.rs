@@ -2,6 +2,7 @@
 //! offers, and with hand-assembled hellos over OpenSSL, whose server hello is parsed by hand.
 
 mod common;
+mod support;
 
 use std::io::Write;
 
@@ -430,4 +431,20 @@ fn hello_with_wrong_key_hash_by_hand_is_closed() {
     let ch = wire::standard_hello(MAX_VERSION, &[7u8; 32], None);
     wire::write_block(&mut s, &wire::pad(&ch, wire::BLOCK)).expect("client hello");
     assert_eq!(wire::bytes_until_close(&mut s), Some(0));
+}
+
+/// The relay listens on IPv6 and IPv4 (one dual-stack socket per shard and port; IPv4 alone
+/// where IPv6 is disabled, where the reference fails to start, simplexmq #1431): a client over
+/// `::1` and one over `127.0.0.1` both get sessions, and a queue made over one is used over the
+/// other.
+#[test]
+fn clients_over_ipv6_and_ipv4_are_served() {
+    let relay = Relay::start();
+    let v6 = std::net::SocketAddr::from(([0, 0, 0, 0, 0, 0, 0, 1], relay.port));
+    let mut a = smp_relay::client::Client::connect(v6, relay.key_hash, ClientOptions::default())
+        .unwrap_or_else(|e| panic!("over ::1: {e}\n{}", relay.log_text()));
+    let mut b = relay.client();
+    let q = support::create(&mut a);
+    support::send_ok(&mut b, &q, None, b"from IPv4 to IPv6");
+    support::expect_body(&mut a, &q, b"from IPv4 to IPv6");
 }

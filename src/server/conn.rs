@@ -103,7 +103,11 @@ pub async fn serve(
     handshaking: Handshaking,
     kind: PortKind,
 ) {
-    let peer = sock.peer_addr().ok();
+    // Canonical: an IPv4 client of the dual-stack listener is logged as IPv4.
+    let peer = sock
+        .peer_addr()
+        .ok()
+        .map(|a| std::net::SocketAddr::new(a.ip().to_canonical(), a.port()));
     match run(sock, &ctx, handshaking, kind).await {
         Ok(()) => tracing::debug!(?peer, "connection closed"),
         Err(e) => tracing::debug!(?peer, error = %e, "connection ended"),

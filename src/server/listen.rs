@@ -1,5 +1,5 @@
-//! Binding the SMP ports: the start-up check that no other process listens there, and each shard's
-//! listener.
+//! Binding the SMP ports, on IPv6 and IPv4 (IPv4 alone where IPv6 is disabled): the start-up
+//! check that no other process listens there, and each shard's listener.
 //!
 //! Both set `SO_REUSEADDR`, as the reference's listeners do (`simplex-chat/simplexmq`,
 //! `src/Simplex/Messaging/Transport/Server.hs`, `startTCPServer`): the sockets a listener accepts
@@ -36,9 +36,30 @@ pub fn shard_listener(port: u16) -> io::Result<TcpListener> {
     retry_in_use(|| bind(port, true))
 }
 
+/// Binds `port` on every address, IPv6 and IPv4 (one dual-stack socket, whose IPv4 peers appear
+/// as IPv4-mapped addresses), or on IPv4 alone where IPv6 is disabled: the reference fails to
+/// start there (simplexmq #1431).
 fn bind(port: u16, reuse_port: bool) -> io::Result<TcpListener> {
-    let addr = SocketAddr::from(([0, 0, 0, 0], port));
-    let socket = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
+    match bind_on(SocketAddr::from(([0u16; 8], port)), reuse_port) {
+        Err(e) if ipv6_missing(&e) => bind_on(SocketAddr::from(([0, 0, 0, 0], port)), reuse_port),
+        r => r,
+    }
+}
+
+/// The errors of a machine without IPv6 (no address family, no `::` to bind), as against the
+/// port being taken.
+fn ipv6_missing(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EAFNOSUPPORT) | Some(libc::EADDRNOTAVAIL) | Some(libc::EPROTONOSUPPORT)
+    )
+}
+
+fn bind_on(addr: SocketAddr, reuse_port: bool) -> io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(false)?;
+    }
     socket.set_reuse_address(true)?;
     if reuse_port {
         socket.set_reuse_port(true)?;

@@ -134,6 +134,14 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
 
     let cpus = allowed_cpus();
     let shards = config.shards.clamp(1, crate::limits::MAX_SHARDS);
+    if shards > cpus.len() {
+        tracing::warn!(
+            "{shards} shards on {} cores this process may run on: shards share cores, and each \
+             waits for the others' turns (set --cores, or [RELAY] cores, to at most {})",
+            cpus.len(),
+            cpus.len()
+        );
+    }
     // One limit over all shards: the kernel spreads connections unevenly over SO_REUSEPORT
     // listeners, so a share per shard refused clients while others had room.
     let max_connections = admission::fit_open_files(&config, shards).map_err(StartError::Setup)?;

@@ -430,7 +430,8 @@ async fn accept_loop(listener: TcpListener, kind: PortKind, ctx: Rc<ShardContext
             continue;
         };
         // A refused socket is dropped (closed) at the `continue`.
-        let (slot, handshaking) = match ctx.admission.admit(peer.ip()) {
+        // An IPv4 client of the dual-stack listener counts as its IPv4 address.
+        let (slot, handshaking) = match ctx.admission.admit(peer.ip().to_canonical()) {
             Ok(admitted) => admitted,
             Err(Refused::Full) => {
                 log_limit::warn(&REFUSED_FULL, |suppressed| {
