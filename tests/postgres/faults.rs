@@ -126,6 +126,7 @@ fn sender(
     sids: Arc<Vec<Vec<u8>>>,
     stop: Arc<AtomicBool>,
     oks: Arc<Vec<AtomicUsize>>,
+    failures: Arc<AtomicUsize>,
 ) -> SenderLog {
     let mut c = client_of(addr, key_hash);
     let mut log = SenderLog::default();
@@ -160,6 +161,7 @@ fn sender(
                         log.samples.push(s.clone());
                     }
                     log.failed.push((q, n, s));
+                    failures.fetch_add(1, Ordering::Relaxed);
                 }
                 other => panic!("sender {id}: SEND {n} answered {other:?}"),
             }
@@ -193,16 +195,19 @@ fn under_load(
     relay: &Relay,
     qs: &[Queue],
     faults: usize,
-    mut fault: impl FnMut(usize),
+    mut fault: impl FnMut(usize, &AtomicUsize),
 ) -> Vec<SenderLog> {
     let sids: Arc<Vec<Vec<u8>>> = Arc::new(qs.iter().map(|q| q.sid().to_vec()).collect());
     let stop = Arc::new(AtomicBool::new(false));
     let oks: Arc<Vec<AtomicUsize>> = Arc::new((0..SENDERS).map(|_| AtomicUsize::new(0)).collect());
+    // SENDs answered ERR STORE so far, over every sender (a fault may wait for the first).
+    let failures = Arc::new(AtomicUsize::new(0));
     let handles: Vec<_> = (0..SENDERS)
         .map(|id| {
             let (sids, stop, oks) = (sids.clone(), stop.clone(), oks.clone());
+            let failures = failures.clone();
             let (addr, key_hash) = (relay.addr, relay.key_hash);
-            std::thread::spawn(move || sender(addr, key_hash, id, sids, stop, oks))
+            std::thread::spawn(move || sender(addr, key_hash, id, sids, stop, oks, failures))
         })
         .collect();
     let snapshot = |oks: &[AtomicUsize]| -> Vec<usize> {
@@ -210,7 +215,7 @@ fn under_load(
     };
     wait_oks(relay, &oks, &[0; SENDERS], OK_AFTER_FAULT, "warm-up");
     for round in 0..faults {
-        fault(round);
+        fault(round, &failures);
         let base = snapshot(&oks);
         wait_oks(
             relay,
@@ -435,7 +440,7 @@ fn killed_sessions_lose_no_answered_send_and_the_relay_reconnects() {
     let relay = relay_on(&conninfo, &["--quota", "4096", "--pool-size", "4"]);
     let qs = create_many(&mut relay.client(), QUEUES, QUEUES);
     let mut admin = cluster.client("postgres").expect("an admin session");
-    let logs = under_load(&relay, &qs, 3, |round| {
+    let logs = under_load(&relay, &qs, 3, |round, _| {
         let killed = terminate_sessions(&mut admin, &db);
         // The pool's sessions and the lock's: at least the lock's and one pooled.
         assert!(
@@ -473,12 +478,18 @@ fn a_restarted_server_loses_no_answered_send_and_the_relay_reconnects() {
     );
     let qs = create_many(&mut relay.client(), QUEUES, QUEUES);
     let started = Instant::now();
-    let logs = under_load(&relay, &qs, 2, |round| {
+    let logs = under_load(&relay, &qs, 2, |round, failures| {
+        let before = failures.load(Ordering::Relaxed);
         cluster
             .stop_server("fast")
             .unwrap_or_else(|e| panic!("round {round}: {e}"));
-        // Down long enough for SENDs to find no server at all.
+        // Down until SENDs found no server at all (at least 500 ms; on a busy machine the
+        // senders may take longer to get there), and at most 10 s.
         sleep(Duration::from_millis(500));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while failures.load(Ordering::Relaxed) == before && Instant::now() < deadline {
+            sleep(Duration::from_millis(50));
+        }
         cluster
             .start_server()
             .unwrap_or_else(|e| panic!("round {round}: {e}"));
