@@ -709,7 +709,7 @@ fn fake_destination_with(versions: VersionRange, lie: Lie) -> FakeDestination {
             session_id,
             cert_key: Some(CertChainPubKey {
                 chain: signer.chain_der.clone(),
-                signed_key: signed_key::sign_x25519_key(&signer.leaf_key, &public),
+                signed_key: signer.leaf_key.signed_x25519_key(&public),
             }),
             web_proof: None,
         };

@@ -83,7 +83,10 @@ fn serve(
     let signer = if lies.signed_key {
         ed25519_dalek::SigningKey::from_bytes(&[3u8; 32])
     } else {
-        creds.leaf_key.clone()
+        match &creds.leaf_key {
+            crate::transport::certs::LeafKey::Ed25519(k) => k.clone(),
+            crate::transport::certs::LeafKey::Ed448(_) => unreachable!("`generate` makes Ed25519"),
+        }
     };
     let real_sid = sid.clone();
     if lies.session_id {

@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use ed25519_dalek::Signer;
 use futures_lite::{AsyncRead, AsyncWriteExt};
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 use glommio::net::TcpStream;
@@ -710,7 +709,10 @@ async fn smp_handshake(
     let server_pub = X25519Public::from(&server_key);
     let cert_key = (versions.max >= version::AUTH_CMDS).then(|| CertChainPubKey {
         chain: ctx.credentials.chain_der.clone(),
-        signed_key: signed_key::sign_x25519_key(&ctx.credentials.leaf_key, server_pub.as_bytes()),
+        signed_key: ctx
+            .credentials
+            .leaf_key
+            .signed_x25519_key(server_pub.as_bytes()),
     });
     // A web client's challenge is answered with the online key's signature of it and the session
     // ID (simplexmq `Transport.hs`, `smpServerHandshake`, `webIdentityProof`): the client, which
@@ -718,7 +720,7 @@ async fn smp_handshake(
     let web_proof = challenge.map(|c| {
         let mut signed = c.to_vec();
         signed.extend_from_slice(&session_id);
-        ctx.credentials.leaf_key.sign(&signed).to_bytes().to_vec()
+        ctx.credentials.leaf_key.sign(&signed)
     });
     let hello = ServerHello {
         versions,

@@ -20,6 +20,8 @@ use rcgen::{
 use rustls::pki_types::CertificateDer;
 use sha2::{Digest, Sha256};
 
+use crate::crypto::keys::ED448_KEY_LEN;
+
 pub const CA_KEY_FILE: &str = "ca.key";
 pub const CA_CERT_FILE: &str = "ca.crt";
 pub const SERVER_KEY_FILE: &str = "server.key";
@@ -59,8 +61,6 @@ pub enum CertError {
     NoCertificate { file: PathBuf },
     #[error("{} contains no private key", file.display())]
     NoKey { file: PathBuf },
-    #[error("{} holds an Ed448 key, and rustls cannot sign with Ed448: issue server.key and server.crt again as Ed25519 from ca.key (the CA, and so the server fingerprint, can stay Ed448), or run `smp-relay init` in a fresh --data-dir (a new server address)", file.display())]
-    Ed448Key { file: PathBuf },
     #[error("{} holds an unsupported key ({reason}); the online key must be Ed25519: issue server.key and server.crt again from ca.key, or run `smp-relay init` in a fresh --data-dir (a new server address)", file.display())]
     UnsupportedKey { file: PathBuf, reason: String },
     #[error("{} is not a valid X.509 certificate: {reason}", file.display())]
@@ -140,12 +140,51 @@ fn write_file(path: &Path, text: &str, secret: bool) -> Result<(), CertError> {
     f.sync_all().map_err(err)
 }
 
+/// The online certificate's private key: Ed25519 (what `init` makes) or Ed448 (the reference's
+/// `init -a ED448`, which its `cert` keeps).
+#[derive(Clone)]
+pub enum LeafKey {
+    Ed25519(SigningKey),
+    Ed448([u8; ED448_KEY_LEN]),
+}
+
+impl LeafKey {
+    /// The raw public key, as the leaf certificate holds it.
+    pub fn public_bytes(&self) -> Vec<u8> {
+        match self {
+            LeafKey::Ed25519(k) => k.verifying_key().to_bytes().to_vec(),
+            LeafKey::Ed448(k) => crate::crypto::auth::ed448_public(k).to_vec(),
+        }
+    }
+
+    /// The key's signature of `msg` (64 bytes for Ed25519, 114 for Ed448).
+    pub fn sign(&self, msg: &[u8]) -> Vec<u8> {
+        use ed25519_dalek::Signer;
+        match self {
+            LeafKey::Ed25519(k) => k.sign(msg).to_bytes().to_vec(),
+            LeafKey::Ed448(k) => crate::crypto::auth::sign_ed448(k, msg).to_vec(),
+        }
+    }
+
+    /// The server hello's signed session key: the X25519 key's SPKI as an X.509 `SignedExact`
+    /// of this key (simplexmq `Crypto.hs`, `signX509`).
+    pub fn signed_x25519_key(&self, x25519_pub: &[u8; 32]) -> Vec<u8> {
+        use crate::crypto::signed_key;
+        match self {
+            LeafKey::Ed25519(k) => signed_key::sign_x25519_key(k, x25519_pub),
+            LeafKey::Ed448(k) => {
+                signed_key::sign_spki_ed448(k, &crate::crypto::keys::x25519_to_spki(x25519_pub))
+            }
+        }
+    }
+}
+
 /// What the TLS layer needs: the chain to present, the key to sign with, and the server identity.
 pub struct ServerCredentials {
     /// DER certificates as presented in TLS: `[leaf, ca]` (or up to 4, as simplexmq
     /// `Transport/Client.hs` accepts).
     pub chain_der: Vec<Vec<u8>>,
-    pub leaf_key: SigningKey,
+    pub leaf_key: LeafKey,
     /// SHA-256 of the DER of `chain_der[1]` (the CA in the normal 2-certificate chain).
     pub key_hash: [u8; 32],
 }
@@ -298,9 +337,9 @@ pub fn load(dir: &Path) -> Result<ServerCredentials, CertError> {
         })?;
     }
 
-    let leaf_key = read_ed25519_key(&server_key)?;
+    let leaf_key = read_leaf_key(&server_key)?;
     let leaf_public = leaf_public_key(&chain_der[0], &server_crt)?;
-    if leaf_public != leaf_key.verifying_key().to_bytes() {
+    if leaf_public != leaf_key.public_bytes() {
         return Err(CertError::KeyMismatch {
             key: server_key,
             cert: server_crt,
@@ -385,7 +424,7 @@ fn read_certs(file: &Path) -> Result<Vec<Vec<u8>>, CertError> {
     Ok(certs.into_iter().map(|c| c.as_ref().to_vec()).collect())
 }
 
-fn read_ed25519_key(file: &Path) -> Result<SigningKey, CertError> {
+fn read_leaf_key(file: &Path) -> Result<LeafKey, CertError> {
     let pem = read_bounded(file)?;
     let key = rustls_pemfile::private_key(&mut pem.as_slice())
         .map_err(|e| CertError::Pem {
@@ -410,9 +449,17 @@ fn read_ed25519_key(file: &Path) -> Result<SigningKey, CertError> {
     })?;
     let oid = info.algorithm.oid.to_string();
     if oid == OID_ED448 {
-        return Err(CertError::Ed448Key {
-            file: file.to_path_buf(),
-        });
+        // The private key is an OCTET STRING of the 57 key bytes (RFC 8410 §7).
+        let raw = match info.private_key {
+            [0x04, 0x39, rest @ ..] => <[u8; ED448_KEY_LEN]>::try_from(rest).ok(),
+            _ => None,
+        };
+        return raw
+            .map(LeafKey::Ed448)
+            .ok_or_else(|| CertError::UnsupportedKey {
+                file: file.to_path_buf(),
+                reason: "an Ed448 key that is not 57 bytes".into(),
+            });
     }
     if oid != OID_ED25519 {
         return Err(CertError::UnsupportedKey {
@@ -420,15 +467,16 @@ fn read_ed25519_key(file: &Path) -> Result<SigningKey, CertError> {
             reason: format!("algorithm {oid}"),
         });
     }
-    SigningKey::from_pkcs8_der(&der).map_err(|e| CertError::UnsupportedKey {
-        file: file.to_path_buf(),
-        reason: e.to_string(),
-    })
+    SigningKey::from_pkcs8_der(&der)
+        .map(LeafKey::Ed25519)
+        .map_err(|e| CertError::UnsupportedKey {
+            file: file.to_path_buf(),
+            reason: e.to_string(),
+        })
 }
 
-/// The raw Ed25519 public key of the leaf certificate (an Ed448 leaf gets the Ed448 error, since
-/// its key file would be Ed448 too).
-fn leaf_public_key(der: &[u8], file: &Path) -> Result<[u8; 32], CertError> {
+/// The raw Ed25519 or Ed448 public key of the leaf certificate.
+fn leaf_public_key(der: &[u8], file: &Path) -> Result<Vec<u8>, CertError> {
     let (_, cert) =
         x509_parser::parse_x509_certificate(der).map_err(|e| CertError::BadCertificate {
             file: file.to_path_buf(),
@@ -436,25 +484,13 @@ fn leaf_public_key(der: &[u8], file: &Path) -> Result<[u8; 32], CertError> {
         })?;
     let spki = cert.public_key();
     let oid = spki.algorithm.algorithm.to_id_string();
-    if oid == OID_ED448 {
-        return Err(CertError::Ed448Key {
-            file: file.to_path_buf(),
-        });
-    }
-    if oid != OID_ED25519 {
+    if oid != OID_ED25519 && oid != OID_ED448 {
         return Err(CertError::UnsupportedKey {
             file: file.to_path_buf(),
             reason: format!("certificate key algorithm {oid}"),
         });
     }
-    spki.subject_public_key
-        .data
-        .as_ref()
-        .try_into()
-        .map_err(|_| CertError::BadCertificate {
-            file: file.to_path_buf(),
-            reason: "Ed25519 public key is not 32 bytes".into(),
-        })
+    Ok(spki.subject_public_key.data.to_vec())
 }
 
 #[cfg(test)]
@@ -598,7 +634,7 @@ mod tests {
     }
 
     #[test]
-    fn ed448_server_key_says_what_to_do() {
+    fn an_ed448_server_key_that_is_not_the_certificate_s_is_refused() {
         let dir = temp_dir("ed448");
         generate("h").unwrap().write_files(&dir).unwrap();
         // PKCS#8 Ed448 private key: OID 1.3.101.113 and 57 key bytes.
@@ -612,14 +648,7 @@ mod tests {
             base64::engine::general_purpose::STANDARD.encode(&der)
         );
         fs::write(dir.join(SERVER_KEY_FILE), pem).unwrap();
-        let err = load(&dir).unwrap_err();
-        assert!(matches!(err, CertError::Ed448Key { .. }));
-        let msg = err.to_string();
-        assert!(msg.contains("rustls cannot sign with Ed448"), "{msg}");
-        assert!(
-            msg.contains("Ed25519") && msg.contains("smp-relay init") && !msg.contains("cert`"),
-            "{msg}"
-        );
-        assert!(msg.contains("server.key"), "{msg}");
+        // Read as Ed448, then found not to be the Ed25519 certificate's key.
+        assert!(matches!(load(&dir), Err(CertError::KeyMismatch { .. })));
     }
 }

@@ -20,8 +20,9 @@ use rustls::{
     ProtocolVersion, ServerConfig, ServerConnection, SignatureScheme,
 };
 
+use crate::crypto::keys::ED448_KEY_LEN;
 use crate::protocol::version::{VersionRange, LEGACY_SERVER_VERSIONS, SERVER_VERSIONS};
-use crate::transport::certs::{self, ServerCredentials};
+use crate::transport::certs::{self, LeafKey, ServerCredentials};
 use crate::transport::service_cert::{self, ServiceCertError};
 use crate::transport::tls_unique::{self, TlsUniqueError};
 
@@ -101,7 +102,15 @@ pub fn server_config(
         .iter()
         .map(|c| CertificateDer::from(c.clone()))
         .collect();
-    let mut config = builder.with_single_cert(chain, ed25519_pkcs8(&creds.leaf_key))?;
+    let mut config = match &creds.leaf_key {
+        LeafKey::Ed25519(k) => builder.with_single_cert(chain, ed25519_pkcs8(k))?,
+        LeafKey::Ed448(k) => {
+            let signing = Arc::new(Ed448Signing(Arc::new(*k)));
+            let certified = rustls::sign::CertifiedKey::new(chain, signing);
+            certified.keys_match()?;
+            builder.with_cert_resolver(Arc::new(OneCert(Arc::new(certified))))
+        }
+    };
     config.alpn_protocols = SERVER_ALPN.iter().map(|p| p.to_vec()).collect();
     // Resumption would skip the full handshake and change what both sides take as the session id.
     config.send_tls13_tickets = 0;
@@ -166,6 +175,60 @@ pub fn web_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, String> 
     config.session_storage = Arc::new(NoServerSessionStorage {});
     config.max_early_data_size = 0;
     Ok(Arc::new(config))
+}
+
+/// The one certificate of the SMP ports (with a key of our own signing: Ed448).
+#[derive(Debug)]
+struct OneCert(Arc<rustls::sign::CertifiedKey>);
+
+impl rustls::server::ResolvesServerCert for OneCert {
+    fn resolve(
+        &self,
+        _hello: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.0.clone())
+    }
+}
+
+/// Ed448 for rustls, which has no Ed448 signer of its own: the handshake's CertificateVerify
+/// signed with OpenSSL's Ed448 (`crypto::auth::sign_ed448`), offered when the client lists
+/// `ed448` among its signature schemes (simplexmq's TLS stack does: its servers may have Ed448
+/// certificates, `init -a ED448`).
+struct Ed448Signing(Arc<[u8; ED448_KEY_LEN]>);
+
+impl std::fmt::Debug for Ed448Signing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.write_str("Ed448Signing")
+    }
+}
+
+impl rustls::sign::SigningKey for Ed448Signing {
+    fn choose_scheme(&self, offered: &[SignatureScheme]) -> Option<Box<dyn rustls::sign::Signer>> {
+        offered
+            .contains(&SignatureScheme::ED448)
+            .then(|| Box::new(Ed448Signing(self.0.clone())) as Box<dyn rustls::sign::Signer>)
+    }
+
+    fn public_key(&self) -> Option<rustls::pki_types::SubjectPublicKeyInfoDer<'_>> {
+        let public = crate::crypto::auth::ed448_public(&self.0);
+        let spki = crate::crypto::keys::PublicAuthKey::Ed448(public).to_spki();
+        Some(rustls::pki_types::SubjectPublicKeyInfoDer::from(spki))
+    }
+
+    fn algorithm(&self) -> rustls::SignatureAlgorithm {
+        rustls::SignatureAlgorithm::ED448
+    }
+}
+
+impl rustls::sign::Signer for Ed448Signing {
+    fn sign(&self, message: &[u8]) -> Result<Vec<u8>, rustls::Error> {
+        Ok(crate::crypto::auth::sign_ed448(&self.0, message).to_vec())
+    }
+
+    fn scheme(&self) -> SignatureScheme {
+        SignatureScheme::ED448
+    }
 }
 
 fn ed25519_pkcs8(key: &ed25519_dalek::SigningKey) -> PrivateKeyDer<'static> {
