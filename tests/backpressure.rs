@@ -95,9 +95,12 @@ fn relay_unread_bytes(relay_port: u16, client_port: u16) -> usize {
 }
 
 /// `(tx_queue, rx_queue)` of the loopback socket from `local_port` to `remote_port` in
-/// `/proc/net/tcp`: bytes written and not yet acknowledged by the peer, bytes not yet read.
+/// `/proc/net/tcp` or `/proc/net/tcp6` (the relay's dual-stack listener accepts IPv4 clients on
+/// IPv6 sockets): bytes written and not yet acknowledged by the peer, bytes not yet read.
 fn socket_queues(local_port: u16, remote_port: u16) -> (usize, usize) {
-    let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    let mut table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    // Without IPv6 the file is missing, and the relay listens on IPv4 only.
+    table += &std::fs::read_to_string("/proc/net/tcp6").unwrap_or_default();
     let port = |addr: &str| {
         addr.split(':')
             .nth(1)
@@ -114,7 +117,7 @@ fn socket_queues(local_port: u16, remote_port: u16) -> (usize, usize) {
                 (hex(q.next()), hex(q.next()))
             })
         })
-        .unwrap_or_else(|| panic!("no socket {local_port} -> {remote_port} in /proc/net/tcp"))
+        .unwrap_or_else(|| panic!("no socket {local_port} -> {remote_port} in /proc/net/tcp{{,6}}"))
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -76,9 +76,19 @@ impl Target {
     /// its queue to this service (the service-association storm).
     fn connect_service(&self) -> Result<Client, String> {
         let cert = crate::client::ClientCert::self_signed().map_err(|e| e.to_string())?;
+        self.connect_service_as(&cert, ClientOptions::default().timeout)
+    }
+
+    /// A connection of the messaging service of `cert`.
+    pub fn connect_service_as(
+        &self,
+        cert: &crate::client::ClientCert,
+        timeout: Duration,
+    ) -> Result<Client, String> {
         let opts = ClientOptions {
-            tls_cert: Some(cert),
+            tls_cert: Some(cert.clone()),
             service_role: Some(crate::client::service::ROLE_MESSAGING),
+            timeout,
             ..ClientOptions::default()
         };
         let c = Client::connect(self.addr, self.key_hash, opts)

@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 
 use super::creds::{self, QueueCreds};
 use super::scenario::Target;
-use crate::client::service::ROLE_MESSAGING;
-use crate::client::{new_corr_id, Client, ClientCert, ClientOptions, ClientTransmission};
+use crate::client::{new_corr_id, Client, ClientCert, ClientTransmission};
 use crate::protocol::command::Command;
 use crate::protocol::ids_hash::{id_hash, xor_into};
 use crate::protocol::response::BrokerMsg;
@@ -35,18 +34,7 @@ pub struct PreparedService {
 
 /// One connection of the service (the same certificate each time).
 fn connect(target: &Target, cert: &ClientCert, timeout: Duration) -> Result<Client, String> {
-    let opts = ClientOptions {
-        tls_cert: Some(cert.clone()),
-        service_role: Some(ROLE_MESSAGING),
-        timeout,
-        ..ClientOptions::default()
-    };
-    let c = Client::connect(target.addr, target.key_hash, opts)
-        .map_err(|e| format!("connect to {}: {e}", target.addr))?;
-    match c.service() {
-        Some(_) => Ok(c),
-        None => Err("the relay did not take the connection as a service".into()),
-    }
+    target.connect_service_as(cert, timeout)
 }
 
 /// Associates every queue of `creds` with a new service (SUBs from its connection, `window`
