@@ -36,6 +36,11 @@ struct Cli {
     /// Directory holding keys, certificates, configuration and data.
     #[arg(long, global = true, default_value = config::DEFAULT_DATA_DIR)]
     data_dir: PathBuf,
+    /// What the log shows: error, warn, info (the default), debug (each connection's peer,
+    /// version, open and close) or trace; or a tracing filter such as `info,smp_relay=debug`.
+    /// Without it, the environment variable SMP_RELAY_LOG, if set.
+    #[arg(long, global = true, value_name = "LEVEL", value_parser = log_filter)]
+    log_level: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -266,17 +271,26 @@ enum Reason {
     Content,
 }
 
+/// `--log-level`: a level or a filter `tracing` takes.
+fn log_filter(s: &str) -> Result<String, String> {
+    tracing_subscriber::EnvFilter::try_new(s)
+        .map(|_| s.to_string())
+        .map_err(|e| format!("{e}: expected error, warn, info, debug, trace or a tracing filter"))
+}
+
 pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = match &cli.log_level {
+        Some(f) => tracing_subscriber::EnvFilter::new(f),
+        None => tracing_subscriber::EnvFilter::try_from_env("SMP_RELAY_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SMP_RELAY_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         // Colours only on a terminal: a log file or a journal (systemd) gets plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
     let result = match cli.command {
         Command::Init {
             host,

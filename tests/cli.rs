@@ -567,3 +567,33 @@ fn start_refuses_a_hard_limit_below_what_the_shards_need() {
         assert!(msg.contains(what), "names {what}:\n{msg}");
     }
 }
+
+/// `--log-level debug` shows each connection: its peer, version, open and close; and the stop's
+/// last line says what the store holds.
+#[test]
+fn debug_logs_name_each_connection_and_the_stop_says_what_was_saved() {
+    let mut relay = Relay::start_with(common::RelayOptions {
+        extra_args: vec!["--log-level".into(), "debug".into()],
+        ..Default::default()
+    });
+    let mut c = relay.client();
+    let q = support::create(&mut c);
+    support::send_ok(&mut c, &q, None, b"kept over the stop");
+    drop(c);
+    let status = relay.stop();
+    assert!(status.success(), "{status:?}");
+    let log = relay.log_text();
+    let open = log
+        .lines()
+        .find(|l| l.contains("connection open"))
+        .unwrap_or_else(|| panic!("no connection open line:\n{log}"));
+    assert!(open.contains("peer=Some(127.0.0.1:"), "{open}");
+    assert!(open.contains("version=20"), "{open}");
+    assert!(
+        log.lines().any(|l| l.contains("peer=Some(127.0.0.1:")
+            && l.contains("connection")
+            && (l.contains("closed") || l.contains("ended"))),
+        "{log}"
+    );
+    assert!(log.contains("store holds 1 queues and 1 messages"), "{log}");
+}

@@ -993,3 +993,60 @@ fn service_statistics_as_the_reference_counts_them() {
     assert_eq!(m.get("simplex_smp_ntf_services_count"), Some(&0));
     assert_eq!(m.get("simplex_smp_ntf_services_assoc_new"), Some(&0));
 }
+
+/// The service signatures of a block of SUBs are verified as one batch: a block of good ones
+/// associates every queue; one bad signature among them is still found (`ERR SERVICE` for it,
+/// its queue left as it was) while the others associate; and blocks after it are answered the
+/// same (verified one by one for a while).
+#[test]
+fn a_bad_service_signature_in_a_block_is_found_and_the_rest_associate() {
+    let relay = Relay::start();
+    let cert = ClientCert::self_signed().expect("certificate");
+    let mut svc = service(&relay, &cert, ROLE_MESSAGING);
+    let mut rc = relay.client();
+    let qs = create_many(&mut rc, 30, 30);
+    let block = |svc: &mut Client, qs: &[Queue], bad: Option<usize>| -> Vec<BrokerMsg> {
+        let corrs: Vec<_> = qs.iter().map(|_| new_corr_id()).collect();
+        let ts: Vec<_> = qs
+            .iter()
+            .zip(&corrs)
+            .enumerate()
+            .map(|(i, (q, c))| {
+                let mut t =
+                    ClientTransmission::new(c, q.rid(), Command::Sub).signed(q.key().clone());
+                if bad == Some(i) {
+                    t.service_sig = Some(vec![7; 64]);
+                }
+                t
+            })
+            .collect();
+        svc.send_batch(&ts).expect("send SUBs");
+        corrs
+            .iter()
+            .map(|c| svc.recv_for(c).expect("answer").msg.expect("parsed"))
+            .collect()
+    };
+    let sok = sok_service(&svc);
+    assert!(block(&mut svc, &qs[..10], None).iter().all(|m| *m == sok));
+    let mixed = block(&mut svc, &qs[10..20], Some(3));
+    for (i, m) in mixed.iter().enumerate() {
+        let want = match i {
+            3 => BrokerMsg::Err(ErrorType::Service),
+            _ => sok.clone(),
+        };
+        assert_eq!(*m, want, "SUB {i} of the mixed block");
+    }
+    assert!(block(&mut svc, &qs[20..], None).iter().all(|m| *m == sok));
+    // 29 queues are the service's, the one with the bad signature is not.
+    drop(svc);
+    let mut again = service(&relay, &cert, ROLE_MESSAGING);
+    let ours: Vec<&[u8]> = qs
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 13)
+        .map(|(_, q)| q.rid())
+        .collect();
+    let hash = ids_hash(ours.iter().copied());
+    let (answer, _) = subs(&mut again, false, (29, hash));
+    assert_eq!(answer, soks(29, hash));
+}

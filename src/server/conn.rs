@@ -21,6 +21,7 @@ use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 use glommio::net::TcpStream;
 use glommio::sync::Semaphore;
 use rand::rngs::OsRng;
+use tracing::Instrument;
 use x25519_dalek::{PublicKey as X25519Public, StaticSecret};
 
 use super::admission::Handshaking;
@@ -107,10 +108,16 @@ pub async fn serve(
         .peer_addr()
         .ok()
         .map(|a| std::net::SocketAddr::new(a.ip().to_canonical(), a.port()));
-    match run(sock, &ctx, handshaking, kind).await {
-        Ok(()) => tracing::debug!(?peer, "connection closed"),
-        Err(e) => tracing::debug!(?peer, error = %e, "connection ended"),
+    // Every debug line of the connection names its peer (`SMP_RELAY_LOG=debug`).
+    let span = tracing::debug_span!("conn", peer = ?peer);
+    async {
+        match run(sock, &ctx, handshaking, kind).await {
+            Ok(()) => tracing::debug!("connection closed"),
+            Err(e) => tracing::debug!(error = %e, "connection ended"),
+        }
     }
+    .instrument(span)
+    .await
 }
 
 async fn run(
@@ -192,6 +199,13 @@ async fn run(
             return Err(e);
         }
     };
+    tracing::debug!(
+        conn = conn_ref.id,
+        version = handshake.info.version,
+        web = matches!(framing, Framing::WebSocket(_)),
+        service = handshake.info.service.is_some(),
+        "connection open"
+    );
     let result = session(ctx, &tls, &framing, handshake).await;
     ws::queue_close(&tls, &framing);
     tls_stream::close(&tls).await;
@@ -292,11 +306,13 @@ async fn read_loop(
 ) -> Result<(), ConnError> {
     // PRXY/PFWD of this connection being answered at once (`MAX_PROXIED_IN_FLIGHT`).
     let proxy_slots = Rc::new(Semaphore::new(MAX_PROXIED_IN_FLIGHT as u64));
+    let service_batch_off = Cell::new(0);
     let route_ctx = RouteCtx {
         session: info,
         directory: &ctx.directory,
         mesh: &ctx.mesh,
         session_secret,
+        service_batch_off: &service_batch_off,
     };
     let mut seq: u64 = 0;
     // The roles this connection's service subscribed in (SUBS, NSUBS), with what it was answered.

@@ -48,6 +48,72 @@ pub struct RouteCtx<'a> {
     /// X25519(server session key, client hello key), when the client sent a hello key: `RFWD`
     /// bodies are sealed with it.
     pub session_secret: Option<[u8; 32]>,
+    /// Blocks of this connection whose service signatures are verified one by one after a batch
+    /// of them failed (`service_sig_batch`).
+    pub service_batch_off: &'a std::cell::Cell<u32>,
+}
+
+/// Blocks verified one by one after a failed batch of service signatures: a client sending bad
+/// signatures makes at most every `SERVICE_BATCH_OFF_BLOCKS + 1`-th block cost twice.
+const SERVICE_BATCH_OFF_BLOCKS: u32 = 8;
+
+/// The service signatures of a block's NEW, SUB and NSUB in a service session, verified as one
+/// Ed25519 batch before the block is routed (a block of SUBs that associate their queues carries
+/// one per SUB): `Some(true)` at each index the batch vouches for. Empty when the session is no
+/// service's, when fewer than two are signed, and when the batch fails (then `service_check`
+/// verifies each as before, and the next `SERVICE_BATCH_OFF_BLOCKS` blocks skip the batch).
+fn service_sig_batch(ctx: &RouteCtx<'_>, transmissions: &[&[u8]]) -> Vec<Option<bool>> {
+    let session = ctx.session;
+    let Some(service) = &session.service else {
+        return Vec::new();
+    };
+    let off = ctx.service_batch_off.get();
+    if off > 0 {
+        ctx.service_batch_off.set(off - 1);
+        return Vec::new();
+    }
+    let v = session.version;
+    // (index, authorized bytes, signature) of each signed NEW, SUB and NSUB of the service's role.
+    let mut chosen: Vec<(usize, Vec<u8>, [u8; 64])> = Vec::new();
+    for (i, bytes) in transmissions.iter().enumerate() {
+        let Ok(t) = parse_transmission(v, bytes) else {
+            continue;
+        };
+        let Some(sig) = t.service_sig.and_then(|s| <[u8; 64]>::try_from(s).ok()) else {
+            continue;
+        };
+        let Ok(cmd) = parse_command(v, t.command) else {
+            continue;
+        };
+        let role_ok = cmd
+            .facts()
+            .party
+            .service_role()
+            .is_none_or(|r| r == service.role);
+        if role_ok && matches!(cmd, Command::New(_) | Command::Sub | Command::NSub) {
+            chosen.push((i, authorized_bytes(v, &session.session_id, t.signed), sig));
+        }
+    }
+    if chosen.len() < 2 {
+        return Vec::new();
+    }
+    let items: Vec<crate::crypto::ed25519::Item> = chosen
+        .iter()
+        .map(|(_, msg, sig)| crate::crypto::ed25519::Item {
+            key: &service.key,
+            msg,
+            sig,
+        })
+        .collect();
+    if !crate::crypto::auth::ed25519_verify_batch(&items) {
+        ctx.service_batch_off.set(SERVICE_BATCH_OFF_BLOCKS);
+        return Vec::new();
+    }
+    let mut vouched = vec![None; transmissions.len()];
+    for (i, _, _) in chosen {
+        vouched[i] = Some(true);
+    }
+    vouched
 }
 
 /// Routes the transmissions of one decoded block (`content`), or answers `ERR BLOCK` for a block
@@ -66,8 +132,10 @@ pub fn route_block(ctx: &RouteCtx<'_>, content: Result<&[u8], ()>) -> Routed {
             .push(error(ctx.session, b"", b"", ErrorType::Block));
         return routed;
     };
-    for t in transmissions {
-        route_transmission(ctx, t, &mut routed);
+    let vouched = service_sig_batch(ctx, &transmissions);
+    for (i, t) in transmissions.into_iter().enumerate() {
+        let batch_signed = vouched.get(i).copied().flatten() == Some(true);
+        route_transmission(ctx, t, batch_signed, &mut routed);
     }
     routed
 }
@@ -76,7 +144,8 @@ fn error(session: &Session, corr_id: &[u8], entity_id: &[u8], e: ErrorType) -> V
     encode(session, corr_id, entity_id, &BrokerMsg::Err(e))
 }
 
-fn route_transmission(ctx: &RouteCtx<'_>, bytes: &[u8], routed: &mut Routed) {
+/// `batch_signed`: the block's batch verified this transmission's service signature.
+fn route_transmission(ctx: &RouteCtx<'_>, bytes: &[u8], batch_signed: bool, routed: &mut Routed) {
     let session = ctx.session;
     let (v, sid) = (session.version, &session.session_id);
     let t = match parse_transmission(v, bytes) {
@@ -126,7 +195,7 @@ fn route_transmission(ctx: &RouteCtx<'_>, bytes: &[u8], routed: &mut Routed) {
     let local = |msg: BrokerMsg, entity: &[u8]| encode(session, t.corr_id, entity, &msg);
     let facts = cmd.facts();
     let mut authorized = authorized_bytes(session.version, &session.session_id, t.signed);
-    let service = service_check(session, &cmd, t.service_sig, &mut authorized);
+    let service = service_check(session, &cmd, t.service_sig, batch_signed, &mut authorized);
     // Commands without a queue meet the role check here; the owner answers the rest after their
     // lookup, as the reference orders it.
     if service == ServiceCheck::Prohibited && facts.runs != Runs::Owner {
@@ -224,6 +293,7 @@ fn service_check(
     session: &Session,
     cmd: &Command,
     service_sig: Option<&[u8]>,
+    batch_signed: bool,
     authorized: &mut Vec<u8>,
 ) -> ServiceCheck {
     let Some(service) = &session.service else {
@@ -246,9 +316,10 @@ fn service_check(
             None => ServiceCheck::Plain,
         };
     }
-    let signed = service_sig
-        .and_then(|sig| <&[u8; 64]>::try_from(sig).ok())
-        .is_some_and(|sig| crate::crypto::auth::ed25519_verify(&service.key, authorized, sig));
+    let signed = batch_signed
+        || service_sig
+            .and_then(|sig| <&[u8; 64]>::try_from(sig).ok())
+            .is_some_and(|sig| crate::crypto::auth::ed25519_verify(&service.key, authorized, sig));
     if !signed {
         return ServiceCheck::Refused;
     }

@@ -216,7 +216,7 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
                 // and bound, and `run` has set the loaded files aside; a start that fails before
                 // that has changed nothing on disk.
                 if go_rx.recv_async().await != Ok(true) {
-                    return Ok(());
+                    return Ok(None);
                 }
                 let settings = Rc::new(config.settings.clone());
                 let ctx = Rc::new(context::ShardContext::new(
@@ -233,7 +233,9 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
                 let store = shard::run(ctx, owner, inbox, listeners, move || reporter.serving())
                     .await
                     .map_err(|e| e.to_string())?;
-                store.close(&store_settings, &groups)
+                // What the stop saves, for its last line.
+                let held = (store.queue_count(), store.total_messages());
+                store.close(&store_settings, &groups).map(|()| Some(held))
             });
         match spawned {
             Ok(h) => {
@@ -301,9 +303,15 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
         mesh.send(shard, ShardMsg::Stop);
     }
     let mut stop_failures = BTreeMap::new();
+    let (mut queues, mut messages) = (0, 0);
     for (shard_id, h) in handles {
         let e = match h.join() {
-            Ok(Ok(())) => continue,
+            Ok(Ok(held)) => {
+                if let Some((q, m)) = held {
+                    (queues, messages) = (queues + q, messages + m);
+                }
+                continue;
+            }
             Ok(Err(e)) => e,
             Err(e) => e.to_string(),
         };
@@ -329,7 +337,12 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
             .collect();
         return Err(StartError::Save(each.join("; ")));
     }
-    tracing::info!("stopped");
+    tracing::info!(
+        queues,
+        messages,
+        "stopped: the {} store holds {queues} queues and {messages} messages",
+        config.store.name()
+    );
     Ok(())
 }
 
