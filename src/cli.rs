@@ -70,6 +70,17 @@ enum Command {
     /// Print the server address, as `init` did and `start` logs it: the fingerprint, the create
     /// password, `[TRANSPORT] host` and the first port of <data-dir>/smp-server.ini.
     Address,
+    /// Make a new online certificate and key (server.crt, server.key) under the same offline CA
+    /// (ca.key must be in the data directory): the server address stays. Restart the relay to
+    /// serve them. As the reference's `cert`.
+    Cert {
+        /// ED25519 or ED448 (default: that of the current certificate).
+        #[arg(long = "sign-algorithm", short = 'a', value_enum, ignore_case = true)]
+        algorithm: Option<CertAlgorithm>,
+        /// The new certificate's common name (default: the current one's).
+        #[arg(long = "cn", value_name = "FQDN")]
+        common_name: Option<String>,
+    },
     /// Block a queue of a stopped relay: its clients get ERR BLOCKED (older clients AUTH) for
     /// every command but OFF and DEL. Edits the store the relay saved at its last clean stop.
     Block {
@@ -266,6 +277,14 @@ fn start_fault(s: &str) -> Result<(usize, config::StartFault), String> {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum CertAlgorithm {
+    #[value(name = "ED25519")]
+    Ed25519,
+    #[value(name = "ED448")]
+    Ed448,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum Reason {
     Spam,
     Content,
@@ -299,6 +318,10 @@ pub fn main() -> ExitCode {
         } => init(&cli.data_dir, &host, port, no_password),
         Command::Start(args) => start(&cli.data_dir, &args),
         Command::Address => server_address(&cli.data_dir).map(|a| println!("{a}")),
+        Command::Cert {
+            algorithm,
+            common_name,
+        } => reissue(&cli.data_dir, algorithm, common_name.as_deref()),
         Command::Block { id, reason, notice } => {
             let reason = match reason {
                 Reason::Spam => BlockingReason::Spam,
@@ -438,6 +461,30 @@ fn write_identity(dir: &Path, host: &str, port: u16, no_password: bool) -> Resul
     let ini = ini_template(host, port, password.as_deref());
     write_file(dir, config::INI_FILE, &ini, true)?;
     println!("{}", address(&fingerprint, password.as_deref(), host, port));
+    Ok(())
+}
+
+/// `cert`: the new online certificate, and what it means for the running relay.
+fn reissue(
+    data_dir: &Path,
+    algorithm: Option<CertAlgorithm>,
+    common_name: Option<&str>,
+) -> Result<(), String> {
+    use smp_relay::transport::reissue::{self, Algorithm};
+    let algorithm = algorithm.map(|a| match a {
+        CertAlgorithm::Ed25519 => Algorithm::Ed25519,
+        CertAlgorithm::Ed448 => Algorithm::Ed448,
+    });
+    let made = reissue::reissue(data_dir, algorithm, common_name)?;
+    // The chain must still be one clients accept, under the fingerprint they were given.
+    certs::load_for_start(data_dir).map_err(|e| format!("the new certificate: {e}"))?;
+    println!(
+        "a new online certificate ({:?}, CN={}) in {}, under the same CA: the server address is \
+         unchanged; restart the relay to serve it",
+        made.algorithm,
+        made.common_name,
+        data_dir.display()
+    );
     Ok(())
 }
 

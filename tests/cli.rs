@@ -597,3 +597,77 @@ fn debug_logs_name_each_connection_and_the_stop_says_what_was_saved() {
     );
     assert!(log.contains("store holds 1 queues and 1 messages"), "{log}");
 }
+
+/// `cert` makes a new online certificate under the same CA, as the reference's `cert`: the
+/// fingerprint (the server address) stays, the algorithm and common name are the current
+/// certificate's unless given, and the relay serves the new one; without `ca.key` it says so.
+#[test]
+fn cert_makes_a_new_online_certificate_under_the_same_ca() {
+    let dir = TempDir::new("cli-cert");
+    reference_certificates(dir.path(), "ED448");
+    let fingerprint = std::fs::read_to_string(dir.path().join("fingerprint")).unwrap();
+    let leaf = |dir: &Path| std::fs::read(dir.join("server.crt")).unwrap();
+    let before = leaf(dir.path());
+    let out = run_cli(dir.path(), &["cert"]);
+    assert!(out.status.success(), "cert: {}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("Ed448, CN=127.0.0.1"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_ne!(leaf(dir.path()), before, "a new certificate");
+    let out = run_cli(
+        dir.path(),
+        &[
+            "cert",
+            "--sign-algorithm",
+            "ED25519",
+            "--cn",
+            "relay.example.com",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "cert -a ED25519: {}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("fingerprint")).unwrap(),
+        fingerprint,
+        "the address stays"
+    );
+    let cert = openssl::x509::X509::from_pem(&leaf(dir.path())).unwrap();
+    let cn = cert
+        .subject_name()
+        .entries_by_nid(openssl::nid::Nid::COMMONNAME)
+        .next()
+        .unwrap();
+    assert_eq!(cn.data().as_slice(), b"relay.example.com");
+    let relay = Relay::start_in(dir, common::RelayOptions::default());
+    let s = common::wire::openssl_connect(relay.addr, Some(&[b"smp/1"]), false).expect("TLS");
+    let served = s.ssl().peer_certificate().expect("a certificate");
+    assert_eq!(
+        served.to_der().unwrap(),
+        cert.to_der().unwrap(),
+        "the new one is served"
+    );
+    assert_eq!(
+        served.public_key().unwrap().id(),
+        openssl::pkey::Id::ED25519
+    );
+    relay
+        .client()
+        .ping()
+        .expect("clients accept it under the old address");
+
+    let offline = TempDir::new("cli-cert-offline");
+    reference_certificates(offline.path(), "ED25519");
+    std::fs::remove_file(offline.path().join("ca.key")).unwrap();
+    let out = run_cli(offline.path(), &["cert"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("ca.key"),
+        "{}",
+        text(&out.stderr)
+    );
+}

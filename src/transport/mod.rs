@@ -3,6 +3,7 @@
 pub mod block;
 pub mod certs;
 pub mod identity;
+pub mod reissue;
 pub mod service_cert;
 pub mod tls;
 pub mod tls_unique;
