@@ -496,10 +496,7 @@ async fn subscribe_service(
     if taken.is_some() && job.role == ServiceRole::Messaging {
         let alls = super::router::encode(info, b"", b"", &BrokerMsg::Alls);
         if let Some(alls) = state.after_held(alls) {
-            let _ = out.try_send(Output {
-                groups: state.admit(vec![Group::plain(vec![alls])], true).kept,
-                block_seq: None,
-            });
+            ctx.deliver(info.conn, vec![Group::plain(vec![alls])], None);
         }
     }
 }

@@ -217,10 +217,7 @@ impl ShardContext {
             ask_again(&self.mesh, &self.conn_stats.output_reasks, conn, &h.state);
             let after = h.state.take_after_held();
             if !after.is_empty() {
-                let _ = h.out.try_send(Output {
-                    groups: h.state.admit(vec![Group::plain(after)], true).kept,
-                    block_seq: None,
-                });
+                self.deliver(conn, vec![Group::plain(after)], None);
             }
         }
     }
