@@ -54,7 +54,11 @@ pub struct WebTls {
 /// What `start` runs with, after the command line and the data directory are read.
 #[derive(Debug, Clone)]
 pub struct StartConfig {
+    /// Where the store, the lock and the metrics file are (the reference's log directory).
     pub data_dir: PathBuf,
+    /// Where the certificates and keys are (the reference's configuration directory; the data
+    /// directory in the one-folder layout of `--data-dir`).
+    pub config_dir: PathBuf,
     pub ports: Vec<u16>,
     /// Ports serving SMP over WebSocket (`[TRANSPORT] websockets`); none when off.
     pub websocket_ports: Vec<u16>,

@@ -532,6 +532,7 @@ impl StartConfig {
     pub fn new(data_dir: &std::path::Path) -> Self {
         let mut c = StartConfig {
             data_dir: data_dir.to_path_buf(),
+            config_dir: data_dir.to_path_buf(),
             test_store_delay: None,
             output_limits: crate::limits::OutputLimits::default(),
             store: crate::store::StoreKind::default(),

@@ -671,3 +671,95 @@ fn cert_makes_a_new_online_certificate_under_the_same_ca() {
         text(&out.stderr)
     );
 }
+
+/// The reference's two directories: `init` and `address` find them through the reference's
+/// environment variables (SMP_SERVER_CFG_PATH, SMP_SERVER_LOG_PATH), `start` through
+/// `--config-dir` and `--log-dir`: the identity and configuration stay in the first, the store
+/// goes to the second.
+#[test]
+fn the_reference_directories_by_environment_and_by_option() {
+    let etc = TempDir::new("cli-etc");
+    let var = TempDir::new("cli-var");
+    let (cfg, log) = (etc.path().join("simplex"), var.path().join("simplex"));
+    let with_env = |args: &[&str]| {
+        let child = Command::new(common::BIN)
+            .args(args)
+            .env("SMP_SERVER_CFG_PATH", &cfg)
+            .env("SMP_SERVER_LOG_PATH", &log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn smp-relay");
+        common::wait_output(child, Duration::from_secs(30))
+    };
+    let out = with_env(&["init", "--host", "relay.example", "--no-password"]);
+    assert!(out.status.success(), "init: {}", text(&out.stderr));
+    let printed = text(&out.stdout).trim().to_string();
+    for f in CREDENTIAL_FILES.iter().chain(&["smp-server.ini"]) {
+        assert!(
+            cfg.join(f).is_file(),
+            "{f} is not in the configuration directory"
+        );
+        assert!(!log.join(f).exists(), "{f} is in the log directory");
+    }
+    assert!(log.is_dir(), "init did not make the log directory");
+    let out = with_env(&["address"]);
+    assert!(out.status.success(), "address: {}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), printed);
+    assert!(printed.ends_with("@relay.example:5223"), "{printed}");
+
+    // `start` with the options: a message kept over a restart lives in the log directory.
+    let data = TempDir::new("cli-var-data");
+    std::fs::remove_dir_all(data.path()).unwrap();
+    std::fs::rename(&log, data.path()).unwrap();
+    let mut relay = Relay::start_in(
+        data,
+        common::RelayOptions {
+            extra_args: vec!["--config-dir".into(), cfg.to_str().unwrap().into()],
+            ..Default::default()
+        },
+    );
+    let mut c = relay.client();
+    let q = support::create(&mut c);
+    support::send_ok(&mut c, &q, None, b"in the log directory");
+    drop(c);
+    assert!(relay.stop().success());
+    // The test starts it on another port; the rest of the address is the same.
+    let (without_port, _) = printed.rsplit_once(':').unwrap();
+    assert!(
+        relay.log_text().contains(without_port),
+        "{}",
+        relay.log_text()
+    );
+    let entries = |d: &Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let mut expected_cfg: Vec<String> = CREDENTIAL_FILES
+        .iter()
+        .chain(&["smp-server.ini"])
+        .map(|s| s.to_string())
+        .collect();
+    expected_cfg.sort();
+    assert_eq!(
+        entries(&cfg),
+        expected_cfg,
+        "the store wrote into the configuration directory"
+    );
+    assert!(
+        entries(relay.dir.path())
+            .iter()
+            .any(|e| e == "journal" || e == "memory-store" || e == "postgres-store"),
+        "no store in the log directory: {:?}",
+        entries(relay.dir.path())
+    );
+    relay.restart_with(&["--config-dir", cfg.to_str().unwrap()]);
+    let mut c = relay.client();
+    let m = support::sub_with_msg(&mut c, &q);
+    assert_eq!(m.msg.body(), Some(&b"in the log directory"[..]));
+}

@@ -111,7 +111,7 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
         .check_data_dir(&config.data_dir)
         .map_err(StartError::Setup)?;
     let credentials = Arc::new(
-        certs::load_for_start(&config.data_dir).map_err(|e| StartError::Setup(e.to_string()))?,
+        certs::load_for_start(&config.config_dir).map_err(|e| StartError::Setup(e.to_string()))?,
     );
     let tls_config = tls::server_config(&credentials, &tls::TlsOptions::default())
         .map_err(|e| StartError::Setup(e.to_string()))?;

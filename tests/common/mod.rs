@@ -235,8 +235,16 @@ impl Relay {
 
     /// Starts a relay on `dir`, a data directory that already holds an identity (keys and
     /// `fingerprint`), e.g. one a test filled with `store import`.
+    /// With `--config-dir C` among `opts.extra_args`, the identity is in C and `dir` holds the
+    /// data only (the reference's two directories).
     pub fn start_in(dir: TempDir, opts: RelayOptions) -> Relay {
-        let key_hash = read_fingerprint(dir.path());
+        let config_dir = opts
+            .extra_args
+            .iter()
+            .position(|a| a == "--config-dir")
+            .and_then(|i| opts.extra_args.get(i + 1))
+            .map(PathBuf::from);
+        let key_hash = read_fingerprint(config_dir.as_deref().unwrap_or(dir.path()));
         // The port is chosen before the relay binds it; another process may take it in between, so
         // a failed start is retried on a new port.
         let mut last_err = String::new();
