@@ -528,10 +528,17 @@ fn reissue(
     Ok(())
 }
 
-/// `smp://fingerprint[:password]@host:port`, what users put in their apps.
+/// `smp://fingerprint[:password]@host[:port]`, what users put in their apps; the port only when
+/// it is not the default 5223, as the reference prints it (simplexmq `Protocol.hs`,
+/// `ProtocolServer` encoding), so that the address of a relay moved from smp-server is the same
+/// text.
 fn address(fingerprint: &str, password: Option<&str>, host: &str, port: u16) -> String {
     let auth = password.map(|p| format!(":{p}")).unwrap_or_default();
-    format!("smp://{fingerprint}{auth}@{host}:{port}")
+    if port == config::DEFAULT_PORT {
+        format!("smp://{fingerprint}{auth}@{host}")
+    } else {
+        format!("smp://{fingerprint}{auth}@{host}:{port}")
+    }
 }
 
 /// The address of the relay of `data_dir`, from its `fingerprint` and `smp-server.ini`.

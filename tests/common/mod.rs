@@ -1188,3 +1188,48 @@ pub mod web {
         }
     }
 }
+
+/// The reference's `init` as it makes certificates (simplexmq `Server/CLI.hs`,
+/// `createServerX509_`): the `openssl` command line, with its configuration files, for `alg`
+/// (`ED25519` or `ED448`); the fingerprint file as it writes it (padded base64url).
+pub fn reference_certificates(dir: &Path, alg: &str, common_name: &str) {
+    let ca_conf = "[req]\ndistinguished_name = req_distinguished_name\nprompt = no\n\n\
+                   [req_distinguished_name]\nCN = SMP server CA\nO = SimpleX\n\n\
+                   [v3]\nsubjectKeyIdentifier = hash\nauthorityKeyIdentifier = keyid:always\n\
+                   basicConstraints = critical,CA:true\n";
+    let server_conf = format!(
+        "[req]\ndistinguished_name = req_distinguished_name\nprompt = no\n\n\
+         [req_distinguished_name]\nCN = {common_name}\n\n\
+         [v3]\nbasicConstraints = CA:FALSE\n\
+         keyUsage = digitalSignature, nonRepudiation, keyAgreement\n\
+         extendedKeyUsage = serverAuth\n"
+    );
+    std::fs::write(dir.join("openssl_ca.conf"), ca_conf).unwrap();
+    std::fs::write(dir.join("openssl_server.conf"), server_conf).unwrap();
+    for cmd in [
+        format!("openssl genpkey -algorithm {alg} -out ca.key"),
+        "openssl req -new -x509 -days 999999 -config openssl_ca.conf -extensions v3 -key ca.key -out ca.crt".into(),
+        format!("openssl genpkey -algorithm {alg} -out server.key"),
+        "openssl req -new -config openssl_server.conf -reqexts v3 -key server.key -out server.csr".into(),
+        "openssl x509 -req -days 999999 -extfile openssl_server.conf -extensions v3 -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt".into(),
+    ] {
+        let out = Command::new("sh")
+            .args(["-c", &cmd])
+            .current_dir(dir)
+            .output()
+            .expect("sh");
+        assert!(
+            out.status.success(),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let pem = std::fs::read(dir.join("ca.crt")).unwrap();
+    let der = openssl::x509::X509::from_pem(&pem)
+        .unwrap()
+        .to_der()
+        .unwrap();
+    let fp = openssl::sha::sha256(&der);
+    let b64 = base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE, fp);
+    std::fs::write(dir.join("fingerprint"), format!("{b64}\n")).unwrap();
+}
