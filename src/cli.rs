@@ -846,6 +846,7 @@ fn offline_edit(dirs: &Dirs, id_text: &str, edit: Edit) -> Result<(), String> {
 fn offline_settings(data_dir: &Path) -> StoreSettings {
     StoreSettings {
         data_dir: data_dir.to_path_buf(),
+        keep: smp_relay::store::Keep::ALL,
         message_ttl_secs: i64::MAX,
         ntf_ttl_secs: i64::MAX,
         test_delay: None,

@@ -63,6 +63,7 @@ pub enum StartError {
 pub fn store_settings(config: &StartConfig) -> StoreSettings {
     StoreSettings {
         data_dir: config.data_dir.clone(),
+        keep: config.keep,
         message_ttl_secs: config.settings.message_ttl.as_secs() as i64,
         ntf_ttl_secs: config.settings.notification_ttl.as_secs() as i64,
         test_delay: None,
