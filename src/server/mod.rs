@@ -145,6 +145,7 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
     }
     // One limit over all shards: the kernel spreads connections unevenly over SO_REUSEPORT
     // listeners, so a share per shard refused clients while others had room.
+    admission::fit_memlock().map_err(StartError::Setup)?;
     let max_connections = admission::fit_open_files(&config, shards).map_err(StartError::Setup)?;
     let admission = admission::Admission::new(max_connections, config.max_handshakes_per_address);
     let (mesh, inboxes) = Mesh::new(shards);
