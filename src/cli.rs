@@ -177,6 +177,26 @@ enum StoreCommand {
         #[arg(long)]
         quiet: bool,
     },
+    /// Write a stopped relay's store as the reference smp-server's files (smp-server-store.log,
+    /// smp-server-messages.log, smp-server-ntfs.log) into DIR, for the reference with
+    /// store_queues and store_messages `memory`: the way back. Changes nothing in the store.
+    ExportReference {
+        /// Where to write them, e.g. /var/opt/simplex; it must hold none of them.
+        #[arg(long, value_name = "DIR")]
+        to: PathBuf,
+        /// The store to read (default: the one the data directory holds).
+        #[arg(long, value_enum)]
+        store: Option<StoreArg>,
+        /// The PostgreSQL store's database (default: the one the relay last started with).
+        #[arg(long, value_name = "CONNINFO")]
+        database: Option<String>,
+        /// The PostgreSQL store's schema (default: as the relay last started, else smp_server).
+        #[arg(long, value_name = "NAME")]
+        schema: Option<String>,
+        /// No progress and no summary on stderr.
+        #[arg(long)]
+        quiet: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -426,6 +446,21 @@ pub fn main() -> ExitCode {
             &offline_settings_with(&cli.data_dir, database, schema),
             store.kind(),
             from.as_deref().unwrap_or(&cli.data_dir),
+            quiet,
+        ),
+        Command::Store {
+            command:
+                StoreCommand::ExportReference {
+                    to,
+                    store,
+                    database,
+                    schema,
+                    quiet,
+                },
+        } => import_reference::export(
+            &offline_settings_with(&cli.data_dir, database, schema),
+            store.map(StoreArg::kind),
+            &to,
             quiet,
         ),
     };

@@ -81,6 +81,13 @@ fn marker(id: &[u8; 24], ts: i64) -> String {
     format!("{} {ts} quota", b64url(id))
 }
 
+fn read_lines(path: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut lines: Vec<String> = text.lines().map(String::from).collect();
+    lines.sort();
+    lines
+}
+
 fn write_lines(path: &Path, lines: &[String]) {
     let mut text = lines.join("\n");
     text.push('\n');
@@ -116,6 +123,8 @@ struct Fixture {
 
 /// The store log's line that does not parse (1-based).
 const BAD_LINE: usize = 4;
+
+const SERVICE_ID: [u8; 24] = [0x5e; 24];
 
 fn write_fixture(dir: &Path, messages: Messages) -> Fixture {
     let ts = now_secs() - 3600;
@@ -163,6 +172,18 @@ fn write_fixture(dir: &Path, messages: Messages) -> Fixture {
         format!(
             "BLOCK {} reason=spam,notice={{\"ttl\":3600}}",
             b64url(blocked.rid())
+        ),
+        // A messaging service (its certificate as opaque DER) and a queue associated with it.
+        format!(
+            "NEW_SERVICE service_id={} role=M cert={} cert_hash={} created_at={day}",
+            b64url(&SERVICE_ID),
+            b64url(b"0\x03cert"),
+            b64url(&[7u8; 32])
+        ),
+        format!(
+            "QUEUE_SERVICE {} R {}",
+            b64url(blocked.rid()),
+            b64url(&SERVICE_ID)
         ),
         create(&off, " queue_mode=M"),
         format!("SUSPEND {}", b64url(off.rid())),
@@ -427,7 +448,7 @@ fn the_reference_memory_store_moves_into_the_journal_store() {
     );
 
     let out = import(dir.path(), &["--store", "journal"]);
-    summary_counts(&out, "4 queues, 6 messages, 2 notifications, 0 services");
+    summary_counts(&out, "4 queues, 6 messages, 2 notifications, 1 services");
     let log = dir.path().join("smp-server-store.log");
     assert!(
         out.contains(&format!("{}:{BAD_LINE}: ", log.display())),
@@ -475,7 +496,7 @@ fn the_reference_journal_store_moves_into_the_memory_store() {
         dir.path(),
         &["--store", "memory", "--from", from.path().to_str().unwrap()],
     );
-    summary_counts(&out, "4 queues, 6 messages, 2 notifications, 0 services");
+    summary_counts(&out, "4 queues, 6 messages, 2 notifications, 1 services");
     assert!(
         out.contains(&format!("queues from {}", start_file.display())),
         "{out}"
@@ -501,7 +522,7 @@ fn the_reference_data_moves_into_postgres() {
         dir.path(),
         &["--store", "postgres", "--database", &database],
     );
-    summary_counts(&out, "4 queues, 6 messages, 2 notifications, 0 services");
+    summary_counts(&out, "4 queues, 6 messages, 2 notifications, 1 services");
     let relay = start(dir, &["--store", "postgres", "--database", &database]);
     check_served(&relay, &f, false);
 }
@@ -531,5 +552,100 @@ fn both_message_stores_present_are_refused() {
     assert!(
         !ok && out.contains("holds none of the reference smp-server's files"),
         "{out}"
+    );
+}
+
+/// The way back: `store export-reference` writes the reference's files, whose message and
+/// notification lines are the ones imported, and which import again into the same store (the
+/// `store export` streams are the same bytes).
+#[test]
+fn export_reference_gives_back_what_was_imported() {
+    let dir = data_dir("ref-back");
+    write_fixture(dir.path(), Messages::Log);
+    import(dir.path(), &["--store", "journal"]);
+    let files = TempDir::new("ref-back-files");
+    let stream = |d: &Path, store: &str, name: &str| {
+        let out = files.path().join(name);
+        let (ok, text) = cli(
+            d,
+            &[
+                "store",
+                "export",
+                "--store",
+                store,
+                "--output",
+                out.to_str().unwrap(),
+            ],
+        );
+        assert!(ok, "{text}");
+        std::fs::read(&out).expect("the stream")
+    };
+    let first = stream(dir.path(), "journal", "first.smpx");
+    let back = TempDir::new("ref-back-to");
+    let (ok, out) = cli(
+        dir.path(),
+        &[
+            "store",
+            "export-reference",
+            "--to",
+            back.path().to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("exported 4 queues, 6 messages, 2 notifications, 1 services"),
+        "{out}"
+    );
+
+    // The message and notification lines are the reference's own, those of live queues.
+    let mut imported = read_lines(&dir.path().join("smp-server-messages.log"));
+    imported.retain(|l| !l.ends_with(&b64url(b"lost")));
+    assert_eq!(
+        read_lines(&back.path().join("smp-server-messages.log")),
+        imported
+    );
+    assert_eq!(
+        read_lines(&back.path().join("smp-server-ntfs.log")),
+        read_lines(&dir.path().join("smp-server-ntfs.log"))
+    );
+    // The reference reads a blocking notice to the end of its line: the service goes after it.
+    let log = read_lines(&back.path().join("smp-server-store.log"));
+    assert_eq!(log.iter().filter(|l| l.starts_with("CREATE ")).count(), 4);
+    assert_eq!(
+        log.iter().filter(|l| l.starts_with("NEW_SERVICE ")).count(),
+        1
+    );
+    assert!(
+        log.iter().any(|l| l.starts_with("QUEUE_SERVICE ")
+            && l.ends_with(&format!(" R {}", b64url(&SERVICE_ID)))),
+        "{log:?}"
+    );
+    let (ok, out) = cli(
+        dir.path(),
+        &[
+            "store",
+            "export-reference",
+            "--to",
+            back.path().to_str().unwrap(),
+        ],
+    );
+    assert!(
+        !ok && out.contains("exists"),
+        "never over the reference's files: {out}"
+    );
+
+    let again = data_dir("ref-back-again");
+    let out = import(
+        again.path(),
+        &["--store", "memory", "--from", back.path().to_str().unwrap()],
+    );
+    summary_counts(&out, "4 queues, 6 messages, 2 notifications, 1 services");
+    assert!(
+        out.contains("0 lines skipped as unparseable, 0 records left out"),
+        "{out}"
+    );
+    assert!(
+        stream(again.path(), "memory", "second.smpx") == first,
+        "the same store after the way back and forth"
     );
 }

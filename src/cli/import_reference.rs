@@ -5,7 +5,8 @@
 use std::path::Path;
 
 use smp_relay::store::reference::{self, Problems, ReferenceSource};
-use smp_relay::store::{with_store, StoreKind, StoreSettings};
+use smp_relay::store::services::Services;
+use smp_relay::store::{with_store, ShardStore, StoreKind, StoreSettings, WithStore};
 
 use super::{lock_stopped, Import, Progress};
 
@@ -72,5 +73,68 @@ fn show(what: &str, p: &Problems) {
     }
     if p.total > PROBLEMS_SHOWN {
         eprintln!("smp-relay: … and {} more {what}", p.total - PROBLEMS_SHOWN);
+    }
+}
+
+/// `store export-reference`: the stopped relay's store as the reference's files in `to`.
+pub fn export(
+    settings: &StoreSettings,
+    kind: Option<StoreKind>,
+    to: &Path,
+    quiet: bool,
+) -> Result<(), String> {
+    let data_dir = settings.data_dir.as_path();
+    let kind = kind
+        .or_else(|| StoreKind::found_in(data_dir))
+        .ok_or_else(|| format!("{} holds no store to export", data_dir.display()))?;
+    let _lock = lock_stopped(data_dir, "export reads the store it saves at a clean stop")?;
+    let mut progress = Progress::new(quiet, "exported");
+    let report = with_store(
+        kind,
+        false,
+        ExportReference(settings, kind, to, &mut progress),
+    );
+    progress.done();
+    let report = report?;
+    if !report.over_quota.is_empty() {
+        eprintln!(
+            "smp-relay: {} queues hold more than the reference's {} messages; its start keeps \
+             the first {} of each (e.g. the queue {})",
+            report.over_quota.len(),
+            reference::export::REFERENCE_QUOTA,
+            reference::export::REFERENCE_QUOTA,
+            report.over_quota[0]
+        );
+    }
+    if !quiet {
+        eprintln!(
+            "smp-relay: exported {} from the {} store of {} as the reference smp-server's files \
+             in {} (start it with store_queues and store_messages = memory)",
+            report.counts,
+            kind.name(),
+            data_dir.display(),
+            to.display()
+        );
+    }
+    Ok(())
+}
+
+/// Opens every group of the stopped relay's store and its services, and writes the reference's
+/// files; the store is dropped without `close` (nothing changed).
+struct ExportReference<'a>(&'a StoreSettings, StoreKind, &'a Path, &'a mut Progress);
+
+impl WithStore for ExportReference<'_> {
+    type Output = Result<reference::export::ExportReport, String>;
+    fn run<S: ShardStore>(self) -> Self::Output {
+        let ExportReference(settings, kind, to, progress) = self;
+        let store = S::open_offline(settings)?;
+        let services = Services::new(kind, settings);
+        services.load()?;
+        futures_lite::future::block_on(reference::export::export(
+            &store,
+            &services.all(),
+            to,
+            &mut |c| progress.update(c),
+        ))
     }
 }

@@ -10,6 +10,7 @@
 //! reported and left out (simplexmq `StoreLog/ReadWrite.hs`, `readQueueStore`; `Server.hs`,
 //! `importMessages`, `restoreServerNtfs`). The reference's files are only read, never changed.
 
+pub mod export;
 pub mod journal_dir;
 pub mod msg_log;
 pub mod ntf_log;

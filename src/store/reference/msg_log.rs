@@ -12,6 +12,7 @@
 use std::rc::Rc;
 
 use super::text::{b64, b64_or_empty, fixed, int, shorten, Fields};
+use crate::crypto::hash::b64url;
 use crate::store::{EntityId, Message};
 
 /// Parses `v3 <rId> <message>`.
@@ -57,6 +58,29 @@ pub fn parse_message(f: &mut Fields<'_>) -> Result<Message, String> {
     })
 }
 
+/// The line of a message of the queue `rid` (`MLRv3`'s `strEncode`).
+pub fn encode_line(rid: &[u8], m: &Message) -> String {
+    format!("v3 {} {}", b64url(rid), encode_message(m))
+}
+
+/// A message's text, as the message log and the journal files hold it.
+pub fn encode_message(m: &Message) -> String {
+    match m {
+        Message::Message {
+            msg_id,
+            ts,
+            notification,
+            body,
+        } => format!(
+            "{} {ts} flags={} {}",
+            b64url(msg_id),
+            if *notification { 'T' } else { 'F' },
+            b64url(body)
+        ),
+        Message::Quota { msg_id, ts } => format!("{} {ts} quota", b64url(msg_id)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,8 +88,10 @@ mod tests {
     #[test]
     fn messages_markers_and_old_lines_without_flags() {
         let id = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEB"; // 24 × 0x01
-        let (rid, m) = parse_line(&format!("v3 cmlk {id} 1700000000 flags=T aGVsbG8=")).unwrap();
+        let line = format!("v3 cmlk {id} 1700000000 flags=T aGVsbG8=");
+        let (rid, m) = parse_line(&line).unwrap();
         assert_eq!(rid, b"rid");
+        assert_eq!(encode_line(&rid, &m), line);
         assert_eq!(
             m,
             Message::Message {
@@ -79,7 +105,16 @@ mod tests {
         assert!(
             matches!(m, Message::Message { notification: false, ref body, .. } if &**body == b"hi")
         );
+        // Written back with its flags, as the reference writes every line now.
+        assert_eq!(
+            encode_line(b"rid", &m),
+            format!("v3 cmlk {id} 1700000001 flags=F aGk=")
+        );
         let (_, m) = parse_line(&format!("v3 cmlk {id} 1700000002 quota")).unwrap();
+        assert_eq!(
+            encode_line(b"rid", &m),
+            format!("v3 cmlk {id} 1700000002 quota")
+        );
         assert_eq!(
             m,
             Message::Quota {

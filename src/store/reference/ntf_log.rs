@@ -5,6 +5,7 @@
 //! `v1 <nId> <msgId> <unix seconds> <nonce> <encMeta>`, each base64url but the time.
 
 use super::text::{b64, fixed, int, shorten, Fields};
+use crate::crypto::hash::b64url;
 use crate::store::{EntityId, MsgNtf};
 
 /// Parses one line: the notifier ID and its notification.
@@ -31,6 +32,18 @@ pub fn parse_line(line: &str) -> Result<(EntityId, MsgNtf), String> {
     ))
 }
 
+/// The line of a notification of the notifier `nid` (`NLRv1`'s `strEncode`).
+pub fn encode_line(nid: &[u8], n: &MsgNtf) -> String {
+    format!(
+        "v1 {} {} {} {} {}",
+        b64url(nid),
+        b64url(&n.msg_id),
+        n.ts,
+        b64url(&n.nonce),
+        b64url(&n.enc_meta)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -49,6 +62,10 @@ mod tests {
                 nonce: [2; 24],
                 enc_meta: vec![3; 3],
             }
+        );
+        assert_eq!(
+            encode_line(b"nid", &n),
+            format!("v1 bmlk {id} 1700000000 {nonce} AwMD")
         );
         assert!(parse_line(&format!("v1 bmlk {id} 1 {nonce}"))
             .unwrap_err()
