@@ -134,7 +134,16 @@ pub fn check_start(data_dir: &Path, kind: StoreKind) -> Result<Option<String>, S
     }
     let d = data_dir.display();
     let files = present.join(", ");
-    if StoreKind::found_in(data_dir).is_none() {
+    // A store's directory counts even without queues in it: an imported empty store is one.
+    let has_store = StoreKind::found_in(data_dir).is_some()
+        || [
+            super::memory::MEMORY_STORE_DIR,
+            super::journal::JOURNAL_STORE_DIR,
+            super::postgres::POSTGRES_STORE_DIR,
+        ]
+        .iter()
+        .any(|d| data_dir.join(d).is_dir());
+    if !has_store {
         let pg = if kind == StoreKind::Postgres {
             " --database CONNINFO --schema NAME"
         } else {
@@ -421,5 +430,74 @@ pub fn counts(data: &ReferenceData) -> Counts {
         messages: data.queues.iter().map(|q| q.msgs.len() as u64).sum(),
         ntfs: data.queues.iter().map(|q| q.ntfs.len() as u64).sum(),
         services: data.services.len() as u64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp(tag: &str) -> PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("smp-relay-reference-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn a_start_beside_the_reference_files_needs_a_store_of_its_own() {
+        let d = temp("start");
+        assert_eq!(
+            check_start(&d, StoreKind::Journal),
+            Ok(None),
+            "nothing there"
+        );
+        std::fs::write(d.join(STORE_LOG_FILE), "").unwrap();
+        let e = check_start(&d, StoreKind::Memory).unwrap_err();
+        assert!(
+            e.contains("store import-reference --store memory"),
+            "names the import: {e}"
+        );
+        // An imported store without queues is a store: its directory is there.
+        std::fs::create_dir(d.join(crate::store::memory::MEMORY_STORE_DIR)).unwrap();
+        let w = check_start(&d, StoreKind::Memory).unwrap().unwrap();
+        assert!(w.contains("does not read them"), "{w}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_marker_followed_by_messages_is_dropped() {
+        let rec = store_log::parse_line(&format!(
+            "CREATE rid=cmlk rk={} rdh={} sid=c2lk sk=",
+            crate::crypto::hash::b64url(
+                &crate::crypto::keys::PublicAuthKey::Ed25519([1; 32]).to_spki()
+            ),
+            crate::crypto::hash::b64url(&[2; 32])
+        ))
+        .unwrap();
+        let store_log::LogRecord::Create(rec) = rec else {
+            panic!()
+        };
+        let m = |n: u8| Message::Message {
+            msg_id: [n; 24],
+            ts: 1,
+            notification: false,
+            body: std::rc::Rc::from(&b"x"[..]),
+        };
+        let q = |n: u8| Message::Quota {
+            msg_id: [n; 24],
+            ts: 1,
+        };
+        let mut data = QueueData {
+            rec,
+            msgs: vec![m(1), q(2), q(3), m(4), q(5)],
+            ntfs: Vec::new(),
+        };
+        let mut ignored = Problems::default();
+        drop_inner_markers(&mut data, None, &mut ignored);
+        assert_eq!(data.msgs, vec![m(1), m(4), q(5)]);
+        assert_eq!(ignored.total, 1);
+        assert!(data.check().is_ok());
     }
 }
