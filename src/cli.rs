@@ -172,7 +172,7 @@ enum StoreCommand {
     /// directory. The reference's files are only read. Checks the counts; on any error the store
     /// is left empty.
     ImportReference {
-        /// The reference's log directory, e.g. /var/opt/simplex (default: the data directory).
+        /// The reference's log directory, e.g. /var/opt/simplex (default: the store's, --log-dir).
         #[arg(long, value_name = "DIR")]
         from: Option<PathBuf>,
         /// The store to write.
@@ -480,9 +480,9 @@ pub fn main() -> ExitCode {
                     quiet,
                 },
         } => import_reference::run(
-            &offline_settings_with(&cli.data_dir, database, schema),
+            &offline_settings_with(&dirs.data, database, schema),
             store.kind(),
-            from.as_deref().unwrap_or(&cli.data_dir),
+            from.as_deref().unwrap_or(&dirs.data),
             quiet,
         ),
         Command::Store {
@@ -495,7 +495,7 @@ pub fn main() -> ExitCode {
                     quiet,
                 },
         } => import_reference::export(
-            &offline_settings_with(&cli.data_dir, database, schema),
+            &offline_settings_with(&dirs.data, database, schema),
             store.map(StoreArg::kind),
             &to,
             quiet,

@@ -441,7 +441,7 @@ fn the_reference_memory_store_moves_into_the_journal_store() {
     assert!(
         out.contains("holds the reference smp-server's data")
             && out.contains(&format!(
-                "smp-relay --data-dir {} store import-reference --store journal",
+                "smp-relay --log-dir {} store import-reference --store journal",
                 dir.path().display()
             )),
         "the refusal names the import: {out}"

@@ -152,7 +152,7 @@ pub fn check_start(data_dir: &Path, kind: StoreKind) -> Result<Option<String>, S
         return Err(format!(
             "{d} holds the reference smp-server's data ({files}) and no smp-relay store yet; \
              starting would serve an empty relay. Stop smp-server, then import its data: \
-             `smp-relay --data-dir {d} store import-reference --store {kind}{pg}` (its files are \
+             `smp-relay --log-dir {d} store import-reference --store {kind}{pg}` (its files are \
              only read, and stay for going back), and start again; or move those files out of {d} \
              to start an empty relay",
             kind = kind.name()
