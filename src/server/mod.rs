@@ -111,6 +111,12 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
         .store
         .check_data_dir(&config.data_dir)
         .map_err(StartError::Setup)?;
+    // The reference smp-server's files beside no store of ours: refused, naming the import.
+    if let Some(warning) = crate::store::reference::check_start(&config.data_dir, config.store)
+        .map_err(StartError::Setup)?
+    {
+        tracing::warn!("{warning}");
+    }
     let credentials = Arc::new(
         certs::load_for_start(&config.config_dir).map_err(|e| StartError::Setup(e.to_string()))?,
     );
