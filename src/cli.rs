@@ -175,13 +175,14 @@ enum StoreCommand {
         /// The reference's log directory, e.g. /var/opt/simplex (default: the store's, --log-dir).
         #[arg(long, value_name = "DIR")]
         from: Option<PathBuf>,
-        /// The store to write.
-        #[arg(long, value_enum, default_value_t = StoreArg::Journal)]
-        store: StoreArg,
-        /// The PostgreSQL store's database (default: the one the relay last started with).
+        /// The store to write (default: the one smp-server.ini names, as `start` would open it;
+        /// else the journal).
+        #[arg(long, value_enum)]
+        store: Option<StoreArg>,
+        /// The PostgreSQL store's database (default: smp-server.ini's `db_connection`).
         #[arg(long, value_name = "CONNINFO")]
         database: Option<String>,
-        /// The PostgreSQL store's schema (default: as the relay last started, else smp_server).
+        /// The PostgreSQL store's schema (default: smp-server.ini's `db_schema`, else smp_server).
         #[arg(long, value_name = "NAME")]
         schema: Option<String>,
         /// No progress and no summary on stderr (skipped lines are still listed).
@@ -479,12 +480,23 @@ pub fn main() -> ExitCode {
                     schema,
                     quiet,
                 },
-        } => import_reference::run(
-            &offline_settings_with(&dirs.data, database, schema),
-            store.kind(),
-            from.as_deref().unwrap_or(&dirs.data),
-            quiet,
-        ),
+        } => configured_store(&dirs.config).and_then(|file| {
+            // What `start` will open: the file's store and database unless given here.
+            let kind = store
+                .map(StoreArg::kind)
+                .or(file.store)
+                .unwrap_or(StoreKind::Journal);
+            import_reference::run(
+                &offline_settings_with(
+                    &dirs.data,
+                    database.or(file.database),
+                    schema.or(file.db_schema),
+                ),
+                kind,
+                from.as_deref().unwrap_or(&dirs.data),
+                quiet,
+            )
+        }),
         Command::Store {
             command:
                 StoreCommand::ExportReference {
@@ -836,6 +848,14 @@ fn start(dirs: &Dirs, args: &StartArgs) -> Result<(), String> {
         tracing::info!("server address: {a}");
     }
     smp_relay::server::run(c).map_err(|e| e.to_string())
+}
+
+/// The store settings of the configuration file in `config_dir` (none when there is no file).
+fn configured_store(config_dir: &Path) -> Result<smp_relay::settings::StartOptions, String> {
+    Ok(ini::load(&config_dir.join(config::INI_FILE))
+        .map_err(|e| e.to_string())?
+        .unwrap_or_default()
+        .options)
 }
 
 /// What `block`/`unblock` do to a saved queue.
