@@ -5,6 +5,7 @@
 //! printed, and serves clients.
 
 mod common;
+mod reference_data;
 mod support;
 
 use std::path::{Path, PathBuf};
@@ -12,6 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{Relay, RelayOptions, TempDir};
+use reference_data::Messages;
 use smp_relay::client::queue::{KeyAlg, RecipientKeys};
 
 /// What the reference's `smp-server init` options choose (simplexmq `Server/Main/Init.hs`,
@@ -393,10 +395,11 @@ fn with_reference_env(cfg: &Path, log: &Path, args: &[&str]) -> std::process::Ou
     common::wait_output(child, Duration::from_secs(30))
 }
 
-/// The kinds of `init` the reference offers, each option in at least one.
-fn init_variants() -> Vec<(&'static str, InitOptions)> {
+/// The kinds of `init` the reference offers, each option in at least one, and where that
+/// reference server kept its messages (none: it ran without a store log, so it kept nothing).
+fn init_variants() -> Vec<(&'static str, InitOptions, Option<Messages>)> {
     vec![
-        ("defaults", InitOptions::default()),
+        ("defaults", InitOptions::default(), Some(Messages::Log)),
         (
             "ed448, fqdn, no password, no store log, daily stats, no web",
             InitOptions {
@@ -408,6 +411,7 @@ fn init_variants() -> Vec<(&'static str, InitOptions)> {
                 disable_web: true,
                 ..InitOptions::default()
             },
+            None,
         ),
         (
             "every other option",
@@ -431,20 +435,46 @@ fn init_variants() -> Vec<(&'static str, InitOptions)> {
                 web_static_path: Some("/var/opt/simplex/web"),
                 ..InitOptions::default()
             },
+            Some(Messages::Journal),
         ),
     ]
 }
 
-/// Every variant of the reference's configuration and certificates, in its two directories:
-/// `address` prints the address the reference's `init` printed, and `start` runs on them as they
-/// are (only the listening port is the test's) and serves a queue created with the configuration's
-/// password.
+/// Every variant of the reference's configuration and certificates, with the data that server
+/// left (its store log, and its message log or journal directory, and notification log), in its
+/// two directories: `address` prints the address the reference's `init` printed; `start` refuses
+/// until `store import-reference` has brought the data over, then runs on them as they are (only
+/// the listening port is the test's), serves every imported message, notification, link and
+/// status, and serves a queue created with the configuration's password.
 #[test]
-fn the_reference_configuration_of_every_init_variant_runs_unchanged() {
-    for (name, o) in init_variants() {
+fn the_reference_configuration_and_data_of_every_init_variant_run_unchanged() {
+    for (name, o, messages) in init_variants() {
         let etc = TempDir::new("drop-in-etc");
         let var = TempDir::new("drop-in-var");
         let printed = reference_init(etc.path(), var.path(), &o);
+        let fixture = messages.map(|m| {
+            if m == Messages::Journal {
+                // The reference's journal message store, as its operator configured it.
+                let ini = etc.path().join("smp-server.ini");
+                let text = std::fs::read_to_string(&ini).unwrap();
+                let text = text.replace("store_messages = memory", "store_messages = journal");
+                std::fs::write(&ini, text).unwrap();
+            }
+            let f = reference_data::write_fixture(var.path(), m);
+            let refused = with_reference_env(etc.path(), var.path(), &["start"]);
+            let stderr = String::from_utf8_lossy(&refused.stderr);
+            assert!(
+                !refused.status.success() && stderr.contains("store import-reference"),
+                "{name}: a start before the import: {stderr}"
+            );
+            let out = with_reference_env(etc.path(), var.path(), &["store", "import-reference"]);
+            assert!(
+                out.status.success(),
+                "{name}: import: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            f
+        });
         let out = with_reference_env(etc.path(), var.path(), &["address"]);
         assert!(
             out.status.success(),
@@ -469,6 +499,9 @@ fn the_reference_configuration_of_every_init_variant_runs_unchanged() {
             log.contains(&format!("{printed}:{}", relay.port)),
             "{name}: the start's address:\n{log}"
         );
+        if let Some(f) = &fixture {
+            reference_data::check_served(&relay, f, true);
+        }
         let mut c = relay.client();
         let keys = RecipientKeys::generate(KeyAlg::Ed25519);
         let mut new = smp_relay::client::queue::new_queue(&keys);
