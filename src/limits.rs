@@ -156,3 +156,10 @@ mod tests {
         assert_eq!(OutputLimits::from_high_water(4096).redeliver_batch, 1);
     }
 }
+
+/// Control port connections open at once; another is told so and closed.
+pub const MAX_CONTROL_CONNECTIONS: usize = 8;
+
+/// The longest control port line read (a block command with a notice fits); a longer one ends its
+/// connection.
+pub const MAX_CONTROL_LINE_BYTES: usize = 4096;
