@@ -82,8 +82,9 @@ pub async fn serve(listener: TcpListener, ctx: Rc<ShardContext>) {
             if let Err(e) = connection(&mut s, &p).await {
                 tracing::debug!(error = %e, "control port connection ended");
             }
-            let _ = s.close().await;
+            // Free before the peer sees the end, so that it may connect again at once.
             p.open.set(p.open.get() - 1);
+            let _ = s.close().await;
         })
         .detach();
     }
