@@ -579,6 +579,14 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
          # create queues here (smp://fingerprint:password@host), not to their contacts.\n\
          {password_line}\n\
          \n\
+         # The control port's passwords (admin, and user: stats, status, block, unblock).\n\
+         # control_port_admin_password = \n\
+         # control_port_user_password = \n\
+         \n\
+         # The limit for queues that can be blocked via control port per day, resets at 0:00 UTC.\n\
+         # Set to 0 to disable limit, to -1 to prohibit blocking. Default is 20.\n\
+         # daily_block_queue_quota = 20\n\
+         \n\
          [TRANSPORT]\n\
          # host is only printed in the server address; list several ports separated by commas.\n\
          host = {host}\n\
@@ -586,6 +594,8 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
          # SMP over WebSocket for web clients (TLS with this certificate, then an HTTP/1.1\n\
          # upgrade): off, on (port 80) or ports other than those above.\n\
          websockets = off\n\
+         # The control port, on 127.0.0.1 only (see the passwords under [AUTH]).\n\
+         # control_port = 5224\n\
          \n\
          [INACTIVE_CLIENTS]\n\
          # Close connections without subscriptions that sent and received nothing for ttl\n\
@@ -736,7 +746,7 @@ fn offline_edit(data_dir: &Path, id_text: &str, edit: Edit) -> Result<(), String
     }
     let _lock = lock::lock_data_dir(data_dir).map_err(|e| match e {
         LockError::Held(dir) => format!(
-            "the relay is running on {}; stop it first (block and unblock edit the store it saves at a clean stop)",
+            "the relay is running on {}; stop it first (block and unblock edit the store it saves at a clean stop), or use its control port's block and unblock",
             dir.display()
         ),
         e => e.to_string(),
@@ -1253,13 +1263,20 @@ mod tests {
         let uncommented: String = text
             .lines()
             .map(|l| match l.strip_prefix("# ") {
-                Some(rest) if rest.contains(" = ") && !rest.contains('<') => format!("{rest}\n"),
+                // The control port's passwords are left for the operator to fill in.
+                Some(rest)
+                    if rest.contains(" = ") && !rest.contains('<') && !rest.ends_with("= ") =>
+                {
+                    format!("{rest}\n")
+                }
                 _ => format!("{l}\n"),
             })
             .collect();
         let c = ini::parse(Path::new("smp-server.ini"), &uncommented).expect("uncommented parses");
         assert_eq!(c.options.quota, Some(d.quota));
         assert_eq!(c.options.journal_max_size, Some(4 << 30));
+        assert_eq!(c.options.control_port, Some(5224));
+        assert_eq!(c.options.daily_block_queue_quota, Some(20));
         let no_password = ini_template("h", 1, None);
         let c = ini::parse(Path::new("smp-server.ini"), &no_password).expect("parses");
         assert_eq!(c.options.create_password, None);
