@@ -247,7 +247,7 @@ fn roles_commands_and_answers() {
     }
 
     // quit closes the connection; the others stay.
-    write!(admin.w, "quit\n").unwrap();
+    writeln!(admin.w, "quit").unwrap();
     assert!(admin.closed(), "quit closes");
     assert!(
         !user.ask("stats-rts").is_empty(),
