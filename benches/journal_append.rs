@@ -118,6 +118,7 @@ fn run(root: &std::path::Path, cfg: Config, tag: usize) -> RunResult {
     std::fs::create_dir_all(&dir).expect("bench directory");
     let settings = StoreSettings {
         data_dir: dir.clone(),
+        keep: smp_relay::store::Keep::ALL,
         message_ttl_secs: i64::MAX,
         ntf_ttl_secs: i64::MAX,
         test_delay: None,

@@ -33,9 +33,20 @@ use smp_relay::transport::certs;
     about = "A thread-per-core SimpleX Messaging Protocol relay"
 )]
 struct Cli {
-    /// Directory holding keys, certificates, configuration and data.
-    #[arg(long, global = true, default_value = config::DEFAULT_DATA_DIR)]
-    data_dir: PathBuf,
+    /// Directory holding keys, certificates, configuration and data (the one-folder layout;
+    /// default ./smp-data unless the reference's environment variables below are set).
+    #[arg(long, global = true, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// The reference smp-server's configuration directory (smp-server.ini, ca.crt, server.crt,
+    /// server.key, fingerprint), e.g. /etc/opt/simplex. Default: --data-dir, else the
+    /// environment variable SMP_SERVER_CFG_PATH, as the reference reads it.
+    #[arg(long, global = true, value_name = "DIR")]
+    config_dir: Option<PathBuf>,
+    /// The reference smp-server's log directory, where this relay keeps its store, lock and
+    /// metrics, e.g. /var/opt/simplex. Default: --data-dir, else the environment variable
+    /// SMP_SERVER_LOG_PATH, as the reference reads it.
+    #[arg(long, global = true, value_name = "DIR")]
+    log_dir: Option<PathBuf>,
     /// What the log shows: error, warn, info (the default), debug (each connection's peer,
     /// version, open and close) or trace; or a tracing filter such as `info,smp_relay=debug`.
     /// Without it, the environment variable SMP_RELAY_LOG, if set.
@@ -297,8 +308,38 @@ fn log_filter(s: &str) -> Result<String, String> {
         .map_err(|e| format!("{e}: expected error, warn, info, debug, trace or a tracing filter"))
 }
 
+/// The reference's environment variables naming its two directories (simplexmq
+/// `apps/smp-server/Main.hs`).
+const CFG_PATH_ENV: &str = "SMP_SERVER_CFG_PATH";
+const LOG_PATH_ENV: &str = "SMP_SERVER_LOG_PATH";
+
+/// Where the relay's files are: certificates and configuration in `config`, store, lock and
+/// metrics in `data` (the same folder in the one-folder layout of `--data-dir`).
+struct Dirs {
+    config: PathBuf,
+    data: PathBuf,
+}
+
+impl Dirs {
+    /// Each directory from its own option, else `--data-dir`, else the reference's environment
+    /// variable, else `./smp-data`. `env` reads an environment variable (a parameter for tests).
+    fn resolve(cli: &Cli, env: impl Fn(&str) -> Option<String>) -> Dirs {
+        let pick = |own: &Option<PathBuf>, var: &str| {
+            own.clone()
+                .or_else(|| cli.data_dir.clone())
+                .or_else(|| env(var).filter(|v| !v.is_empty()).map(PathBuf::from))
+                .unwrap_or_else(|| PathBuf::from(config::DEFAULT_DATA_DIR))
+        };
+        Dirs {
+            config: pick(&cli.config_dir, CFG_PATH_ENV),
+            data: pick(&cli.log_dir, LOG_PATH_ENV),
+        }
+    }
+}
+
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    let dirs = Dirs::resolve(&cli, |v| std::env::var(v).ok());
     let filter = match &cli.log_level {
         Some(f) => tracing_subscriber::EnvFilter::new(f),
         None => tracing_subscriber::EnvFilter::try_from_env("SMP_RELAY_LOG")
@@ -315,13 +356,13 @@ pub fn main() -> ExitCode {
             host,
             port,
             no_password,
-        } => init(&cli.data_dir, &host, port, no_password),
-        Command::Start(args) => start(&cli.data_dir, &args),
-        Command::Address => server_address(&cli.data_dir).map(|a| println!("{a}")),
+        } => init(&dirs, &host, port, no_password),
+        Command::Start(args) => start(&dirs, &args),
+        Command::Address => server_address(&dirs.config).map(|a| println!("{a}")),
         Command::Cert {
             algorithm,
             common_name,
-        } => reissue(&cli.data_dir, algorithm, common_name.as_deref()),
+        } => reissue(&dirs.config, algorithm, common_name.as_deref()),
         Command::Block { id, reason, notice } => {
             let reason = match reason {
                 Reason::Spam => BlockingReason::Spam,
@@ -332,17 +373,13 @@ pub fn main() -> ExitCode {
                 .map(compact_json_object)
                 .transpose()
                 .and_then(|notice| {
-                    offline_edit(
-                        &cli.data_dir,
-                        &id,
-                        Edit::Block(BlockingInfo { reason, notice }),
-                    )
+                    offline_edit(&dirs, &id, Edit::Block(BlockingInfo { reason, notice }))
                 })
         }
-        Command::Unblock { id } => offline_edit(&cli.data_dir, &id, Edit::Unblock),
+        Command::Unblock { id } => offline_edit(&dirs, &id, Edit::Unblock),
         Command::Database {
             command: DatabaseCommand::Downgrade { database, schema },
-        } => offline_settings_with(&cli.data_dir, database, schema)
+        } => offline_settings_with(&dirs.data, database, schema)
             .postgres
             .ok_or_else(|| {
                 "no database: pass --database CONNINFO (the relay records the one it last started \
@@ -362,17 +399,17 @@ pub fn main() -> ExitCode {
                 },
         } => match store
             .map(StoreArg::kind)
-            .or_else(|| StoreKind::found_in(&cli.data_dir))
+            .or_else(|| StoreKind::found_in(&dirs.data))
         {
             Some(kind) => store_export(
-                &offline_settings_with(&cli.data_dir, database, schema),
+                &offline_settings_with(&dirs.data, database, schema),
                 kind,
                 &output,
                 quiet,
             ),
             None => Err(format!(
                 "{} holds no store to export (neither journal/ nor memory-store/ files)",
-                cli.data_dir.display()
+                dirs.data.display()
             )),
         },
         Command::Store {
@@ -385,7 +422,7 @@ pub fn main() -> ExitCode {
                     schema,
                 },
         } => store_import(
-            &offline_settings_with(&cli.data_dir, database, schema),
+            &offline_settings_with(&dirs.data, database, schema),
             store.kind(),
             &input,
             quiet,
@@ -418,7 +455,10 @@ fn init_files_present(dir: &Path) -> Vec<&'static str> {
         .collect()
 }
 
-fn init(dir: &Path, host: &str, port: u16, no_password: bool) -> Result<(), String> {
+fn init(dirs: &Dirs, host: &str, port: u16, no_password: bool) -> Result<(), String> {
+    fs::create_dir_all(&dirs.data)
+        .map_err(|e| format!("cannot create {}: {e}", dirs.data.display()))?;
+    let dir = dirs.config.as_path();
     let existing = init_files_present(dir);
     if !existing.is_empty() {
         return Err(format!(
@@ -488,10 +528,17 @@ fn reissue(
     Ok(())
 }
 
-/// `smp://fingerprint[:password]@host:port`, what users put in their apps.
+/// `smp://fingerprint[:password]@host[:port]`, what users put in their apps; the port only when
+/// it is not the default 5223, as the reference prints it (simplexmq `Protocol.hs`,
+/// `ProtocolServer` encoding), so that the address of a relay moved from smp-server is the same
+/// text.
 fn address(fingerprint: &str, password: Option<&str>, host: &str, port: u16) -> String {
     let auth = password.map(|p| format!(":{p}")).unwrap_or_default();
-    format!("smp://{fingerprint}{auth}@{host}:{port}")
+    if port == config::DEFAULT_PORT {
+        format!("smp://{fingerprint}{auth}@{host}")
+    } else {
+        format!("smp://{fingerprint}{auth}@{host}:{port}")
+    }
 }
 
 /// The address of the relay of `data_dir`, from its `fingerprint` and `smp-server.ini`.
@@ -641,7 +688,9 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
     )
 }
 
-fn start(data_dir: &Path, args: &StartArgs) -> Result<(), String> {
+fn start(dirs: &Dirs, args: &StartArgs) -> Result<(), String> {
+    // Keys, certificates and the configuration file are in the configuration directory.
+    let data_dir = dirs.config.as_path();
     let cli = args.settings.options();
     let server_key = data_dir.join(config::SERVER_KEY_FILE);
     let present = init_files_present(data_dir);
@@ -679,7 +728,7 @@ fn start(data_dir: &Path, args: &StartArgs) -> Result<(), String> {
             .as_ref()
             .and_then(|p| p.first().copied())
             .unwrap_or(config::DEFAULT_PORT);
-        init(data_dir, "127.0.0.1", port, true)?;
+        init(dirs, "127.0.0.1", port, true)?;
     }
     let file = ini::load(&data_dir.join(config::INI_FILE))
         .map_err(|e| e.to_string())?
@@ -691,7 +740,8 @@ fn start(data_dir: &Path, args: &StartArgs) -> Result<(), String> {
             file.ignored.join("\n  ")
         );
     }
-    let mut c = StartConfig::new(data_dir);
+    let mut c = StartConfig::new(&dirs.data);
+    c.config_dir = dirs.config.clone();
     c.test_store_delay = args.test_store_delay;
     if let Some(b) = args.test_output_high_water_bytes {
         c.output_limits = smp_relay::limits::OutputLimits::from_high_water(b as usize);
@@ -734,14 +784,16 @@ enum Edit {
 /// `block`/`unblock`: find the queue by sender ID, else by link ID, in the store a stopped relay
 /// saved, and change its status there (the reference's control-port commands, which need a
 /// running server; this relay edits the saved store instead, so the relay must be stopped).
-fn offline_edit(data_dir: &Path, id_text: &str, edit: Edit) -> Result<(), String> {
+fn offline_edit(dirs: &Dirs, id_text: &str, edit: Edit) -> Result<(), String> {
+    let data_dir = dirs.data.as_path();
     let id = hash::b64url_decode(id_text.trim())
         .filter(|id| !id.is_empty())
         .ok_or_else(|| format!("{id_text:?} is not a base64url queue ID (a sender or link ID)"))?;
-    if !data_dir.join(config::SERVER_KEY_FILE).exists() {
+    if !dirs.config.join(config::SERVER_KEY_FILE).exists() {
         return Err(format!(
-            "{} is not an initialised data directory; pass the relay's --data-dir",
-            data_dir.display()
+            "{} is not an initialised relay's directory; pass the relay's --data-dir (or \
+             --config-dir and --log-dir)",
+            dirs.config.display()
         ));
     }
     let _lock = lock::lock_data_dir(data_dir).map_err(|e| match e {
@@ -804,6 +856,7 @@ fn offline_edit(data_dir: &Path, id_text: &str, edit: Edit) -> Result<(), String
 fn offline_settings(data_dir: &Path) -> StoreSettings {
     StoreSettings {
         data_dir: data_dir.to_path_buf(),
+        keep: smp_relay::store::Keep::ALL,
         message_ttl_secs: i64::MAX,
         ntf_ttl_secs: i64::MAX,
         test_delay: None,
@@ -1193,6 +1246,44 @@ fn strip_json_whitespace(json: &str) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_directories_come_from_options_then_data_dir_then_the_environment() {
+        let dirs = |args: &[&str], env: &[(&str, &str)]| {
+            let cli =
+                Cli::try_parse_from(["smp-relay"].iter().chain(args).chain(&["address"])).unwrap();
+            let d = Dirs::resolve(&cli, |v| {
+                env.iter()
+                    .find(|(k, _)| *k == v)
+                    .map(|(_, x)| x.to_string())
+            });
+            (d.config, d.data)
+        };
+        let p = PathBuf::from;
+        let env = [
+            (CFG_PATH_ENV, "/etc/opt/simplex"),
+            (LOG_PATH_ENV, "/var/opt/simplex"),
+        ];
+        assert_eq!(dirs(&[], &[]), (p("./smp-data"), p("./smp-data")));
+        assert_eq!(
+            dirs(&[], &env),
+            (p("/etc/opt/simplex"), p("/var/opt/simplex"))
+        );
+        assert_eq!(dirs(&["--data-dir", "/d"], &env), (p("/d"), p("/d")));
+        assert_eq!(
+            dirs(&["--config-dir", "/c", "--log-dir", "/l"], &[]),
+            (p("/c"), p("/l"))
+        );
+        assert_eq!(
+            dirs(&["--data-dir", "/d", "--config-dir", "/c"], &env),
+            (p("/c"), p("/d"))
+        );
+        // An empty variable is not a directory.
+        assert_eq!(
+            dirs(&[], &[(CFG_PATH_ENV, ""), (LOG_PATH_ENV, "/l")]),
+            (p("./smp-data"), p("/l"))
+        );
+    }
 
     #[test]
     fn notices_are_json_objects_made_compact() {

@@ -66,7 +66,13 @@ pub struct WebTls {
 /// What `start` runs with, after the command line and the data directory are read.
 #[derive(Debug, Clone)]
 pub struct StartConfig {
+    /// Where the store, the lock and the metrics file are (the reference's log directory).
     pub data_dir: PathBuf,
+    /// Where the certificates and keys are (the reference's configuration directory; the data
+    /// directory in the one-folder layout of `--data-dir`).
+    pub config_dir: PathBuf,
+    /// What the memory store keeps over a restart (`[STORE_LOG] enable`, `restore_messages`).
+    pub keep: crate::store::Keep,
     pub ports: Vec<u16>,
     /// Ports serving SMP over WebSocket (`[TRANSPORT] websockets`); none when off.
     pub websocket_ports: Vec<u16>,

@@ -19,7 +19,8 @@
 //! | | `expire_ntfs_hours` | notification TTL in hours (default 24) |
 //! | | `prometheus_interval` | seconds between rewrites of the metrics file; absent = no file |
 //! | | `journal_max_size` | the most bytes the journal store's segment files may take (K, M, G, T suffixes; at least 16M); absent = no cap |
-//! | | `enable`, `restore_messages`, `expire_messages_on_start` | accepted as `on` (what this relay always does) |
+//! | | `enable`, `restore_messages` | what the memory store keeps over a restart (off: nothing; no messages) |
+//! | | `expire_messages_on_start` | accepted as `on` (what this relay always does) |
 //! | | `log_stats` | accepted as `off` |
 //! | `[AUTH]` | `new_queues` | `on`/`off` (default `on`) |
 //! | | `create_password` | password NEW must carry |
@@ -236,14 +237,6 @@ const NO_WEB: Rule = Rule::Unsupported("this relay has no embedded web server");
 /// Every key of the reference's configuration and of this relay's `[RELAY]` section that is not a
 /// setting of `settings.rs` (those are `Applied` by `settings::apply_ini`).
 const KEYS: &[KeySpec] = &[
-    k(
-        "STORE_LOG",
-        "enable",
-        Rule::Only(
-            "on",
-            "this relay always saves its store at a clean stop and restores it at start",
-        ),
-    ),
     k("STORE_LOG", "store_queues", Rule::Applied),
     k(
         "STORE_LOG",
@@ -258,14 +251,6 @@ const KEYS: &[KeySpec] = &[
         "db_deleted_ttl",
         Rule::Unsupported(
             "this relay deletes a queue's row at DEL rather than marking it, so there is nothing to purge later",
-        ),
-    ),
-    k(
-        "STORE_LOG",
-        "restore_messages",
-        Rule::Only(
-            "on",
-            "this relay always saves messages at a clean stop and restores them at start",
         ),
     ),
     k(
@@ -750,7 +735,11 @@ mod tests {
             let value = match key {
                 "store_queues" | "store_messages" => "memory",
                 "fsync" => "interval-ms 20",
-                "expire_messages_on_send" | "new_queues" | "disconnect" => "on",
+                "expire_messages_on_send"
+                | "new_queues"
+                | "disconnect"
+                | "enable"
+                | "restore_messages" => "on",
                 "cert" | "key" => "/etc/opt/simplex/web.crt",
                 "create_password" => "secret",
                 "host" => "example.com",
@@ -843,6 +832,8 @@ mod tests {
             c.options,
             StartOptions {
                 store: Some(crate::store::StoreKind::Memory),
+                store_log: Some(true),
+                restore_messages: Some(true),
                 durability: None,
                 journal_max_size: None,
                 database: None,
@@ -1010,7 +1001,7 @@ mod tests {
                 "from 1 to 3650",
             ),
             ("[STORE_LOG]\nexpire_messages_on_send = true\n", "on or off"),
-            ("[STORE_LOG]\nenable = off\n", "set it to on"),
+            ("[STORE_LOG]\nenable = maybe\n", "on or off"),
             ("[STORE_LOG]\nprometheus_interval = 0\n", "from 1"),
         ] {
             let e = parse_err(text);

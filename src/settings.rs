@@ -369,6 +369,22 @@ start_settings! {
             value_parser = ini::seconds
         ),
     }
+    /// The memory store keeps its queues over a restart: on or off (ini `[STORE_LOG] enable`;
+    /// off, as the reference without its store log, keeps nothing: no file is written).
+    store_log: bool {
+        set: |c, v| c.keep.queues = v,
+        default: Some(true),
+        ini: "STORE_LOG" "enable" => ini::on_off,
+        flag: (long, value_name = "on|off", value_parser = ini::on_off, action = clap::ArgAction::Set),
+    }
+    /// The memory store keeps messages and notifications over a restart: on or off (ini
+    /// `[STORE_LOG] restore_messages`; the reference's default is the value of `enable`).
+    restore_messages: bool {
+        set: |c, v| c.keep.messages = v,
+        default: Some(true),
+        ini: "STORE_LOG" "restore_messages" => ini::on_off,
+        flag: (long, value_name = "on|off", value_parser = ini::on_off, action = clap::ArgAction::Set),
+    }
     /// Allow NEW (queue creation): on or off (ini `[AUTH] new_queues`).
     new_queues: bool {
         set: |c, v| c.settings.new_queues = v,
@@ -566,6 +582,8 @@ impl StartConfig {
     pub fn new(data_dir: &std::path::Path) -> Self {
         let mut c = StartConfig {
             data_dir: data_dir.to_path_buf(),
+            config_dir: data_dir.to_path_buf(),
+            keep: crate::store::Keep::ALL,
             test_store_delay: None,
             output_limits: crate::limits::OutputLimits::default(),
             store: crate::store::StoreKind::default(),

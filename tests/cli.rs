@@ -85,13 +85,14 @@ fn init_with_a_password_puts_it_in_the_address() {
         .unwrap_or_else(|| panic!("no address with a password in:\n{stdout}"));
     let password = &line[prefix.len()..line.find('@').expect("@host")];
     assert!(!password.is_empty(), "{line}");
-    assert!(line.ends_with("@127.0.0.1:5223"), "default port: {line}");
+    // The default port is left out, as the reference prints the address.
+    assert!(line.ends_with("@127.0.0.1"), "default port: {line}");
     // `address` prints it again, and every start logs it (with the port it serves on).
     let again = run_cli(dir.path(), &["address"]);
     assert!(again.status.success(), "address: {}", text(&again.stderr));
     assert_eq!(text(&again.stdout).trim(), line);
     let mut relay = Relay::start_in(dir, common::RelayOptions::default());
-    let served = line.replace(":5223", &format!(":{}", relay.port));
+    let served = format!("{line}:{}", relay.port);
     assert!(
         relay.log_shows(&format!("server address: {served}")),
         "{}",
@@ -198,45 +199,6 @@ fn help_works_for_every_subcommand() {
     }
 }
 
-/// The reference's `init` as it makes certificates (simplexmq `Server/CLI.hs`,
-/// `createServerX509_`): the `openssl` command line, with its configuration files, for `alg`
-/// (`ED25519` or `ED448`); the fingerprint file as it writes it (padded base64url).
-fn reference_certificates(dir: &Path, alg: &str) {
-    let ca_conf = "[req]\ndistinguished_name = req_distinguished_name\nprompt = no\n\n\
-                   [req_distinguished_name]\nCN = SMP server CA\nO = SimpleX\n\n\
-                   [v3]\nsubjectKeyIdentifier = hash\nauthorityKeyIdentifier = keyid:always\n\
-                   basicConstraints = critical,CA:true\n";
-    let server_conf = "[req]\ndistinguished_name = req_distinguished_name\nprompt = no\n\n\
-                       [req_distinguished_name]\nCN = 127.0.0.1\n\n\
-                       [v3]\nbasicConstraints = CA:FALSE\n\
-                       keyUsage = digitalSignature, nonRepudiation, keyAgreement\n\
-                       extendedKeyUsage = serverAuth\n";
-    std::fs::write(dir.join("openssl_ca.conf"), ca_conf).unwrap();
-    std::fs::write(dir.join("openssl_server.conf"), server_conf).unwrap();
-    for cmd in [
-        format!("openssl genpkey -algorithm {alg} -out ca.key"),
-        "openssl req -new -x509 -days 999999 -config openssl_ca.conf -extensions v3 -key ca.key -out ca.crt".into(),
-        format!("openssl genpkey -algorithm {alg} -out server.key"),
-        "openssl req -new -config openssl_server.conf -reqexts v3 -key server.key -out server.csr".into(),
-        "openssl x509 -req -days 999999 -extfile openssl_server.conf -extensions v3 -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt".into(),
-    ] {
-        let out = Command::new("sh")
-            .args(["-c", &cmd])
-            .current_dir(dir)
-            .output()
-            .expect("sh");
-        assert!(out.status.success(), "{cmd}: {}", text(&out.stderr));
-    }
-    let pem = std::fs::read(dir.join("ca.crt")).unwrap();
-    let der = openssl::x509::X509::from_pem(&pem)
-        .unwrap()
-        .to_der()
-        .unwrap();
-    let fp = openssl::sha::sha256(&der);
-    let b64 = base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE, fp);
-    std::fs::write(dir.join("fingerprint"), format!("{b64}\n")).unwrap();
-}
-
 /// Certificates made as the reference's `init -a ED448` makes them (Ed448 CA and online key) are
 /// served unchanged: this relay's client and OpenSSL's TLS client both complete the handshake
 /// (the CertificateVerify and the hello's signed session key are Ed448 signatures), and a queue
@@ -245,7 +207,7 @@ fn reference_certificates(dir: &Path, alg: &str) {
 fn certificates_made_as_the_reference_makes_them_are_served_ed448_and_ed25519() {
     for alg in ["ED448", "ED25519"] {
         let dir = TempDir::new("cli-reference-certs");
-        reference_certificates(dir.path(), alg);
+        common::reference_certificates(dir.path(), alg, "127.0.0.1");
         let relay = Relay::start_in(dir, common::RelayOptions::default());
         let mut c = relay.client();
         let q = support::create(&mut c);
@@ -604,7 +566,7 @@ fn debug_logs_name_each_connection_and_the_stop_says_what_was_saved() {
 #[test]
 fn cert_makes_a_new_online_certificate_under_the_same_ca() {
     let dir = TempDir::new("cli-cert");
-    reference_certificates(dir.path(), "ED448");
+    common::reference_certificates(dir.path(), "ED448", "127.0.0.1");
     let fingerprint = std::fs::read_to_string(dir.path().join("fingerprint")).unwrap();
     let leaf = |dir: &Path| std::fs::read(dir.join("server.crt")).unwrap();
     let before = leaf(dir.path());
@@ -661,7 +623,7 @@ fn cert_makes_a_new_online_certificate_under_the_same_ca() {
         .expect("clients accept it under the old address");
 
     let offline = TempDir::new("cli-cert-offline");
-    reference_certificates(offline.path(), "ED25519");
+    common::reference_certificates(offline.path(), "ED25519", "127.0.0.1");
     std::fs::remove_file(offline.path().join("ca.key")).unwrap();
     let out = run_cli(offline.path(), &["cert"]);
     assert!(!out.status.success());
@@ -670,4 +632,96 @@ fn cert_makes_a_new_online_certificate_under_the_same_ca() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// The reference's two directories: `init` and `address` find them through the reference's
+/// environment variables (SMP_SERVER_CFG_PATH, SMP_SERVER_LOG_PATH), `start` through
+/// `--config-dir` and `--log-dir`: the identity and configuration stay in the first, the store
+/// goes to the second.
+#[test]
+fn the_reference_directories_by_environment_and_by_option() {
+    let etc = TempDir::new("cli-etc");
+    let var = TempDir::new("cli-var");
+    let (cfg, log) = (etc.path().join("simplex"), var.path().join("simplex"));
+    let with_env = |args: &[&str]| {
+        let child = Command::new(common::BIN)
+            .args(args)
+            .env("SMP_SERVER_CFG_PATH", &cfg)
+            .env("SMP_SERVER_LOG_PATH", &log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn smp-relay");
+        common::wait_output(child, Duration::from_secs(30))
+    };
+    let out = with_env(&["init", "--host", "relay.example", "--no-password"]);
+    assert!(out.status.success(), "init: {}", text(&out.stderr));
+    let printed = text(&out.stdout).trim().to_string();
+    for f in CREDENTIAL_FILES.iter().chain(&["smp-server.ini"]) {
+        assert!(
+            cfg.join(f).is_file(),
+            "{f} is not in the configuration directory"
+        );
+        assert!(!log.join(f).exists(), "{f} is in the log directory");
+    }
+    assert!(log.is_dir(), "init did not make the log directory");
+    let out = with_env(&["address"]);
+    assert!(out.status.success(), "address: {}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), printed);
+    assert!(printed.ends_with("@relay.example"), "{printed}");
+
+    // `start` with the options: a message kept over a restart lives in the log directory.
+    let data = TempDir::new("cli-var-data");
+    std::fs::remove_dir_all(data.path()).unwrap();
+    std::fs::rename(&log, data.path()).unwrap();
+    let mut relay = Relay::start_in(
+        data,
+        common::RelayOptions {
+            extra_args: vec!["--config-dir".into(), cfg.to_str().unwrap().into()],
+            ..Default::default()
+        },
+    );
+    let mut c = relay.client();
+    let q = support::create(&mut c);
+    support::send_ok(&mut c, &q, None, b"in the log directory");
+    drop(c);
+    assert!(relay.stop().success());
+    // The test starts it on another port; the rest of the address is the same.
+    let (without_port, _) = printed.rsplit_once(':').unwrap();
+    assert!(
+        relay.log_text().contains(without_port),
+        "{}",
+        relay.log_text()
+    );
+    let entries = |d: &Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let mut expected_cfg: Vec<String> = CREDENTIAL_FILES
+        .iter()
+        .chain(&["smp-server.ini"])
+        .map(|s| s.to_string())
+        .collect();
+    expected_cfg.sort();
+    assert_eq!(
+        entries(&cfg),
+        expected_cfg,
+        "the store wrote into the configuration directory"
+    );
+    assert!(
+        entries(relay.dir.path())
+            .iter()
+            .any(|e| e == "journal" || e == "memory-store" || e == "postgres-store"),
+        "no store in the log directory: {:?}",
+        entries(relay.dir.path())
+    );
+    relay.restart_with(&["--config-dir", cfg.to_str().unwrap()]);
+    let mut c = relay.client();
+    let m = support::sub_with_msg(&mut c, &q);
+    assert_eq!(m.msg.body(), Some(&b"in the log directory"[..]));
 }

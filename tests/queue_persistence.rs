@@ -592,3 +592,37 @@ fn a_failed_save_keeps_the_previous_state_and_names_every_shard() {
         "the failed group's previous state is loaded",
     );
 }
+
+/// The reference's `[STORE_LOG] enable = off` and `restore_messages = off` on the memory store:
+/// without the store log nothing is kept over a restart (and no file is written); without
+/// restored messages the queue stays and its messages go.
+#[test]
+fn the_memory_store_keeps_what_the_configuration_says() {
+    for (flag, queue_kept) in [("--restore-messages", true), ("--store-log", false)] {
+        let mut opts = memory_store();
+        opts.extra_args
+            .extend([flag.to_string(), "off".to_string()]);
+        let mut relay = Relay::start_with(opts.clone());
+        let mut c = relay.client();
+        let q = create(&mut c);
+        send_ok(&mut c, &q, None, b"not kept");
+        drop(c);
+        stop_cleanly(&mut relay);
+        let args: Vec<&str> = opts.extra_args.iter().map(String::as_str).collect();
+        relay.restart_with(&args);
+        let mut c = relay.client();
+        let r = signed(&mut c, q.key(), q.rid(), Command::Sub);
+        if queue_kept {
+            assert_eq!(r, sok(&c), "{flag} off: the queue stays");
+            expect_nothing(&mut c, "the message was not kept");
+        } else {
+            assert_eq!(
+                r,
+                BrokerMsg::Err(ErrorType::Auth),
+                "{flag} off: nothing kept"
+            );
+            stop_cleanly(&mut relay);
+            assert!(saved_files(&relay).is_empty(), "{flag} off wrote files");
+        }
+    }
+}

@@ -64,6 +64,7 @@ pub enum StartError {
 pub fn store_settings(config: &StartConfig) -> StoreSettings {
     StoreSettings {
         data_dir: config.data_dir.clone(),
+        keep: config.keep,
         message_ttl_secs: config.settings.message_ttl.as_secs() as i64,
         ntf_ttl_secs: config.settings.notification_ttl.as_secs() as i64,
         test_delay: None,
@@ -112,7 +113,7 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
         .check_data_dir(&config.data_dir)
         .map_err(StartError::Setup)?;
     let credentials = Arc::new(
-        certs::load_for_start(&config.data_dir).map_err(|e| StartError::Setup(e.to_string()))?,
+        certs::load_for_start(&config.config_dir).map_err(|e| StartError::Setup(e.to_string()))?,
     );
     let tls_config = tls::server_config(&credentials, &tls::TlsOptions::default())
         .map_err(|e| StartError::Setup(e.to_string()))?;

@@ -1326,6 +1326,7 @@ pub(super) mod tests {
     pub(super) fn settings(dir: &TempDir) -> StoreSettings {
         StoreSettings {
             data_dir: dir.0.clone(),
+            keep: crate::store::Keep::ALL,
             message_ttl_secs: i64::MAX,
             ntf_ttl_secs: i64::MAX,
             test_delay: None,

@@ -446,6 +446,8 @@ impl StoreKind {
 #[derive(Debug, Clone)]
 pub struct StoreSettings {
     pub data_dir: PathBuf,
+    /// What the memory store keeps over a restart (`[STORE_LOG] enable`, `restore_messages`).
+    pub keep: Keep,
     /// Messages older than this are not loaded (`[STORE_LOG] expire_messages_days`).
     pub message_ttl_secs: i64,
     /// Notifications older than this are not loaded (`[STORE_LOG] expire_ntfs_hours`).
@@ -459,6 +461,23 @@ pub struct StoreSettings {
     pub journal_budget: Option<smp_journal::SpaceBudget>,
     /// The PostgreSQL store's database (`start --database`, `--schema`, `--pool-size`).
     pub postgres: Option<postgres::PgConfig>,
+}
+
+/// What the memory store saves at a clean stop and loads at start, as the reference's
+/// `[STORE_LOG] enable` (queues; off: nothing is kept, as the reference without a store log) and
+/// `restore_messages` (their messages and notifications). The journal and PostgreSQL stores keep
+/// everything by their nature.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keep {
+    pub queues: bool,
+    pub messages: bool,
+}
+
+impl Keep {
+    pub const ALL: Keep = Keep {
+        queues: true,
+        messages: true,
+    };
 }
 
 /// Every partition group, `0..PARTITION_GROUPS`: what the offline tools open.

@@ -92,6 +92,7 @@ impl Services {
             StoreKind::Memory,
             &StoreSettings {
                 data_dir: PathBuf::new(),
+                keep: crate::store::Keep::ALL,
                 message_ttl_secs: 0,
                 ntf_ttl_secs: 0,
                 test_delay: None,

@@ -235,8 +235,16 @@ impl Relay {
 
     /// Starts a relay on `dir`, a data directory that already holds an identity (keys and
     /// `fingerprint`), e.g. one a test filled with `store import`.
+    /// With `--config-dir C` among `opts.extra_args`, the identity is in C and `dir` holds the
+    /// data only (the reference's two directories).
     pub fn start_in(dir: TempDir, opts: RelayOptions) -> Relay {
-        let key_hash = read_fingerprint(dir.path());
+        let config_dir = opts
+            .extra_args
+            .iter()
+            .position(|a| a == "--config-dir")
+            .and_then(|i| opts.extra_args.get(i + 1))
+            .map(PathBuf::from);
+        let key_hash = read_fingerprint(config_dir.as_deref().unwrap_or(dir.path()));
         // The port is chosen before the relay binds it; another process may take it in between, so
         // a failed start is retried on a new port.
         let mut last_err = String::new();
@@ -1179,4 +1187,49 @@ pub mod web {
             der: x509.to_der().unwrap(),
         }
     }
+}
+
+/// The reference's `init` as it makes certificates (simplexmq `Server/CLI.hs`,
+/// `createServerX509_`): the `openssl` command line, with its configuration files, for `alg`
+/// (`ED25519` or `ED448`); the fingerprint file as it writes it (padded base64url).
+pub fn reference_certificates(dir: &Path, alg: &str, common_name: &str) {
+    let ca_conf = "[req]\ndistinguished_name = req_distinguished_name\nprompt = no\n\n\
+                   [req_distinguished_name]\nCN = SMP server CA\nO = SimpleX\n\n\
+                   [v3]\nsubjectKeyIdentifier = hash\nauthorityKeyIdentifier = keyid:always\n\
+                   basicConstraints = critical,CA:true\n";
+    let server_conf = format!(
+        "[req]\ndistinguished_name = req_distinguished_name\nprompt = no\n\n\
+         [req_distinguished_name]\nCN = {common_name}\n\n\
+         [v3]\nbasicConstraints = CA:FALSE\n\
+         keyUsage = digitalSignature, nonRepudiation, keyAgreement\n\
+         extendedKeyUsage = serverAuth\n"
+    );
+    std::fs::write(dir.join("openssl_ca.conf"), ca_conf).unwrap();
+    std::fs::write(dir.join("openssl_server.conf"), server_conf).unwrap();
+    for cmd in [
+        format!("openssl genpkey -algorithm {alg} -out ca.key"),
+        "openssl req -new -x509 -days 999999 -config openssl_ca.conf -extensions v3 -key ca.key -out ca.crt".into(),
+        format!("openssl genpkey -algorithm {alg} -out server.key"),
+        "openssl req -new -config openssl_server.conf -reqexts v3 -key server.key -out server.csr".into(),
+        "openssl x509 -req -days 999999 -extfile openssl_server.conf -extensions v3 -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt".into(),
+    ] {
+        let out = Command::new("sh")
+            .args(["-c", &cmd])
+            .current_dir(dir)
+            .output()
+            .expect("sh");
+        assert!(
+            out.status.success(),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let pem = std::fs::read(dir.join("ca.crt")).unwrap();
+    let der = openssl::x509::X509::from_pem(&pem)
+        .unwrap()
+        .to_der()
+        .unwrap();
+    let fp = openssl::sha::sha256(&der);
+    let b64 = base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE, fp);
+    std::fs::write(dir.join("fingerprint"), format!("{b64}\n")).unwrap();
 }

@@ -577,6 +577,10 @@ impl crate::store::ShardStore for MemoryStore {
     fn open(s: &crate::store::StoreSettings, groups: &[u32], now: i64) -> Result<Self, String> {
         let dir = store_dir(s);
         fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        if !s.keep.queues {
+            // `[STORE_LOG] enable = off`: every start begins empty, as the reference's.
+            return Self::load(&dir, &[], None, now).map_err(|e| e.to_string());
+        }
         Self::load_with_ntf_ttl(
             &dir,
             groups,
@@ -593,6 +597,18 @@ impl crate::store::ShardStore for MemoryStore {
     }
 
     fn close(self, s: &crate::store::StoreSettings, groups: &[u32]) -> Result<(), String> {
+        {
+            // What the configuration does not keep is not written: saving the rest of an emptied
+            // group removes its file.
+            let mut data = self.data.borrow_mut();
+            if !s.keep.queues {
+                data.queues.clear();
+            }
+            if !s.keep.messages {
+                data.queues.values_mut().for_each(|q| q.msgs.clear());
+                data.ntfs.clear();
+            }
+        }
         self.save(&store_dir(s), groups).map_err(|e| e.to_string())
     }
 
