@@ -74,6 +74,10 @@ enum Command {
         /// Let anyone create queues (no create password).
         #[arg(long)]
         no_password: bool,
+        /// Turn the control port on (127.0.0.1, port 5224 unless given), with new admin and user
+        /// passwords in smp-server.ini, as the reference's `init --control-port`.
+        #[arg(long, value_name = "PORT", num_args = 0..=1, default_missing_value = "5224", value_parser = ini::port)]
+        control_port: Option<u16>,
     },
     /// Run the relay: one pinned shard per core, listening on every port. Settings come from these
     /// options, then from <data-dir>/smp-server.ini, then from the defaults.
@@ -356,7 +360,8 @@ pub fn main() -> ExitCode {
             host,
             port,
             no_password,
-        } => init(&dirs, &host, port, no_password),
+            control_port,
+        } => init(&dirs, &host, port, no_password, control_port),
         Command::Start(args) => start(&dirs, &args),
         Command::Address => server_address(&dirs.config).map(|a| println!("{a}")),
         Command::Cert {
@@ -455,7 +460,13 @@ fn init_files_present(dir: &Path) -> Vec<&'static str> {
         .collect()
 }
 
-fn init(dirs: &Dirs, host: &str, port: u16, no_password: bool) -> Result<(), String> {
+fn init(
+    dirs: &Dirs,
+    host: &str,
+    port: u16,
+    no_password: bool,
+    control_port: Option<u16>,
+) -> Result<(), String> {
     fs::create_dir_all(&dirs.data)
         .map_err(|e| format!("cannot create {}: {e}", dirs.data.display()))?;
     let dir = dirs.config.as_path();
@@ -470,14 +481,20 @@ fn init(dirs: &Dirs, host: &str, port: u16, no_password: bool) -> Result<(), Str
     fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     // None of the files was there: on a failure (a full disk) every one written goes again, so
     // that the directory is not left half initialised, which neither `init` nor `start` accepts.
-    write_identity(dir, host, port, no_password).inspect_err(|_| {
+    write_identity(dir, host, port, no_password, control_port).inspect_err(|_| {
         for f in INIT_FILES {
             let _ = fs::remove_file(dir.join(f));
         }
     })
 }
 
-fn write_identity(dir: &Path, host: &str, port: u16, no_password: bool) -> Result<(), String> {
+fn write_identity(
+    dir: &Path,
+    host: &str,
+    port: u16,
+    no_password: bool,
+    control_port: Option<u16>,
+) -> Result<(), String> {
     let creds = certs::generate(host).map_err(|e| e.to_string())?;
     write_file(dir, config::CA_KEY_FILE, &creds.ca_key_pem, true)?;
     write_file(dir, config::CA_CERT_FILE, &creds.ca_cert_pem, false)?;
@@ -498,10 +515,39 @@ fn write_identity(dir: &Path, host: &str, port: u16, no_password: bool) -> Resul
         use base64::Engine;
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
     });
-    let ini = ini_template(host, port, password.as_deref());
+    let mut ini = ini_template(host, port, password.as_deref());
+    if let Some(cp) = control_port {
+        // 18 random bytes each, base64url: 24 characters, as the reference's.
+        let pw = || {
+            let mut b = [0u8; 18];
+            rand::rngs::OsRng.fill_bytes(&mut b);
+            hash::b64url(&b)
+        };
+        ini = with_control_port(&ini, cp, &pw(), &pw());
+    }
     write_file(dir, config::INI_FILE, &ini, true)?;
     println!("{}", address(&fingerprint, password.as_deref(), host, port));
     Ok(())
+}
+
+/// The template with the control port's lines uncommented: the port and both passwords.
+fn with_control_port(template: &str, port: u16, admin: &str, user: &str) -> String {
+    template
+        .replacen(
+            "# control_port_admin_password = \n",
+            &format!("control_port_admin_password = {admin}\n"),
+            1,
+        )
+        .replacen(
+            "# control_port_user_password = \n",
+            &format!("control_port_user_password = {user}\n"),
+            1,
+        )
+        .replacen(
+            "# control_port = 5224\n",
+            &format!("control_port = {port}\n"),
+            1,
+        )
 }
 
 /// `cert`: the new online certificate, and what it means for the running relay.
@@ -728,7 +774,7 @@ fn start(dirs: &Dirs, args: &StartArgs) -> Result<(), String> {
             .as_ref()
             .and_then(|p| p.first().copied())
             .unwrap_or(config::DEFAULT_PORT);
-        init(dirs, "127.0.0.1", port, true)?;
+        init(dirs, "127.0.0.1", port, true, None)?;
     }
     let file = ini::load(&data_dir.join(config::INI_FILE))
         .map_err(|e| e.to_string())?
@@ -1368,6 +1414,11 @@ mod tests {
         assert_eq!(c.options.journal_max_size, Some(4 << 30));
         assert_eq!(c.options.control_port, Some(5224));
         assert_eq!(c.options.daily_block_queue_quota, Some(20));
+        let on = with_control_port(&text, 7002, "adm", "usr");
+        let c = ini::parse(Path::new("smp-server.ini"), &on).expect("with the control port");
+        assert_eq!(c.options.control_port, Some(7002));
+        assert_eq!(c.options.control_port_admin_password, Some(b"adm".to_vec()));
+        assert_eq!(c.options.control_port_user_password, Some(b"usr".to_vec()));
         let no_password = ini_template("h", 1, None);
         let c = ini::parse(Path::new("smp-server.ini"), &no_password).expect("parses");
         assert_eq!(c.options.create_password, None);

@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use common::{free_port, init, Relay, RelayOptions, TempDir};
+use common::{free_port, init, run_cli, Relay, RelayOptions, TempDir};
 use smp_relay::client::new_corr_id;
 use smp_relay::client::queue::{self, KeyAlg, RecipientKeys};
 use smp_relay::crypto::hash::b64url;
@@ -450,4 +450,39 @@ fn bounded_lines_and_connections_on_loopback_only() {
         "the control port must listen on 127.0.0.1 only"
     );
     open.clear();
+}
+
+/// `init --control-port PORT` turns the port on with two new passwords, as the reference's `init`.
+#[test]
+fn init_with_control_port_writes_its_passwords() {
+    let dir = TempDir::new("control-init");
+    let port = free_port();
+    let out = run_cli(
+        dir.path(),
+        &["init", "--no-password", "--control-port", &port.to_string()],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ini = std::fs::read_to_string(dir.path().join("smp-server.ini")).unwrap();
+    let value = |key: &str| {
+        ini.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key} = ")))
+            .unwrap_or_else(|| panic!("no {key} in\n{ini}"))
+            .to_string()
+    };
+    assert_eq!(value("control_port"), port.to_string());
+    let (admin, user) = (
+        value("control_port_admin_password"),
+        value("control_port_user_password"),
+    );
+    assert_eq!(admin.len(), 24, "18 random bytes, base64url");
+    assert_ne!(admin, user);
+    let _relay = Relay::start_in(dir, RelayOptions::default());
+    let mut c = Control::open(port);
+    assert_eq!(c.one(&format!("auth {admin}")), "Current role is CPRAdmin");
+    let mut c = Control::open(port);
+    assert_eq!(c.one(&format!("auth {user}")), "Current role is CPRUser");
 }
