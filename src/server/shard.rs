@@ -322,6 +322,19 @@ fn control<S: ShardStore>(
             );
             let _ = reply.try_send(part);
         }
+        // A job over every queue, so that no operation is halfway through what is saved.
+        ControlMsg::Save { reply } => {
+            let o = owner.clone();
+            let settings = super::store_settings(&ctx.config);
+            let groups = super::router::groups_of_shard(ctx.shard_id, ctx.mesh.shards());
+            pipeline.submit(
+                Keys::Everything,
+                None,
+                Box::pin(async move {
+                    let _ = reply.try_send(o.store.save_running(&settings, &groups));
+                }),
+            );
+        }
         ControlMsg::Queue {
             recipient_id,
             op,

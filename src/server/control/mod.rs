@@ -27,7 +27,7 @@ use super::router::ShardMsg;
 use crate::limits::{MAX_CONTROL_CONNECTIONS, MAX_CONTROL_LINE_BYTES};
 use crate::metrics::{MetricsSnapshot, ProxyStats};
 use crate::protocol::error::ErrorType;
-use crate::store::{QueueStatus, StoreKind};
+use crate::store::QueueStatus;
 
 /// Binds 127.0.0.1:`port` (only loopback: the reference's `runLocalTCPServer`), before the shard
 /// reports ready, so that a port in use stops the start.
@@ -232,7 +232,7 @@ impl Port {
                     Err(e) => e,
                 }
             }
-            ControlCommand::Save if needs(admin) => self.save(),
+            ControlCommand::Save if needs(admin) => self.save().await,
             _ => UNAUTHORIZED.into(),
         };
         Some(answer)
@@ -402,15 +402,20 @@ impl Port {
         out
     }
 
-    /// `save`: the journal and PostgreSQL stores have every answered change in their files or
-    /// database already, so there is nothing to write; the memory store is written only by a
-    /// clean stop, and the store is never closed here (the reference's `save` closes its store
-    /// while the server goes on).
-    fn save(&self) -> String {
-        match self.ctx.config.store {
-            StoreKind::Journal => "saving server state...\nserver state saved!".into(),
-            StoreKind::Postgres => "saving server state...\nserver state saved! (pending notifications are saved at a clean stop)".into(),
-            StoreKind::Memory => "error: the memory store is saved at a clean stop (SIGTERM); nothing was saved".into(),
+    /// `save`: every shard writes what a clean stop would write, keeping its store open (the
+    /// reference's `save` closes its store while the server goes on). The journal has every
+    /// answered change in its files already; the memory store writes its group files, the
+    /// PostgreSQL store its pending notifications.
+    async fn save(&self) -> String {
+        let Some(results) = self.gather(|reply| ControlMsg::Save { reply }).await else {
+            return STOPPING.into();
+        };
+        let errors: Vec<String> = results.into_iter().filter_map(Result::err).collect();
+        if errors.is_empty() {
+            "saving server state...\nserver state saved!".into()
+        } else {
+            tracing::warn!(errors = ?errors, "control port save failed");
+            format!("saving server state...\nerror: {}", errors.join("; "))
         }
     }
 }

@@ -14,6 +14,10 @@ pub enum ControlMsg {
     },
     /// This shard's connections and the subscriptions its owner holds (`clients`, `server-info`).
     Clients { reply: flume::Sender<ShardClients> },
+    /// `save`: write what a clean stop would write, without stopping (`ShardStore::save_running`).
+    Save {
+        reply: flume::Sender<Result<(), String>>,
+    },
     /// An operation on a queue this shard owns, found by its recipient ID.
     Queue {
         recipient_id: EntityId,
