@@ -424,6 +424,17 @@ fn bounded_lines_and_connections_on_loopback_only() {
     assert!(long.closed());
     assert_eq!(other.ask("help"), Vec::<String>::new());
 
+    // A last line without its line end is answered before the connection ends.
+    let mut last = Control::open(port);
+    write!(last.w, "auth {USER}\nsockets").unwrap();
+    last.w.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut rest = String::new();
+    last.r.read_to_string(&mut rest).unwrap();
+    assert!(
+        rest.starts_with("Current role is CPRUser\nSockets for port "),
+        "{rest}"
+    );
+
     // At most 8 connections at once: the next is told so and closed.
     let mut open: Vec<Control> = (0..7).map(|_| Control::open(port)).collect();
     let mut refused = Control::raw(port);

@@ -97,6 +97,7 @@ async fn connection(s: &mut TcpStream, port: &Port) -> std::io::Result<()> {
     let mut role = Role::None;
     let mut pending: Vec<u8> = Vec::new();
     let mut chunk = [0u8; 1024];
+    let mut at_end = false;
     loop {
         while let Some(end) = pending.iter().position(|b| *b == b'\n') {
             if end > MAX_CONTROL_LINE_BYTES {
@@ -116,12 +117,20 @@ async fn connection(s: &mut TcpStream, port: &Port) -> std::io::Result<()> {
                 s.write_all(text.as_bytes()).await?;
             }
         }
+        if at_end {
+            return Ok(());
+        }
         if pending.len() > MAX_CONTROL_LINE_BYTES {
             return too_long(s).await;
         }
         let n = s.read(&mut chunk).await?;
         if n == 0 {
-            return Ok(());
+            // A last line without its line end is still a line.
+            at_end = true;
+            if !pending.is_empty() {
+                pending.push(b'\n');
+            }
+            continue;
         }
         pending.extend_from_slice(&chunk[..n]);
     }
@@ -186,7 +195,7 @@ impl Port {
                     Ok(QueueOutcome::Deleted { messages }) => {
                         format!("ok, {messages} messages deleted")
                     }
-                    Ok(_) => unreachable!("delete answers Deleted"),
+                    Ok(other) => mismatched(&other),
                     Err(e) => e,
                 }
             }
@@ -197,7 +206,7 @@ impl Port {
                         updated_at,
                         mode,
                     }) => parse::status_line(&status, updated_at, mode),
-                    Ok(_) => unreachable!("status answers Status"),
+                    Ok(other) => mismatched(&other),
                     Err(e) => e,
                 }
             }
@@ -418,6 +427,15 @@ impl Port {
             format!("saving server state...\nerror: {}", errors.join("; "))
         }
     }
+}
+
+/// An owner answered another operation than it was asked: a bug, said as such rather than a panic.
+fn mismatched(outcome: &QueueOutcome) -> String {
+    tracing::error!(
+        ?outcome,
+        "control port: the owner answered another operation"
+    );
+    "error: internal: unexpected answer".into()
 }
 
 const STOPPING: &str = "error: the relay is stopping";
