@@ -254,11 +254,21 @@ fn roles_commands_and_answers() {
 
 #[test]
 fn block_unblock_delete_and_status_on_a_running_relay() {
-    let (mut relay, port) = relay_with_control(None);
+    // Two shards: the port runs on shard 0, and the queues' owners are either.
+    let opts = RelayOptions {
+        cores: 2,
+        ..RelayOptions::default()
+    };
+    let (mut relay, port) = relay_with_control_on(None, opts);
     let (mut rc, mut sc) = (relay.client(), relay.client());
     let sender = queue::auth_key(KeyAlg::Ed25519);
-    // NEW subscribes `rc` to the queue.
-    let q = create_secured(&mut rc, &sender);
+    // NEW subscribes `rc` to the queue; one that shard 1 owns, so that the block crosses shards.
+    let q = loop {
+        let q = create_secured(&mut rc, &sender);
+        if smp_relay::server::router::owner_shard(q.rid(), 2) == 1 {
+            break q;
+        }
+    };
     let sid = b64url(q.sid());
     let mut user = Control::auth(port, USER);
 
