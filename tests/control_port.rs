@@ -539,3 +539,74 @@ fn save_writes_the_memory_store_without_stopping() {
     let m = sub_with_msg(&mut c, &saved);
     assert_eq!(m.msg.body(), Some(&b"kept"[..]));
 }
+
+/// A block that lands while a sender sends takes its turn among the queue's commands: the
+/// sender's answers are OKs and then only BLOCKED, and once unblocked the recipient receives
+/// exactly the messages answered OK, in order.
+#[test]
+fn a_block_amid_sends_splits_them_cleanly() {
+    let opts = RelayOptions {
+        cores: 2,
+        extra_args: vec!["--quota".into(), "4096".into()],
+    };
+    let (relay, port) = relay_with_control_on(None, opts);
+    let mut rc = relay.client();
+    let sender = queue::auth_key(KeyAlg::Ed25519);
+    let q = create_secured(&mut rc, &sender);
+    let sid = b64url(q.sid());
+    let mut sc = relay.client();
+    let flood = {
+        let (q_sid, key) = (q.sid().to_vec(), sender.clone());
+        std::thread::spawn(move || {
+            let mut answered_ok = Vec::new();
+            for i in 0..4096u32 {
+                let body = i.to_string();
+                match send_as(&mut sc, &q_sid, Some(&key), send_cmd(body.as_bytes())) {
+                    BrokerMsg::Ok => answered_ok.push(body.into_bytes()),
+                    BrokerMsg::Err(ErrorType::Blocked(_)) => {
+                        // Once blocked, every later SEND is refused too.
+                        for _ in 0..5 {
+                            let again = send_as(&mut sc, &q_sid, Some(&key), send_cmd(b"late"));
+                            assert!(
+                                matches!(again, BrokerMsg::Err(ErrorType::Blocked(_))),
+                                "{again:?}"
+                            );
+                        }
+                        return answered_ok;
+                    }
+                    other => panic!("SEND {i}: {other:?}"),
+                }
+            }
+            panic!("the block did not reach the queue within 4096 sends");
+        })
+    };
+    let mut user = Control::auth(port, USER);
+    assert!(user
+        .one(&format!("block {sid} reason=spam"))
+        .starts_with("ok, queue blocked: "));
+    let sent = flood.join().expect("the sender's thread");
+    assert!(user
+        .one(&format!("unblock {sid}"))
+        .starts_with("ok, queue unblocked"));
+
+    // A new subscriber takes the queue over and reads it to the end.
+    let mut reader = relay.client();
+    let mut got = Vec::new();
+    if !sent.is_empty() {
+        let mut m = sub_with_msg(&mut reader, &q);
+        loop {
+            got.push(m.msg.body().expect("a message").to_vec());
+            match ack(&mut reader, &q, &m.msg_id) {
+                BrokerMsg::Ok => break,
+                r => m = msg_of(&q, r),
+            }
+        }
+    }
+    assert_eq!(
+        got.len(),
+        sent.len(),
+        "every message answered OK, none other"
+    );
+    assert_eq!(got, sent, "in the order answered");
+    drop(rc);
+}
