@@ -125,10 +125,9 @@ impl<'a> Cursor<'a> {
         let pad = self.rest.iter().take_while(|b| **b == b'=').count();
         let (pad_bytes, rest) = self.rest.split_at(pad);
         self.rest = rest;
-        let mut all = String::from_utf8_lossy(text).into_owned();
-        all.push_str(&String::from_utf8_lossy(pad_bytes));
-        crate::crypto::hash::b64url_decode(&all)
-            .ok_or_else(|| "Failed reading: invalid base64url encoding".to_string())
+        let mut all = text.to_vec();
+        all.extend_from_slice(pad_bytes);
+        base64url(&all).map_err(|e| format!("Failed reading: {e}"))
     }
 
     /// `reason=spam|content[,notice=<json>]` (simplexmq `Protocol.hs`, `BlockingInfo`). A notice
@@ -157,6 +156,51 @@ impl<'a> Cursor<'a> {
         };
         Ok(BlockingInfo { reason, notice })
     }
+}
+
+/// Decodes base64url letters followed by `=`s as the reference's decoder does (base64-bytestring's
+/// `Data.ByteString.Base64.URL.decode`: padding optional, canonical), with its error texts.
+fn base64url(text: &[u8]) -> Result<Vec<u8>, String> {
+    let mut t = text.to_vec();
+    match t.len() % 4 {
+        1 => return Err("Base64-encoded bytestring has invalid size".into()),
+        3 if t.last() == Some(&b'=') => {
+            return Err("Base64-encoded bytestring has invalid padding".into())
+        }
+        2 => t.extend_from_slice(b"=="),
+        3 => t.push(b'='),
+        _ => {}
+    }
+    let last = t.len() - 4;
+    for (i, &b) in t.iter().enumerate() {
+        let pad_ok = i >= last + 2 && (i == t.len() - 1 || t[t.len() - 1] == b'=');
+        if b == b'=' && !pad_ok {
+            return Err(if i == last + 2 {
+                // `c` padded but not `d`: the reference reports `d`.
+                format!("invalid character at offset: {}", last + 3)
+            } else {
+                format!("invalid padding at offset: {i}")
+            });
+        }
+    }
+    // Bits the padding drops must be zero.
+    let value = |b: u8| crate::crypto::hash::b64url_decode(&(b as char).to_string().repeat(4));
+    let sextet = |b: u8| value(b).map_or(0, |v| v[0] >> 2);
+    let (c, d) = (t[last + 2], t[last + 3]);
+    if c == b'=' && sextet(t[last + 1]) & 0x0f != 0 {
+        return Err(format!(
+            "non-canonical encoding detected at offset: {}",
+            last + 1
+        ));
+    }
+    if c != b'=' && d == b'=' && sextet(c) & 0x03 != 0 {
+        return Err(format!(
+            "non-canonical encoding detected at offset: {}",
+            last + 2
+        ));
+    }
+    crate::crypto::hash::b64url_decode(&String::from_utf8_lossy(&t))
+        .ok_or_else(|| "invalid character at offset: 0".to_string())
 }
 
 /// The `ttl` of a notice (`Some(None)`: none or null), or `None` if the text is not a notice
@@ -468,7 +512,30 @@ mod tests {
         assert_eq!(e("delete "), "not enough input");
         assert_eq!(e("delete !!"), "Failed reading: takeWhile1");
         assert_eq!(e("delete AQID extra"), "endOfInput");
-        assert_eq!(e("delete A"), "Failed reading: invalid base64url encoding");
+        assert_eq!(
+            e("delete A"),
+            "Failed reading: Base64-encoded bytestring has invalid size"
+        );
+        assert_eq!(
+            e("delete AA="),
+            "Failed reading: Base64-encoded bytestring has invalid padding"
+        );
+        assert_eq!(
+            e("delete A==="),
+            "Failed reading: invalid padding at offset: 1"
+        );
+        assert_eq!(
+            e("delete AB"),
+            "Failed reading: non-canonical encoding detected at offset: 1"
+        );
+        assert_eq!(
+            e("delete AAB"),
+            "Failed reading: non-canonical encoding detected at offset: 2"
+        );
+        assert_eq!(
+            e("delete AAAA===="),
+            "Failed reading: invalid padding at offset: 4"
+        );
         assert_eq!(e("auth"), "space: not enough input");
         assert_eq!(e("auth "), "not enough input");
         assert_eq!(
