@@ -391,6 +391,8 @@ fn the_daily_block_quota_counts_per_utc_day() {
     let mut c = relay.client();
     let (a, b) = (create(&mut c), create(&mut c));
     let mut user = Control::auth(port, USER);
+    // Only blocks of active queues count.
+    assert_eq!(user.one("block AAAAAAAA reason=spam"), "error: AUTH");
     assert!(user
         .one(&format!("block {} reason=spam", b64url(a.sid())))
         .starts_with("ok, queue blocked: "));

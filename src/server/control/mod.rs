@@ -185,7 +185,7 @@ impl Port {
             ControlCommand::Suspend if needs(admin) => "suspend not implemented".into(),
             ControlCommand::Resume if needs(admin) => "resume not implemented".into(),
             ControlCommand::Clients if needs(admin) => self.clients().await,
-            ControlCommand::Stats if needs(user) => self.stats(admin).await,
+            ControlCommand::Stats if needs(user) => self.stats().await,
             ControlCommand::Threads if needs(admin) => threads(),
             ControlCommand::Sockets if needs(user) => self.sockets().await,
             ControlCommand::SocketThreads if needs(admin) => self.socket_threads().await,
@@ -211,17 +211,27 @@ impl Port {
                 }
             }
             ControlCommand::Block(id, info) if needs(user) => {
-                if let Err(e) = self.quota.borrow_mut().check(crate::clock::now_secs()) {
+                // Counted before the owner answers, so that blocks from several connections at
+                // once cannot pass the quota together; given back unless an active queue was
+                // blocked.
+                let counted_on = crate::clock::now_secs();
+                if let Err(e) = self.quota.borrow_mut().take(counted_on) {
                     return Some(e);
                 }
                 let now = QueueStatus::Blocked(info.clone());
-                match self.on_queue(&id, QueueOp::Block(info)).await {
+                let answer = self.on_queue(&id, QueueOp::Block(info)).await;
+                if !matches!(
+                    answer,
+                    Ok(QueueOutcome::Blocked {
+                        was: QueueStatus::Active
+                    })
+                ) {
+                    self.quota.borrow_mut().give_back(counted_on);
+                }
+                match answer {
                     Ok(QueueOutcome::Blocked {
                         was: QueueStatus::Active,
-                    }) => {
-                        self.quota.borrow_mut().count(crate::clock::now_secs());
-                        format!("ok, queue blocked: {}", parse::show_status(&now))
-                    }
+                    }) => format!("ok, queue blocked: {}", parse::show_status(&now)),
                     Ok(_) => format!("ok, already inactive: {}", parse::show_status(&now)),
                     Err(e) => e,
                 }
@@ -294,7 +304,7 @@ impl Port {
 
     /// `stats`: the counters this relay keeps, under the reference's names and in its order
     /// (simplexmq `Server.hs`, `CPStats`); counters it does not keep are left out.
-    async fn stats(&self, _admin: bool) -> String {
+    async fn stats(&self) -> String {
         let Some(parts) = self.gather(|reply| ControlMsg::Stats { reply }).await else {
             return STOPPING.into();
         };

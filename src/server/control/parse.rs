@@ -369,9 +369,9 @@ impl BlockQuota {
         }
     }
 
-    /// The refusal, if no more queues may be blocked today (simplexmq `Server.hs`: the count is
-    /// compared before the queue is looked up).
-    pub fn check(&mut self, now_secs: i64) -> Result<(), String> {
+    /// Counts one block, or refuses it if no more queues may be blocked today (simplexmq
+    /// `Server.hs`: the count is compared before the queue is looked up).
+    pub fn take(&mut self, now_secs: i64) -> Result<(), String> {
         self.roll(now_secs);
         if self.blocked >= self.quota && self.quota != 0 {
             Err(format!(
@@ -379,14 +379,17 @@ impl BlockQuota {
                 self.quota
             ))
         } else {
+            self.blocked += 1;
             Ok(())
         }
     }
 
-    /// A queue that was active is blocked now.
-    pub fn count(&mut self, now_secs: i64) {
-        self.roll(now_secs);
-        self.blocked += 1;
+    /// Gives back a block `take` counted at `counted_on` that blocked no active queue (the
+    /// reference counts only those), unless its day is over.
+    pub fn give_back(&mut self, counted_on: i64) {
+        if counted_on.div_euclid(86400) == self.day {
+            self.blocked = (self.blocked - 1).max(0);
+        }
     }
 
     /// Queues blocked today (the reference's `qBlocked`).
@@ -623,22 +626,26 @@ mod tests {
     fn the_block_quota_counts_per_utc_day() {
         let day = 20_000 * 86400;
         let mut q = BlockQuota::new(2);
-        assert_eq!(q.check(day), Ok(()));
-        q.count(day);
-        q.count(day + 10);
-        assert_eq!(
-            q.check(day + 86399),
-            Err("error: reached limit of 2 queues blocked daily".into())
-        );
-        assert_eq!(q.check(day + 86400), Ok(()), "a new day starts at 0:00 UTC");
-        assert_eq!(q.blocked_today(day + 86400), 0);
+        assert_eq!(q.take(day), Ok(()));
+        assert_eq!(q.take(day + 10), Ok(()));
+        let full = Err("error: reached limit of 2 queues blocked daily".to_string());
+        assert_eq!(q.take(day + 86399), full);
+        // A block that found the queue inactive gives its count back.
+        q.give_back(day + 10);
+        assert_eq!(q.blocked_today(day + 20), 1);
+        assert_eq!(q.take(day + 30), Ok(()));
+        assert_eq!(q.take(day + 40), full);
+        assert_eq!(q.take(day + 86400), Ok(()), "a new day starts at 0:00 UTC");
+        assert_eq!(q.blocked_today(day + 86400), 1);
+        // Yesterday's block does not give back today's count.
+        q.give_back(day + 40);
+        assert_eq!(q.blocked_today(day + 86400), 1);
         let mut unlimited = BlockQuota::new(0);
         for _ in 0..100 {
-            unlimited.count(day);
+            assert_eq!(unlimited.take(day), Ok(()));
         }
-        assert_eq!(unlimited.check(day), Ok(()));
         assert_eq!(
-            BlockQuota::new(-1).check(day),
+            BlockQuota::new(-1).take(day),
             Err("error: reached limit of -1 queues blocked daily".into())
         );
     }
