@@ -3,6 +3,8 @@
 //! queue's status in the store of a stopped relay, `store export`/`store import` copy a stopped
 //! relay's store to a stream and a stream into an empty store (`store/transfer.rs`).
 
+mod import_reference;
+
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -159,6 +161,47 @@ enum StoreCommand {
         /// Where to read the stream; `-` is stdin (not a terminal).
         #[arg(long, value_name = "FILE|-", default_value = "-")]
         input: PathBuf,
+        /// The PostgreSQL store's database (default: the one the relay last started with).
+        #[arg(long, value_name = "CONNINFO")]
+        database: Option<String>,
+        /// The PostgreSQL store's schema (default: as the relay last started, else smp_server).
+        #[arg(long, value_name = "NAME")]
+        schema: Option<String>,
+        /// No progress and no summary on stderr.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Read the reference smp-server's data (its store log, its message log or journal
+    /// directory, its notification log) into the empty store of a stopped relay's data
+    /// directory. The reference's files are only read. Checks the counts; on any error the store
+    /// is left empty.
+    ImportReference {
+        /// The reference's log directory, e.g. /var/opt/simplex (default: the store's, --log-dir).
+        #[arg(long, value_name = "DIR")]
+        from: Option<PathBuf>,
+        /// The store to write.
+        #[arg(long, value_enum, default_value_t = StoreArg::Journal)]
+        store: StoreArg,
+        /// The PostgreSQL store's database (default: the one the relay last started with).
+        #[arg(long, value_name = "CONNINFO")]
+        database: Option<String>,
+        /// The PostgreSQL store's schema (default: as the relay last started, else smp_server).
+        #[arg(long, value_name = "NAME")]
+        schema: Option<String>,
+        /// No progress and no summary on stderr (skipped lines are still listed).
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Write a stopped relay's store as the reference smp-server's files (smp-server-store.log,
+    /// smp-server-messages.log, smp-server-ntfs.log) into DIR, for the reference with
+    /// store_queues and store_messages `memory`: the way back. Changes nothing in the store.
+    ExportReference {
+        /// Where to write them, e.g. /var/opt/simplex; it must hold none of them.
+        #[arg(long, value_name = "DIR")]
+        to: PathBuf,
+        /// The store to read (default: the one the data directory holds).
+        #[arg(long, value_enum)]
+        store: Option<StoreArg>,
         /// The PostgreSQL store's database (default: the one the relay last started with).
         #[arg(long, value_name = "CONNINFO")]
         database: Option<String>,
@@ -430,6 +473,36 @@ pub fn main() -> ExitCode {
             &offline_settings_with(&dirs.data, database, schema),
             store.kind(),
             &input,
+            quiet,
+        ),
+        Command::Store {
+            command:
+                StoreCommand::ImportReference {
+                    from,
+                    store,
+                    database,
+                    schema,
+                    quiet,
+                },
+        } => import_reference::run(
+            &offline_settings_with(&dirs.data, database, schema),
+            store.kind(),
+            from.as_deref().unwrap_or(&dirs.data),
+            quiet,
+        ),
+        Command::Store {
+            command:
+                StoreCommand::ExportReference {
+                    to,
+                    store,
+                    database,
+                    schema,
+                    quiet,
+                },
+        } => import_reference::export(
+            &offline_settings_with(&dirs.data, database, schema),
+            store.map(StoreArg::kind),
+            &to,
             quiet,
         ),
     };
@@ -1067,7 +1140,7 @@ fn store_import(
                 .into(),
         );
     }
-    let reader: Box<dyn std::io::Read> = if from_stdin {
+    let input: Box<dyn std::io::Read> = if from_stdin {
         Box::new(std::io::BufReader::new(std::io::stdin().lock()))
     } else {
         let f =
@@ -1076,6 +1149,7 @@ fn store_import(
     };
     fs::create_dir_all(data_dir)
         .map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?;
+    let reader = transfer::StreamReader::new(input).map_err(|e| e.to_string())?;
     let _lock = lock_stopped(data_dir, "import writes the store it opens at start")?;
     let mut progress = Progress::new(quiet, "imported");
     let report = with_store(kind, false, Import(settings, kind, reader, &mut progress));
@@ -1123,12 +1197,12 @@ impl<W: std::io::Write> WithStore for Export<'_, W> {
 /// Opens every group of the stopped relay's store, checks that it and its services are empty,
 /// restores the stream into them and closes the store (the memory store: saves it). A failed
 /// import is closed empty.
-struct Import<'a, R>(&'a StoreSettings, StoreKind, R, &'a mut Progress);
+struct Import<'a, Src>(&'a StoreSettings, StoreKind, Src, &'a mut Progress);
 
-impl<R: std::io::Read> WithStore for Import<'_, R> {
+impl<Src: transfer::QueueSource> WithStore for Import<'_, Src> {
     type Output = Result<transfer::ImportReport, String>;
     fn run<S: ShardStore>(self) -> Self::Output {
-        let Import(settings, kind, input, progress) = self;
+        let Import(settings, kind, mut source, progress) = self;
         let store = S::open_offline(settings)?;
         let held = block_on(transfer::store_counts(&store)).map_err(|e| e.to_string())?;
         // The services file is shared by the memory and journal stores of a data directory, so a
@@ -1141,9 +1215,9 @@ impl<R: std::io::Read> WithStore for Import<'_, R> {
                 settings.data_dir.display()
             ));
         }
-        let imported = block_on(transfer::import(
+        let imported = block_on(transfer::import_from(
             &store,
-            input,
+            &mut source,
             &mut Registry(&services, known == 0),
             &mut |c| progress.update(c),
         ));

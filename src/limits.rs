@@ -36,8 +36,13 @@ pub const WS_UPGRADE_MAX_HEADERS: usize = 64;
 /// every accepted message is then exactly one 16384-byte block.
 pub const WS_MAX_MESSAGE_BYTES: usize = 65536;
 
-/// Memory glommio registers per executor ring with io_uring (counted against RLIMIT_MEMLOCK).
+/// Memory glommio registers per executor ring with io_uring (counted against RLIMIT_MEMLOCK by
+/// kernels before 5.12; later ones charge it to the memory cgroup).
 pub const IO_MEMORY_BYTES: usize = 1 << 20;
+
+/// The RLIMIT_MEMLOCK below which glommio refuses to make an executor (glommio 0.9
+/// `sys/uring.rs`, `MIN_MEMLOCK_LIMIT`), whatever the number of shards.
+pub const MIN_MEMLOCK_BYTES: u64 = 512 * 1024;
 
 /// Bytes a connection may have queued for its socket before MSG deliveries to it are dropped to
 /// a small marker and handed again when it has drained (one slow reader never grows the relay).

@@ -361,6 +361,17 @@ fn cores_over_the_shard_limit_is_an_error_not_cut() {
 /// `start` with the open-file limit set to `soft`/`hard` before it runs, as a shell's `ulimit -n`
 /// would.
 fn start_with_nofile(dir: &std::path::Path, soft: u64, hard: u64, extra: &[&str]) -> Command {
+    start_with_limit(dir, libc::RLIMIT_NOFILE, soft, hard, extra)
+}
+
+/// `start` with the limit `resource` set to `soft`/`hard` before it runs.
+fn start_with_limit(
+    dir: &std::path::Path,
+    resource: libc::__rlimit_resource_t,
+    soft: u64,
+    hard: u64,
+    extra: &[&str],
+) -> Command {
     use std::os::unix::process::CommandExt;
     let port = common::free_port().to_string();
     let mut cmd = Command::new(common::BIN);
@@ -383,7 +394,7 @@ fn start_with_nofile(dir: &std::path::Path, soft: u64, hard: u64, extra: &[&str]
                 rlim_cur: soft as libc::rlim_t,
                 rlim_max: hard as libc::rlim_t,
             };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+            if libc::setrlimit(resource, &lim) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
@@ -724,4 +735,40 @@ fn the_reference_directories_by_environment_and_by_option() {
     let mut c = relay.client();
     let m = support::sub_with_msg(&mut c, &q);
     assert_eq!(m.msg.body(), Some(&b"in the log directory"[..]));
+}
+
+/// Locked memory (RLIMIT_MEMLOCK) below the 512 KiB glommio needs for each shard's io_uring: a
+/// soft limit the hard one allows to raise is raised; otherwise `start` says how to raise it
+/// instead of every shard failing.
+#[test]
+fn start_raises_or_names_a_locked_memory_limit_below_what_io_uring_needs() {
+    let dir = TempDir::new("cli-memlock");
+    common::init(dir.path());
+    let mut cmd = start_with_limit(dir.path(), libc::RLIMIT_MEMLOCK, 65536, 65536, &[]);
+    let out = common::wait_output(cmd.spawn().expect("spawn"), Duration::from_secs(30));
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("RLIMIT_MEMLOCK allows 64 KiB") && stderr.contains("LimitMEMLOCK"),
+        "{stderr}"
+    );
+
+    let mut cmd = start_with_limit(dir.path(), libc::RLIMIT_MEMLOCK, 65536, 1 << 20, &[]);
+    let child = cmd.spawn().expect("spawn");
+    let (mut child, log) =
+        smp_relay::load::proc::wait_listening(child, Duration::from_secs(30)).expect("listening");
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max locked memory"))
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        line.split_whitespace().nth(3),
+        Some("524288"),
+        "{line}\n{}",
+        log.lock().map(|l| l.join("\n")).unwrap_or_default()
+    );
+    let _ = child.kill();
+    let _ = child.wait();
 }

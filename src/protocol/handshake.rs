@@ -54,7 +54,7 @@ pub fn encode_chain(chain: &[Vec<u8>], out: &mut Vec<u8>) {
     }
 }
 
-fn read_chain(r: &mut Reader<'_>) -> DResult<Vec<Vec<u8>>> {
+pub fn read_chain(r: &mut Reader<'_>) -> DResult<Vec<Vec<u8>>> {
     r.list(true, |r| r.large().map(<[u8]>::to_vec))
 }
 

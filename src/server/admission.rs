@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::config::StartConfig;
-use crate::limits::{FILES_FIXED, FILES_PER_SHARD, MAX_CONNECTIONS};
+use crate::limits::{FILES_FIXED, FILES_PER_SHARD, MAX_CONNECTIONS, MIN_MEMLOCK_BYTES};
 
 pub struct Admission {
     max_connections: usize,
@@ -138,6 +138,45 @@ fn nofile() -> std::io::Result<(libc::rlim_t, libc::rlim_t)> {
         return Err(std::io::Error::last_os_error());
     }
     Ok((lim.rlim_cur, lim.rlim_max))
+}
+
+/// Raises the soft locked-memory limit to glommio's minimum ([`MIN_MEMLOCK_BYTES`]) when it is
+/// below and the hard limit allows; otherwise an error that says how to raise it, instead of every
+/// shard failing with glommio's `MemLockLimit`.
+pub fn fit_memlock() -> Result<(), String> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct passed by pointer, which lives for the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
+        return Err(format!(
+            "cannot read RLIMIT_MEMLOCK: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let need = MIN_MEMLOCK_BYTES as libc::rlim_t;
+    if lim.rlim_cur >= need {
+        return Ok(());
+    }
+    if lim.rlim_max >= need {
+        let raised = libc::rlimit {
+            rlim_cur: need,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit reads the struct passed by pointer, which lives for the call.
+        if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &raised) } == 0 {
+            return Ok(());
+        }
+    }
+    Err(format!(
+        "RLIMIT_MEMLOCK allows {} KiB of locked memory, below the {} KiB each shard's io_uring \
+         needs: raise it (`ulimit -l {}` in the shell that starts the relay, or LimitMEMLOCK=infinity \
+         in its systemd unit)",
+        lim.rlim_cur / 1024,
+        need / 1024,
+        need / 1024
+    ))
 }
 
 fn set_soft_nofile(soft: libc::rlim_t, hard: libc::rlim_t) -> std::io::Result<()> {

@@ -112,6 +112,12 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
         .store
         .check_data_dir(&config.data_dir)
         .map_err(StartError::Setup)?;
+    // The reference smp-server's files beside no store of ours: refused, naming the import.
+    if let Some(warning) = crate::store::reference::check_start(&config.data_dir, config.store)
+        .map_err(StartError::Setup)?
+    {
+        tracing::warn!("{warning}");
+    }
     let credentials = Arc::new(
         certs::load_for_start(&config.config_dir).map_err(|e| StartError::Setup(e.to_string()))?,
     );
@@ -146,6 +152,7 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
     }
     // One limit over all shards: the kernel spreads connections unevenly over SO_REUSEPORT
     // listeners, so a share per shard refused clients while others had room.
+    admission::fit_memlock().map_err(StartError::Setup)?;
     let max_connections = admission::fit_open_files(&config, shards).map_err(StartError::Setup)?;
     let admission = admission::Admission::new(max_connections, config.max_handshakes_per_address);
     let (mesh, inboxes) = Mesh::new(shards);

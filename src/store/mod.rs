@@ -13,6 +13,7 @@ pub mod held;
 pub mod journal;
 pub mod memory;
 pub mod postgres;
+pub mod reference;
 pub mod services;
 pub mod transfer;
 

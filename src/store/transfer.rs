@@ -104,6 +104,9 @@ pub enum TransferError {
     Services(String),
     #[error("the store exported {exported}, but holds {held}")]
     ExportCounts { exported: Counts, held: Counts },
+    /// A source other than a stream refused a queue (`QueueSource::refuse`).
+    #[error("{0}")]
+    Source(String),
 }
 
 fn corrupt(offset: u64, reason: impl Into<String>) -> TransferError {
@@ -512,6 +515,43 @@ fn decode<T>(
         .map_err(|_| corrupt(r.offset, format!("bad {what}")))
 }
 
+/// Where an import takes its queues from: a `store export` stream ([`StreamReader`]), or the
+/// reference server's files (`store/reference/`).
+pub trait QueueSource {
+    /// The services, all known before the first queue is read.
+    fn services(&self) -> &[ServiceRec];
+    /// The next queue and its position in the source (for errors), or `None` at the end.
+    fn next_queue(&mut self) -> Result<Option<(QueueData, u64)>, TransferError>;
+    /// What was read so far.
+    fn read_counts(&self) -> Counts;
+    /// The counts the source records of itself (a stream's trailer), once it was read to its end;
+    /// `None` for a source that records none.
+    fn recorded_counts(&self) -> Option<Counts>;
+    /// The error for a queue at `position` that cannot be imported.
+    fn refuse(&self, position: u64, reason: String) -> TransferError {
+        corrupt(position, reason)
+    }
+}
+
+impl<R: Read> QueueSource for StreamReader<R> {
+    fn services(&self) -> &[ServiceRec] {
+        StreamReader::services(self)
+    }
+
+    fn next_queue(&mut self) -> Result<Option<(QueueData, u64)>, TransferError> {
+        StreamReader::next_queue(self)
+    }
+
+    fn read_counts(&self) -> Counts {
+        StreamReader::read_counts(self)
+    }
+
+    fn recorded_counts(&self) -> Option<Counts> {
+        // A stream always ends with its trailer.
+        Some(self.trailer().unwrap_or_default())
+    }
+}
+
 /// What an import read, what the store holds after it, and what the trailer recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ImportReport {
@@ -540,11 +580,23 @@ pub async fn import<S: ShardStore, R: Read>(
     services: &mut dyn ServiceSink,
     progress: &mut dyn FnMut(Counts),
 ) -> Result<ImportReport, TransferError> {
+    let mut reader = StreamReader::new(input)?;
+    import_from(store, &mut reader, services, progress).await
+}
+
+/// As [`import`], from any [`QueueSource`]. A source that records no counts of its own is checked
+/// against what was read: the store must hold exactly that.
+pub async fn import_from<S: ShardStore, Src: QueueSource>(
+    store: &S,
+    source: &mut Src,
+    services: &mut dyn ServiceSink,
+    progress: &mut dyn FnMut(Counts),
+) -> Result<ImportReport, TransferError> {
     let mut restored = Vec::new();
     let mut registered = false;
     let result = import_into(
         store,
-        input,
+        source,
         (&mut restored, &mut registered),
         services,
         progress,
@@ -563,15 +615,14 @@ pub async fn import<S: ShardStore, R: Read>(
     result
 }
 
-async fn import_into<S: ShardStore, R: Read>(
+async fn import_into<S: ShardStore, Src: QueueSource>(
     store: &S,
-    input: R,
+    reader: &mut Src,
     (restored, registered): (&mut Vec<Vec<u8>>, &mut bool),
     services: &mut dyn ServiceSink,
     progress: &mut dyn FnMut(Counts),
 ) -> Result<ImportReport, TransferError> {
-    let mut reader = StreamReader::new(input)?;
-    let mut register = |reader: &StreamReader<R>, registered: &mut bool| {
+    let mut register = |reader: &Src, registered: &mut bool| {
         if *registered {
             return Ok(());
         }
@@ -586,7 +637,7 @@ async fn import_into<S: ShardStore, R: Read>(
     while let Some((q, offset)) = reader.next_queue()? {
         let rid = q.rec.recipient_id.clone();
         let dup = |what: &str, id: &[u8]| {
-            corrupt(
+            reader.refuse(
                 offset,
                 format!(
                     "the queue {} repeats the {what} ID {} of an earlier queue",
@@ -612,13 +663,13 @@ async fn import_into<S: ShardStore, R: Read>(
             rid: b64url(&rid),
             error,
         };
-        register(&reader, registered)?;
+        register(reader, registered)?;
         store.restore(q).await.map_err(store_err)?;
         restored.push(rid);
         progress(reader.read_counts());
     }
-    let trailer = reader.trailer().unwrap_or_default();
     let read = reader.read_counts();
+    let trailer = reader.recorded_counts().unwrap_or(read);
     // What the store holds now, as it reports it (it was empty before).
     let mut written = store_counts(store)
         .await
@@ -626,7 +677,7 @@ async fn import_into<S: ShardStore, R: Read>(
             rid: "(counting)".into(),
             error,
         })?;
-    register(&reader, registered)?;
+    register(reader, registered)?;
     // The services went to the registry, which checked them as it took them.
     written.services = read.services;
     if read != trailer || written != trailer {
