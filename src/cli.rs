@@ -76,6 +76,10 @@ enum Command {
         /// Let anyone create queues (no create password).
         #[arg(long)]
         no_password: bool,
+        /// Turn the control port on (127.0.0.1, port 5224 unless given), with new admin and user
+        /// passwords in smp-server.ini, as the reference's `init --control-port`.
+        #[arg(long, value_name = "PORT", num_args = 0..=1, default_missing_value = "5224", value_parser = ini::port)]
+        control_port: Option<u16>,
     },
     /// Run the relay: one pinned shard per core, listening on every port. Settings come from these
     /// options, then from <data-dir>/smp-server.ini, then from the defaults.
@@ -400,7 +404,8 @@ pub fn main() -> ExitCode {
             host,
             port,
             no_password,
-        } => init(&dirs, &host, port, no_password),
+            control_port,
+        } => init(&dirs, &host, port, no_password, control_port),
         Command::Start(args) => start(&dirs, &args),
         Command::Address => server_address(&dirs.config).map(|a| println!("{a}")),
         Command::Cert {
@@ -540,7 +545,13 @@ fn init_files_present(dir: &Path) -> Vec<&'static str> {
         .collect()
 }
 
-fn init(dirs: &Dirs, host: &str, port: u16, no_password: bool) -> Result<(), String> {
+fn init(
+    dirs: &Dirs,
+    host: &str,
+    port: u16,
+    no_password: bool,
+    control_port: Option<u16>,
+) -> Result<(), String> {
     fs::create_dir_all(&dirs.data)
         .map_err(|e| format!("cannot create {}: {e}", dirs.data.display()))?;
     let dir = dirs.config.as_path();
@@ -555,14 +566,20 @@ fn init(dirs: &Dirs, host: &str, port: u16, no_password: bool) -> Result<(), Str
     fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     // None of the files was there: on a failure (a full disk) every one written goes again, so
     // that the directory is not left half initialised, which neither `init` nor `start` accepts.
-    write_identity(dir, host, port, no_password).inspect_err(|_| {
+    write_identity(dir, host, port, no_password, control_port).inspect_err(|_| {
         for f in INIT_FILES {
             let _ = fs::remove_file(dir.join(f));
         }
     })
 }
 
-fn write_identity(dir: &Path, host: &str, port: u16, no_password: bool) -> Result<(), String> {
+fn write_identity(
+    dir: &Path,
+    host: &str,
+    port: u16,
+    no_password: bool,
+    control_port: Option<u16>,
+) -> Result<(), String> {
     let creds = certs::generate(host).map_err(|e| e.to_string())?;
     write_file(dir, config::CA_KEY_FILE, &creds.ca_key_pem, true)?;
     write_file(dir, config::CA_CERT_FILE, &creds.ca_cert_pem, false)?;
@@ -583,10 +600,39 @@ fn write_identity(dir: &Path, host: &str, port: u16, no_password: bool) -> Resul
         use base64::Engine;
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
     });
-    let ini = ini_template(host, port, password.as_deref());
+    let mut ini = ini_template(host, port, password.as_deref());
+    if let Some(cp) = control_port {
+        // 18 random bytes each, base64url: 24 characters, as the reference's.
+        let pw = || {
+            let mut b = [0u8; 18];
+            rand::rngs::OsRng.fill_bytes(&mut b);
+            hash::b64url(&b)
+        };
+        ini = with_control_port(&ini, cp, &pw(), &pw());
+    }
     write_file(dir, config::INI_FILE, &ini, true)?;
     println!("{}", address(&fingerprint, password.as_deref(), host, port));
     Ok(())
+}
+
+/// The template with the control port's lines uncommented: the port and both passwords.
+fn with_control_port(template: &str, port: u16, admin: &str, user: &str) -> String {
+    template
+        .replacen(
+            "# control_port_admin_password = \n",
+            &format!("control_port_admin_password = {admin}\n"),
+            1,
+        )
+        .replacen(
+            "# control_port_user_password = \n",
+            &format!("control_port_user_password = {user}\n"),
+            1,
+        )
+        .replacen(
+            "# control_port = 5224\n",
+            &format!("control_port = {port}\n"),
+            1,
+        )
 }
 
 /// `cert`: the new online certificate, and what it means for the running relay.
@@ -711,6 +757,14 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
          # create queues here (smp://fingerprint:password@host), not to their contacts.\n\
          {password_line}\n\
          \n\
+         # The control port's passwords (admin, and user: stats, status, block, unblock).\n\
+         # control_port_admin_password = \n\
+         # control_port_user_password = \n\
+         \n\
+         # The limit for queues that can be blocked via control port per day, resets at 0:00 UTC.\n\
+         # Set to 0 to disable limit, to -1 to prohibit blocking. Default is 20.\n\
+         # daily_block_queue_quota = 20\n\
+         \n\
          [TRANSPORT]\n\
          # host is only printed in the server address; list several ports separated by commas.\n\
          host = {host}\n\
@@ -718,6 +772,8 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
          # SMP over WebSocket for web clients (TLS with this certificate, then an HTTP/1.1\n\
          # upgrade): off, on (port 80) or ports other than those above.\n\
          websockets = off\n\
+         # The control port, on 127.0.0.1 only (see the passwords under [AUTH]).\n\
+         # control_port = 5224\n\
          \n\
          [INACTIVE_CLIENTS]\n\
          # Close connections without subscriptions that sent and received nothing for ttl\n\
@@ -803,7 +859,7 @@ fn start(dirs: &Dirs, args: &StartArgs) -> Result<(), String> {
             .as_ref()
             .and_then(|p| p.first().copied())
             .unwrap_or(config::DEFAULT_PORT);
-        init(dirs, "127.0.0.1", port, true)?;
+        init(dirs, "127.0.0.1", port, true, None)?;
     }
     let file = ini::load(&data_dir.join(config::INI_FILE))
         .map_err(|e| e.to_string())?
@@ -881,7 +937,7 @@ fn offline_edit(dirs: &Dirs, id_text: &str, edit: Edit) -> Result<(), String> {
     }
     let _lock = lock::lock_data_dir(data_dir).map_err(|e| match e {
         LockError::Held(dir) => format!(
-            "the relay is running on {}; stop it first (block and unblock edit the store it saves at a clean stop)",
+            "the relay is running on {}; stop it first (block and unblock edit the store it saves at a clean stop), or use its control port's block and unblock",
             dir.display()
         ),
         e => e.to_string(),
@@ -1438,13 +1494,25 @@ mod tests {
         let uncommented: String = text
             .lines()
             .map(|l| match l.strip_prefix("# ") {
-                Some(rest) if rest.contains(" = ") && !rest.contains('<') => format!("{rest}\n"),
+                // The control port's passwords are left for the operator to fill in.
+                Some(rest)
+                    if rest.contains(" = ") && !rest.contains('<') && !rest.ends_with("= ") =>
+                {
+                    format!("{rest}\n")
+                }
                 _ => format!("{l}\n"),
             })
             .collect();
         let c = ini::parse(Path::new("smp-server.ini"), &uncommented).expect("uncommented parses");
         assert_eq!(c.options.quota, Some(d.quota));
         assert_eq!(c.options.journal_max_size, Some(4 << 30));
+        assert_eq!(c.options.control_port, Some(5224));
+        assert_eq!(c.options.daily_block_queue_quota, Some(20));
+        let on = with_control_port(&text, 7002, "adm", "usr");
+        let c = ini::parse(Path::new("smp-server.ini"), &on).expect("with the control port");
+        assert_eq!(c.options.control_port, Some(7002));
+        assert_eq!(c.options.control_port_admin_password, Some(b"adm".to_vec()));
+        assert_eq!(c.options.control_port_user_password, Some(b"usr".to_vec()));
         let no_password = ini_template("h", 1, None);
         let c = ini::parse(Path::new("smp-server.ini"), &no_password).expect("parses");
         assert_eq!(c.options.create_password, None);

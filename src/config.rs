@@ -43,6 +43,18 @@ impl Default for InactiveClients {
     }
 }
 
+/// The control port (`[TRANSPORT] control_port`, `[AUTH] control_port_admin_password`,
+/// `control_port_user_password`, `daily_block_queue_quota`; `server/control/`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ControlPort {
+    /// Listened on at 127.0.0.1; `None`: no control port.
+    pub port: Option<u16>,
+    pub admin_password: Option<Vec<u8>>,
+    pub user_password: Option<Vec<u8>>,
+    /// Queues `block` may block a UTC day: 0 no limit, negative no blocking.
+    pub daily_block_quota: i64,
+}
+
 /// `[WEB] https`, `cert` and `key`, each as set.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WebTls {
@@ -70,6 +82,7 @@ pub struct StartConfig {
     pub web: WebTls,
     /// `[INACTIVE_CLIENTS]`.
     pub inactive: InactiveClients,
+    pub control: ControlPort,
     /// Number of shards, one per pinned core.
     pub shards: usize,
     /// Connections held at once over all shards; `None`: `limits::MAX_CONNECTIONS`, or fewer if

@@ -5,7 +5,7 @@
 //!
 //! Strict on purpose: a key is either applied or refused with the file, line and what to do. A
 //! reference key this relay does not implement is never silently ignored, because an operator who
-//! copies a reference configuration must learn that, say, the control port is not there.
+//! copies a reference configuration must learn that, say, the name resolver is not there.
 //!
 //! Keys applied:
 //!
@@ -24,10 +24,13 @@
 //! | | `log_stats` | accepted as `off` |
 //! | `[AUTH]` | `new_queues` | `on`/`off` (default `on`) |
 //! | | `create_password` | password NEW must carry |
+//! | | `control_port_admin_password`, `control_port_user_password` | the control port's passwords |
+//! | | `daily_block_queue_quota` | queues the control port may block a UTC day (default 20; 0 no limit, -1 none) |
 //! | `[TRANSPORT]` | `host` | informational (printed in the address by `init`) |
 //! | | `port` | comma-separated ports to listen on (default 5223) |
 //! | | `websockets` | `off`, `on` (port 80, as the reference) or comma-separated ports serving SMP over WebSocket |
 //! | | `log_tls_errors` | accepted as `off` |
+//! | | `control_port` | the control port, on 127.0.0.1 |
 //! | `[INACTIVE_CLIENTS]` | `disconnect`, `ttl`, `check_interval` | close connections without subscriptions idle for `ttl` seconds, looked for every `check_interval` (as the reference) |
 //! | `[WEB]` | `https` | an SMP port that also serves web clients, split by TLS SNI (with `cert` and `key`) |
 //! | | `cert`, `key` | the web certificate chain and key (PEM) that clients naming a host get on `https` |
@@ -225,9 +228,6 @@ const fn k(section: &'static str, key: &'static str, rule: Rule) -> KeySpec {
     KeySpec { section, key, rule }
 }
 
-const NO_CONTROL_PORT: Rule = Rule::Unsupported(
-    "this relay has no control port (block and unblock queues with `smp-relay block`/`unblock` while it is stopped)",
-);
 const NO_NAMES: Rule = Rule::Unsupported("this relay has no name resolver role");
 const NO_INFO: Rule = Rule::Unsupported(
     "server information is shown on the reference's web page, which this relay does not generate",
@@ -269,16 +269,12 @@ const KEYS: &[KeySpec] = &[
             "this relay writes no daily statistics file yet (use prometheus_interval)",
         ),
     ),
-    k("AUTH", "control_port_admin_password", NO_CONTROL_PORT),
-    k("AUTH", "control_port_user_password", NO_CONTROL_PORT),
-    k("AUTH", "daily_block_queue_quota", NO_CONTROL_PORT),
     k("TRANSPORT", "host", Rule::Applied),
     k(
         "TRANSPORT",
         "log_tls_errors",
         Rule::Only("off", "this relay has no separate TLS error log"),
     ),
-    k("TRANSPORT", "control_port", NO_CONTROL_PORT),
     k(
         "PROXY",
         "socks_mode",
@@ -697,6 +693,22 @@ pub fn create_password(value: &str) -> Result<Vec<u8>, String> {
     Ok(value.as_bytes().to_vec())
 }
 
+/// A control port password: a server address password's characters (simplexmq `Server/Main.hs`
+/// reads both as `BasicAuth`).
+pub fn control_password(value: &str) -> Result<Vec<u8>, String> {
+    if value.is_empty() {
+        return Err("empty; comment the line out, or set a password".to_string());
+    }
+    create_password(value)
+}
+
+/// A whole number, negative or not.
+pub fn integer(value: &str) -> Result<i64, String> {
+    value
+        .parse()
+        .map_err(|_| "expected a whole number, e.g. 20, 0 or -1".to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -781,12 +793,16 @@ mod tests {
              new_queues = off\n\
              ; another comment style\n\
              create_password = s3cret\n\
+             control_port_admin_password = adm1n\n\
+             control_port_user_password = us3r\n\
+             daily_block_queue_quota = -1\n\
              \n\
              [TRANSPORT]\n\
              host = smp.example.com\n\
              port = 5223, 443\n\
              log_tls_errors = off\n\
              websockets = 8443,80\n\
+             control_port = 5224\n\
              \n\
              [RELAY]\n\
              quota = 2\n\
@@ -846,6 +862,10 @@ mod tests {
                 inactive_ttl: Some(Duration::from_secs(600)),
                 inactive_check_interval: Some(Duration::from_secs(60)),
                 create_password: Some(b"s3cret".to_vec()),
+                control_port: Some(5224),
+                control_port_admin_password: Some(b"adm1n".to_vec()),
+                control_port_user_password: Some(b"us3r".to_vec()),
+                daily_block_queue_quota: Some(-1),
                 metrics_interval: Some(Duration::from_secs(60)),
                 socks_proxy: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 9050))),
                 own_server_domains: Some(vec![
@@ -920,12 +940,12 @@ mod tests {
         // Keys of features this relay does not have are accepted and named for start's warning.
         let c = parse(
             Path::new("/d/smp-server.ini"),
-            "[TRANSPORT]\ncontrol_port = 5224\n[WEB]\nstatic_path = /var/www\n",
+            "[NAMES]\nresolver_endpoint = x\n[WEB]\nstatic_path = /var/www\n",
         )
         .expect("accepted");
         assert_eq!(c.ignored.len(), 2, "{:?}", c.ignored);
-        assert!(c.ignored[0].starts_with("[TRANSPORT] control_port (line 2): "));
-        assert!(c.ignored[0].contains("no control port"));
+        assert!(c.ignored[0].starts_with("[NAMES] resolver_endpoint (line 2): "));
+        assert!(c.ignored[0].contains("no name resolver"));
         assert!(c.ignored[1].starts_with("[WEB] static_path (line 4): "));
 
         // Every problem of a file, in one message.

@@ -148,6 +148,13 @@ pub const EXPIRE_QUEUES_PER_JOB: usize = 64;
 /// when freed (`server::fixed_mmap_threshold`).
 pub const MALLOC_MMAP_THRESHOLD_BYTES: usize = 1024 * 1024;
 
+/// Control port connections open at once; another is told so and closed.
+pub const MAX_CONTROL_CONNECTIONS: usize = 8;
+
+/// The longest control port line read (a block command with a notice fits); a longer one ends its
+/// connection.
+pub const MAX_CONTROL_LINE_BYTES: usize = 4096;
+
 #[cfg(test)]
 mod tests {
     use super::*;

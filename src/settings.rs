@@ -425,6 +425,34 @@ start_settings! {
         ini: "AUTH" "create_password" => ini::create_password,
         flag: (skip),
     }
+    /// The control port, on 127.0.0.1 (ini `[TRANSPORT] control_port`).
+    control_port: u16 {
+        set: |c, v| c.control.port = Some(v),
+        default: None => "no control port",
+        ini: "TRANSPORT" "control_port" => ini::port,
+        flag: (long = "control-port", value_name = "PORT", value_parser = ini::port),
+    }
+    /// The control port's admin password (the file only).
+    control_port_admin_password: Vec<u8> {
+        set: |c, v| c.control.admin_password = Some(v),
+        default: None,
+        ini: "AUTH" "control_port_admin_password" => ini::control_password,
+        flag: (skip),
+    }
+    /// The control port's user password (the file only).
+    control_port_user_password: Vec<u8> {
+        set: |c, v| c.control.user_password = Some(v),
+        default: None,
+        ini: "AUTH" "control_port_user_password" => ini::control_password,
+        flag: (skip),
+    }
+    /// Queues the control port may block a UTC day: 0 no limit, -1 no blocking (the file only).
+    daily_block_queue_quota: i64 {
+        set: |c, v| c.control.daily_block_quota = v,
+        default: Some(20),
+        ini: "AUTH" "daily_block_queue_quota" => ini::integer,
+        flag: (skip),
+    }
     /// Rewrite <data-dir>/smp-server-metrics.txt (Prometheus text) every SECS seconds (ini
     /// `[STORE_LOG] prometheus_interval`).
     metrics_interval: Duration {
@@ -459,6 +487,12 @@ trait ShowDefault {
 }
 
 impl ShowDefault for u64 {
+    fn show(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl ShowDefault for i64 {
     fn show(&self) -> String {
         self.to_string()
     }
@@ -564,6 +598,7 @@ impl StartConfig {
             websocket_ports: Vec::new(),
             web: config::WebTls::default(),
             inactive: config::InactiveClients::default(),
+            control: config::ControlPort::default(),
             shards: 0,
             max_connections: None,
             max_handshakes_per_address: 0,

@@ -146,7 +146,7 @@ fn a_bad_boolean_stops_start() {
     assert!(stderr.contains("expected on or off"), "{stderr}");
 }
 
-/// Keys of the reference's features this relay does not have (here the control port, the
+/// Keys of the reference's features this relay does not have (here the name resolver, the
 /// server information and the static site of the reference's template) are accepted with one
 /// warning at start naming each; a value this relay cannot honour stops it, and every problem of
 /// the file is in one message.
@@ -156,7 +156,7 @@ fn reference_keys_this_relay_lacks_are_ignored_with_one_warning() {
         |d| {
             append_ini(
                 d,
-                "\n[TRANSPORT]\ncontrol_port = 5224\n[INFORMATION]\nsource_code = \
+                "\n[NAMES]\nresolver_endpoint = https://names.example.com\n[INFORMATION]\nsource_code = \
                  https://github.com/simplex-chat/simplexmq\n[WEB]\nstatic_path = /var/opt/www\n",
             )
         },
@@ -169,7 +169,7 @@ fn reference_keys_this_relay_lacks_are_ignored_with_one_warning() {
         relay.log_text()
     );
     for key in [
-        "[TRANSPORT] control_port",
+        "[NAMES] resolver_endpoint",
         "[INFORMATION] source_code",
         "[WEB] static_path",
     ] {

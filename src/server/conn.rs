@@ -235,6 +235,8 @@ async fn session(
         ConnHandle {
             out: out_tx.clone(),
             state: state.clone(),
+            session_id: info.session_id.clone(),
+            created_at: crate::clock::now_secs(),
         },
     );
     let in_flight = InFlight {

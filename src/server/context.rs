@@ -69,6 +69,9 @@ pub struct ConnStats {
     pub output_drops: Cell<u64>,
     pub output_reasks: Cell<u64>,
     pub slow_reader_closes: Cell<u64>,
+    /// Connections accepted and closed (the control port's `sockets`).
+    pub sockets_accepted: Cell<u64>,
+    pub sockets_closed: Cell<u64>,
     /// How `SUBS` and `NSUBS` counts compared with the clients' (the rest of the services'
     /// statistics is the owners').
     pub rcv_services: RefCell<crate::metrics::ServiceStats>,

@@ -14,6 +14,7 @@ pub mod commands;
 pub use commands::forward;
 pub mod conn;
 pub mod context;
+pub mod control;
 pub mod directory;
 pub mod dispatch;
 pub mod listen;

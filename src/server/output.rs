@@ -15,6 +15,10 @@ use crate::store::EntityId;
 pub struct ConnHandle {
     pub out: Rc<LocalSender<Output>>,
     pub state: Rc<OutputState>,
+    /// For the control port's `clients`: the session ID and when the session began (Unix
+    /// seconds).
+    pub session_id: Vec<u8>,
+    pub created_at: i64,
 }
 
 /// The connection's output bound (`docs/ARCHITECTURE.md` §4): bytes queued for the socket,

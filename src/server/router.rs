@@ -314,6 +314,8 @@ pub enum ShardMsg {
     /// Test hook (`clock_control`), to shard 0: write the metrics file now (a round of
     /// `StatsRequest`), then say so on `done`.
     MetricsNow { done: flume::Sender<()> },
+    /// The control port's requests (`server/control/`).
+    Control(super::control::request::ControlMsg),
     /// Stop: save what must be saved, then end the shard.
     Stop,
 }

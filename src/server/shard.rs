@@ -13,6 +13,7 @@ use glommio::net::TcpListener;
 use super::admission::Refused;
 use super::conn;
 use super::context::ShardContext;
+use super::control::request::ControlMsg;
 use super::owner::Owner;
 use super::pipeline::{Keys, Pipeline};
 use super::router::{ConnRef, CountHash, Gathering, ServiceKey, Session, ShardMsg, Step};
@@ -86,8 +87,20 @@ pub async fn run<S: ShardStore>(
         }
         _ => None,
     };
+    // The control port, on shard 0, bound before `ready` so that a port in use stops the start.
+    let control_port = match ctx.config.control.port {
+        Some(port) if ctx.shard_id == 0 => {
+            let listener = super::control::bind(port)?;
+            Some(glommio::spawn_local(super::control::serve(
+                listener,
+                ctx.clone(),
+            )))
+        }
+        _ => None,
+    };
     ready();
     let store = inbox_loop(&ctx, owner, inbox).await;
+    drop(control_port);
     drop(clock_control);
     drop(ticker);
     drop(metrics_ticker);
@@ -168,6 +181,7 @@ async fn inbox_loop<S: ShardStore>(
                 ask_for_stats(ctx);
             }
             ShardMsg::Stop => break,
+            ShardMsg::Control(m) => control(ctx, &owner, &pipeline, m),
             m => owner_job(&owner, &pipeline, m),
         }
     }
@@ -276,7 +290,65 @@ pub fn owner_job<S: QueueStore + MessageStore + 'static>(
         | ShardMsg::StatsPart { .. }
         | ShardMsg::MetricsNow { .. }
         | ShardMsg::ServicePart { .. }
+        | ShardMsg::Control(_)
         | ShardMsg::Stop => {}
+    }
+}
+
+/// The control port's requests (`server/control/`): numbers and connections are answered at once;
+/// a queue operation is a job holding its queue, in the per-queue order like any command on it.
+fn control<S: ShardStore>(
+    ctx: &ShardContext,
+    owner: &Rc<Owner<S>>,
+    pipeline: &Pipeline,
+    msg: ControlMsg,
+) {
+    match msg {
+        ControlMsg::Stats { reply } => {
+            let _ = reply.try_send(Box::new(shard_stats(ctx, owner)));
+        }
+        ControlMsg::Clients { reply } => {
+            let by_conn = owner.by_conn.borrow();
+            let subs = by_conn
+                .iter()
+                .map(|(c, e)| ((c.shard, c.id), e.subs.len(), e.ntf_subs.len()))
+                .filter(|(_, q, n)| q + n > 0)
+                .collect();
+            let part = super::control::shard_clients(
+                ctx,
+                subs,
+                owner.subs.borrow().len(),
+                owner.ntf_subs.borrow().len(),
+            );
+            let _ = reply.try_send(part);
+        }
+        // A job over every queue, so that no operation is halfway through what is saved.
+        ControlMsg::Save { reply } => {
+            let o = owner.clone();
+            let settings = super::store_settings(&ctx.config);
+            let groups = super::router::groups_of_shard(ctx.shard_id, ctx.mesh.shards());
+            pipeline.submit(
+                Keys::Everything,
+                None,
+                Box::pin(async move {
+                    let _ = reply.try_send(o.store.save_running(&settings, &groups));
+                }),
+            );
+        }
+        ControlMsg::Queue {
+            recipient_id,
+            op,
+            reply,
+        } => {
+            let o = owner.clone();
+            pipeline.submit(
+                Keys::of([recipient_id.as_slice()]),
+                None,
+                Box::pin(async move {
+                    let _ = reply.try_send(o.control_queue(&recipient_id, op).await);
+                }),
+            );
+        }
     }
 }
 
@@ -429,6 +501,10 @@ async fn accept_loop(listener: TcpListener, kind: PortKind, ctx: Rc<ShardContext
         let Ok(peer) = sock.peer_addr() else {
             continue;
         };
+        let stats = &ctx.conn_stats;
+        stats.sockets_accepted.set(stats.sockets_accepted.get() + 1);
+        // Closed at the `continue`s below, or when its connection ends.
+        let closed = SocketClosed(ctx.clone());
         // A refused socket is dropped (closed) at the `continue`.
         // An IPv4 client of the dual-stack listener counts as its IPv4 address.
         let (slot, handshaking) = match ctx.admission.admit(peer.ip().to_canonical()) {
@@ -460,8 +536,19 @@ async fn accept_loop(listener: TcpListener, kind: PortKind, ctx: Rc<ShardContext
             conn::serve(sock, c.clone(), handshaking, kind).await;
             c.connections.set(c.connections.get() - 1);
             drop(slot);
+            drop(closed);
         })
         .detach();
+    }
+}
+
+/// Counts an accepted socket as closed when dropped.
+struct SocketClosed(Rc<ShardContext>);
+
+impl Drop for SocketClosed {
+    fn drop(&mut self) {
+        let s = &self.0.conn_stats.sockets_closed;
+        s.set(s.get() + 1);
     }
 }
 

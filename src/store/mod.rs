@@ -532,6 +532,11 @@ pub trait ShardStore: QueueStore + MessageStore + Sized + 'static {
     fn all_opened(s: &StoreSettings) -> Result<(), String>;
     /// A clean stop: make everything of `groups` durable.
     fn close(self, s: &StoreSettings, groups: &[u32]) -> Result<(), String>;
+    /// The control port's `save` on a running relay: write what `close` would write, keeping the
+    /// store open. Stores that make every change durable before answering have nothing to write.
+    fn save_running(&self, _s: &StoreSettings, _groups: &[u32]) -> Result<(), String> {
+        Ok(())
+    }
     /// The record of the queue with this sender or link ID in a stopped relay's store.
     fn find_offline(s: &StoreSettings, id: &[u8]) -> Result<Option<QueueRec>, String>;
     /// Sets the status of the queue with this sender ID in a stopped relay's store.

@@ -1211,6 +1211,12 @@ impl ShardStore for PostgresStore {
     }
 
     fn close(self, s: &StoreSettings, groups: &[u32]) -> Result<(), String> {
+        self.save_running(s, groups)
+    }
+
+    /// The pending notifications, kept in memory, go to their files (everything else is in the
+    /// database already).
+    fn save_running(&self, s: &StoreSettings, groups: &[u32]) -> Result<(), String> {
         let dir = ntfs::store_dir(&s.data_dir);
         let mut by_group: HashMap<u32, Vec<(EntityId, Vec<MsgNtf>)>> = HashMap::new();
         let d = self.data.borrow();

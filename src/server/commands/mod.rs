@@ -7,6 +7,7 @@
 //! the queue's status (BLOCKED) and the daily `updated_at` touch.
 
 pub mod connection;
+mod control;
 mod deliver;
 pub mod forward;
 pub use deliver::msg_transmission;

@@ -596,6 +596,19 @@ impl crate::store::ShardStore for MemoryStore {
         set_aside_saved(&store_dir(s)).map_err(|e| e.to_string())
     }
 
+    fn save_running(&self, s: &crate::store::StoreSettings, groups: &[u32]) -> Result<(), String> {
+        if !s.keep.queues {
+            return Ok(());
+        }
+        if !s.keep.messages {
+            return Err(
+                "messages are not kept (restore_messages = off), so the store is saved at a clean stop only"
+                    .into(),
+            );
+        }
+        self.save(&store_dir(s), groups).map_err(|e| e.to_string())
+    }
+
     fn close(self, s: &crate::store::StoreSettings, groups: &[u32]) -> Result<(), String> {
         {
             // What the configuration does not keep is not written: saving the rest of an emptied
