@@ -502,6 +502,19 @@ fn the_reference_configuration_and_data_of_every_init_variant_run_unchanged() {
         if let Some(f) = &fixture {
             reference_data::check_served(&relay, f, true);
         }
+        if let Some(port) = o.control_port {
+            // The control port with the admin password the reference's `init` wrote.
+            let ini = std::fs::read_to_string(etc.path().join("smp-server.ini")).unwrap();
+            let password = ini
+                .lines()
+                .find_map(|l| l.strip_prefix("control_port_admin_password = "))
+                .expect("the template's admin password");
+            assert_eq!(
+                control_port_auth(port, password),
+                "Current role is CPRAdmin",
+                "{name}"
+            );
+        }
         let mut c = relay.client();
         let keys = RecipientKeys::generate(KeyAlg::Ed25519);
         let mut new = smp_relay::client::queue::new_queue(&keys);
@@ -510,4 +523,21 @@ fn the_reference_configuration_and_data_of_every_init_variant_run_unchanged() {
         support::send_ok(&mut c, &q, None, name.as_bytes());
         support::expect_body(&mut c, &q, name.as_bytes());
     }
+}
+
+/// `auth PASSWORD` on the control port at 127.0.0.1:`port`: the answer after the greeting.
+fn control_port_auth(port: u16, password: &str) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let mut w = std::net::TcpStream::connect(("127.0.0.1", port)).expect("control port");
+    w.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut r = BufReader::new(w.try_clone().unwrap());
+    writeln!(w, "auth {password}").unwrap();
+    let mut lines = Vec::new();
+    for _ in 0..3 {
+        let mut l = String::new();
+        r.read_line(&mut l).expect("a line");
+        lines.push(l.trim_end().to_string());
+    }
+    assert_eq!(lines[0], "SMP server control port", "{lines:?}");
+    lines.pop().unwrap()
 }
