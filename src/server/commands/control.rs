@@ -82,12 +82,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 e.subs.remove(&rid);
             }
         }
-        let gets = self.gets.borrow_mut().remove(&rid);
-        for c in gets.into_iter().flat_map(|m| m.into_keys()) {
-            if let Some(e) = self.by_conn.borrow_mut().get_mut(&c) {
-                e.gets.remove(&rid);
-            }
-        }
+        self.forget_gets(&rid);
         if let Some(n) = &q.notifier {
             let nid = &n.notifier_id;
             self.ntf_backlog.borrow_mut().remove(nid);

@@ -25,6 +25,16 @@ const CREATE_ATTEMPTS: usize = 3;
 const OWNED_ID_TRIES: usize = 256;
 
 impl<S: QueueStore + MessageStore> Owner<S> {
+    /// Forgets the pending GETs of a deleted queue, on every connection that asked.
+    pub(crate) fn forget_gets(&self, rid: &[u8]) {
+        let gets = self.gets.borrow_mut().remove(rid);
+        for c in gets.into_iter().flat_map(|m| m.into_keys()) {
+            if let Some(e) = self.by_conn.borrow_mut().get_mut(&c) {
+                e.gets.remove(rid);
+            }
+        }
+    }
+
     pub(super) async fn new_queue(
         &self,
         session: &Session,
@@ -296,12 +306,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 e.subs.remove(&rid);
             }
         }
-        let gets = self.gets.borrow_mut().remove(&rid);
-        for c in gets.into_iter().flat_map(|m| m.into_keys()) {
-            if let Some(e) = self.by_conn.borrow_mut().get_mut(&c) {
-                e.gets.remove(&rid);
-            }
-        }
+        self.forget_gets(&rid);
         if let Some(n) = &q.notifier {
             self.notifier_gone(session, &n.notifier_id).await;
         }
