@@ -654,18 +654,7 @@ fn the_reference_directories_by_environment_and_by_option() {
     let etc = TempDir::new("cli-etc");
     let var = TempDir::new("cli-var");
     let (cfg, log) = (etc.path().join("simplex"), var.path().join("simplex"));
-    let with_env = |args: &[&str]| {
-        let child = Command::new(common::BIN)
-            .args(args)
-            .env("SMP_SERVER_CFG_PATH", &cfg)
-            .env("SMP_SERVER_LOG_PATH", &log)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn smp-relay");
-        common::wait_output(child, Duration::from_secs(30))
-    };
+    let with_env = |args: &[&str]| common::run_with_reference_env(&cfg, &log, args);
     let out = with_env(&["init", "--host", "relay.example", "--no-password"]);
     assert!(out.status.success(), "init: {}", text(&out.stderr));
     let printed = text(&out.stdout).trim().to_string();

@@ -9,7 +9,6 @@ mod reference_data;
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{Relay, RelayOptions, TempDir};
@@ -381,20 +380,6 @@ fn reference_init(cfg: &Path, log: &Path, o: &InitOptions) -> String {
     format!("smp://{}{auth}@{host}", fingerprint.trim())
 }
 
-/// `smp-relay ARGS` with the reference's two environment variables set.
-fn with_reference_env(cfg: &Path, log: &Path, args: &[&str]) -> std::process::Output {
-    let child = Command::new(common::BIN)
-        .args(args)
-        .env("SMP_SERVER_CFG_PATH", cfg)
-        .env("SMP_SERVER_LOG_PATH", log)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn smp-relay");
-    common::wait_output(child, Duration::from_secs(30))
-}
-
 /// The kinds of `init` the reference offers, each option in at least one, and where that
 /// reference server kept its messages (none: it ran without a store log, so it kept nothing).
 fn init_variants() -> Vec<(&'static str, InitOptions, Option<Messages>)> {
@@ -461,13 +446,17 @@ fn the_reference_configuration_and_data_of_every_init_variant_run_unchanged() {
                 std::fs::write(&ini, text).unwrap();
             }
             let f = reference_data::write_fixture(var.path(), m);
-            let refused = with_reference_env(etc.path(), var.path(), &["start"]);
+            let refused = common::run_with_reference_env(etc.path(), var.path(), &["start"]);
             let stderr = String::from_utf8_lossy(&refused.stderr);
             assert!(
                 !refused.status.success() && stderr.contains("store import-reference"),
                 "{name}: a start before the import: {stderr}"
             );
-            let out = with_reference_env(etc.path(), var.path(), &["store", "import-reference"]);
+            let out = common::run_with_reference_env(
+                etc.path(),
+                var.path(),
+                &["store", "import-reference"],
+            );
             assert!(
                 out.status.success(),
                 "{name}: import: {}",
@@ -475,7 +464,7 @@ fn the_reference_configuration_and_data_of_every_init_variant_run_unchanged() {
             );
             f
         });
-        let out = with_reference_env(etc.path(), var.path(), &["address"]);
+        let out = common::run_with_reference_env(etc.path(), var.path(), &["address"]);
         assert!(
             out.status.success(),
             "{name}: address: {}",

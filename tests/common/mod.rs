@@ -81,6 +81,21 @@ pub fn run_cli(dir: &Path, args: &[&str]) -> Output {
     run_bin(&all)
 }
 
+/// Runs the binary with these arguments and the reference's directory variables
+/// (`SMP_SERVER_CFG_PATH`, `SMP_SERVER_LOG_PATH`), killing it after `COMMAND_TIMEOUT`.
+pub fn run_with_reference_env(cfg: &Path, log: &Path, args: &[&str]) -> Output {
+    let child = Command::new(BIN)
+        .args(args)
+        .env("SMP_SERVER_CFG_PATH", cfg)
+        .env("SMP_SERVER_LOG_PATH", log)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn smp-relay");
+    wait_output(child, COMMAND_TIMEOUT)
+}
+
 /// Runs the binary with these exact arguments, killing it after `COMMAND_TIMEOUT`.
 pub fn run_bin(args: &[&str]) -> Output {
     let child = Command::new(BIN)
