@@ -20,7 +20,7 @@
 //! | | `prometheus_interval` | seconds between rewrites of the metrics file; absent = no file |
 //! | | `journal_max_size` | the most bytes the journal store's segment files may take (K, M, G, T suffixes; at least 16M); absent = no cap |
 //! | | `enable`, `restore_messages`, `expire_messages_on_start` | accepted as `on` (what this relay always does) |
-//! | | `log_stats` | accepted as `off` |
+//! | | `log_stats` | `on`/`off` (default `off`): the daily statistics file and the statistics backup |
 //! | `[AUTH]` | `new_queues` | `on`/`off` (default `on`) |
 //! | | `create_password` | password NEW must carry |
 //! | `[TRANSPORT]` | `host` | informational (printed in the address by `init`) |
@@ -37,6 +37,7 @@
 //! | | `expire_interval_secs` | seconds between expiration runs (reference: fixed 2 h) |
 //! | | `tls_timeout_secs`, `handshake_timeout_secs` | TLS and SMP handshake deadlines |
 //! | | `slow_reader_close_secs` | seconds a connection may stay over its output bound before it is closed |
+//! | | `metrics_listen` | `ADDR:PORT` where `GET /metrics` serves the metrics file's text (default: off) |
 //!
 //! The message TTL has one key only, `expire_messages_days` (as the reference); `start
 //! --message-ttl-secs` overrides it when a finer unit is needed (tests).
@@ -274,14 +275,6 @@ const KEYS: &[KeySpec] = &[
         Rule::Only(
             "on",
             "this relay always drops expired messages when it loads its store",
-        ),
-    ),
-    k(
-        "STORE_LOG",
-        "log_stats",
-        Rule::Only(
-            "off",
-            "this relay writes no daily statistics file yet (use prometheus_interval)",
         ),
     ),
     k("AUTH", "control_port_admin_password", NO_CONTROL_PORT),
@@ -738,12 +731,12 @@ mod tests {
             let value = match key {
                 "store_queues" | "store_messages" => "memory",
                 "fsync" => "interval-ms 20",
-                "expire_messages_on_send" | "new_queues" | "disconnect" => "on",
+                "expire_messages_on_send" | "new_queues" | "disconnect" | "log_stats" => "on",
                 "cert" | "key" => "/etc/opt/simplex/web.crt",
                 "create_password" => "secret",
                 "host" => "example.com",
                 "port" => "5223",
-                "socks_proxy" => "127.0.0.1:9050",
+                "socks_proxy" | "metrics_listen" => "127.0.0.1:9050",
                 "journal_max_size" => "4G",
                 _ => "7",
             };
@@ -856,6 +849,8 @@ mod tests {
                 inactive_check_interval: Some(Duration::from_secs(60)),
                 create_password: Some(b"s3cret".to_vec()),
                 metrics_interval: Some(Duration::from_secs(60)),
+                log_stats: Some(false),
+                metrics_listen: None,
                 socks_proxy: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 9050))),
                 own_server_domains: Some(vec![
                     "example.com".to_string(),

@@ -132,6 +132,8 @@ pub struct Owner<S> {
     pub ntf_subs: RefCell<HashMap<EntityId, Session>>,
     pub by_conn: RefCell<HashMap<ConnRef, ConnEntries>>,
     pub stats: RefCell<OwnerStats>,
+    /// Queues with messages sent or received this day, week and month (`metrics::Activity`).
+    pub activity: RefCell<crate::metrics::Activity>,
     /// Connections whose recent batch failed: block parts left before they are batched again.
     batch_off: RefCell<HashMap<ConnRef, u32>>,
     /// The shard-wide guard: failure score, and block parts left to verify one by one.
@@ -187,6 +189,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             ntf_subs: RefCell::default(),
             by_conn: RefCell::default(),
             stats: RefCell::default(),
+            activity: RefCell::default(),
             batch_off: RefCell::default(),
             batch_fail_score: Cell::new(0),
             batch_off_all: Cell::new(0),
@@ -314,7 +317,6 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         if subs.is_empty() {
             return HashMap::new();
         }
-        self.stats.borrow_mut().sub_batches += 1;
         let ids: Vec<&[u8]> = subs.iter().map(|(_, rid)| *rid).collect();
         match self.store.peek_first_many(&ids).await {
             Ok(heads) => subs.iter().map(|(i, _)| *i).zip(heads).collect(),
