@@ -1733,13 +1733,15 @@ mod tests {
 
     #[test]
     fn each_counter_has_its_value_and_comment() {
-        let mut s = MetricsSnapshot::default();
-        s.queues_created = 5;
-        s.queues_deleted_secured = 2;
-        s.msg_sent_block = 7;
+        let mut s = MetricsSnapshot {
+            queues_created: 5,
+            queues_deleted_secured: 2,
+            msg_sent_block: 7,
+            rslv_disabled: 4,
+            ..MetricsSnapshot::default()
+        };
         s.p_msg_fwds_own.errors_connect = 3;
         s.ntf_service_stats.sub_fewer_total = 11;
-        s.rslv_disabled = 4;
         let text = render(&s, &extra(), 1_700_000_000_123);
         for expected in [
             "simplex_smp_queues_created 5 1700000000123\n# qCreated\n",

@@ -72,7 +72,6 @@ pub fn daily_line(
         s.msg_sent,
         s.msg_recv,
     ]);
-    let mut cols = cols;
     cols.extend([active.day.to_string(), opt(active.week), opt(active.month)]);
     cols.extend([s.msg_sent_ntf, s.msg_recv_ntf].map(|v| v.to_string()));
     cols.extend([
