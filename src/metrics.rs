@@ -700,8 +700,10 @@ pub struct Extra {
     pub from_ms: u64,
     pub sockets: Vec<SocketCounts>,
     pub threads: u64,
-    /// Ages of the deliveries waiting for their ACK now.
+    /// Ages of the deliveries waiting for their ACK now, and the times from deliveries to
+    /// their ACKs so far.
     pub pending_times: TimeBuckets,
+    pub ack_times: TimeBuckets,
 }
 
 /// The time as the reference prints a `UTCTime` (`iso8601Show`): fractional seconds only when
@@ -1224,8 +1226,7 @@ pub fn render(s: &MetricsSnapshot, x: &Extra, now_ms: u64) -> String {
     );
     let acked = s.msg_recv.saturating_add(s.msg_recv_get);
     let t = "simplex_smp_delivery_ack_confirmed_time";
-    // This relay does not time acknowledgements: the histogram has its count only.
-    let ack_times = TimeBuckets::default();
+    let ack_times = &x.ack_times;
     w.head(
         t,
         Kind::Histogram,
@@ -1233,7 +1234,7 @@ pub fn render(s: &MetricsSnapshot, x: &Extra, now_ms: u64) -> String {
     );
     w.sample(&format!("{t}_sum"), ack_times.sum_secs);
     w.sample(&format!("{t}_count"), acked);
-    w.time_buckets(t, &ack_times);
+    w.time_buckets(t, ack_times);
     w.sample(&format!("{t}_bucket{{le=\"+Inf\"}}"), acked);
     w.raw("\n");
     w.head(
@@ -1241,7 +1242,7 @@ pub fn render(s: &MetricsSnapshot, x: &Extra, now_ms: u64) -> String {
         Counter,
         "Counts for confirmed deliveries",
     );
-    w.bucket_sums("simplex_smp_delivery_ack_confirmed_count", &ack_times);
+    w.bucket_sums("simplex_smp_delivery_ack_confirmed_count", ack_times);
     w.raw("\n");
     w.head(
         "simplex_smp_delivery_ack_pending_count",
@@ -1693,6 +1694,7 @@ mod tests {
             }],
             threads: 3,
             pending_times: TimeBuckets::default(),
+            ack_times: TimeBuckets::default(),
         }
     }
 

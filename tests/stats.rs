@@ -278,6 +278,10 @@ fn the_metrics_file_has_the_reference_families() {
     assert_eq!(ack(&mut rc, &q, &m.msg_id), BrokerMsg::Ok);
     let n = nkey(&mut rc, &q);
     assert_eq!(nsub(&mut sc, &n), sok(&sc));
+    // A delivery left without its ACK for 100 s on the relay's clock.
+    send_ok(&mut sc, &q, None, b"later");
+    expect_body(&mut rc, &q, b"later");
+    relay.advance_clock(100);
     relay.publish_metrics();
     let text = std::fs::read_to_string(relay.dir.path().join("smp-server-metrics.txt"))
         .expect("metrics file");
@@ -336,7 +340,7 @@ fn the_metrics_file_has_the_reference_families() {
     let m = relay.metrics();
     for (sample, value) in [
         ("simplex_smp_queues_created", 1),
-        ("simplex_smp_messages_sent", 1),
+        ("simplex_smp_messages_sent", 2),
         ("simplex_smp_messages_received", 1),
         ("simplex_smp_queues_daily", 1),
         ("simplex_smp_queues_notify_created", 1),
@@ -345,11 +349,31 @@ fn the_metrics_file_has_the_reference_families() {
         ("simplex_smp_subscription_ntf_total", 1),
         ("simplex_smp_subscribtion_total", 1),
         ("simplex_smp_delivery_ack_confirmed_time_count", 1),
+        (
+            "simplex_smp_delivery_ack_confirmed_time_bucket{le=\"+Inf\"}",
+            1,
+        ),
+        (
+            "simplex_smp_delivery_ack_confirmed_count{period=\"0-60\"}",
+            1,
+        ),
+        (
+            "simplex_smp_delivery_ack_pending_count{period=\"60-300\"}",
+            1,
+        ),
+        ("simplex_smp_delivery_ack_pending_count{period=\"0-60\"}", 0),
+        ("simplex_smp_delivered_total", 1),
+        ("simplex_smp_delivered_clients_total", 1),
         ("simplex_smp_clients_total", 2),
         ("simplex_smp_names_disabled", 0),
     ] {
         assert_eq!(m.get(sample), Some(&value), "{sample}");
     }
+    let max = m["simplex_smp_delivery_ack_time_max"];
+    assert!(
+        (100..=110).contains(&max),
+        "the pending delivery's age: {max}"
+    );
     let port = format!("simplex_smp_sockets_active{{port=\"{}\"}}", relay.port);
     assert_eq!(m.get(&port), Some(&2), "two connections on the port");
     assert!(text.contains("\n# qCreated\n") && text.contains("# Stats from: "));

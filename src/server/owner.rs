@@ -27,6 +27,9 @@ use crate::store::{EntityId, MessageStore, MsgId, QueueStore};
 pub struct Subscriber {
     pub session: Session,
     pub delivered: Option<MsgId>,
+    /// When `delivered` was sent (relay seconds): its ACK's time and the pending deliveries'
+    /// ages are counted from it (the reference's `TimeBuckets`).
+    pub delivered_at: i64,
     /// Which subscription this is: every SUB starts a new one (see `Delivery`).
     pub epoch: u64,
 }
@@ -134,6 +137,8 @@ pub struct Owner<S> {
     pub stats: RefCell<OwnerStats>,
     /// Queues with messages sent or received this day, week and month (`metrics::Activity`).
     pub activity: RefCell<crate::metrics::Activity>,
+    /// Seconds from a SUB-mode delivery to its ACK.
+    pub ack_times: RefCell<crate::metrics::TimeBuckets>,
     /// Connections whose recent batch failed: block parts left before they are batched again.
     batch_off: RefCell<HashMap<ConnRef, u32>>,
     /// The shard-wide guard: failure score, and block parts left to verify one by one.
@@ -190,6 +195,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             by_conn: RefCell::default(),
             stats: RefCell::default(),
             activity: RefCell::default(),
+            ack_times: RefCell::default(),
             batch_off: RefCell::default(),
             batch_fail_score: Cell::new(0),
             batch_off_all: Cell::new(0),

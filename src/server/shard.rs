@@ -165,13 +165,18 @@ async fn inbox_loop<S: ShardStore>(
             ShardMsg::Redelivered { conn, groups } => ctx.redelivered(conn, groups),
             ShardMsg::Close { conn } => ctx.close(conn),
             ShardMsg::Metrics => ask_for_stats(ctx),
-            ShardMsg::StatsRequest { reply_to, round } => ctx.mesh.send(
-                reply_to,
-                ShardMsg::StatsPart {
-                    round,
-                    part: Box::new(shard_stats(ctx, &owner)),
-                },
-            ),
+            ShardMsg::StatsRequest { reply_to, round } => {
+                let pending = pending_times(&owner);
+                let ack = owner.ack_times.borrow().clone();
+                ctx.stats.set_times(ctx.shard_id, ack, pending);
+                ctx.mesh.send(
+                    reply_to,
+                    ShardMsg::StatsPart {
+                        round,
+                        part: Box::new(shard_stats(ctx, &owner)),
+                    },
+                )
+            }
             ShardMsg::StatsPart { round, part } => gather_stats(ctx, round, *part),
             ShardMsg::ServicePart { round, part } => ctx.service_part(round, part),
             ShardMsg::MetricsNow { done } => {
@@ -400,11 +405,13 @@ fn gather_stats(ctx: &ShardContext, round: u64, part: MetricsSnapshot) {
         Step::Done(total) => {
             let path = metrics::metrics_path(&ctx.config.data_dir);
             let daily = ctx.daily.borrow();
+            let (ack_times, pending_times) = ctx.stats.times();
             let extra = metrics::Extra {
                 from_ms: daily.from_ms,
                 sockets: ctx.stats.sockets(),
                 threads: super::stats::threads(),
-                pending_times: metrics::TimeBuckets::default(),
+                pending_times,
+                ack_times,
             };
             let text = metrics::render(&daily.shown(&total), &extra, metrics::now_ms());
             drop(daily);
@@ -491,6 +498,21 @@ fn gather_daily(ctx: &ShardContext, round: u64, part: MetricsSnapshot) {
             }
         }
     }
+}
+
+/// The ages of this owner's deliveries that wait for their ACK.
+fn pending_times<S: ShardStore>(owner: &Owner<S>) -> metrics::TimeBuckets {
+    let now = crate::clock::now_secs();
+    let mut t = metrics::TimeBuckets::default();
+    for s in owner
+        .subs
+        .borrow()
+        .values()
+        .filter(|s| s.delivered.is_some())
+    {
+        t.record(now.saturating_sub(s.delivered_at).max(0) as u64);
+    }
+    t
 }
 
 /// This shard's numbers: its owner's, its connections' and its proxy's.

@@ -18,7 +18,7 @@ use crate::config::StartConfig;
 use crate::limits::{
     METRICS_HTTP_MAX_CONNECTIONS, METRICS_HTTP_MAX_REQUEST_BYTES, METRICS_HTTP_READ_TIMEOUT,
 };
-use crate::metrics::{Activity, MetricsSnapshot, SocketCounts};
+use crate::metrics::{Activity, MetricsSnapshot, SocketCounts, TimeBuckets};
 use crate::stats_file::{self, Backup};
 
 /// Shard 0's view of the counters' period: when it began, what to add (restored from the backup)
@@ -68,6 +68,9 @@ pub struct Shared {
     /// The latest metrics text, for the HTTP endpoint.
     pub latest: Mutex<String>,
     pub sockets: Vec<PortSockets>,
+    /// Each shard's ACK times and pending deliveries' ages, left for shard 0 as it answers a
+    /// metrics round (they do not fit the plain numbers of its `StatsPart`).
+    pub times: Mutex<Vec<(TimeBuckets, TimeBuckets)>>,
 }
 
 impl Shared {
@@ -80,6 +83,23 @@ impl Shared {
                 closed: p.closed.load(Ordering::Relaxed),
             })
             .collect()
+    }
+
+    /// Shard `shard`'s ACK times and pending deliveries' ages, for the next metrics text.
+    pub fn set_times(&self, shard: usize, ack: TimeBuckets, pending: TimeBuckets) {
+        if let Some(t) = lock(&self.times).get_mut(shard) {
+            *t = (ack, pending);
+        }
+    }
+
+    /// Every shard's ACK times and pending deliveries' ages, summed.
+    pub fn times(&self) -> (TimeBuckets, TimeBuckets) {
+        let mut sum = (TimeBuckets::default(), TimeBuckets::default());
+        for (a, p) in lock(&self.times).iter() {
+            sum.0.add(a);
+            sum.1.add(p);
+        }
+        sum
     }
 
     pub fn port(&self, port: u16) -> Option<&PortSockets> {
@@ -129,6 +149,7 @@ pub fn prepare(config: &StartConfig, shards: usize) -> Result<(Shared, Option<u6
     ports.dedup();
     let shared = Shared {
         restored: Mutex::new(restored),
+        times: Mutex::new(vec![Default::default(); shards]),
         daily_start: Mutex::new(Some(daily)),
         sockets: ports
             .into_iter()

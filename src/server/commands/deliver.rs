@@ -151,6 +151,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             let mut subs = self.subs.borrow_mut();
             let s = subs.get_mut(&rid)?;
             s.delivered = head.as_ref().map(|m| *m.msg_id());
+            s.delivered_at = now_secs();
             s.session.clone()
         };
         let m = head?;
@@ -207,6 +208,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             };
             if let Some(s) = self.subs.borrow_mut().get_mut(rid) {
                 s.delivered = Some(*m.msg_id());
+                s.delivered_at = now_secs();
             }
             if !repeated {
                 self.stats.borrow_mut().subs += 1;
@@ -234,6 +236,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                     Subscriber {
                         session: session.clone(),
                         delivered: None,
+                        delivered_at: 0,
                         epoch,
                     },
                 );
@@ -345,11 +348,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             let mut subs = self.subs.borrow_mut();
             match subs.get_mut(rid).filter(|s| s.session.conn == conn) {
                 Some(s) if !matches(&s.delivered) => return err(ErrorType::NoMsg),
-                Some(s) => Some(s.delivered.take()),
+                Some(s) => Some((s.delivered.take(), s.delivered_at)),
                 None => None,
             }
         };
-        if let Some(delivered) = sub_delivered {
+        if let Some((delivered, delivered_at)) = sub_delivered {
             let Some(delivered) = delivered else {
                 return err(ErrorType::NoMsg);
             };
@@ -359,7 +362,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             };
             turn.touched.insert(rid.to_vec());
             if let Some(m) = &deleted {
-                self.count_received(rid, m, false);
+                self.count_received(rid, m, Some(delivered_at));
             }
             return match next {
                 Some(m) => {
@@ -372,6 +375,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                         .filter(|s| s.session.conn == conn)
                     {
                         s.delivered = Some(*m.msg_id());
+                        s.delivered_at = now_secs();
                     }
                     #[cfg(test)]
                     if self.fault.get() == crate::server::owner::Fault::AckWithoutNext {
@@ -396,7 +400,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             self.set_get_state(rid, conn, None);
             // GET mode deletes only a matching head; OK either way.
             match self.store.try_del(rid, &delivered).await {
-                Ok(Some(m)) => self.count_received(rid, &m, true),
+                Ok(Some(m)) => self.count_received(rid, &m, None),
                 Ok(None) => {}
                 Err(e) => return err(store_error(e)),
             }
@@ -407,8 +411,9 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     }
 
     /// An acknowledged message left the queue (simplexmq `Server.hs`, `acknowledgeMsg`): counted,
-    /// and the queue is active today; the quota marker is not a message.
-    fn count_received(&self, rid: &[u8], m: &Message, get: bool) {
+    /// and the queue is active today; the quota marker is not a message. `delivered_at`: when a
+    /// subscription delivered it (`None`: a GET, whose delivery is not timed here).
+    fn count_received(&self, rid: &[u8], m: &Message, delivered_at: Option<i64>) {
         let Message::Message { notification, .. } = m else {
             return;
         };
@@ -416,8 +421,12 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         let mut st = self.stats.borrow_mut();
         let mut act = self.activity.borrow_mut();
         st.msg_recv += 1;
-        if get {
-            st.msg_recv_get += 1;
+        match delivered_at {
+            None => st.msg_recv_get += 1,
+            Some(at) => self
+                .ack_times
+                .borrow_mut()
+                .record(now_secs().saturating_sub(at).max(0) as u64),
         }
         act.msgs.insert(h);
         if *notification {
@@ -568,6 +577,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             return;
         }
         s.delivered = Some(*m.msg_id());
+        s.delivered_at = now_secs();
         let t = msg_transmission(&s.session, b"", rid, secret, m);
         let conn = s.session.conn;
         drop(subs);

@@ -150,6 +150,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                     Subscriber {
                         session: session.clone(),
                         delivered: None,
+                        delivered_at: 0,
                         epoch,
                     },
                 );
