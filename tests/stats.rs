@@ -278,6 +278,13 @@ fn the_metrics_file_has_the_reference_families() {
     assert_eq!(ack(&mut rc, &q, &m.msg_id), BrokerMsg::Ok);
     let n = nkey(&mut rc, &q);
     assert_eq!(nsub(&mut sc, &n), sok(&sc));
+    // A notification stored for a notifier nobody subscribes to.
+    let q2 = create_only(&mut rc);
+    nkey(&mut rc, &q2);
+    assert_eq!(
+        unsigned(&mut sc, q2.sid(), send_ntf_cmd(b"flagged")),
+        BrokerMsg::Ok
+    );
     // A delivery left without its ACK for 100 s on the relay's clock.
     send_ok(&mut sc, &q, None, b"later");
     expect_body(&mut rc, &q, b"later");
@@ -339,12 +346,15 @@ fn the_metrics_file_has_the_reference_families() {
     }
     let m = relay.metrics();
     for (sample, value) in [
-        ("simplex_smp_queues_created", 1),
-        ("simplex_smp_messages_sent", 2),
+        ("simplex_smp_queues_created", 2),
+        ("simplex_smp_messages_sent", 3),
         ("simplex_smp_messages_received", 1),
-        ("simplex_smp_queues_daily", 1),
-        ("simplex_smp_queues_notify_created", 1),
-        ("simplex_smp_queues_notify_total2", 1),
+        ("simplex_smp_queues_daily", 2),
+        ("simplex_smp_queues_notify_daily", 1),
+        ("simplex_smp_messages_notify_sent", 1),
+        ("simplex_smp_queues_notify_created", 2),
+        ("simplex_smp_queues_notify_total1", 1),
+        ("simplex_smp_queues_notify_total2", 2),
         ("simplex_smp_subscription_ntf_requests", 1),
         ("simplex_smp_subscription_ntf_total", 1),
         ("simplex_smp_subscribtion_total", 1),

@@ -520,6 +520,7 @@ fn shard_stats<S: ShardStore>(ctx: &ShardContext, owner: &Owner<S>) -> MetricsSn
     let mut m = MetricsSnapshot::from_shard(&owner.stats.borrow(), &owner.store.counters());
     m.queue_count = owner.store.queue_count() as u64;
     m.msg_count = owner.store.total_messages() as u64;
+    m.ntf_count = owner.store.ntf_count() as u64;
     {
         let subs = owner.subs.borrow();
         m.subscriptions = subs.len() as u64;
