@@ -13,6 +13,7 @@ use std::io::{Read, Write};
 use common::*;
 use smp_relay::client::{new_corr_id, ClientTransmission};
 use smp_relay::protocol::command::Command;
+use smp_relay::protocol::error::NameError;
 use smp_relay::protocol::response::BrokerMsg;
 use support::*;
 
@@ -285,6 +286,11 @@ fn the_metrics_file_has_the_reference_families() {
         unsigned(&mut sc, q2.sid(), send_ntf_cmd(b"flagged")),
         BrokerMsg::Ok
     );
+    // Without a resolver RSLV is refused, and counted as the reference counts it.
+    for _ in 0..2 {
+        let r = unsigned(&mut sc, b"", Command::Rslv("simplex.example".into()));
+        assert_eq!(r, BrokerMsg::Err(ErrorType::Name(NameError::NoResolver)));
+    }
     // A delivery left without its ACK for 100 s on the relay's clock.
     send_ok(&mut sc, &q, None, b"later");
     expect_body(&mut rc, &q, b"later");
@@ -375,7 +381,9 @@ fn the_metrics_file_has_the_reference_families() {
         ("simplex_smp_delivered_total", 1),
         ("simplex_smp_delivered_clients_total", 1),
         ("simplex_smp_clients_total", 2),
-        ("simplex_smp_names_disabled", 0),
+        ("simplex_smp_names_reqs", 2),
+        ("simplex_smp_names_disabled", 2),
+        ("simplex_smp_names_success", 0),
     ] {
         assert_eq!(m.get(sample), Some(&value), "{sample}");
     }

@@ -379,9 +379,19 @@ fn route_forwarded(ctx: &RouteCtx<'_>, corr_id: &[u8], body: &[u8], routed: &mut
             corr_id,
             entity_id,
             msg,
-        } => routed
-            .local
-            .push(forward::respond(session, &fwd, &corr_id, &entity_id, &msg)),
+        } => {
+            // A forwarded RSLV is refused here as a plain one is, and counted likewise.
+            if msg
+                == BrokerMsg::Err(ErrorType::Name(
+                    crate::protocol::error::NameError::NoResolver,
+                ))
+            {
+                routed.rslv += 1;
+            }
+            routed
+                .local
+                .push(forward::respond(session, &fwd, &corr_id, &entity_id, &msg))
+        }
         Decoded::Route { fwd, request: r } => {
             let recipient_id = resolve(ctx, r.command.facts().entity, &r.entity_id);
             let owner = ctx
