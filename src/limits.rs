@@ -157,6 +157,9 @@ pub const MAX_ACTIVE_QUEUES_PER_SET: usize = 1 << 22;
 pub const METRICS_HTTP_MAX_CONNECTIONS: usize = 8;
 pub const METRICS_HTTP_MAX_REQUEST_BYTES: usize = 8 * 1024;
 pub const METRICS_HTTP_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Requests within this long of the last metrics round are answered with its text, so that
+/// scrapers, however many, make the shards publish at most once in it.
+pub const METRICS_HTTP_FRESH: Duration = Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests {

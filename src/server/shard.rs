@@ -419,7 +419,8 @@ fn gather_stats(ctx: &ShardContext, round: u64, part: MetricsSnapshot) {
                 tracing::warn!(error = %e, "cannot write the metrics file");
             }
             if ctx.config.metrics_listen.is_some() {
-                *ctx.stats.latest.lock().unwrap_or_else(|e| e.into_inner()) = text;
+                *ctx.stats.latest.lock().unwrap_or_else(|e| e.into_inner()) =
+                    (Some(std::time::Instant::now()), text);
             }
             for done in ctx.stats_waiters.borrow_mut().drain(..) {
                 let _ = done.send(());

@@ -16,7 +16,8 @@ use std::time::Duration;
 use super::router::{Mesh, ShardMsg};
 use crate::config::StartConfig;
 use crate::limits::{
-    METRICS_HTTP_MAX_CONNECTIONS, METRICS_HTTP_MAX_REQUEST_BYTES, METRICS_HTTP_READ_TIMEOUT,
+    METRICS_HTTP_FRESH, METRICS_HTTP_MAX_CONNECTIONS, METRICS_HTTP_MAX_REQUEST_BYTES,
+    METRICS_HTTP_READ_TIMEOUT,
 };
 use crate::metrics::{Activity, MetricsSnapshot, SocketCounts, TimeBuckets};
 use crate::stats_file::{self, Backup};
@@ -65,8 +66,8 @@ pub struct Shared {
     pub daily_start: Mutex<Option<Daily>>,
     /// Each shard's numbers at its stop.
     pub finals: Mutex<Vec<Final>>,
-    /// The latest metrics text, for the HTTP endpoint.
-    pub latest: Mutex<String>,
+    /// The latest metrics text and when it was made, for the HTTP endpoint.
+    pub latest: Mutex<(Option<std::time::Instant>, String)>,
     pub sockets: Vec<PortSockets>,
     /// Each shard's ACK times and pending deliveries' ages, left for shard 0 as it answers a
     /// metrics round (they do not fit the plain numbers of its `StatsPart`).
@@ -332,10 +333,15 @@ fn answer(mut stream: TcpStream, mesh: &Mesh, shared: &Shared) {
     };
     let (status, body) = match request {
         HttpRequest::Metrics => {
-            let (tx, rx) = flume::bounded(1);
-            mesh.send(0, ShardMsg::MetricsNow { done: tx });
-            let _ = rx.recv_timeout(Duration::from_secs(5));
-            ("200 OK", lock(&shared.latest).clone())
+            let fresh = lock(&shared.latest)
+                .0
+                .is_some_and(|at| at.elapsed() < METRICS_HTTP_FRESH);
+            if !fresh {
+                let (tx, rx) = flume::bounded(1);
+                mesh.send(0, ShardMsg::MetricsNow { done: tx });
+                let _ = rx.recv_timeout(Duration::from_secs(5));
+            }
+            ("200 OK", lock(&shared.latest).1.clone())
         }
         HttpRequest::NotFound => ("404 Not Found", String::new()),
         HttpRequest::Bad => ("400 Bad Request", String::new()),
