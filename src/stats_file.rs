@@ -536,6 +536,24 @@ mod tests {
         assert_eq!(decode_backup(&text), Ok(b));
     }
 
+    /// A file in the reference's layout (as its `strEncode` of `ServerStatsData` writes one) is
+    /// read, and written back byte for byte.
+    #[test]
+    fn a_backup_in_the_reference_layout_reads_and_writes_back_the_same() {
+        let text = include_str!("../tests/fixtures/reference-stats-backup.txt");
+        let b = decode_backup(text).expect("the reference's layout");
+        assert_eq!(b.from_ms, 1_795_996_800_250);
+        assert_eq!((b.counters.queues_created, b.q_count), (12, 9));
+        assert_eq!(b.counters.msg_recv_get, 4);
+        assert_eq!(b.counters.p_msg_fwds.errors_other, 1);
+        assert_eq!(b.counters.p_msg_fwds_recv, 11);
+        assert_eq!(b.counters.rcv_service_stats.sub_queues, 2);
+        assert_eq!(b.counters.rslv_disabled, 3);
+        assert_eq!(b.activity.msgs.month.len(), 4);
+        assert!(b.activity.msgs.day.contains(&-8_912_336_587_412_265_472));
+        assert_eq!(encode_backup(&b), text);
+    }
+
     #[test]
     fn a_bad_backup_is_refused_with_its_line() {
         let e = decode_backup("fromTime=2023-11-14T22:13:20Z\nqCreated=x\n").unwrap_err();

@@ -449,3 +449,43 @@ fn metrics_are_served_over_http() {
     );
     relay.assert_serves();
 }
+
+/// A backup as the reference writes it (`tests/fixtures/reference-stats-backup.txt`) is restored:
+/// its counters go on, its active queues count, and its queue count is compared with the store's.
+#[test]
+fn a_backup_written_by_the_reference_is_restored() {
+    let mut relay = Relay::start();
+    assert!(relay.stop().success());
+    std::fs::write(
+        relay.dir.path().join(BACKUP_FILE),
+        fixture("reference-stats-backup.txt"),
+    )
+    .expect("put the backup in place");
+    relay.restart_with(&["--log-stats", "on", "--metrics-interval", "3600"]);
+    assert!(relay.log_shows("Queue count differs: stats: 9, store: 0"));
+    relay.publish_metrics();
+    let m = relay.metrics();
+    for (sample, value) in [
+        ("simplex_smp_queues_created", 12),
+        ("simplex_smp_messages_sent", 40),
+        ("simplex_smp_messages_notify_get_received", 4),
+        (
+            "simplex_smp_relay_messages_errors{source=\"all\",type=\"other\"}",
+            1,
+        ),
+        ("simplex_smp_relay_messages_received", 11),
+        ("simplex_smp_rcv_services_sub_queues", 2),
+        ("simplex_smp_names_disabled", 3),
+        ("simplex_smp_queues_daily", 3),
+        ("simplex_smp_queues_monthly", 4),
+        ("simplex_smp_queues_notify_weekly", 1),
+    ] {
+        assert_eq!(m.get(sample), Some(&value), "{sample}");
+    }
+    let text = std::fs::read_to_string(relay.dir.path().join("smp-server-metrics.txt"))
+        .expect("metrics file");
+    assert!(
+        text.contains("\n# Stats from: 2026-11-30T00:00:00.25Z\n"),
+        "{text}"
+    );
+}
