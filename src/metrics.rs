@@ -1,10 +1,14 @@
 //! The metrics file `<data-dir>/smp-server-metrics.txt`: Prometheus text, rewritten every
 //! `prometheus_interval` seconds (simplexmq `Server/Prometheus.hs`), for a node exporter's
-//! textfile collector or any scraper that reads files.
+//! textfile collector or any scraper that reads files (and served on `GET /metrics` when
+//! `metrics_listen` is set, `server/stats.rs`).
 //!
-//! Where the reference has a metric, its exact name is used (spelling included, e.g.
-//! `subscribtion`), so dashboards built for the reference keep working; this relay's own metrics are
-//! named `smprelay_…`. Every sample carries a millisecond timestamp, as the reference's do.
+//! Every family of the reference is written in its order and layout — section titles, the
+//! `# <counter>` line after each sample, exact names (spelling included, e.g. `subscribtion`) and
+//! help texts — so dashboards built for the reference keep working; this relay's own metrics
+//! follow, named `smprelay_…`. Every sample carries a millisecond timestamp, as the reference's do.
+//! The counters are the reference's `ServerStats` (simplexmq `Server/Stats.hs`), counted where its
+//! `Server.hs` counts them.
 //!
 //! The server collects one [`MetricsSnapshot`] per shard, sums them with [`MetricsSnapshot::add`],
 //! and writes [`render`]'s text with [`write_atomically`] to [`metrics_path`].
