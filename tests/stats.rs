@@ -90,12 +90,17 @@ fn a_day_of_traffic_is_one_daily_line_field_by_field() {
     sub_with_msg(&mut rc2, &q2);
     expect_event(&mut rc, q2.rid(), BrokerMsg::End);
     sub_with_msg(&mut rc2, &q2);
-    // q3, q4: a GET of an empty queue, then both deleted in one block, never secured.
+    // q3, q4: a GET of an empty queue, a GET of a message and its ACK, then both queues deleted
+    // in one block, never secured.
     let (q3, q4) = (create_only(&mut rc), create_only(&mut rc));
     assert_eq!(
         signed(&mut rc, q3.key(), q3.rid(), Command::Get),
         BrokerMsg::Ok
     );
+    send_ok(&mut sc, &q3, None, b"pulled");
+    let got = msg_of(&q3, signed(&mut rc, q3.key(), q3.rid(), Command::Get));
+    assert_eq!(got.msg.body(), Some(&b"pulled"[..]));
+    assert_eq!(ack(&mut rc, &q3, &got.msg_id), BrokerMsg::Ok);
     del_block(&mut rc, &[&q3, &q4]);
 
     relay.write_daily_stats();
@@ -149,11 +154,11 @@ fn a_day_of_traffic_is_one_daily_line_field_by_field() {
         ("qCreated", "4".into()),
         ("qSecured", "0".into()),
         ("qDeletedAll", "2".into()),
-        ("msgSent", "3".into()),
-        ("msgRecv", "2".into()),
-        ("dayMsgQueues", "2".into()),
-        ("weekMsgQueues", weekly("2")),
-        ("monthMsgQueues", monthly("2")),
+        ("msgSent", "4".into()),
+        ("msgRecv", "3".into()),
+        ("dayMsgQueues", "3".into()),
+        ("weekMsgQueues", weekly("3")),
+        ("monthMsgQueues", monthly("3")),
         ("msgSentNtf", "1".into()),
         ("msgRecvNtf", "1".into()),
         ("dayCountNtf", "1".into()),
@@ -169,7 +174,9 @@ fn a_day_of_traffic_is_one_daily_line_field_by_field() {
         ("qSubProhibited", "0".into()),
         ("msgSentAuth", "1".into()),
         ("msgGetNoMsg", "1".into()),
-        ("msgGet", "0".into()),
+        ("msgGet", "1".into()),
+        ("msgRecvGet", "1".into()),
+        ("msgGetDuplicate", "0".into()),
         ("queueCount", "2".into()),
         ("qDeletedAllB", "1".into()),
         ("qSubAllB", "0".into()),
