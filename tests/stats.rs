@@ -496,3 +496,30 @@ fn a_backup_written_by_the_reference_is_restored() {
         "{text}"
     );
 }
+
+/// A connection subscribed to queues of both shards is one subscribed client, as on the reference.
+#[test]
+fn a_client_subscribed_on_two_shards_counts_once() {
+    let relay = Relay::start_with(RelayOptions {
+        cores: 2,
+        extra_args: vec!["--metrics-interval".into(), "3600".into()],
+    });
+    let (mut rc, mut sc) = (relay.client(), relay.client());
+    let mut shards = std::collections::HashSet::new();
+    let mut queues = Vec::new();
+    while shards.len() < 2 {
+        let q = create(&mut rc);
+        shards.insert(smp_relay::server::router::owner_shard(q.rid(), 2));
+        queues.push(q);
+    }
+    for q in &queues {
+        send_ok(&mut sc, q, None, b"held");
+        expect_body(&mut rc, q, b"held");
+    }
+    relay.publish_metrics();
+    let m = relay.metrics();
+    assert_eq!(m["simplex_smp_subscribtion_total"], queues.len() as u64);
+    assert_eq!(m["simplex_smp_subscribtion_clients_total"], 1);
+    assert_eq!(m["simplex_smp_delivered_total"], queues.len() as u64);
+    assert_eq!(m["simplex_smp_delivered_clients_total"], 1);
+}

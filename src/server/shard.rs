@@ -169,6 +169,7 @@ async fn inbox_loop<S: ShardStore>(
                 let pending = pending_times(&owner);
                 let ack = owner.ack_times.borrow().clone();
                 ctx.stats.set_times(ctx.shard_id, ack, pending);
+                ctx.stats.set_clients(ctx.shard_id, clients(&owner));
                 ctx.mesh.send(
                     reply_to,
                     ShardMsg::StatsPart {
@@ -404,6 +405,12 @@ fn gather_stats(ctx: &ShardContext, round: u64, part: MetricsSnapshot) {
         Step::Waiting(g) => *ctx.stats_round.borrow_mut() = Some(g),
         Step::Done(total) => {
             let path = metrics::metrics_path(&ctx.config.data_dir);
+            let mut total = total;
+            [
+                total.sub_clients,
+                total.delivered_clients,
+                total.ntf_sub_clients,
+            ] = ctx.stats.clients();
             let daily = ctx.daily.borrow();
             let (ack_times, pending_times) = ctx.stats.times();
             let extra = metrics::Extra {
@@ -499,6 +506,33 @@ fn gather_daily(ctx: &ShardContext, round: u64, part: MetricsSnapshot) {
             }
         }
     }
+}
+
+/// This owner's connections with a subscription, with a delivery waiting for its ACK, with a
+/// notifier subscription.
+fn clients<S: ShardStore>(owner: &Owner<S>) -> [Vec<ConnRef>; 3] {
+    let by_conn = owner.by_conn.borrow();
+    let with = |f: &dyn Fn(&super::owner::ConnEntries) -> bool| -> Vec<ConnRef> {
+        by_conn
+            .iter()
+            .filter(|(_, e)| f(e))
+            .map(|(c, _)| *c)
+            .collect()
+    };
+    let mut delivered: Vec<ConnRef> = owner
+        .subs
+        .borrow()
+        .values()
+        .filter(|s| s.delivered.is_some())
+        .map(|s| s.session.conn)
+        .collect();
+    delivered.sort_unstable_by_key(|c| (c.shard, c.id));
+    delivered.dedup();
+    [
+        with(&|e| !e.subs.is_empty()),
+        delivered,
+        with(&|e| !e.ntf_subs.is_empty()),
+    ]
 }
 
 /// The ages of this owner's deliveries that wait for their ACK.

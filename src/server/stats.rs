@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::router::{Mesh, ShardMsg};
+use super::router::{ConnRef, Mesh, ShardMsg};
 use crate::config::StartConfig;
 use crate::limits::{
     METRICS_HTTP_FRESH, METRICS_HTTP_MAX_CONNECTIONS, METRICS_HTTP_MAX_REQUEST_BYTES,
@@ -72,6 +72,10 @@ pub struct Shared {
     /// Each shard's ACK times and pending deliveries' ages, left for shard 0 as it answers a
     /// metrics round (they do not fit the plain numbers of its `StatsPart`).
     pub times: Mutex<Vec<(TimeBuckets, TimeBuckets)>>,
+    /// Each shard's connections with a subscription, with a delivery waiting for its ACK, with
+    /// a notifier subscription: a connection may hold them on several owners, so shard 0 counts
+    /// the distinct ones.
+    pub clients: Mutex<Vec<[Vec<ConnRef>; 3]>>,
 }
 
 impl Shared {
@@ -91,6 +95,24 @@ impl Shared {
         if let Some(t) = lock(&self.times).get_mut(shard) {
             *t = (ack, pending);
         }
+    }
+
+    /// Shard `shard`'s connections with subscriptions, deliveries and notifier subscriptions.
+    pub fn set_clients(&self, shard: usize, clients: [Vec<ConnRef>; 3]) {
+        if let Some(c) = lock(&self.clients).get_mut(shard) {
+            *c = clients;
+        }
+    }
+
+    /// The distinct connections of each kind over every shard.
+    pub fn clients(&self) -> [u64; 3] {
+        let all = lock(&self.clients);
+        [0, 1, 2].map(|i| {
+            all.iter()
+                .flat_map(|c| c[i].iter())
+                .collect::<std::collections::HashSet<_>>()
+                .len() as u64
+        })
     }
 
     /// Every shard's ACK times and pending deliveries' ages, summed.
@@ -151,6 +173,7 @@ pub fn prepare(config: &StartConfig, shards: usize) -> Result<(Shared, Option<u6
     let shared = Shared {
         restored: Mutex::new(restored),
         times: Mutex::new(vec![Default::default(); shards]),
+        clients: Mutex::new(vec![Default::default(); shards]),
         daily_start: Mutex::new(Some(daily)),
         sockets: ports
             .into_iter()
