@@ -75,6 +75,15 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
     (yoe + era * 400 + i64::from(month <= 2), month, day)
 }
 
+/// The UTC date of Unix seconds: year, month (1-12), day of the month (1-31), and the day of the
+/// week (1 Monday … 7 Sunday).
+pub fn utc_date(secs: i64) -> (i64, i64, i64, i64) {
+    let days = secs.div_euclid(86400);
+    let (y, m, d) = civil_from_days(days);
+    // 1970-01-01 was a Thursday.
+    (y, m, d, (days + 3).rem_euclid(7) + 1)
+}
+
 /// `YYYY-MM-DDTHH:MM:SS` of Unix seconds.
 fn date_time(secs: i64) -> String {
     let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));

@@ -95,6 +95,10 @@ pub struct StartConfig {
     pub settings: Settings,
     /// How often the metrics file is rewritten; `None`: no metrics file (`prometheus_interval`).
     pub metrics_interval: Option<Duration>,
+    /// The daily statistics file and the statistics backup (`[STORE_LOG] log_stats`).
+    pub log_stats: bool,
+    /// Where the metrics are served over HTTP (`[RELAY] metrics_listen`); `None`: nowhere.
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// A connection whose output stays over its bound this long is closed.
     pub slow_reader_close: Duration,
     /// Test hook: shard `.0`'s reads of queue heads wait `.1` first (`store/held.rs`).

@@ -21,7 +21,7 @@
 //! | | `journal_max_size` | the most bytes the journal store's segment files may take (K, M, G, T suffixes; at least 16M); absent = no cap |
 //! | | `enable`, `restore_messages` | what the memory store keeps over a restart (off: nothing; no messages) |
 //! | | `expire_messages_on_start` | accepted as `on` (what this relay always does) |
-//! | | `log_stats` | accepted as `off` |
+//! | | `log_stats` | `on`/`off` (default `off`): the daily statistics file and the statistics backup |
 //! | `[AUTH]` | `new_queues` | `on`/`off` (default `on`) |
 //! | | `create_password` | password NEW must carry |
 //! | | `control_port_admin_password`, `control_port_user_password` | the control port's passwords |
@@ -41,6 +41,7 @@
 //! | | `expire_interval_secs` | seconds between expiration runs (reference: fixed 2 h) |
 //! | | `tls_timeout_secs`, `handshake_timeout_secs` | TLS and SMP handshake deadlines |
 //! | | `slow_reader_close_secs` | seconds a connection may stay over its output bound before it is closed |
+//! | | `metrics_listen` | `ADDR:PORT` where `GET /metrics` serves the metrics file's text (default: off) |
 //!
 //! The message TTL has one key only, `expire_messages_days` (as the reference); `start
 //! --message-ttl-secs` overrides it when a finer unit is needed (tests).
@@ -259,14 +260,6 @@ const KEYS: &[KeySpec] = &[
         Rule::Only(
             "on",
             "this relay always drops expired messages when it loads its store",
-        ),
-    ),
-    k(
-        "STORE_LOG",
-        "log_stats",
-        Rule::Only(
-            "off",
-            "this relay writes no daily statistics file yet (use prometheus_interval)",
         ),
     ),
     k("TRANSPORT", "host", Rule::Applied),
@@ -739,12 +732,13 @@ mod tests {
                 | "new_queues"
                 | "disconnect"
                 | "enable"
-                | "restore_messages" => "on",
+                | "restore_messages"
+                | "log_stats" => "on",
                 "cert" | "key" => "/etc/opt/simplex/web.crt",
                 "create_password" => "secret",
                 "host" => "example.com",
                 "port" => "5223",
-                "socks_proxy" => "127.0.0.1:9050",
+                "socks_proxy" | "metrics_listen" => "127.0.0.1:9050",
                 "journal_max_size" => "4G",
                 _ => "7",
             };
@@ -867,6 +861,8 @@ mod tests {
                 control_port_user_password: Some(b"us3r".to_vec()),
                 daily_block_queue_quota: Some(-1),
                 metrics_interval: Some(Duration::from_secs(60)),
+                log_stats: Some(false),
+                metrics_listen: None,
                 socks_proxy: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 9050))),
                 own_server_domains: Some(vec![
                     "example.com".to_string(),

@@ -15,5 +15,6 @@ pub mod metrics;
 pub mod protocol;
 pub mod server;
 pub mod settings;
+pub mod stats_file;
 pub mod store;
 pub mod transport;

@@ -155,6 +155,24 @@ pub const MAX_CONTROL_CONNECTIONS: usize = 8;
 /// connection.
 pub const MAX_CONTROL_LINE_BYTES: usize = 4096;
 
+/// Seconds a statistics time bucket may say (ACK and pending-delivery ages beyond are counted
+/// as this old), so that the buckets of minutes beyond three minutes stay at most 1440.
+pub const MAX_TIME_BUCKET_SECS: u64 = 86_400;
+
+/// Distinct queues each of a shard's active-queue sets (day, week, month; all messages and those
+/// with the notification flag) holds: beyond it a new queue is not counted until the period
+/// starts again. 8 bytes a queue, so at most 32 MiB a set.
+pub const MAX_ACTIVE_QUEUES_PER_SET: usize = 1 << 22;
+
+/// The metrics HTTP endpoint (`[RELAY] metrics_listen`): connections served at once (more are
+/// closed at accept), the longest request head read, and how long a request may take to arrive.
+pub const METRICS_HTTP_MAX_CONNECTIONS: usize = 8;
+pub const METRICS_HTTP_MAX_REQUEST_BYTES: usize = 8 * 1024;
+pub const METRICS_HTTP_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Requests within this long of the last metrics round are answered with its text, so that
+/// scrapers, however many, make the shards publish at most once in it.
+pub const METRICS_HTTP_FRESH: Duration = Duration::from_secs(1);
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,10 +1,14 @@
 //! The metrics file `<data-dir>/smp-server-metrics.txt`: Prometheus text, rewritten every
 //! `prometheus_interval` seconds (simplexmq `Server/Prometheus.hs`), for a node exporter's
-//! textfile collector or any scraper that reads files.
+//! textfile collector or any scraper that reads files (and served on `GET /metrics` when
+//! `metrics_listen` is set, `server/stats.rs`).
 //!
-//! Where the reference has a metric, its exact name is used (spelling included, e.g.
-//! `subscribtion`), so dashboards built for the reference keep working; this relay's own metrics are
-//! named `smprelay_…`. Every sample carries a millisecond timestamp, as the reference's do.
+//! Every family of the reference is written in its order and layout — section titles, the
+//! `# <counter>` line after each sample, exact names (spelling included, e.g. `subscribtion`) and
+//! help texts — so dashboards built for the reference keep working; this relay's own metrics
+//! follow, named `smprelay_…`. Every sample carries a millisecond timestamp, as the reference's do.
+//! The counters are the reference's `ServerStats` (simplexmq `Server/Stats.hs`), counted where its
+//! `Server.hs` counts them.
 //!
 //! The server collects one [`MetricsSnapshot`] per shard, sums them with [`MetricsSnapshot::add`],
 //! and writes [`render`]'s text with [`write_atomically`] to [`metrics_path`].
@@ -35,6 +39,25 @@ pub struct ProxyStats {
 }
 
 impl ProxyStats {
+    pub fn minus(&mut self, o: &ProxyStats) {
+        self.requests = self.requests.saturating_sub(o.requests);
+        self.successes = self.successes.saturating_sub(o.successes);
+        self.errors_connect = self.errors_connect.saturating_sub(o.errors_connect);
+        self.errors_compat = self.errors_compat.saturating_sub(o.errors_compat);
+        self.errors_other = self.errors_other.saturating_sub(o.errors_other);
+    }
+
+    #[cfg(test)]
+    fn numbered(from: u64) -> ProxyStats {
+        ProxyStats {
+            requests: from,
+            successes: from + 1,
+            errors_connect: from + 2,
+            errors_compat: from + 3,
+            errors_other: from + 4,
+        }
+    }
+
     pub fn add(&mut self, o: &ProxyStats) {
         let ProxyStats {
             requests,
@@ -109,6 +132,42 @@ impl ServiceStats {
         }
     }
 
+    /// The fields as the reference's `ServiceStatsData` lists them.
+    pub fn fields_mut(&mut self) -> [&mut u64; 14] {
+        [
+            &mut self.assoc_new,
+            &mut self.assoc_duplicate,
+            &mut self.assoc_updated,
+            &mut self.assoc_removed,
+            &mut self.sub_count,
+            &mut self.sub_duplicate,
+            &mut self.sub_queues,
+            &mut self.sub_end,
+            &mut self.sub_ok,
+            &mut self.sub_more,
+            &mut self.sub_fewer,
+            &mut self.sub_diff,
+            &mut self.sub_more_total,
+            &mut self.sub_fewer_total,
+        ]
+    }
+
+    pub fn minus(&mut self, o: &ServiceStats) {
+        let mut o = *o;
+        for (a, b) in self.fields_mut().into_iter().zip(o.fields_mut()) {
+            *a = a.saturating_sub(*b);
+        }
+    }
+
+    #[cfg(test)]
+    fn numbered(from: u64) -> ServiceStats {
+        let mut s = ServiceStats::default();
+        for (i, f) in s.fields_mut().into_iter().enumerate() {
+            *f = from + i as u64;
+        }
+        s
+    }
+
     pub fn add(&mut self, o: &ServiceStats) {
         let ServiceStats {
             assoc_new,
@@ -147,12 +206,18 @@ impl ServiceStats {
     }
 }
 
-/// Counters of an owner, exported as metrics.
+/// Counters of an owner, exported as metrics (each named as the reference's `ServerStats` field it
+/// follows, simplexmq `src/Simplex/Messaging/Server/Stats.hs`).
 #[derive(Debug, Default, Clone)]
 pub struct OwnerStats {
     pub queues_created: u64,
     pub queues_secured: u64,
     pub queues_deleted: u64,
+    /// DELs of queues never secured, and of secured ones (`qDeletedNew`, `qDeletedSecured`).
+    pub queues_deleted_new: u64,
+    pub queues_deleted_secured: u64,
+    /// Queues the control port blocked (`qBlocked`, what `daily_block_queue_quota` limits).
+    pub queues_blocked: u64,
     pub msg_sent: u64,
     pub msg_sent_auth: u64,
     pub msg_sent_quota: u64,
@@ -162,8 +227,34 @@ pub struct OwnerStats {
     pub msg_recv: u64,
     pub msg_expired: u64,
     pub msg_ntfs: u64,
-    pub sub_batches: u64,
+    /// New subscriptions that delivered a waiting message (`qSub`), SUBs refused AUTH, repeated
+    /// on the same connection, refused on a GET-mode queue; END and DELD events sent.
     pub subs: u64,
+    pub sub_auth: u64,
+    pub sub_duplicate: u64,
+    pub sub_prohibited: u64,
+    pub sub_end: u64,
+    /// SENDs and ACKs of messages with the notification flag (`msgSentNtf`, `msgRecvNtf`).
+    pub msg_sent_ntf: u64,
+    pub msg_recv_ntf: u64,
+    /// GET: a message returned, its ACK, no message, AUTH, a GET while a message was
+    /// outstanding, a GET on a subscribed queue.
+    pub msg_get: u64,
+    pub msg_recv_get: u64,
+    pub msg_get_no_msg: u64,
+    pub msg_get_auth: u64,
+    pub msg_get_duplicate: u64,
+    pub msg_get_prohibited: u64,
+    /// Notifier credentials: made by NKEY, made with NEW, deleted; NSUBs that subscribed, that
+    /// repeated a subscription, refused AUTH; batches of NMSGs sent; notifications expired.
+    pub ntf_created: u64,
+    pub ntf_new_created: u64,
+    pub ntf_deleted: u64,
+    pub ntf_sub: u64,
+    pub ntf_sub_duplicate: u64,
+    pub ntf_sub_auth: u64,
+    pub msg_ntfs_batches: u64,
+    pub msg_ntf_expired: u64,
     /// Blocks whose Ed25519 signatures were verified in one batch, and those whose batch failed
     /// (their requests were then verified one by one).
     pub verify_batches: u64,
@@ -179,73 +270,180 @@ pub struct OwnerStats {
     pub ntf_service_stats: ServiceStats,
 }
 
-/// Plain numbers, per shard or summed over shards. Counters only grow while the relay runs;
-/// gauges are current values.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct MetricsSnapshot {
-    pub queues_created: u64,
-    pub queues_secured: u64,
-    pub queues_deleted: u64,
-    pub msg_sent: u64,
-    pub msg_sent_auth: u64,
-    pub msg_sent_quota: u64,
-    pub msg_sent_large: u64,
-    pub msg_sent_block: u64,
-    pub msg_recv: u64,
-    pub msg_expired: u64,
-    /// Notifications sent to notification servers (`msgNtfs`).
-    pub msg_ntfs: u64,
-    /// SUB commands that subscribed (`qSub`).
-    pub sub_successes: u64,
-    /// Blocks with at least one SUB, read from the store together (`qSubAllB`).
-    pub sub_batches: u64,
+/// Declares [`MetricsSnapshot`] with its plain `u64` fields listed once, so that summing shards,
+/// subtracting a baseline and the unit tests cannot forget one.
+macro_rules! snapshot {
+    ($($(#[$doc:meta])* $field:ident,)*) => {
+        /// Plain numbers, per shard or summed over shards. Counters only grow while the relay runs
+        /// (until a daily statistics line resets the reference's, `log_stats`); gauges are
+        /// current values.
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        pub struct MetricsSnapshot {
+            $($(#[$doc])* pub $field: u64,)*
+            /// Proxy role: sessions asked for with PRXY (`pRelays`) and messages forwarded with
+            /// PFWD (`pMsgFwds`), all and to `own_server_domains`.
+            pub p_relays: ProxyStats,
+            pub p_relays_own: ProxyStats,
+            pub p_msg_fwds: ProxyStats,
+            pub p_msg_fwds_own: ProxyStats,
+            pub rcv_service_stats: ServiceStats,
+            pub ntf_service_stats: ServiceStats,
+        }
+
+        impl MetricsSnapshot {
+            /// Adds another shard's numbers to these.
+            pub fn add(&mut self, o: &MetricsSnapshot) {
+                $(self.$field = self.$field.saturating_add(o.$field);)*
+                self.p_relays.add(&o.p_relays);
+                self.p_relays_own.add(&o.p_relays_own);
+                self.p_msg_fwds.add(&o.p_msg_fwds);
+                self.p_msg_fwds_own.add(&o.p_msg_fwds_own);
+                self.rcv_service_stats.add(&o.rcv_service_stats);
+                self.ntf_service_stats.add(&o.ntf_service_stats);
+            }
+
+            /// Takes `o` from these numbers (a baseline: what the last daily line showed).
+            pub fn minus(&mut self, o: &MetricsSnapshot) {
+                $(self.$field = self.$field.saturating_sub(o.$field);)*
+                self.p_relays.minus(&o.p_relays);
+                self.p_relays_own.minus(&o.p_relays_own);
+                self.p_msg_fwds.minus(&o.p_msg_fwds);
+                self.p_msg_fwds_own.minus(&o.p_msg_fwds_own);
+                self.rcv_service_stats.minus(&o.rcv_service_stats);
+                self.ntf_service_stats.minus(&o.ntf_service_stats);
+            }
+
+            #[cfg(test)]
+            fn numbered(from: u64) -> MetricsSnapshot {
+                let mut n = from;
+                let mut next = || { n += 1; n };
+                MetricsSnapshot {
+                    $($field: next(),)*
+                    p_relays: ProxyStats::numbered(from + 1000),
+                    p_relays_own: ProxyStats::numbered(from + 1010),
+                    p_msg_fwds: ProxyStats::numbered(from + 1020),
+                    p_msg_fwds_own: ProxyStats::numbered(from + 1030),
+                    rcv_service_stats: ServiceStats::numbered(from + 1100),
+                    ntf_service_stats: ServiceStats::numbered(from + 1200),
+                }
+            }
+        }
+    };
+}
+
+snapshot! {
+    queues_created,
+    queues_secured,
+    queues_deleted,
+    /// `qDeletedNew`, `qDeletedSecured`, `qDeletedAllB` (blocks of DELs), `qBlocked`.
+    queues_deleted_new,
+    queues_deleted_secured,
+    queues_deleted_batches,
+    queues_blocked,
+    msg_sent,
+    msg_sent_auth,
+    msg_sent_quota,
+    msg_sent_large,
+    msg_sent_block,
+    msg_recv,
+    msg_expired,
+    /// Notifications sent to notification servers (`msgNtfs`), in batches (`msgNtfsB`); none
+    /// is ever lost or sent without a subscriber here (`msgNtfNoSub`, `msgNtfLost`: 0, as on the
+    /// reference); expired (`msgNtfExpired`).
+    msg_ntfs,
+    msg_ntfs_batches,
+    msg_ntf_no_sub,
+    msg_ntf_lost,
+    msg_ntf_expired,
+    /// New subscriptions that delivered a waiting message (`qSub`).
+    sub_successes,
+    /// Blocks of SUBs (`qSubAllB`).
+    sub_batches,
+    sub_auth,
+    sub_duplicate,
+    sub_prohibited,
+    /// END and DELD events sent (`qSubEnd`), in batches (`qSubEndB`).
+    sub_end,
+    sub_end_batches,
+    msg_sent_ntf,
+    msg_recv_ntf,
+    msg_get,
+    msg_recv_get,
+    msg_get_no_msg,
+    msg_get_auth,
+    msg_get_duplicate,
+    msg_get_prohibited,
+    ntf_created,
+    ntf_new_created,
+    ntf_deleted,
+    ntf_deleted_batches,
+    ntf_sub,
+    ntf_sub_batches,
+    ntf_sub_auth,
+    ntf_sub_duplicate,
+    /// RSLV requests, and those refused for want of a resolver (every one here).
+    rslv_reqs,
+    rslv_success,
+    rslv_not_found,
+    rslv_resolver_errs,
+    rslv_disabled,
+    /// Gauges: distinct queues with a message sent or received today, this week, this month (as
+    /// the reference's `activeQueues`), and of messages with the notification flag.
+    active_day,
+    active_week,
+    active_month,
+    active_ntf_day,
+    active_ntf_week,
+    active_ntf_month,
     /// Block parts whose Ed25519 signatures were verified in one batch, and batches that failed.
-    pub verify_batches: u64,
-    pub verify_batch_fallbacks: u64,
+    verify_batches,
+    verify_batch_fallbacks,
     /// Connections closed for spending their failed-verification budget (`FAILED_VERIFY_BUDGET`).
-    pub verify_budget_closes: u64,
+    verify_budget_closes,
     /// Back-pressure: MSG deliveries dropped to markers, re-asks of held items, connections closed
     /// as slow readers or past the hard limit of undroppable events.
-    pub output_drops: u64,
-    pub output_reasks: u64,
-    pub slow_reader_closes: u64,
-    pub store_peek_first_calls: u64,
-    pub store_peek_first_many_calls: u64,
-    pub store_writes: u64,
-    pub store_deletes: u64,
+    output_drops,
+    output_reasks,
+    slow_reader_closes,
+    store_peek_first_calls,
+    store_peek_first_many_calls,
+    store_writes,
+    store_deletes,
     /// Gauge: queues in the store.
-    pub queue_count: u64,
+    queue_count,
     /// Gauge: messages in the store (quota markers included).
-    pub msg_count: u64,
+    msg_count,
+    /// Gauges: notifications waiting (`ntfCount`), queues with a notifier.
+    ntf_count,
+    notifier_count,
     /// Gauge: queues with a subscriber.
-    pub subscriptions: u64,
+    subscriptions,
+    /// Gauges: connections with a subscription; subscriptions with a delivered, unacknowledged
+    /// message, and connections holding one; notifier subscriptions and their connections.
+    sub_clients,
+    delivered_subs,
+    delivered_clients,
+    ntf_subscriptions,
+    ntf_sub_clients,
     /// Gauge: open client connections.
-    pub connections: u64,
-    /// Proxy role: sessions asked for with PRXY (`pRelays`) and messages forwarded with PFWD
-    /// (`pMsgFwds`), all and to `own_server_domains`; destination role: RFWDs answered
-    /// (`pMsgFwdsRecv`).
-    pub p_relays: ProxyStats,
-    pub p_relays_own: ProxyStats,
-    pub p_msg_fwds: ProxyStats,
-    pub p_msg_fwds_own: ProxyStats,
-    pub p_msg_fwds_recv: u64,
+    connections,
+    /// Destination role: RFWDs answered (`pMsgFwdsRecv`).
+    p_msg_fwds_recv,
     /// Services with a subscribed connection, and the subscriptions those connections hold, per
     /// role (the reference's `serviceSubscribers` and `totalServiceSubs`).
-    pub rcv_services: u64,
-    pub rcv_service_subs: u64,
-    pub ntf_services: u64,
-    pub ntf_service_subs: u64,
+    rcv_services,
+    rcv_service_subs,
+    ntf_services,
+    ntf_service_subs,
     /// MSGs handed to messaging services by SUBS, and queues they already held
     /// (`rcvServicesSubMsg`, `rcvServicesSubDuplicate`).
-    pub rcv_services_sub_msg: u64,
-    pub rcv_services_sub_duplicate: u64,
+    rcv_services_sub_msg,
+    rcv_services_sub_duplicate,
     /// Known services per role, and queues associated with one (the reference's entity counts).
-    pub rcv_services_count: u64,
-    pub rcv_services_queues: u64,
-    pub ntf_services_count: u64,
-    pub ntf_services_queues: u64,
-    pub rcv_service_stats: ServiceStats,
-    pub ntf_service_stats: ServiceStats,
+    rcv_services_count,
+    rcv_services_queues,
+    ntf_services_count,
+    ntf_services_queues,
 }
 
 impl MetricsSnapshot {
@@ -255,6 +453,9 @@ impl MetricsSnapshot {
             queues_created: owner.queues_created,
             queues_secured: owner.queues_secured,
             queues_deleted: owner.queues_deleted,
+            queues_deleted_new: owner.queues_deleted_new,
+            queues_blocked: owner.queues_blocked,
+            queues_deleted_secured: owner.queues_deleted_secured,
             msg_sent: owner.msg_sent,
             msg_sent_auth: owner.msg_sent_auth,
             msg_sent_quota: owner.msg_sent_quota,
@@ -263,8 +464,29 @@ impl MetricsSnapshot {
             msg_recv: owner.msg_recv,
             msg_expired: owner.msg_expired,
             msg_ntfs: owner.msg_ntfs,
+            msg_ntfs_batches: owner.msg_ntfs_batches,
+            msg_ntf_expired: owner.msg_ntf_expired,
             sub_successes: owner.subs,
-            sub_batches: owner.sub_batches,
+            sub_auth: owner.sub_auth,
+            sub_duplicate: owner.sub_duplicate,
+            sub_prohibited: owner.sub_prohibited,
+            sub_end: owner.sub_end,
+            // Each END or DELD goes out at once, a batch of its own (`docs/ARCHITECTURE.md` §3, O5).
+            sub_end_batches: owner.sub_end,
+            msg_sent_ntf: owner.msg_sent_ntf,
+            msg_recv_ntf: owner.msg_recv_ntf,
+            msg_get: owner.msg_get,
+            msg_recv_get: owner.msg_recv_get,
+            msg_get_no_msg: owner.msg_get_no_msg,
+            msg_get_auth: owner.msg_get_auth,
+            msg_get_duplicate: owner.msg_get_duplicate,
+            msg_get_prohibited: owner.msg_get_prohibited,
+            ntf_created: owner.ntf_created,
+            ntf_new_created: owner.ntf_new_created,
+            ntf_deleted: owner.ntf_deleted,
+            ntf_sub: owner.ntf_sub,
+            ntf_sub_duplicate: owner.ntf_sub_duplicate,
+            ntf_sub_auth: owner.ntf_sub_auth,
             verify_batches: owner.verify_batches,
             verify_batch_fallbacks: owner.verify_batch_fallbacks,
             verify_budget_closes: owner.verify_budget_closes,
@@ -280,541 +502,1163 @@ impl MetricsSnapshot {
         }
     }
 
-    /// Adds another shard's numbers to these.
-    pub fn add(&mut self, other: &MetricsSnapshot) {
-        let MetricsSnapshot {
-            queues_created,
-            queues_secured,
-            queues_deleted,
-            msg_sent,
-            msg_sent_auth,
-            msg_sent_quota,
-            msg_sent_large,
-            msg_sent_block,
-            msg_recv,
-            msg_expired,
-            msg_ntfs,
-            sub_successes,
-            sub_batches,
-            verify_batches,
-            verify_batch_fallbacks,
-            verify_budget_closes,
-            output_drops,
-            output_reasks,
-            slow_reader_closes,
-            store_peek_first_calls,
-            store_peek_first_many_calls,
-            store_writes,
-            store_deletes,
-            queue_count,
-            msg_count,
-            subscriptions,
-            connections,
-            p_relays,
-            p_relays_own,
-            p_msg_fwds,
-            p_msg_fwds_own,
-            p_msg_fwds_recv,
-            rcv_services,
-            rcv_service_subs,
-            ntf_services,
-            ntf_service_subs,
-            rcv_services_sub_msg,
-            rcv_services_sub_duplicate,
-            rcv_services_count,
-            rcv_services_queues,
-            ntf_services_count,
-            ntf_services_queues,
-            rcv_service_stats,
-            ntf_service_stats,
-        } = other;
-        self.rcv_service_stats.add(rcv_service_stats);
-        self.ntf_service_stats.add(ntf_service_stats);
-        self.p_relays.add(p_relays);
-        self.p_relays_own.add(p_relays_own);
-        self.p_msg_fwds.add(p_msg_fwds);
-        self.p_msg_fwds_own.add(p_msg_fwds_own);
-        // Destructured so that a new field cannot be forgotten here.
-        for (sum, n) in [
-            (&mut self.queues_created, queues_created),
-            (&mut self.queues_secured, queues_secured),
-            (&mut self.queues_deleted, queues_deleted),
-            (&mut self.msg_sent, msg_sent),
-            (&mut self.msg_sent_auth, msg_sent_auth),
-            (&mut self.msg_sent_quota, msg_sent_quota),
-            (&mut self.msg_sent_large, msg_sent_large),
-            (&mut self.msg_sent_block, msg_sent_block),
-            (&mut self.msg_recv, msg_recv),
-            (&mut self.msg_expired, msg_expired),
-            (&mut self.msg_ntfs, msg_ntfs),
-            (&mut self.sub_successes, sub_successes),
-            (&mut self.sub_batches, sub_batches),
-            (&mut self.verify_batches, verify_batches),
-            (&mut self.verify_batch_fallbacks, verify_batch_fallbacks),
-            (&mut self.verify_budget_closes, verify_budget_closes),
-            (&mut self.output_drops, output_drops),
-            (&mut self.output_reasks, output_reasks),
-            (&mut self.slow_reader_closes, slow_reader_closes),
-            (&mut self.store_peek_first_calls, store_peek_first_calls),
-            (
-                &mut self.store_peek_first_many_calls,
-                store_peek_first_many_calls,
-            ),
-            (&mut self.store_writes, store_writes),
-            (&mut self.store_deletes, store_deletes),
-            (&mut self.queue_count, queue_count),
-            (&mut self.msg_count, msg_count),
-            (&mut self.subscriptions, subscriptions),
-            (&mut self.connections, connections),
-            (&mut self.p_msg_fwds_recv, p_msg_fwds_recv),
-            (&mut self.rcv_services, rcv_services),
-            (&mut self.rcv_service_subs, rcv_service_subs),
-            (&mut self.ntf_services, ntf_services),
-            (&mut self.ntf_service_subs, ntf_service_subs),
-            (&mut self.rcv_services_sub_msg, rcv_services_sub_msg),
-            (
-                &mut self.rcv_services_sub_duplicate,
-                rcv_services_sub_duplicate,
-            ),
-            (&mut self.rcv_services_count, rcv_services_count),
-            (&mut self.rcv_services_queues, rcv_services_queues),
-            (&mut self.ntf_services_count, ntf_services_count),
-            (&mut self.ntf_services_queues, ntf_services_queues),
-        ] {
-            *sum = sum.saturating_add(*n);
+    /// The counters a daily statistics line reports and then resets (simplexmq `Server.hs`,
+    /// `logServerStats`: the ones it swaps with 0); every other field 0.
+    pub fn daily_part(&self) -> MetricsSnapshot {
+        let s = self;
+        MetricsSnapshot {
+            queues_created: s.queues_created,
+            queues_secured: s.queues_secured,
+            queues_deleted: s.queues_deleted,
+            queues_deleted_batches: s.queues_deleted_batches,
+            queues_deleted_new: s.queues_deleted_new,
+            queues_deleted_secured: s.queues_deleted_secured,
+            queues_blocked: s.queues_blocked,
+            sub_successes: s.sub_successes,
+            sub_batches: s.sub_batches,
+            sub_auth: s.sub_auth,
+            sub_duplicate: s.sub_duplicate,
+            sub_prohibited: s.sub_prohibited,
+            sub_end: s.sub_end,
+            sub_end_batches: s.sub_end_batches,
+            ntf_created: s.ntf_created,
+            ntf_deleted: s.ntf_deleted,
+            ntf_deleted_batches: s.ntf_deleted_batches,
+            ntf_sub: s.ntf_sub,
+            ntf_sub_batches: s.ntf_sub_batches,
+            ntf_sub_auth: s.ntf_sub_auth,
+            ntf_sub_duplicate: s.ntf_sub_duplicate,
+            msg_sent: s.msg_sent,
+            msg_sent_auth: s.msg_sent_auth,
+            msg_sent_quota: s.msg_sent_quota,
+            msg_sent_large: s.msg_sent_large,
+            msg_recv: s.msg_recv,
+            msg_recv_get: s.msg_recv_get,
+            msg_get: s.msg_get,
+            msg_get_no_msg: s.msg_get_no_msg,
+            msg_get_auth: s.msg_get_auth,
+            msg_get_duplicate: s.msg_get_duplicate,
+            msg_get_prohibited: s.msg_get_prohibited,
+            msg_expired: s.msg_expired,
+            msg_sent_ntf: s.msg_sent_ntf,
+            msg_recv_ntf: s.msg_recv_ntf,
+            msg_ntfs: s.msg_ntfs,
+            msg_ntfs_batches: s.msg_ntfs_batches,
+            msg_ntf_no_sub: s.msg_ntf_no_sub,
+            msg_ntf_lost: s.msg_ntf_lost,
+            msg_ntf_expired: s.msg_ntf_expired,
+            p_relays: s.p_relays,
+            p_relays_own: s.p_relays_own,
+            p_msg_fwds: s.p_msg_fwds,
+            p_msg_fwds_own: s.p_msg_fwds_own,
+            p_msg_fwds_recv: s.p_msg_fwds_recv,
+            rslv_reqs: s.rslv_reqs,
+            rslv_success: s.rslv_success,
+            rslv_not_found: s.rslv_not_found,
+            rslv_resolver_errs: s.rslv_resolver_errs,
+            rslv_disabled: s.rslv_disabled,
+            ..MetricsSnapshot::default()
         }
     }
+}
+
+/// The hash a queue is counted by in the active-queue sets, and saved as in the statistics backup
+/// (a signed 64-bit number, as the reference's `hash` of the recipient ID): the first 8 bytes of
+/// SHA-256(recipient ID), big-endian — the number the queue's partition comes from, so that a
+/// restored hash goes back to the shard that owns its queue ([`shard_of_hash`]).
+pub fn queue_hash(recipient_id: &[u8]) -> i64 {
+    let h = crate::crypto::hash::sha256(recipient_id);
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&h[..8]);
+    i64::from_be_bytes(b)
+}
+
+/// The shard of `shards` that owns the queues of hash `h` (`docs/ARCHITECTURE.md` §1).
+pub fn shard_of_hash(h: i64, shards: usize) -> usize {
+    let partition = (h as u64) % u64::from(crate::store::PARTITIONS);
+    (partition % u64::from(crate::store::PARTITION_GROUPS)) as usize % shards.max(1)
+}
+
+/// Queues active in the current day, week and month (the reference's `PeriodStats`), each set
+/// bounded by `MAX_ACTIVE_QUEUES_PER_SET`.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PeriodSets {
+    pub day: std::collections::HashSet<i64>,
+    pub week: std::collections::HashSet<i64>,
+    pub month: std::collections::HashSet<i64>,
+}
+
+impl PeriodSets {
+    pub fn insert(&mut self, h: i64) {
+        for set in [&mut self.day, &mut self.week, &mut self.month] {
+            if set.len() < crate::limits::MAX_ACTIVE_QUEUES_PER_SET {
+                set.insert(h);
+            }
+        }
+    }
+
+    pub fn counts(&self) -> [u64; 3] {
+        [self.day.len(), self.week.len(), self.month.len()].map(|n| n as u64)
+    }
+
+    /// A daily line was written: the day starts again, and the week on Mondays, the month on
+    /// the 1st (simplexmq `Stats.hs`, `periodStatCounts`).
+    pub fn reset(&mut self, week: bool, month: bool) {
+        self.day.clear();
+        if week {
+            self.week.clear();
+        }
+        if month {
+            self.month.clear();
+        }
+    }
+
+    pub fn extend(&mut self, o: &PeriodSets) {
+        for (set, from) in [
+            (&mut self.day, &o.day),
+            (&mut self.week, &o.week),
+            (&mut self.month, &o.month),
+        ] {
+            set.extend(
+                from.iter()
+                    .take(crate::limits::MAX_ACTIVE_QUEUES_PER_SET.saturating_sub(set.len())),
+            );
+        }
+    }
+}
+
+/// A shard's active queues: with any message, and with messages flagged for notification.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Activity {
+    pub msgs: PeriodSets,
+    pub ntfs: PeriodSets,
+}
+
+impl Activity {
+    /// Only the hashes of queues shard `shard` of `shards` owns.
+    pub fn for_shard(&self, shard: usize, shards: usize) -> Activity {
+        let pick = |s: &std::collections::HashSet<i64>| {
+            s.iter()
+                .copied()
+                .filter(|h| shard_of_hash(*h, shards) == shard)
+                .collect()
+        };
+        let part = |p: &PeriodSets| PeriodSets {
+            day: pick(&p.day),
+            week: pick(&p.week),
+            month: pick(&p.month),
+        };
+        Activity {
+            msgs: part(&self.msgs),
+            ntfs: part(&self.ntfs),
+        }
+    }
+}
+
+/// The reference's `TimeBuckets` (Stats.hs): seconds from a delivery to its acknowledgement (or,
+/// for pending deliveries, to now), exact up to 5 s, then rounded up to 5 s up to 30, 10 s up to
+/// 60, 30 s up to 180 and 60 s beyond; their sum and maximum.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TimeBuckets {
+    pub sum_secs: u64,
+    pub max_secs: u64,
+    pub buckets: std::collections::BTreeMap<u64, u64>,
+}
+
+impl TimeBuckets {
+    pub fn record(&mut self, secs: u64) {
+        // Bounded: at most `MAX_TIME_BUCKET_SECS / 60` buckets beyond three minutes.
+        let t = secs.min(crate::limits::MAX_TIME_BUCKET_SECS);
+        self.sum_secs = self.sum_secs.saturating_add(t);
+        self.max_secs = self.max_secs.max(t);
+        let up = |m: u64| t.div_ceil(m) * m;
+        let key = match t {
+            0..=5 => t,
+            6..=30 => up(5),
+            31..=60 => up(10),
+            61..=180 => up(30),
+            _ => up(60),
+        };
+        *self.buckets.entry(key).or_default() += 1;
+    }
+
+    pub fn add(&mut self, o: &TimeBuckets) {
+        self.sum_secs = self.sum_secs.saturating_add(o.sum_secs);
+        self.max_secs = self.max_secs.max(o.max_secs);
+        for (k, v) in &o.buckets {
+            *self.buckets.entry(*k).or_default() += v;
+        }
+    }
+}
+
+/// Accepted and closed connections of one listening port (the reference's `SocketStats`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SocketCounts {
+    pub port: String,
+    pub accepted: u64,
+    pub closed: u64,
+}
+
+/// What the metrics file shows besides the summed [`MetricsSnapshot`]: the start of the counting
+/// period, sockets per port, threads, the pending deliveries' ages.
+#[derive(Debug, Clone, Default)]
+pub struct Extra {
+    /// When the counters started (the start, a restored backup's time, or the last daily line).
+    pub from_ms: u64,
+    pub sockets: Vec<SocketCounts>,
+    pub threads: u64,
+    /// Ages of the deliveries waiting for their ACK now, and the times from deliveries to
+    /// their ACKs so far.
+    pub pending_times: TimeBuckets,
+    pub ack_times: TimeBuckets,
+}
+
+/// The time as the reference prints a `UTCTime` (`iso8601Show`): fractional seconds only when
+/// not zero, without trailing zeros.
+pub fn iso8601_ms(ms: u64) -> String {
+    let whole = crate::clock::utc_time((ms / 1000) as i64);
+    match ms % 1000 {
+        0 => whole,
+        frac => {
+            let f = format!("{frac:03}");
+            format!(
+                "{}.{}Z",
+                whole.trim_end_matches('Z'),
+                f.trim_end_matches('0')
+            )
+        }
+    }
+}
+
+/// The version `simplex_smp_info` names.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The Prometheus text for `s` and `x`, every sample stamped with `now_ms` (milliseconds since
+/// the epoch): the reference's families in its order and layout (simplexmq
+/// `src/Simplex/Messaging/Server/Prometheus.hs`, `prometheusMetrics`), then this relay's own.
+pub fn render(s: &MetricsSnapshot, x: &Extra, now_ms: u64) -> String {
+    let mut w = Writer {
+        out: String::with_capacity(32 * 1024),
+        ts: now_ms,
+    };
+    w.raw(&format!(
+        "# Recorded at: {}\n# Stats from: {}\n\n",
+        iso8601_ms(now_ms),
+        iso8601_ms(x.from_ms)
+    ));
+    use Kind::{Counter, Gauge};
+    w.section("Queues", true);
+    w.one(
+        "simplex_smp_queues_created",
+        Counter,
+        "Created queues",
+        s.queues_created,
+        "qCreated",
+    );
+    w.one(
+        "simplex_smp_queues_secured",
+        Counter,
+        "Secured queues",
+        s.queues_secured,
+        "qSecured",
+    );
+    w.family(
+        "simplex_smp_queues_deleted",
+        Counter,
+        "Deleted queues",
+        &[
+            ("{type=\"all\"}", s.queues_deleted, "qDeleted"),
+            ("{type=\"new\"}", s.queues_deleted_new, "qDeletedNew"),
+            (
+                "{type=\"secured\"}",
+                s.queues_deleted_secured,
+                "qDeletedSecured",
+            ),
+        ],
+    );
+    w.one(
+        "simplex_smp_queues_blocked",
+        Counter,
+        "Deleted queues",
+        s.queues_blocked,
+        "qBlocked",
+    );
+    w.one(
+        "simplex_smp_queues_deleted_batch",
+        Counter,
+        "Batched requests to delete queues",
+        s.queues_deleted_batches,
+        "qDeletedAllB",
+    );
+    w.one(
+        "simplex_smp_queues_total1",
+        Gauge,
+        "Total number of stored queues (first type of count).",
+        s.queue_count,
+        "qCount",
+    );
+    w.one(
+        "simplex_smp_queues_total2",
+        Gauge,
+        "Total number of stored queues (second type of count).",
+        s.queue_count,
+        "qCount2",
+    );
+    for (name, help, v, c) in [
+        (
+            "simplex_smp_queues_daily",
+            "Daily active queues.",
+            s.active_day,
+            "dayMsgQueues",
+        ),
+        (
+            "simplex_smp_queues_weekly",
+            "Weekly active queues.",
+            s.active_week,
+            "weekMsgQueues",
+        ),
+        (
+            "simplex_smp_queues_monthly",
+            "Monthly active queues.",
+            s.active_month,
+            "monthMsgQueues",
+        ),
+        (
+            "simplex_smp_queues_notify_daily",
+            "Daily active queues with notifications.",
+            s.active_ntf_day,
+            "dayCountNtf",
+        ),
+        (
+            "simplex_smp_queues_notify_weekly",
+            "Weekly active queues with notifications.",
+            s.active_ntf_week,
+            "weekCountNtf",
+        ),
+        (
+            "simplex_smp_queues_notify_monthly",
+            "Monthly active queues with notifications.",
+            s.active_ntf_month,
+            "monthCountNtf",
+        ),
+    ] {
+        w.one(name, Gauge, help, v, c);
+    }
+    w.section("Subscriptions", true);
+    w.one(
+        "simplex_smp_subscribtion_successes",
+        Counter,
+        "Successful subscriptions.",
+        s.sub_successes,
+        "qSub",
+    );
+    w.one(
+        "simplex_smp_subscribtion_successes_batch",
+        Counter,
+        "Batched successful subscriptions.",
+        s.sub_batches,
+        "qSubAllB",
+    );
+    w.one(
+        "simplex_smp_subscribtion_end",
+        Counter,
+        "Ended subscriptions.",
+        s.sub_end,
+        "qSubEnd",
+    );
+    w.one(
+        "simplex_smp_subscribtion_end_batch",
+        Counter,
+        "Batched ended subscriptions.",
+        s.sub_end_batches,
+        "qSubEndB",
+    );
+    w.family(
+        "simplex_smp_subscribtion_errors",
+        Counter,
+        "Subscription errors.",
+        &[
+            ("{type=\"auth\"}", s.sub_auth, "qSubAuth"),
+            ("{type=\"duplicate\"}", s.sub_duplicate, "qSubDuplicate"),
+            ("{type=\"prohibited\"}", s.sub_prohibited, "qSubProhibited"),
+        ],
+    );
+    w.section("Messages", true);
+    w.one(
+        "simplex_smp_messages_sent",
+        Counter,
+        "Sent messages.",
+        s.msg_sent,
+        "msgSent",
+    );
+    w.family(
+        "simplex_smp_messages_sent_errors",
+        Counter,
+        "Total number of messages errors by type.",
+        &[
+            ("{type=\"auth\"}", s.msg_sent_auth, "msgSentAuth"),
+            ("{type=\"quota\"}", s.msg_sent_quota, "msgSentQuota"),
+            ("{type=\"large\"}", s.msg_sent_large, "msgSentLarge"),
+            ("{type=\"block\"}", s.msg_sent_block, "msgSentBlock"),
+        ],
+    );
+    w.one(
+        "simplex_smp_messages_received",
+        Counter,
+        "Received messages.",
+        s.msg_recv,
+        "msgRecv",
+    );
+    w.one(
+        "simplex_smp_messages_expired",
+        Counter,
+        "Expired messages.",
+        s.msg_expired,
+        "msgExpired",
+    );
+    w.one(
+        "simplex_smp_messages_total",
+        Gauge,
+        "Total number of messages stored.",
+        s.msg_count,
+        "msgCount",
+    );
+    w.section("Notification messages (client)", true);
+    w.one(
+        "simplex_smp_messages_notify_sent",
+        Counter,
+        "Sent messages with notification flag (cleint).",
+        s.msg_sent_ntf,
+        "msgSentNtf",
+    );
+    w.one(
+        "simplex_smp_messages_notify_received",
+        Counter,
+        "Received messages with notification flag (client).",
+        s.msg_recv_ntf,
+        "msgRecvNtf",
+    );
+    w.one(
+        "simplex_smp_messages_notify_get_sent",
+        Counter,
+        "Requests to get messages with notification flag (client).",
+        s.msg_get,
+        "msgGet",
+    );
+    w.one(
+        "simplex_smp_messages_notify_get_received",
+        Counter,
+        "Succesfully received get requests messages with notification flag (client).",
+        s.msg_recv_get,
+        "msgRecvGet",
+    );
+    w.family(
+        "simplex_smp_messages_notify_get_errors",
+        Counter,
+        "Error events with messages with notification flag (client). ",
+        &[
+            ("{type=\"nomsg\"}", s.msg_get_no_msg, "msgGetNoMsg"),
+            ("{type=\"auth\"}", s.msg_get_auth, "msgGetAuth"),
+            (
+                "{type=\"duplicate\"}",
+                s.msg_get_duplicate,
+                "msgGetDuplicate",
+            ),
+            (
+                "{type=\"prohibited\"}",
+                s.msg_get_prohibited,
+                "msgGetProhibited",
+            ),
+        ],
+    );
+    w.one(
+        "simplex_smp_queues_notify_created",
+        Counter,
+        "Created queue notification credentials.",
+        s.ntf_created,
+        "ntfCreated",
+    );
+    w.one(
+        "simplex_smp_queues_notify_new_created",
+        Counter,
+        "Created new queues with notification credentials.",
+        s.ntf_new_created,
+        "ntfNewCreated",
+    );
+    w.one(
+        "simplex_smp_queues_notify_deleted",
+        Counter,
+        "Deleted queue notification credentials.",
+        s.ntf_deleted,
+        "ntfDeleted",
+    );
+    w.one(
+        "simplex_smp_queues_notify_deleted_batch",
+        Counter,
+        "Deleted batched queue notification credentials.",
+        s.ntf_deleted_batches,
+        "ntfDeletedB",
+    );
+    w.one(
+        "simplex_smp_queues_notify_total1",
+        Gauge,
+        "Total number of stored queues with notification flag (first type of count).",
+        s.ntf_count,
+        "ntfCount1",
+    );
+    w.one(
+        "simplex_smp_queues_notify_total2",
+        Gauge,
+        "Total number of stored queues with notification flag (second type of count).",
+        s.notifier_count,
+        "ntfCount2",
+    );
+    w.section("Notifications (server)", true);
+    w.one(
+        "simplex_smp_messages_ntf_successes",
+        Counter,
+        "Successful events with notification messages (to ntf server). ",
+        s.msg_ntfs,
+        "msgNtfs",
+    );
+    w.one(
+        "simplex_smp_messages_ntf_successes_batch",
+        Counter,
+        "Successful batched events with notification messages (to ntf server). ",
+        s.msg_ntfs_batches,
+        "msgNtfsB",
+    );
+    w.family(
+        "simplex_smp_messages_ntf_errors",
+        Counter,
+        "Error events with notification messages (to ntf server). ",
+        &[
+            ("{type=\"nosub\"}", s.msg_ntf_no_sub, "msgNtfNoSub"),
+            ("{type=\"lost\"}", s.msg_ntf_lost, "msgNtfLost"),
+            ("{type=\"expired\"}", s.msg_ntf_expired, "msgNtfExpired"),
+        ],
+    );
+    w.one(
+        "simplex_smp_subscription_ntf_requests",
+        Counter,
+        "Subscription requests with notification flag (from ntf server). ",
+        s.ntf_sub,
+        "ntfSub",
+    );
+    w.one(
+        "simplex_smp_subscription_ntf_requests_batch",
+        Counter,
+        "Batched subscription requests with notification flag (from ntf server). ",
+        s.ntf_sub_batches,
+        "ntfSubB",
+    );
+    w.family(
+        "simplex_smp_subscribtion_ntf_errors",
+        Counter,
+        "Subscription errors with notification flag (from ntf server). ",
+        &[
+            ("{type=\"auth\"}", s.ntf_sub_auth, "ntfSubAuth"),
+            (
+                "{type=\"duplicate\"}",
+                s.ntf_sub_duplicate,
+                "ntfSubDuplicate",
+            ),
+        ],
+    );
+    w.section("Relays", true);
+    w.proxy_families(
+        "simplex_smp_relay_sessions",
+        [
+            "Session requests through relay.",
+            "Successful session events through relay.",
+            "Error session events through relay.",
+        ],
+        [(&s.p_relays, "pRelays"), (&s.p_relays_own, "pRelaysOwn")],
+    );
+    w.proxy_families(
+        "simplex_smp_relay_messages",
+        [
+            "Message requests sent through relay.",
+            "Successful messages sent through relay.",
+            "Error events with messages sent through relay.",
+        ],
+        [
+            (&s.p_msg_fwds, "pMsgFwds"),
+            (&s.p_msg_fwds_own, "pMsgFwdsOwn"),
+        ],
+    );
+    w.one(
+        "simplex_smp_relay_messages_received",
+        Counter,
+        "Relay messages statistics.",
+        s.p_msg_fwds_recv,
+        "pMsgFwdsRecv",
+    );
+    w.section("Services", false);
+    w.one(
+        "simplex_smp_rcv_services_count",
+        Gauge,
+        "The count of receiving services.",
+        s.rcv_services_count,
+        "rcvServiceCount",
+    );
+    w.one(
+        "simplex_smp_rcv_services_queues_count",
+        Gauge,
+        "The count of queues associated with receiving services.",
+        s.rcv_services_queues,
+        "rcv.rcvServiceQueuesCount",
+    );
+    w.one(
+        "simplex_smp_ntf_services_count",
+        Gauge,
+        "The count of notification services.",
+        s.ntf_services_count,
+        "ntfServiceCount",
+    );
+    w.one(
+        "simplex_smp_ntf_services_queues_count",
+        Gauge,
+        "The count of queues associated with notification services.",
+        s.ntf_services_queues,
+        "ntfServiceQueuesCount",
+    );
+    w.one(
+        "simplex_smp_rcv_services_sub_msg_count",
+        Counter,
+        "The count of subscribed service queues with messages.",
+        s.rcv_services_sub_msg,
+        "rcvServicesSubMsg",
+    );
+    w.one(
+        "simplex_smp_rcv_services_sub_duplicate_count",
+        Counter,
+        "The count of duplicate subscribed service queues.",
+        s.rcv_services_sub_duplicate,
+        "rcvServicesSubDuplicate",
+    );
+    for (pfx, role, stats) in [
+        ("rcv", "receiving", &s.rcv_service_stats),
+        ("ntf", "notification", &s.ntf_service_stats),
+    ] {
+        for (suffix, kind, help, value, field) in service_families(stats) {
+            w.one(
+                &format!("simplex_smp_{pfx}_services_{suffix}"),
+                kind,
+                &help.replace("{}", role),
+                value,
+                &format!("{pfx}.{field}"),
+            );
+        }
+    }
+    w.section("Names", true);
+    for (name, help, v, c) in [
+        (
+            "reqs",
+            "Total RSLV requests forwarded to this server.",
+            s.rslv_reqs,
+            "rslvReqs",
+        ),
+        (
+            "success",
+            "NameRecord successfully resolved and returned.",
+            s.rslv_success,
+            "rslvSucc",
+        ),
+        (
+            "not_found",
+            "Name not registered (resolver returned 404 / 400).",
+            s.rslv_not_found,
+            "rslvNotFound",
+        ),
+        (
+            "resolver_errs",
+            "Resolver backend errors (HTTP 5xx, transport, decode, or timeout).",
+            s.rslv_resolver_errs,
+            "rslvResolverErrs",
+        ),
+        (
+            "disabled",
+            "RSLV requests rejected because no resolver is configured (names role off).",
+            s.rslv_disabled,
+            "rslvDisabled",
+        ),
+    ] {
+        w.one(&format!("simplex_smp_names_{name}"), Counter, help, v, c);
+    }
+    w.section("Info", true);
+    w.raw(&format!(
+        "# HELP simplex_smp_info Server information. RTS options have to be passed via SMP_RTS_OPTIONS env var\n\
+         # TYPE simplex_smp_info gauge\n\
+         simplex_smp_info{{version=\"{VERSION}\",rts_options=\"\"}} 1\n\n"
+    ));
+    for (name, help, pick) in [
+        ("simplex_smp_sockets_accepted", "Accepted sockets", 0),
+        ("simplex_smp_sockets_closed", "Closed sockets", 1),
+        ("simplex_smp_sockets_active", "Active sockets", 2),
+        ("simplex_smp_sockets_leaked", "Leaked sockets", 3),
+    ] {
+        w.head(name, Gauge, help);
+        for p in &x.sockets {
+            let v = match pick {
+                0 => p.accepted,
+                1 => p.closed,
+                2 => p.accepted.saturating_sub(p.closed),
+                // Every closed socket is counted when its connection ends: none leaks.
+                _ => 0,
+            };
+            w.sample(&format!("{name}{{port=\"{}\"}}", p.port), v);
+        }
+        w.raw("\n");
+    }
+    w.head("simplex_smp_threads_total", Gauge, "Threads");
+    w.sample("simplex_smp_threads_total", x.threads);
+    w.raw("\n");
+    w.head("simplex_smp_clients_total", Gauge, "Clients");
+    w.sample("simplex_smp_clients_total", s.connections);
+    w.raw("\n");
+    w.one(
+        "simplex_smp_delivered_total",
+        Gauge,
+        "Total SMP subscriptions with delivered messages",
+        s.delivered_subs,
+        "delivered.subsCount",
+    );
+    w.one(
+        "simplex_smp_delivered_clients_total",
+        Gauge,
+        "Subscribed clients",
+        s.delivered_clients,
+        "delivered.subClientsCount",
+    );
+    let acked = s.msg_recv.saturating_add(s.msg_recv_get);
+    let t = "simplex_smp_delivery_ack_confirmed_time";
+    let ack_times = &x.ack_times;
+    w.head(
+        t,
+        Kind::Histogram,
+        "Times to confirm message delivery, only confirmed deliveries",
+    );
+    w.sample(&format!("{t}_sum"), ack_times.sum_secs);
+    w.sample(&format!("{t}_count"), acked);
+    w.time_buckets(t, ack_times);
+    w.sample(&format!("{t}_bucket{{le=\"+Inf\"}}"), acked);
+    w.raw("\n");
+    w.head(
+        "simplex_smp_delivery_ack_confirmed_count",
+        Counter,
+        "Counts for confirmed deliveries",
+    );
+    w.bucket_sums("simplex_smp_delivery_ack_confirmed_count", ack_times);
+    w.raw("\n");
+    w.head(
+        "simplex_smp_delivery_ack_pending_count",
+        Gauge,
+        "Counts for pending delivery",
+    );
+    w.bucket_sums("simplex_smp_delivery_ack_pending_count", &x.pending_times);
+    w.raw("\n");
+    w.one(
+        "simplex_smp_delivery_ack_time_max",
+        Gauge,
+        "Max time to confirm message delivery",
+        x.pending_times.max_secs,
+        "delivered.maxTime",
+    );
+    for (name, help, v, c) in [
+        (
+            "simplex_smp_subscribtion_total",
+            "Total SMP subscriptions",
+            s.subscriptions,
+            "smp.subsCount",
+        ),
+        (
+            "simplex_smp_subscribtion_clients_total",
+            "Subscribed clients",
+            s.sub_clients,
+            "smp.subClientsCount",
+        ),
+        (
+            "simplex_smp_subscribtion_services_total",
+            "Subscribed services, first counting method",
+            s.rcv_services,
+            "smp.subServicesCount",
+        ),
+        (
+            "simplex_smp_subscribtion_service_subs_total",
+            "Total queues subscribed via services",
+            s.rcv_service_subs,
+            "smp.subServiceSubsCount",
+        ),
+        (
+            "simplex_smp_subscription_ntf_total",
+            "Total notification subscripbtions (from ntf server)",
+            s.ntf_subscriptions,
+            "ntf.subsCount",
+        ),
+        (
+            "simplex_smp_subscription_ntf_clients_total",
+            "Total subscribed NTF servers",
+            s.ntf_sub_clients,
+            "ntf.subClientsCount",
+        ),
+        (
+            "simplex_smp_subscribtion_nts_services_total",
+            "Subscribed NTF services, first counting method",
+            s.ntf_services,
+            "ntf.subServicesCount",
+        ),
+        (
+            "simplex_smp_subscription_ntf_service_subs_total",
+            "Total queues subscribed via NTF services",
+            s.ntf_service_subs,
+            "ntf.subServiceSubsCount",
+        ),
+        (
+            "simplex_smp_loaded_queues_queue_count",
+            "Total loaded queues count (all queues for memory/journal storage)",
+            s.queue_count,
+            "loadedCounts.loadedQueueCount",
+        ),
+        (
+            "simplex_smp_loaded_queues_ntf_count",
+            "Total loaded ntf credential references (all ntf credentials for memory/journal storage)",
+            s.notifier_count,
+            "loadedCounts.loadedNotifierCount",
+        ),
+        (
+            "simplex_smp_loaded_queues_open_journal_count",
+            "Total opened queue journals (0 for memory storage)",
+            0,
+            "loadedCounts.openJournalCount",
+        ),
+        (
+            "simplex_smp_loaded_queues_queue_lock_count",
+            "Total queue locks (0 for memory storage)",
+            0,
+            "loadedCounts.queueLockCount",
+        ),
+    ] {
+        w.one(name, Gauge, help, v, c);
+    }
+    // The reference's file ends here, without the blank line after its last family.
+    w.one_last(
+        "simplex_smp_loaded_queues_ntf_lock_count",
+        Gauge,
+        "Total notifier locks (0 for memory/journal storage)",
+        0,
+        "loadedCounts.notifierLockCount",
+    );
+    w.raw("\n# smp-relay\n# --------\n\n");
+    for (name, kind, help, v) in relay_families(s) {
+        w.head(name, kind, help);
+        w.sample(name, v);
+        w.raw("\n");
+    }
+    w.out
+}
+
+/// This relay's own families (`smprelay_…`), after the reference's.
+fn relay_families(s: &MetricsSnapshot) -> [(&'static str, Kind, &'static str, u64); 10] {
+    use Kind::Counter;
+    [
+        (
+            "smprelay_store_peek_first_calls_total",
+            Counter,
+            "Store reads of one queue's first message.",
+            s.store_peek_first_calls,
+        ),
+        (
+            "smprelay_store_peek_first_many_calls_total",
+            Counter,
+            "Store reads of the first messages of a batch of queues (one per SUB batch).",
+            s.store_peek_first_many_calls,
+        ),
+        (
+            "smprelay_verify_batches_total",
+            Counter,
+            "Block parts whose Ed25519 signatures were verified in one batch.",
+            s.verify_batches,
+        ),
+        (
+            "smprelay_verify_batch_fallbacks_total",
+            Counter,
+            "Batches that failed; their signatures were then verified one by one.",
+            s.verify_batch_fallbacks,
+        ),
+        (
+            "smprelay_verify_budget_closes_total",
+            Counter,
+            "Connections closed for causing too many failed signature verifications.",
+            s.verify_budget_closes,
+        ),
+        (
+            "smprelay_output_drops_total",
+            Counter,
+            "MSG deliveries dropped to a marker while their connection's output was over its bound.",
+            s.output_drops,
+        ),
+        (
+            "smprelay_output_reasks_total",
+            Counter,
+            "Times a connection asked its owners again for what it held (dropped MSGs, more notifications).",
+            s.output_reasks,
+        ),
+        (
+            "smprelay_slow_reader_closes_total",
+            Counter,
+            "Connections closed for not reading their output.",
+            s.slow_reader_closes,
+        ),
+        (
+            "smprelay_store_writes_total",
+            Counter,
+            "Store writes (messages and queue records).",
+            s.store_writes,
+        ),
+        (
+            "smprelay_store_deletes_total",
+            Counter,
+            "Store deletions (messages and queues).",
+            s.store_deletes,
+        ),
+    ]
 }
 
 #[derive(Clone, Copy)]
 enum Kind {
     Counter,
     Gauge,
+    Histogram,
 }
 
-/// One metric: its samples share the name and differ by labels (`""` for none).
-struct Family<'a> {
-    name: &'static str,
-    kind: Kind,
-    help: &'static str,
-    samples: &'a [(&'static str, u64)],
+/// Builds the text; every sample line ends with the timestamp.
+struct Writer {
+    out: String,
+    ts: u64,
 }
 
-/// The six error samples of a proxy family, as the reference labels them.
-fn proxy_errors(all: &ProxyStats, own: &ProxyStats) -> [(&'static str, u64); 6] {
-    [
-        ("{source=\"all\",type=\"connect\"}", all.errors_connect),
-        ("{source=\"all\",type=\"compat\"}", all.errors_compat),
-        ("{source=\"all\",type=\"other\"}", all.errors_other),
-        ("{source=\"own\",type=\"connect\"}", own.errors_connect),
-        ("{source=\"own\",type=\"compat\"}", own.errors_compat),
-        ("{source=\"own\",type=\"other\"}", own.errors_other),
-    ]
-}
-
-/// The Prometheus text for `s`, every sample stamped with `now_ms` (milliseconds since the epoch).
-pub fn render(s: &MetricsSnapshot, now_ms: u64) -> String {
-    let families = [
-        Family {
-            name: "simplex_smp_queues_created",
-            kind: Kind::Counter,
-            help: "Queues created by NEW.",
-            samples: &[("", s.queues_created)],
-        },
-        Family {
-            name: "simplex_smp_queues_secured",
-            kind: Kind::Counter,
-            help: "Queues secured by KEY or SKEY.",
-            samples: &[("", s.queues_secured)],
-        },
-        Family {
-            name: "simplex_smp_queues_deleted",
-            kind: Kind::Counter,
-            help: "Queues deleted by DEL.",
-            samples: &[("{type=\"all\"}", s.queues_deleted)],
-        },
-        Family {
-            name: "simplex_smp_queues_total1",
-            kind: Kind::Gauge,
-            help: "Queues in the store.",
-            samples: &[("", s.queue_count)],
-        },
-        Family {
-            name: "simplex_smp_queues_total2",
-            kind: Kind::Gauge,
-            help: "Queues in the store (the same count as total1 here).",
-            samples: &[("", s.queue_count)],
-        },
-        Family {
-            name: "simplex_smp_subscribtion_successes",
-            kind: Kind::Counter,
-            help: "SUB commands that subscribed.",
-            samples: &[("", s.sub_successes)],
-        },
-        Family {
-            name: "simplex_smp_subscribtion_successes_batch",
-            kind: Kind::Counter,
-            help: "Blocks whose SUBs were read from the store together.",
-            samples: &[("", s.sub_batches)],
-        },
-        Family {
-            name: "simplex_smp_messages_sent",
-            kind: Kind::Counter,
-            help: "Messages accepted by SEND.",
-            samples: &[("", s.msg_sent)],
-        },
-        Family {
-            name: "simplex_smp_messages_sent_errors",
-            kind: Kind::Counter,
-            help: "SEND commands refused, by error.",
-            samples: &[
-                ("{type=\"auth\"}", s.msg_sent_auth),
-                ("{type=\"quota\"}", s.msg_sent_quota),
-                ("{type=\"large\"}", s.msg_sent_large),
-                ("{type=\"block\"}", s.msg_sent_block),
-            ],
-        },
-        Family {
-            name: "simplex_smp_messages_received",
-            kind: Kind::Counter,
-            help: "Messages acknowledged by their recipients.",
-            samples: &[("", s.msg_recv)],
-        },
-        Family {
-            name: "simplex_smp_messages_expired",
-            kind: Kind::Counter,
-            help: "Messages deleted because their TTL passed.",
-            samples: &[("", s.msg_expired)],
-        },
-        Family {
-            name: "simplex_smp_messages_total",
-            kind: Kind::Gauge,
-            help: "Messages in the store.",
-            samples: &[("", s.msg_count)],
-        },
-        Family {
-            name: "simplex_smp_messages_ntf_successes",
-            kind: Kind::Counter,
-            help: "Notifications delivered to notification servers.",
-            samples: &[("", s.msg_ntfs)],
-        },
-        Family {
-            name: "simplex_smp_subscribtion_total",
-            kind: Kind::Gauge,
-            help: "Queues with a subscriber.",
-            samples: &[("", s.subscriptions)],
-        },
-        // Spelled as the reference spells them, "subscribtion" and "nts" included.
-        Family {
-            name: "simplex_smp_subscribtion_services_total",
-            kind: Kind::Gauge,
-            help: "Messaging services with a subscribed connection.",
-            samples: &[("", s.rcv_services)],
-        },
-        Family {
-            name: "simplex_smp_subscribtion_service_subs_total",
-            kind: Kind::Gauge,
-            help: "Queue subscriptions held by messaging services' connections.",
-            samples: &[("", s.rcv_service_subs)],
-        },
-        Family {
-            name: "simplex_smp_subscribtion_nts_services_total",
-            kind: Kind::Gauge,
-            help: "Notification services with a subscribed connection.",
-            samples: &[("", s.ntf_services)],
-        },
-        Family {
-            name: "simplex_smp_subscription_ntf_service_subs_total",
-            kind: Kind::Gauge,
-            help: "Notifier subscriptions held by notification services' connections.",
-            samples: &[("", s.ntf_service_subs)],
-        },
-        Family {
-            name: "simplex_smp_rcv_services_sub_msg_count",
-            kind: Kind::Counter,
-            help: "Messages handed to messaging services by SUBS.",
-            samples: &[("", s.rcv_services_sub_msg)],
-        },
-        Family {
-            name: "simplex_smp_rcv_services_sub_duplicate_count",
-            kind: Kind::Counter,
-            help: "Queues a messaging service's connection already held at its SUBS.",
-            samples: &[("", s.rcv_services_sub_duplicate)],
-        },
-        Family {
-            name: "simplex_smp_rcv_services_count",
-            kind: Kind::Gauge,
-            help: "The count of receiving services.",
-            samples: &[("", s.rcv_services_count)],
-        },
-        Family {
-            name: "simplex_smp_rcv_services_queues_count",
-            kind: Kind::Gauge,
-            help: "The count of queues associated with receiving services.",
-            samples: &[("", s.rcv_services_queues)],
-        },
-        Family {
-            name: "simplex_smp_ntf_services_count",
-            kind: Kind::Gauge,
-            help: "The count of notification services.",
-            samples: &[("", s.ntf_services_count)],
-        },
-        Family {
-            name: "simplex_smp_ntf_services_queues_count",
-            kind: Kind::Gauge,
-            help: "The count of queues associated with notification services.",
-            samples: &[("", s.ntf_services_queues)],
-        },
-        Family {
-            name: "simplex_smp_clients_total",
-            kind: Kind::Gauge,
-            help: "Open client connections.",
-            samples: &[("", s.connections)],
-        },
-        Family {
-            name: "smprelay_store_peek_first_calls_total",
-            kind: Kind::Counter,
-            help: "Store reads of one queue's first message.",
-            samples: &[("", s.store_peek_first_calls)],
-        },
-        Family {
-            name: "smprelay_store_peek_first_many_calls_total",
-            kind: Kind::Counter,
-            help: "Store reads of the first messages of a batch of queues (one per SUB batch).",
-            samples: &[("", s.store_peek_first_many_calls)],
-        },
-        Family {
-            name: "simplex_smp_relay_sessions_requests",
-            kind: Kind::Counter,
-            help: "Session requests through relay.",
-            samples: &[
-                ("{source=\"all\"}", s.p_relays.requests),
-                ("{source=\"own\"}", s.p_relays_own.requests),
-            ],
-        },
-        Family {
-            name: "simplex_smp_relay_sessions_successes",
-            kind: Kind::Counter,
-            help: "Successful session events through relay.",
-            samples: &[
-                ("{source=\"all\"}", s.p_relays.successes),
-                ("{source=\"own\"}", s.p_relays_own.successes),
-            ],
-        },
-        Family {
-            name: "simplex_smp_relay_sessions_errors",
-            kind: Kind::Counter,
-            help: "Error session events through relay.",
-            samples: &proxy_errors(&s.p_relays, &s.p_relays_own),
-        },
-        Family {
-            name: "simplex_smp_relay_messages_requests",
-            kind: Kind::Counter,
-            help: "Message requests sent through relay.",
-            samples: &[
-                ("{source=\"all\"}", s.p_msg_fwds.requests),
-                ("{source=\"own\"}", s.p_msg_fwds_own.requests),
-            ],
-        },
-        Family {
-            name: "simplex_smp_relay_messages_successes",
-            kind: Kind::Counter,
-            help: "Successful messages sent through relay.",
-            samples: &[
-                ("{source=\"all\"}", s.p_msg_fwds.successes),
-                ("{source=\"own\"}", s.p_msg_fwds_own.successes),
-            ],
-        },
-        Family {
-            name: "simplex_smp_relay_messages_errors",
-            kind: Kind::Counter,
-            help: "Error events with messages sent through relay.",
-            samples: &proxy_errors(&s.p_msg_fwds, &s.p_msg_fwds_own),
-        },
-        Family {
-            name: "simplex_smp_relay_messages_received",
-            kind: Kind::Counter,
-            help: "Relay messages statistics.",
-            samples: &[("", s.p_msg_fwds_recv)],
-        },
-        Family {
-            name: "smprelay_verify_batches_total",
-            kind: Kind::Counter,
-            help: "Block parts whose Ed25519 signatures were verified in one batch.",
-            samples: &[("", s.verify_batches)],
-        },
-        Family {
-            name: "smprelay_verify_batch_fallbacks_total",
-            kind: Kind::Counter,
-            help: "Batches that failed; their signatures were then verified one by one.",
-            samples: &[("", s.verify_batch_fallbacks)],
-        },
-        Family {
-            name: "smprelay_verify_budget_closes_total",
-            kind: Kind::Counter,
-            help: "Connections closed for causing too many failed signature verifications.",
-            samples: &[("", s.verify_budget_closes)],
-        },
-        Family {
-            name: "smprelay_output_drops_total",
-            kind: Kind::Counter,
-            help: "MSG deliveries dropped to a marker while their connection's output was over its bound.",
-            samples: &[("", s.output_drops)],
-        },
-        Family {
-            name: "smprelay_output_reasks_total",
-            kind: Kind::Counter,
-            help: "Times a connection asked its owners again for what it held (dropped MSGs, more notifications).",
-            samples: &[("", s.output_reasks)],
-        },
-        Family {
-            name: "smprelay_slow_reader_closes_total",
-            kind: Kind::Counter,
-            help: "Connections closed for not reading their output.",
-            samples: &[("", s.slow_reader_closes)],
-        },
-        Family {
-            name: "smprelay_store_writes_total",
-            kind: Kind::Counter,
-            help: "Store writes (messages and queue records).",
-            samples: &[("", s.store_writes)],
-        },
-        Family {
-            name: "smprelay_store_deletes_total",
-            kind: Kind::Counter,
-            help: "Store deletions (messages and queues).",
-            samples: &[("", s.store_deletes)],
-        },
-    ];
-    let mut out = String::with_capacity(8192);
-    // `fmt::Write` for a String cannot fail.
-    let _ = writeln!(
-        out,
-        "# Recorded at: {}\n",
-        crate::clock::utc_time_ms(now_ms)
-    );
-    for f in &families {
-        write_family(&mut out, f.name, f.kind, f.help, f.samples, now_ms);
+impl Writer {
+    fn raw(&mut self, s: &str) {
+        self.out.push_str(s);
     }
-    for (pfx, name, stats) in [
-        ("rcv", "receiving", &s.rcv_service_stats),
-        ("ntf", "notification", &s.ntf_service_stats),
-    ] {
-        for (suffix, kind, help, value) in service_families(stats) {
-            write_family(
-                &mut out,
-                &format!("simplex_smp_{pfx}_services_{suffix}"),
-                kind,
-                &help.replace("{}", name),
-                &[("", value)],
-                now_ms,
-            );
+
+    /// A section's title, underlined, and (all but "Services", as the reference) a blank line.
+    fn section(&mut self, title: &str, blank: bool) {
+        let _ = writeln!(self.out, "# {title}\n# {}", "-".repeat(title.len()));
+        if blank {
+            self.out.push('\n');
         }
     }
-    out
-}
 
-fn write_family(
-    out: &mut String,
-    name: &str,
-    kind: Kind,
-    help: &str,
-    samples: &[(&str, u64)],
-    now_ms: u64,
-) {
-    let kind = match kind {
-        Kind::Counter => "counter",
-        Kind::Gauge => "gauge",
-    };
-    // `fmt::Write` for a String cannot fail.
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-    for (labels, value) in samples {
-        let _ = writeln!(out, "{name}{labels} {value} {now_ms}");
+    fn head(&mut self, name: &str, kind: Kind, help: &str) {
+        let kind = match kind {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        };
+        let _ = writeln!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind}");
     }
-    out.push('\n');
+
+    fn sample(&mut self, name_labels: &str, v: u64) {
+        let _ = writeln!(self.out, "{name_labels} {v} {}", self.ts);
+    }
+
+    /// Samples each followed by the reference's `# <counter>` comment line, then a blank line.
+    fn family(&mut self, name: &str, kind: Kind, help: &str, samples: &[(&str, u64, &str)]) {
+        self.head(name, kind, help);
+        for (labels, v, comment) in samples {
+            self.sample(&format!("{name}{labels}"), *v);
+            let _ = writeln!(self.out, "# {comment}");
+        }
+        self.out.push('\n');
+    }
+
+    fn one(&mut self, name: &str, kind: Kind, help: &str, v: u64, comment: &str) {
+        self.family(name, kind, help, &[("", v, comment)]);
+    }
+
+    fn one_last(&mut self, name: &str, kind: Kind, help: &str, v: u64, comment: &str) {
+        self.one(name, kind, help, v, comment);
+        self.out.pop();
+    }
+
+    /// The request, success and error families of one kind of proxy traffic: `name` and the
+    /// three help texts, and the stats of all destinations and of own ones with their counters'
+    /// names.
+    fn proxy_families(&mut self, name: &str, helps: [&str; 3], pick: [(&ProxyStats, &str); 2]) {
+        type Samples = Vec<(String, u64, String)>;
+        let (mut requests, mut successes, mut errors): (Samples, Samples, Samples) =
+            (Vec::new(), Vec::new(), Vec::new());
+        for (src, (p, c)) in [("all", pick[0]), ("own", pick[1])] {
+            let label = format!("{{source=\"{src}\"}}");
+            requests.push((label.clone(), p.requests, format!("{c}_pRequests")));
+            successes.push((label, p.successes, format!("{c}_pSuccesses")));
+            for (ty, v, f) in [
+                ("connect", p.errors_connect, "pErrorsConnect"),
+                ("compat", p.errors_compat, "pErrorsCompat"),
+                ("other", p.errors_other, "pErrorsOther"),
+            ] {
+                let label = format!("{{source=\"{src}\",type=\"{ty}\"}}");
+                errors.push((label, v, format!("{c}_{f}")));
+            }
+        }
+        for (suffix, help, v) in [
+            ("requests", helps[0], requests),
+            ("successes", helps[1], successes),
+            ("errors", helps[2], errors),
+        ] {
+            let samples: Vec<(&str, u64, &str)> = v
+                .iter()
+                .map(|(l, x, c)| (l.as_str(), *x, c.as_str()))
+                .collect();
+            self.family(&format!("{name}_{suffix}"), Kind::Counter, help, &samples);
+        }
+    }
+
+    /// The reference's `showTimeBuckets`: cumulative counts at each bucket, with an extra line
+    /// 60 s before a bucket that follows a gap of more than a minute.
+    fn time_buckets(&mut self, metric: &str, b: &TimeBuckets) {
+        let (mut prev, mut total) = (0u64, 0u64);
+        for (&sec, &cnt) in &b.buckets {
+            if sec.saturating_sub(60) > prev {
+                self.sample(&format!("{metric}_bucket{{le=\"{}\"}}", sec - 60), total);
+            }
+            total += cnt;
+            self.sample(&format!("{metric}_bucket{{le=\"{sec}\"}}"), total);
+            prev = sec;
+        }
+    }
+
+    /// The reference's `showBucketSums`: counts in five periods.
+    fn bucket_sums(&mut self, metric: &str, b: &TimeBuckets) {
+        for (lo, hi) in [
+            (0, 60),
+            (60, 300),
+            (300, 1200),
+            (1200, 3600),
+            (3600, u64::MAX),
+        ] {
+            let n: u64 = b
+                .buckets
+                .iter()
+                .filter(|(k, _)| lo <= **k && **k < hi)
+                .map(|(_, v)| v)
+                .sum();
+            let period = if hi <= 3600 {
+                format!("{lo}-{hi}")
+            } else {
+                format!("{lo}+")
+            };
+            self.sample(&format!("{metric}{{period=\"{period}\"}}"), n);
+        }
+    }
 }
 
 /// The reference's service families of one role (`showServices`, Prometheus.hs): name suffix,
-/// type and help (`{}` is the role's name), and value.
-fn service_families(s: &ServiceStats) -> [(&'static str, Kind, &'static str, u64); 14] {
+/// type, help (`{}` is the role's name), value and the counter's name.
+fn service_families(
+    s: &ServiceStats,
+) -> [(&'static str, Kind, &'static str, u64, &'static str); 14] {
     use Kind::{Counter, Gauge};
-    let more = "Service subscriptions for {} services with more queues than in the client.";
-    let fewer = "Service subscriptions for {} services with fewer queues than in the client.";
     [
         (
             "assoc_new",
             Counter,
             "New queue associations with {} services.",
             s.assoc_new,
+            "srvAssocNew",
         ),
         (
             "assoc_duplicate",
             Counter,
             "Duplicate queue associations with {} services.",
             s.assoc_duplicate,
+            "srvAssocDuplicate",
         ),
         (
             "assoc_updated",
             Counter,
             "Updated queue associations with {} services.",
             s.assoc_updated,
+            "srvAssocUpdated",
         ),
         (
             "assoc_removed",
             Counter,
             "Removed queue associations with {} services.",
             s.assoc_removed,
+            "srvAssocRemoved",
         ),
         (
             "sub_count",
             Counter,
             "Service subscriptions by {} services.",
             s.sub_count,
+            "srvSubCount",
         ),
         (
             "sub_duplicate",
             Counter,
             "Duplicate service subscriptions by {} services.",
             s.sub_duplicate,
+            "srvSubDuplicate",
         ),
         (
             "sub_queues",
             Gauge,
             "Queues subscribed by {} services.",
             s.sub_queues,
+            "srvSubQueues",
         ),
         (
             "sub_end",
             Gauge,
             "Ended subscriptions with {} services.",
             s.sub_end,
+            "srvSubEnd",
         ),
         (
             "sub_ok",
             Gauge,
             "Service subscriptions for {} services.",
             s.sub_ok,
+            "srvSubOk",
         ),
-        ("sub_more", Gauge, more, s.sub_more),
-        ("sub_fewer", Gauge, fewer, s.sub_fewer),
+        (
+            "sub_more",
+            Gauge,
+            "Service subscriptions for {} services with more queues than in the client.",
+            s.sub_more,
+            "srvSubMore",
+        ),
+        (
+            "sub_fewer",
+            Gauge,
+            "Service subscriptions for {} services with fewer queues than in the client.",
+            s.sub_fewer,
+            "srvSubFewer",
+        ),
         (
             "sub_diff",
             Gauge,
             "Service subscriptions for {} services with different hash than in the client.",
             s.sub_diff,
+            "srvSubDiff",
         ),
         (
             "sub_more_total",
             Gauge,
             "Service subscriptions for {} services with more queues than in the client total.",
             s.sub_more_total,
+            "srvSubMoreTotal",
         ),
         (
             "sub_fewer_total",
             Gauge,
             "Service subscriptions for {} services with fewer queues than in the client total.",
             s.sub_fewer_total,
+            "srvSubFewerTotal",
         ),
     ]
 }
@@ -847,248 +1691,140 @@ pub fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
 mod tests {
     use super::*;
 
-    fn numbered() -> MetricsSnapshot {
-        MetricsSnapshot {
-            queues_created: 1,
-            queues_secured: 2,
-            queues_deleted: 3,
-            msg_sent: 4,
-            msg_sent_auth: 5,
-            msg_sent_quota: 6,
-            msg_sent_large: 7,
-            msg_recv: 8,
-            msg_expired: 9,
-            msg_ntfs: 10,
-            sub_successes: 11,
-            sub_batches: 12,
-            verify_batches: 21,
-            verify_batch_fallbacks: 22,
-            verify_budget_closes: 44,
-            output_drops: 45,
-            output_reasks: 46,
-            slow_reader_closes: 47,
-            store_peek_first_calls: 13,
-            store_peek_first_many_calls: 14,
-            store_writes: 15,
-            store_deletes: 16,
-            queue_count: 17,
-            msg_count: 18,
-            subscriptions: 19,
-            connections: 20,
-            p_relays: proxy(23),
-            p_relays_own: proxy(28),
-            p_msg_fwds: proxy(33),
-            p_msg_fwds_own: proxy(38),
-            p_msg_fwds_recv: 43,
-            msg_sent_block: 48,
-            rcv_services: 49,
-            rcv_service_subs: 50,
-            ntf_services: 51,
-            ntf_service_subs: 52,
-            rcv_services_sub_msg: 53,
-            rcv_services_sub_duplicate: 54,
-            rcv_services_count: 55,
-            rcv_services_queues: 56,
-            ntf_services_count: 57,
-            ntf_services_queues: 58,
-            rcv_service_stats: service_stats(100),
-            ntf_service_stats: service_stats(200),
+    fn extra() -> Extra {
+        Extra {
+            from_ms: 1_699_999_000_000,
+            sockets: vec![SocketCounts {
+                port: "5223".into(),
+                accepted: 9,
+                closed: 4,
+            }],
+            threads: 3,
+            pending_times: TimeBuckets::default(),
+            ack_times: TimeBuckets::default(),
         }
     }
 
-    fn service_stats(from: u64) -> ServiceStats {
-        ServiceStats {
-            assoc_new: from,
-            assoc_duplicate: from + 1,
-            assoc_updated: from + 2,
-            assoc_removed: from + 3,
-            sub_count: from + 4,
-            sub_duplicate: from + 5,
-            sub_queues: from + 6,
-            sub_end: from + 7,
-            sub_ok: from + 8,
-            sub_more: from + 9,
-            sub_fewer: from + 10,
-            sub_diff: from + 11,
-            sub_more_total: from + 12,
-            sub_fewer_total: from + 13,
-        }
-    }
-
-    fn proxy(from: u64) -> ProxyStats {
-        ProxyStats {
-            requests: from,
-            successes: from + 1,
-            errors_connect: from + 2,
-            errors_compat: from + 3,
-            errors_other: from + 4,
-        }
-    }
-
-    #[test]
-    fn each_metric_appears_once_with_its_value_and_timestamp() {
-        let text = render(&numbered(), 1_700_000_000_123);
-        for (sample, value) in [
-            ("simplex_smp_queues_created", 1),
-            ("simplex_smp_queues_secured", 2),
-            ("simplex_smp_queues_deleted{type=\"all\"}", 3),
-            ("simplex_smp_messages_sent", 4),
-            ("simplex_smp_messages_sent_errors{type=\"auth\"}", 5),
-            ("simplex_smp_messages_sent_errors{type=\"quota\"}", 6),
-            ("simplex_smp_messages_sent_errors{type=\"large\"}", 7),
-            ("simplex_smp_messages_sent_errors{type=\"block\"}", 48),
-            ("simplex_smp_messages_received", 8),
-            ("simplex_smp_messages_expired", 9),
-            ("simplex_smp_messages_ntf_successes", 10),
-            ("simplex_smp_subscribtion_successes", 11),
-            ("simplex_smp_subscribtion_successes_batch", 12),
-            ("smprelay_store_peek_first_calls_total", 13),
-            ("smprelay_store_peek_first_many_calls_total", 14),
-            ("smprelay_store_writes_total", 15),
-            ("smprelay_verify_batches_total", 21),
-            ("smprelay_verify_batch_fallbacks_total", 22),
-            ("smprelay_verify_budget_closes_total", 44),
-            ("smprelay_output_drops_total", 45),
-            ("smprelay_output_reasks_total", 46),
-            ("smprelay_slow_reader_closes_total", 47),
-            ("smprelay_store_deletes_total", 16),
-            ("simplex_smp_queues_total1", 17),
-            ("simplex_smp_queues_total2", 17),
-            ("simplex_smp_messages_total", 18),
-            ("simplex_smp_subscribtion_total", 19),
-            ("simplex_smp_clients_total", 20),
-            ("simplex_smp_subscribtion_services_total", 49),
-            ("simplex_smp_subscribtion_service_subs_total", 50),
-            ("simplex_smp_subscribtion_nts_services_total", 51),
-            ("simplex_smp_subscription_ntf_service_subs_total", 52),
-            ("simplex_smp_rcv_services_sub_msg_count", 53),
-            ("simplex_smp_rcv_services_sub_duplicate_count", 54),
-            ("simplex_smp_rcv_services_count", 55),
-            ("simplex_smp_rcv_services_queues_count", 56),
-            ("simplex_smp_ntf_services_count", 57),
-            ("simplex_smp_ntf_services_queues_count", 58),
-            ("simplex_smp_rcv_services_assoc_new", 100),
-            ("simplex_smp_rcv_services_assoc_duplicate", 101),
-            ("simplex_smp_rcv_services_assoc_updated", 102),
-            ("simplex_smp_rcv_services_assoc_removed", 103),
-            ("simplex_smp_rcv_services_sub_count", 104),
-            ("simplex_smp_rcv_services_sub_duplicate", 105),
-            ("simplex_smp_rcv_services_sub_queues", 106),
-            ("simplex_smp_rcv_services_sub_end", 107),
-            ("simplex_smp_rcv_services_sub_ok", 108),
-            ("simplex_smp_rcv_services_sub_more", 109),
-            ("simplex_smp_rcv_services_sub_fewer", 110),
-            ("simplex_smp_rcv_services_sub_diff", 111),
-            ("simplex_smp_rcv_services_sub_more_total", 112),
-            ("simplex_smp_rcv_services_sub_fewer_total", 113),
-            ("simplex_smp_ntf_services_assoc_new", 200),
-            ("simplex_smp_ntf_services_sub_fewer_total", 213),
-            ("simplex_smp_relay_sessions_requests{source=\"all\"}", 23),
-            ("simplex_smp_relay_sessions_successes{source=\"all\"}", 24),
-            (
-                "simplex_smp_relay_sessions_errors{source=\"all\",type=\"connect\"}",
-                25,
-            ),
-            (
-                "simplex_smp_relay_sessions_errors{source=\"all\",type=\"compat\"}",
-                26,
-            ),
-            (
-                "simplex_smp_relay_sessions_errors{source=\"all\",type=\"other\"}",
-                27,
-            ),
-            ("simplex_smp_relay_sessions_requests{source=\"own\"}", 28),
-            (
-                "simplex_smp_relay_sessions_errors{source=\"own\",type=\"other\"}",
-                32,
-            ),
-            ("simplex_smp_relay_messages_requests{source=\"all\"}", 33),
-            ("simplex_smp_relay_messages_successes{source=\"all\"}", 34),
-            (
-                "simplex_smp_relay_messages_errors{source=\"all\",type=\"other\"}",
-                37,
-            ),
-            ("simplex_smp_relay_messages_successes{source=\"own\"}", 39),
-            (
-                "simplex_smp_relay_messages_errors{source=\"own\",type=\"connect\"}",
-                40,
-            ),
-            ("simplex_smp_relay_messages_received", 43),
-        ] {
-            let line = format!("{sample} {value} 1700000000123");
-            assert_eq!(
-                text.lines().filter(|l| *l == line).count(),
-                1,
-                "{line:?} once in:\n{text}"
-            );
-            let name = sample.split('{').next().unwrap_or(sample);
-            let samples = text
-                .lines()
-                .filter(|l| {
-                    l.starts_with(&format!("{name} ")) || l.starts_with(&format!("{name}{{"))
-                })
-                .count();
-            let expected = match name {
-                "simplex_smp_messages_sent_errors" => 4,
-                "simplex_smp_relay_sessions_errors" | "simplex_smp_relay_messages_errors" => 6,
-                n if n.starts_with("simplex_smp_relay_")
-                    && n != "simplex_smp_relay_messages_received" =>
-                {
-                    2
-                }
-                _ => 1,
-            };
-            assert_eq!(samples, expected, "samples of {name}");
-            assert_eq!(
-                text.lines()
-                    .filter(|l| l.starts_with(&format!("# TYPE {name} ")))
-                    .count(),
-                1,
-                "TYPE of {name}"
-            );
-            assert_eq!(
-                text.lines()
-                    .filter(|l| l.starts_with(&format!("# HELP {name} ")))
-                    .count(),
-                1,
-                "HELP of {name}"
-            );
-        }
-        assert!(text.contains("# TYPE simplex_smp_queues_created counter\n"));
-        assert!(text.contains("# TYPE simplex_smp_messages_total gauge\n"));
-        assert!(text.starts_with("# Recorded at: 2023-11-14T22:13:20.123Z\n"));
-    }
-
+    /// Every sample line is `name{labels} value timestamp` (the info line has no timestamp, as
+    /// the reference's), and each family has one HELP and one TYPE line before its samples.
     #[test]
     fn every_sample_line_is_name_value_timestamp() {
-        let text = render(&MetricsSnapshot::default(), 42);
-        for line in text
-            .lines()
-            .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        {
+        let text = render(&MetricsSnapshot::numbered(0), &extra(), 42);
+        let mut declared = std::collections::HashSet::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                declared.insert(rest.split(' ').next().unwrap().to_string());
+                continue;
+            }
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
             let parts: Vec<&str> = line.split(' ').collect();
+            let name = parts[0].split('{').next().unwrap();
+            let family = ["_sum", "_count", "_bucket"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .filter(|f| declared.contains(*f))
+                .unwrap_or(name);
+            assert!(declared.contains(family), "{line}: no TYPE before it");
+            if name == "simplex_smp_info" {
+                assert_eq!(parts.len(), 2, "{line}");
+                continue;
+            }
             assert_eq!(parts.len(), 3, "{line}");
-            assert_eq!(parts[1], "0");
+            assert!(parts[1].parse::<u64>().is_ok(), "{line}");
             assert_eq!(parts[2], "42");
+        }
+        assert!(text.starts_with(
+            "# Recorded at: 1970-01-01T00:00:00.042Z\n# Stats from: 2023-11-14T21:56:40Z\n\n# Queues\n# ------\n\n"
+        ));
+    }
+
+    #[test]
+    fn each_counter_has_its_value_and_comment() {
+        let mut s = MetricsSnapshot {
+            queues_created: 5,
+            queues_deleted_secured: 2,
+            msg_sent_block: 7,
+            rslv_disabled: 4,
+            ..MetricsSnapshot::default()
+        };
+        s.p_msg_fwds_own.errors_connect = 3;
+        s.ntf_service_stats.sub_fewer_total = 11;
+        let text = render(&s, &extra(), 1_700_000_000_123);
+        for expected in [
+            "simplex_smp_queues_created 5 1700000000123\n# qCreated\n",
+            "simplex_smp_queues_deleted{type=\"secured\"} 2 1700000000123\n# qDeletedSecured\n",
+            "simplex_smp_messages_sent_errors{type=\"block\"} 7 1700000000123\n# msgSentBlock\n",
+            "simplex_smp_relay_messages_errors{source=\"own\",type=\"connect\"} 3 1700000000123\n# pMsgFwdsOwn_pErrorsConnect\n",
+            "simplex_smp_ntf_services_sub_fewer_total 11 1700000000123\n# ntf.srvSubFewerTotal\n",
+            "simplex_smp_names_disabled 4 1700000000123\n# rslvDisabled\n",
+            "simplex_smp_sockets_active{port=\"5223\"} 5 1700000000123\n",
+            "simplex_smp_delivery_ack_confirmed_count{period=\"3600+\"} 0 1700000000123\n",
+            "# TYPE simplex_smp_delivery_ack_confirmed_time histogram\n",
+            "\n# loadedCounts.notifierLockCount\n\n# smp-relay\n",
+        ] {
+            assert_eq!(text.matches(expected).count(), 1, "{expected:?} once in:\n{text}");
         }
     }
 
     #[test]
-    fn shards_sum() {
+    fn time_buckets_round_and_print_as_the_reference() {
+        let mut b = TimeBuckets::default();
+        for t in [0, 5, 6, 31, 61, 181, 400] {
+            b.record(t);
+        }
+        let keys: Vec<u64> = b.buckets.keys().copied().collect();
+        assert_eq!(keys, [0, 5, 10, 40, 90, 240, 420]);
+        assert_eq!((b.sum_secs, b.max_secs), (684, 400));
+        let mut w = Writer {
+            out: String::new(),
+            ts: 1,
+        };
+        w.time_buckets("t", &b);
+        w.bucket_sums("c", &b);
+        assert_eq!(
+            w.out,
+            "t_bucket{le=\"0\"} 1 1\nt_bucket{le=\"5\"} 2 1\nt_bucket{le=\"10\"} 3 1\n\
+             t_bucket{le=\"40\"} 4 1\nt_bucket{le=\"90\"} 5 1\nt_bucket{le=\"180\"} 5 1\n\
+             t_bucket{le=\"240\"} 6 1\nt_bucket{le=\"360\"} 6 1\nt_bucket{le=\"420\"} 7 1\n\
+             c{period=\"0-60\"} 4 1\nc{period=\"60-300\"} 2 1\nc{period=\"300-1200\"} 1 1\n\
+             c{period=\"1200-3600\"} 0 1\nc{period=\"3600+\"} 0 1\n"
+        );
+    }
+
+    #[test]
+    fn shards_sum_and_a_baseline_subtracts() {
         let mut total = MetricsSnapshot::default();
-        total.add(&numbered());
-        total.add(&numbered());
+        total.add(&MetricsSnapshot::numbered(0));
+        total.add(&MetricsSnapshot::numbered(0));
         assert_eq!(total.queues_created, 2);
-        assert_eq!(total.connections, 40);
-        assert_eq!(total.store_peek_first_many_calls, 28);
-        assert_eq!(total.p_msg_fwds_own.errors_other, 84);
-        assert_eq!(total.p_msg_fwds_recv, 86);
+        assert_eq!(total.p_msg_fwds_own.errors_other, 2 * 1034);
         let mut max = MetricsSnapshot {
             msg_sent: u64::MAX,
             ..MetricsSnapshot::default()
         };
-        max.add(&numbered());
+        max.add(&MetricsSnapshot::numbered(0));
         assert_eq!(max.msg_sent, u64::MAX);
+        let daily = total.daily_part();
+        total.minus(&daily);
+        assert_eq!(total.queues_created, 0);
+        assert_eq!(total.p_relays.requests, 0);
+        assert_eq!(
+            total.queue_count,
+            2 * MetricsSnapshot::numbered(0).queue_count
+        );
+        assert_eq!(
+            total.ntf_new_created,
+            2 * MetricsSnapshot::numbered(0).ntf_new_created
+        );
+    }
+
+    #[test]
+    fn times_print_as_iso8601_show() {
+        assert_eq!(iso8601_ms(1_700_000_000_000), "2023-11-14T22:13:20Z");
+        assert_eq!(iso8601_ms(1_700_000_000_120), "2023-11-14T22:13:20.12Z");
+        assert_eq!(iso8601_ms(1_700_000_000_007), "2023-11-14T22:13:20.007Z");
     }
 
     #[test]
@@ -1137,7 +1873,7 @@ mod tests {
         let owner = OwnerStats {
             queues_created: 3,
             subs: 5,
-            sub_batches: 2,
+            msg_get_duplicate: 2,
             ..OwnerStats::default()
         };
         let store = StoreCounters {
@@ -1149,7 +1885,7 @@ mod tests {
         let s = MetricsSnapshot::from_shard(&owner, &store);
         assert_eq!(s.queues_created, 3);
         assert_eq!(s.sub_successes, 5);
-        assert_eq!(s.sub_batches, 2);
+        assert_eq!(s.msg_get_duplicate, 2);
         assert_eq!(s.store_peek_first_calls, 1);
         assert_eq!(s.store_peek_first_many_calls, 2);
     }

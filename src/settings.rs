@@ -461,6 +461,22 @@ start_settings! {
         ini: "STORE_LOG" "prometheus_interval" => ini::seconds,
         flag: (long, value_name = "SECS", value_parser = ini::seconds),
     }
+    /// Write the daily statistics line to <data-dir>/smp-server-stats.daily.log and keep the
+    /// counters across restarts in <data-dir>/smp-server-stats.log (ini `[STORE_LOG] log_stats`).
+    log_stats: bool {
+        set: |c, v| c.log_stats = v,
+        default: Some(false),
+        ini: "STORE_LOG" "log_stats" => ini::on_off,
+        flag: (long, value_name = "on|off", value_parser = ini::on_off, action = clap::ArgAction::Set),
+    }
+    /// Serve the metrics file's text over HTTP on GET /metrics at this address (ini `[RELAY]
+    /// metrics_listen`).
+    metrics_listen: SocketAddr {
+        set: |c, v| c.metrics_listen = Some(v),
+        default: None => "off",
+        ini: "RELAY" "metrics_listen" => ini::socket_addr,
+        flag: (long, value_name = "ADDR:PORT", value_parser = ini::socket_addr),
+    }
     /// SOCKS5 proxy (e.g. Tor, 127.0.0.1:9050) for .onion destinations; without it they are refused
     /// (ini `[PROXY] socks_proxy`).
     socks_proxy: SocketAddr {
@@ -605,6 +621,8 @@ impl StartConfig {
             tls_timeout: Duration::ZERO,
             handshake_timeout: Duration::ZERO,
             metrics_interval: None,
+            log_stats: false,
+            metrics_listen: None,
             slow_reader_close: Duration::ZERO,
             settings: config::Settings {
                 quota: 0,

@@ -257,7 +257,7 @@ fn block_unblock_delete_and_status_on_a_running_relay() {
     // Two shards: the port runs on shard 0, and the queues' owners are either.
     let opts = RelayOptions {
         cores: 2,
-        ..RelayOptions::default()
+        extra_args: vec!["--metrics-interval".into(), "3600".into()],
     };
     let (mut relay, port) = relay_with_control_on(None, opts);
     let (mut rc, mut sc) = (relay.client(), relay.client());
@@ -299,6 +299,10 @@ fn block_unblock_delete_and_status_on_a_running_relay() {
         format!("ok, already inactive: {shown}"),
         "the same block again"
     );
+    // One queue blocked (`qBlocked`), the second block changed nothing.
+    relay.metrics_until("the blocked queue counted once", |m| {
+        m.get("simplex_smp_queues_blocked") == Some(&1)
+    });
     assert!(user
         .one(&format!("status {sid}"))
         .starts_with(&format!("status: {shown}, updatedAt: Just")),);

@@ -389,7 +389,7 @@ fn init_variants() -> Vec<(&'static str, InitOptions, Option<Messages>)> {
             "ed448, fqdn, no password, no store log, daily stats, no web",
             InitOptions {
                 enable_store_log: false,
-                log_stats: false,
+                log_stats: true,
                 algorithm: "ED448",
                 fqdn: Some("smp.relay.example"),
                 password: None,

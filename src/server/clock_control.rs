@@ -11,6 +11,8 @@
 //!   when all have finished.
 //! - `metrics`: every shard publishes its numbers now, shard 0 last, so that the metrics file it
 //!   writes holds every shard's latest numbers.
+//! - `stats-log`: the daily statistics line is written now if it is due on the relay's clock
+//!   (`[STORE_LOG] log_stats`), as the timer that looks every minute would.
 //!
 //! Only shard 0 serves it; without the flag nothing of this runs.
 
@@ -81,6 +83,11 @@ async fn run(line: &str, mesh: &Mesh) -> Result<(), String> {
         // Shard 0 asks every shard for its numbers and answers once it has written their sum.
         (Some("metrics"), None, None) => {
             on_shards(mesh, &[0], |done| ShardMsg::MetricsNow { done }).await
+        }
+        // Shard 0 writes the daily statistics line if it is due (`log_stats`), and answers once
+        // it is written.
+        (Some("stats-log"), None, None) => {
+            on_shards(mesh, &[0], |done| ShardMsg::Daily { done: Some(done) }).await
         }
         _ => Err(format!("unknown command {line:?}")),
     }

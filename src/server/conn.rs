@@ -350,6 +350,7 @@ async fn read_loop(
             let content = codec.decode(block).map_err(|_| ());
             dispatch::route_block(&route_ctx, content)
         };
+        count_block(&ctx.conn_stats, &routed);
         seq += 1;
         let parts = routed.by_owner.len()
             + usize::from(!routed.local.is_empty())
@@ -869,4 +870,22 @@ async fn write_plain_block(
     ws::queue_block(&mut tls.borrow_mut(), framing, &block)?;
     tls_stream::flush(tls).await?;
     Ok(())
+}
+
+/// The reference's batch counters and RSLVs of one block (`dispatch::Routed`).
+fn count_block(stats: &super::context::ConnStats, routed: &dispatch::Routed) {
+    use dispatch::BatchKind;
+    let c = match routed.batch_of {
+        Some(BatchKind::Sub) => Some(&stats.sub_batches),
+        Some(BatchKind::Del) => Some(&stats.del_batches),
+        Some(BatchKind::NDel) => Some(&stats.ndel_batches),
+        Some(BatchKind::NSub) => Some(&stats.nsub_batches),
+        None => None,
+    };
+    if let Some(c) = c {
+        c.set(c.get() + 1);
+    }
+    if routed.rslv > 0 {
+        stats.rslv_reqs.set(stats.rslv_reqs.get() + routed.rslv);
+    }
 }

@@ -58,6 +58,13 @@ pub struct ShardContext {
     pub(super) stats_waiters: RefCell<Vec<flume::Sender<()>>>,
     /// Back-pressure counters of this shard's connections, exported as metrics.
     pub conn_stats: ConnStats,
+    /// Statistics shared with the other shards and the stop (`server/stats.rs`).
+    pub stats: Arc<super::stats::Shared>,
+    /// Shard 0: the counters' period (`stats::Daily`), and its gathering of every shard's
+    /// numbers for a daily line.
+    pub(super) daily: RefCell<super::stats::Daily>,
+    pub(super) daily_round: RefCell<Option<Gathering<MetricsSnapshot>>>,
+    pub(super) daily_waiters: RefCell<Vec<flume::Sender<()>>>,
     /// `SUBS`/`NSUBS` of this shard's connections waiting for every shard's part, by round.
     service_waits: RefCell<HashMap<u64, LocalSender<CountHash>>>,
     next_service_round: Cell<u64>,
@@ -69,13 +76,17 @@ pub struct ConnStats {
     pub output_drops: Cell<u64>,
     pub output_reasks: Cell<u64>,
     pub slow_reader_closes: Cell<u64>,
-    /// Connections accepted and closed (the control port's `sockets`).
-    pub sockets_accepted: Cell<u64>,
-    pub sockets_closed: Cell<u64>,
     /// How `SUBS` and `NSUBS` counts compared with the clients' (the rest of the services'
     /// statistics is the owners').
     pub rcv_services: RefCell<crate::metrics::ServiceStats>,
     pub ntf_services: RefCell<crate::metrics::ServiceStats>,
+    /// Blocks of this shard's connections that the reference counts as batches: two or more
+    /// transmissions of one party, by the first one's command (SUB, DEL, NDEL, NSUB); and RSLVs.
+    pub sub_batches: Cell<u64>,
+    pub del_batches: Cell<u64>,
+    pub ndel_batches: Cell<u64>,
+    pub nsub_batches: Cell<u64>,
+    pub rslv_reqs: Cell<u64>,
 }
 
 impl ShardContext {
@@ -156,6 +167,10 @@ impl ShardContext {
             next_stats_round: Cell::new(0),
             stats_waiters: RefCell::new(Vec::new()),
             conn_stats: ConnStats::default(),
+            stats: Arc::default(),
+            daily: RefCell::default(),
+            daily_round: RefCell::new(None),
+            daily_waiters: RefCell::new(Vec::new()),
         }
     }
 

@@ -12,7 +12,7 @@ use super::proxy::ProxyJob;
 use super::router::{Mesh, Request, ServiceCheck, Session};
 use crate::protocol::batch::parse_batch;
 use crate::protocol::command::{
-    check_credentials, parse_command, Command, EntityKind, Runs, ServiceRole, ServiceSubs,
+    check_credentials, parse_command, Command, EntityKind, Party, Runs, ServiceRole, ServiceSubs,
 };
 use crate::protocol::error::{CommandError, ErrorType};
 use crate::protocol::response::BrokerMsg;
@@ -31,6 +31,19 @@ pub struct Routed {
     pub proxied: Vec<ProxyJob>,
     /// SUBS and NSUBS of a service session, answered by tasks of their own (`conn.rs`).
     pub services: Vec<ServiceJob>,
+    /// The block is a batch as the reference counts one (two or more transmissions of one
+    /// party, recipient or notifier), of the first one's command; and the RSLVs it held.
+    pub batch_of: Option<BatchKind>,
+    pub rslv: u64,
+}
+
+/// The commands whose batches the reference counts (simplexmq `Server.hs`, `updateBatchStats`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchKind {
+    Sub,
+    Del,
+    NDel,
+    NSub,
 }
 
 /// A verified `SUBS` or `NSUBS`.
@@ -133,9 +146,16 @@ pub fn route_block(ctx: &RouteCtx<'_>, content: Result<&[u8], ()>) -> Routed {
         return routed;
     };
     let vouched = service_sig_batch(ctx, &transmissions);
+    let mut parsed: Vec<(Party, Option<BatchKind>)> = Vec::new();
     for (i, t) in transmissions.into_iter().enumerate() {
         let batch_signed = vouched.get(i).copied().flatten() == Some(true);
-        route_transmission(ctx, t, batch_signed, &mut routed);
+        parsed.extend(route_transmission(ctx, t, batch_signed, &mut routed));
+    }
+    if let [(party, kind), rest @ ..] = &parsed[..] {
+        let batch_party = matches!(party, Party::Recipient | Party::Notifier);
+        if batch_party && !rest.is_empty() && rest.iter().all(|(p, _)| p == party) {
+            routed.batch_of = *kind;
+        }
     }
     routed
 }
@@ -144,8 +164,14 @@ fn error(session: &Session, corr_id: &[u8], entity_id: &[u8], e: ErrorType) -> V
     encode(session, corr_id, entity_id, &BrokerMsg::Err(e))
 }
 
-/// `batch_signed`: the block's batch verified this transmission's service signature.
-fn route_transmission(ctx: &RouteCtx<'_>, bytes: &[u8], batch_signed: bool, routed: &mut Routed) {
+/// `batch_signed`: the block's batch verified this transmission's service signature. Returns the
+/// party of a transmission that parsed and passed the credential check (and its batch kind).
+fn route_transmission(
+    ctx: &RouteCtx<'_>,
+    bytes: &[u8],
+    batch_signed: bool,
+    routed: &mut Routed,
+) -> Option<(Party, Option<BatchKind>)> {
     let session = ctx.session;
     let (v, sid) = (session.version, &session.session_id);
     let t = match parse_transmission(v, bytes) {
@@ -154,7 +180,7 @@ fn route_transmission(ctx: &RouteCtx<'_>, bytes: &[u8], batch_signed: bool, rout
             routed
                 .local
                 .push(error(session, b"", b"", ErrorType::Block));
-            return;
+            return None;
         }
         Err(TransmissionError::BadAuthorization {
             corr_id,
@@ -166,7 +192,7 @@ fn route_transmission(ctx: &RouteCtx<'_>, bytes: &[u8], batch_signed: bool, rout
                 _ => ErrorType::Block,
             };
             routed.local.push(error(session, &corr_id, b"", e));
-            return;
+            return None;
         }
     };
     if let Some(s) = t.session_id {
@@ -174,7 +200,7 @@ fn route_transmission(ctx: &RouteCtx<'_>, bytes: &[u8], batch_signed: bool, rout
             routed
                 .local
                 .push(error(session, t.corr_id, b"", ErrorType::Session));
-            return;
+            return None;
         }
     }
     let cmd = match parse_command(v, t.command) {
@@ -183,14 +209,25 @@ fn route_transmission(ctx: &RouteCtx<'_>, bytes: &[u8], batch_signed: bool, rout
             routed
                 .local
                 .push(error(session, t.corr_id, t.entity_id, ErrorType::Cmd(e)));
-            return;
+            return None;
         }
     };
     if let Err(e) = check_credentials(&cmd, !t.authorization.is_empty(), t.entity_id.is_empty()) {
         routed
             .local
             .push(error(session, t.corr_id, t.entity_id, ErrorType::Cmd(e)));
-        return;
+        return None;
+    }
+    let kind = match cmd {
+        Command::Sub => Some(BatchKind::Sub),
+        Command::Del => Some(BatchKind::Del),
+        Command::NDel => Some(BatchKind::NDel),
+        Command::NSub => Some(BatchKind::NSub),
+        _ => None,
+    };
+    let parsed = Some((cmd.party(), kind));
+    if matches!(cmd, Command::Rslv(_)) {
+        routed.rslv += 1;
     }
     let local = |msg: BrokerMsg, entity: &[u8]| encode(session, t.corr_id, entity, &msg);
     let facts = cmd.facts();
@@ -203,7 +240,7 @@ fn route_transmission(ctx: &RouteCtx<'_>, bytes: &[u8], batch_signed: bool, rout
             BrokerMsg::Err(ErrorType::Cmd(CommandError::Prohibited)),
             t.entity_id,
         ));
-        return;
+        return parsed;
     }
     match facts.runs {
         Runs::Owner => {}
@@ -212,7 +249,7 @@ fn route_transmission(ctx: &RouteCtx<'_>, bytes: &[u8], batch_signed: bool, rout
                 Ok(job) => routed.services.push(job),
                 Err(e) => routed.local.push(local(BrokerMsg::Err(e), t.entity_id)),
             }
-            return;
+            return parsed;
         }
         Runs::Connection => {
             // PING is answered without its entity ID, as the reference answers it.
@@ -224,7 +261,7 @@ fn route_transmission(ctx: &RouteCtx<'_>, bytes: &[u8], batch_signed: bool, rout
             routed
                 .local
                 .push(local(super::commands::connection::answer(&cmd), entity));
-            return;
+            return parsed;
         }
         Runs::Proxy => {
             routed.proxied.push(ProxyJob {
@@ -232,7 +269,7 @@ fn route_transmission(ctx: &RouteCtx<'_>, bytes: &[u8], batch_signed: bool, rout
                 entity_id: t.entity_id.to_vec(),
                 command: cmd,
             });
-            return;
+            return parsed;
         }
         // Private routing, destination role (`commands/forward.rs`): plain errors and answers that need
         // no queue are sealed here; the rest goes to the queue's owner, which seals its answer.
@@ -240,7 +277,7 @@ fn route_transmission(ctx: &RouteCtx<'_>, bytes: &[u8], batch_signed: bool, rout
             if let Command::RFwd(body) = &cmd {
                 route_forwarded(ctx, t.corr_id, body, routed);
             }
-            return;
+            return parsed;
         }
     }
     let recipient_id = resolve(ctx, facts.entity, t.entity_id);
@@ -255,6 +292,7 @@ fn route_transmission(ctx: &RouteCtx<'_>, bytes: &[u8], batch_signed: bool, rout
         service,
         authorized,
     ));
+    parsed
 }
 
 /// `SUBS`/`NSUBS` need a service session whose service key signed them (Ed25519), no service
@@ -341,9 +379,19 @@ fn route_forwarded(ctx: &RouteCtx<'_>, corr_id: &[u8], body: &[u8], routed: &mut
             corr_id,
             entity_id,
             msg,
-        } => routed
-            .local
-            .push(forward::respond(session, &fwd, &corr_id, &entity_id, &msg)),
+        } => {
+            // A forwarded RSLV is refused here as a plain one is, and counted likewise.
+            if msg
+                == BrokerMsg::Err(ErrorType::Name(
+                    crate::protocol::error::NameError::NoResolver,
+                ))
+            {
+                routed.rslv += 1;
+            }
+            routed
+                .local
+                .push(forward::respond(session, &fwd, &corr_id, &entity_id, &msg))
+        }
         Decoded::Route { fwd, request: r } => {
             let recipient_id = resolve(ctx, r.command.facts().entity, &r.entity_id);
             let owner = ctx

@@ -28,6 +28,7 @@ pub mod service_state;
 pub mod shard;
 #[cfg(test)]
 pub(crate) mod sim;
+pub mod stats;
 pub mod tls_stream;
 pub mod ws;
 
@@ -156,6 +157,13 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
     let max_connections = admission::fit_open_files(&config, shards).map_err(StartError::Setup)?;
     let admission = admission::Admission::new(max_connections, config.max_handshakes_per_address);
     let (mesh, inboxes) = Mesh::new(shards);
+    let (stats_shared, saved_queues) =
+        stats::prepare(&config, shards).map_err(StartError::Setup)?;
+    let stats_shared = Arc::new(stats_shared);
+    let metrics_http = match config.metrics_listen {
+        Some(addr) => Some(stats::bind_http(addr).map_err(StartError::Setup)?),
+        None => None,
+    };
     let directory = Directory::new();
     let services = Services::new(config.store, &store_settings);
 
@@ -176,6 +184,7 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
         let admission = admission.clone();
         let store_settings = store_settings.clone();
         let services = services.clone();
+        let stats_shared = stats_shared.clone();
         let spawned = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("shard-{shard_id}"))
             .io_memory(IO_MEMORY_BYTES)
@@ -228,7 +237,7 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
                     return Ok(None);
                 }
                 let settings = Rc::new(config.settings.clone());
-                let ctx = Rc::new(context::ShardContext::new(
+                let mut ctx = context::ShardContext::new(
                     shard_id,
                     config,
                     credentials,
@@ -237,8 +246,28 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
                     directory.clone(),
                     services,
                     mesh.clone(),
-                ));
+                );
+                let restored = {
+                    let mut r = stats_shared
+                        .restored
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner());
+                    r.get_mut(shard_id).and_then(Option::take)
+                };
+                if shard_id == 0 {
+                    let daily = stats_shared
+                        .daily_start
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .take();
+                    *ctx.daily.get_mut() = daily.unwrap_or_default();
+                }
+                ctx.stats = stats_shared;
+                let ctx = Rc::new(ctx);
                 let owner = owner::Owner::new(shard_id, store, directory, mesh, settings);
+                if let Some(a) = restored {
+                    *owner.activity.borrow_mut() = a;
+                }
                 let store = shard::run(ctx, owner, inbox, listeners, move || reporter.serving())
                     .await
                     .map_err(|e| e.to_string())?;
@@ -295,6 +324,11 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
     }
     let started = go && failures.is_empty() && serving == shards;
     if started {
+        // Before `listening`: a supervisor (or test) that waits for it finds the backup set aside.
+        stats::restored(&config, saved_queues, directory.len(IdSpace::Sender) as u64);
+        if let Some(l) = metrics_http {
+            stats::serve_http(l, mesh.clone(), stats_shared.clone());
+        }
         tracing::info!(
             ports = ?config.ports,
             websocket_ports = ?config.websocket_ports,
@@ -339,6 +373,7 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
         }
         return Err(StartError::Start(reasons.join("; ")));
     }
+    stats::save(&config, &stats_shared);
     if !stop_failures.is_empty() {
         let each: Vec<String> = stop_failures
             .iter()

@@ -27,6 +27,9 @@ use crate::store::{EntityId, MessageStore, MsgId, QueueStore};
 pub struct Subscriber {
     pub session: Session,
     pub delivered: Option<MsgId>,
+    /// When `delivered` was sent (relay seconds): its ACK's time and the pending deliveries'
+    /// ages are counted from it (the reference's `TimeBuckets`).
+    pub delivered_at: i64,
     /// Which subscription this is: every SUB starts a new one (see `Delivery`).
     pub epoch: u64,
 }
@@ -132,6 +135,10 @@ pub struct Owner<S> {
     pub ntf_subs: RefCell<HashMap<EntityId, Session>>,
     pub by_conn: RefCell<HashMap<ConnRef, ConnEntries>>,
     pub stats: RefCell<OwnerStats>,
+    /// Queues with messages sent or received this day, week and month (`metrics::Activity`).
+    pub activity: RefCell<crate::metrics::Activity>,
+    /// Seconds from a SUB-mode delivery to its ACK.
+    pub ack_times: RefCell<crate::metrics::TimeBuckets>,
     /// Connections whose recent batch failed: block parts left before they are batched again.
     batch_off: RefCell<HashMap<ConnRef, u32>>,
     /// The shard-wide guard: failure score, and block parts left to verify one by one.
@@ -187,6 +194,8 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             ntf_subs: RefCell::default(),
             by_conn: RefCell::default(),
             stats: RefCell::default(),
+            activity: RefCell::default(),
+            ack_times: RefCell::default(),
             batch_off: RefCell::default(),
             batch_fail_score: Cell::new(0),
             batch_off_all: Cell::new(0),
@@ -314,7 +323,6 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         if subs.is_empty() {
             return HashMap::new();
         }
-        self.stats.borrow_mut().sub_batches += 1;
         let ids: Vec<&[u8]> = subs.iter().map(|(_, rid)| *rid).collect();
         match self.store.peek_first_many(&ids).await {
             Ok(heads) => subs.iter().map(|(i, _)| *i).zip(heads).collect(),

@@ -309,6 +309,22 @@ pub enum ShardMsg {
         round: u64,
         part: Box<crate::metrics::MetricsSnapshot>,
     },
+    /// To shard 0: write the daily statistics line if it is due (`log_stats`), then say so on
+    /// `done` (the timer, or the test hook `clock_control`).
+    Daily { done: Option<flume::Sender<()>> },
+    /// A daily line's request to every shard: send this shard's numbers to `reply_to`, then
+    /// start its day's (and on Mondays its week's, on the 1st its month's) active queues again.
+    DailyRequest {
+        reply_to: usize,
+        round: u64,
+        week: bool,
+        month: bool,
+    },
+    /// One shard's answer to `DailyRequest`.
+    DailyPart {
+        round: u64,
+        part: Box<crate::metrics::MetricsSnapshot>,
+    },
     /// Test hook (`clock_control`): run the expiration now, then say so on `done`.
     ExpireNow { done: flume::Sender<()> },
     /// Test hook (`clock_control`), to shard 0: write the metrics file now (a round of

@@ -70,6 +70,16 @@ pub async fn run<S: ShardStore>(
                 }
             })
         });
+    // Shard 0 looks at least once a minute whether the daily statistics line is due.
+    let daily_ticker = (ctx.shard_id == 0 && ctx.config.log_stats).then(|| {
+        let mesh = ctx.mesh.clone();
+        glommio::spawn_local(async move {
+            loop {
+                glommio::timer::Timer::new(Duration::from_secs(60)).await;
+                mesh.send(0, ShardMsg::Daily { done: None });
+            }
+        })
+    });
     let inactive = ctx
         .config
         .inactive
@@ -104,6 +114,7 @@ pub async fn run<S: ShardStore>(
     drop(clock_control);
     drop(ticker);
     drop(metrics_ticker);
+    drop(daily_ticker);
     drop(inactive);
     Ok(store)
 }
@@ -167,19 +178,38 @@ async fn inbox_loop<S: ShardStore>(
             ShardMsg::Redelivered { conn, groups } => ctx.redelivered(conn, groups),
             ShardMsg::Close { conn } => ctx.close(conn),
             ShardMsg::Metrics => ask_for_stats(ctx),
-            ShardMsg::StatsRequest { reply_to, round } => ctx.mesh.send(
-                reply_to,
-                ShardMsg::StatsPart {
-                    round,
-                    part: Box::new(shard_stats(ctx, &owner)),
-                },
-            ),
+            ShardMsg::StatsRequest { reply_to, round } => {
+                let pending = pending_times(&owner);
+                let ack = owner.ack_times.borrow().clone();
+                ctx.stats.set_times(ctx.shard_id, ack, pending);
+                ctx.stats.set_clients(ctx.shard_id, clients(&owner));
+                ctx.mesh.send(
+                    reply_to,
+                    ShardMsg::StatsPart {
+                        round,
+                        part: Box::new(shard_stats(ctx, &owner)),
+                    },
+                )
+            }
             ShardMsg::StatsPart { round, part } => gather_stats(ctx, round, *part),
             ShardMsg::ServicePart { round, part } => ctx.service_part(round, part),
             ShardMsg::MetricsNow { done } => {
                 ctx.stats_waiters.borrow_mut().push(done);
                 ask_for_stats(ctx);
             }
+            ShardMsg::Daily { done } => daily_line_if_due(ctx, done),
+            ShardMsg::DailyRequest {
+                reply_to,
+                round,
+                week,
+                month,
+            } => {
+                let part = Box::new(shard_stats(ctx, &owner));
+                owner.activity.borrow_mut().msgs.reset(week, month);
+                owner.activity.borrow_mut().ntfs.reset(week, month);
+                ctx.mesh.send(reply_to, ShardMsg::DailyPart { round, part });
+            }
+            ShardMsg::DailyPart { round, part } => gather_daily(ctx, round, *part),
             ShardMsg::Stop => break,
             ShardMsg::Control(m) => control(ctx, &owner, &pipeline, m),
             m => owner_job(&owner, &pipeline, m),
@@ -189,6 +219,17 @@ async fn inbox_loop<S: ShardStore>(
     drop(driver);
     pipeline.drain().await;
     drop(pipeline);
+    // What the statistics backup saves (`server/stats.rs`).
+    let last = super::stats::Final {
+        snapshot: shard_stats(ctx, &owner),
+        activity: std::mem::take(&mut *owner.activity.borrow_mut()),
+        daily: (ctx.shard_id == 0).then(|| ctx.daily.borrow().clone()),
+    };
+    ctx.stats
+        .finals
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(last);
     match Rc::try_unwrap(owner) {
         Ok(o) => o.store,
         Err(_) => unreachable!("every job of the owner has finished"),
@@ -289,6 +330,9 @@ pub fn owner_job<S: QueueStore + MessageStore + 'static>(
         | ShardMsg::StatsRequest { .. }
         | ShardMsg::StatsPart { .. }
         | ShardMsg::MetricsNow { .. }
+        | ShardMsg::Daily { .. }
+        | ShardMsg::DailyRequest { .. }
+        | ShardMsg::DailyPart { .. }
         | ShardMsg::ServicePart { .. }
         | ShardMsg::Control(_)
         | ShardMsg::Stop => {}
@@ -433,9 +477,29 @@ fn gather_stats(ctx: &ShardContext, round: u64, part: MetricsSnapshot) {
         Step::Waiting(g) => *ctx.stats_round.borrow_mut() = Some(g),
         Step::Done(total) => {
             let path = metrics::metrics_path(&ctx.config.data_dir);
-            let text = metrics::render(&total, metrics::now_ms());
+            let mut total = total;
+            [
+                total.sub_clients,
+                total.delivered_clients,
+                total.ntf_sub_clients,
+            ] = ctx.stats.clients();
+            let daily = ctx.daily.borrow();
+            let (ack_times, pending_times) = ctx.stats.times();
+            let extra = metrics::Extra {
+                from_ms: daily.from_ms,
+                sockets: ctx.stats.sockets(),
+                threads: super::stats::threads(),
+                pending_times,
+                ack_times,
+            };
+            let text = metrics::render(&daily.shown(&total), &extra, metrics::now_ms());
+            drop(daily);
             if let Err(e) = metrics::write_atomically(&path, &text) {
                 tracing::warn!(error = %e, "cannot write the metrics file");
+            }
+            if ctx.config.metrics_listen.is_some() {
+                *ctx.stats.latest.lock().unwrap_or_else(|e| e.into_inner()) =
+                    (Some(std::time::Instant::now()), text);
             }
             for done in ctx.stats_waiters.borrow_mut().drain(..) {
                 let _ = done.send(());
@@ -444,12 +508,154 @@ fn gather_stats(ctx: &ShardContext, round: u64, part: MetricsSnapshot) {
     }
 }
 
+/// Shard 0: when the daily line is due (`log_stats`), every shard is asked for its numbers and
+/// starts its active-queue periods again; the line is written when the last has answered
+/// (`gather_daily`). `done` is told then, or at once when no line is due.
+fn daily_line_if_due(ctx: &ShardContext, done: Option<flume::Sender<()>>) {
+    let now = crate::clock::now_secs();
+    let due = ctx.daily.borrow().next_line.is_some_and(|at| now >= at);
+    if !due || ctx.daily_round.borrow().is_some() {
+        if let Some(d) = done {
+            match due {
+                true => ctx.daily_waiters.borrow_mut().push(d),
+                false => drop(d.send(())),
+            }
+        }
+        return;
+    }
+    if let Some(d) = done {
+        ctx.daily_waiters.borrow_mut().push(d);
+    }
+    let (week, month) = crate::stats_file::week_month_due(now);
+    let round = ctx.next_stats_round.get() + 1;
+    ctx.next_stats_round.set(round);
+    let shards = ctx.mesh.shards();
+    *ctx.daily_round.borrow_mut() = Some(Gathering::new(round, shards, MetricsSnapshot::default()));
+    let reply_to = ctx.shard_id;
+    ctx.mesh.fan_out(|_| ShardMsg::DailyRequest {
+        reply_to,
+        round,
+        week,
+        month,
+    });
+}
+
+/// Folds one shard's numbers into the daily round; the last one writes the line, and the
+/// counters the line reports start again from 0 (`stats::Daily`).
+fn gather_daily(ctx: &ShardContext, round: u64, part: MetricsSnapshot) {
+    let Some(g) = ctx.daily_round.borrow_mut().take() else {
+        return;
+    };
+    match g.add(round, part, |total, p| total.add(&p)) {
+        Step::Waiting(g) => *ctx.daily_round.borrow_mut() = Some(g),
+        Step::Done(total) => {
+            let now = crate::clock::now_secs();
+            let (week, month) = crate::stats_file::week_month_due(now);
+            let mut daily = ctx.daily.borrow_mut();
+            let shown = daily.shown(&total);
+            let counts = |d: u64, w: u64, m: u64| crate::stats_file::PeriodCounts {
+                day: d,
+                week: week.then_some(w),
+                month: month.then_some(m),
+            };
+            let line = crate::stats_file::daily_line(
+                (daily.from_ms / 1000) as i64,
+                &shown,
+                &counts(shown.active_day, shown.active_week, shown.active_month),
+                &counts(
+                    shown.active_ntf_day,
+                    shown.active_ntf_week,
+                    shown.active_ntf_month,
+                ),
+            );
+            super::stats::append_daily(&ctx.config, &line);
+            daily.baseline.add(&shown.daily_part());
+            daily.from_ms = crate::clock::now_ms();
+            daily.next_line = Some(crate::stats_file::first_line_at(now + 1));
+            drop(daily);
+            for done in ctx.daily_waiters.borrow_mut().drain(..) {
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
+/// This owner's connections with a subscription, with a delivery waiting for its ACK, with a
+/// notifier subscription.
+fn clients<S: ShardStore>(owner: &Owner<S>) -> [Vec<ConnRef>; 3] {
+    let by_conn = owner.by_conn.borrow();
+    let with = |f: &dyn Fn(&super::owner::ConnEntries) -> bool| -> Vec<ConnRef> {
+        by_conn
+            .iter()
+            .filter(|(_, e)| f(e))
+            .map(|(c, _)| *c)
+            .collect()
+    };
+    let mut delivered: Vec<ConnRef> = owner
+        .subs
+        .borrow()
+        .values()
+        .filter(|s| s.delivered.is_some())
+        .map(|s| s.session.conn)
+        .collect();
+    delivered.sort_unstable_by_key(|c| (c.shard, c.id));
+    delivered.dedup();
+    [
+        with(&|e| !e.subs.is_empty()),
+        delivered,
+        with(&|e| !e.ntf_subs.is_empty()),
+    ]
+}
+
+/// The ages of this owner's deliveries that wait for their ACK.
+fn pending_times<S: ShardStore>(owner: &Owner<S>) -> metrics::TimeBuckets {
+    let now = crate::clock::now_secs();
+    let mut t = metrics::TimeBuckets::default();
+    for s in owner
+        .subs
+        .borrow()
+        .values()
+        .filter(|s| s.delivered.is_some())
+    {
+        t.record(now.saturating_sub(s.delivered_at).max(0) as u64);
+    }
+    t
+}
+
 /// This shard's numbers: its owner's, its connections' and its proxy's.
 fn shard_stats<S: ShardStore>(ctx: &ShardContext, owner: &Owner<S>) -> MetricsSnapshot {
     let mut m = MetricsSnapshot::from_shard(&owner.stats.borrow(), &owner.store.counters());
     m.queue_count = owner.store.queue_count() as u64;
     m.msg_count = owner.store.total_messages() as u64;
-    m.subscriptions = owner.subs.borrow().len() as u64;
+    m.ntf_count = owner.store.ntf_count() as u64;
+    {
+        let subs = owner.subs.borrow();
+        m.subscriptions = subs.len() as u64;
+        let mut delivered_to = std::collections::HashSet::new();
+        for s in subs.values().filter(|s| s.delivered.is_some()) {
+            m.delivered_subs += 1;
+            delivered_to.insert(s.session.conn);
+        }
+        m.delivered_clients = delivered_to.len() as u64;
+    }
+    for e in owner.by_conn.borrow().values() {
+        m.sub_clients += u64::from(!e.subs.is_empty());
+        m.ntf_sub_clients += u64::from(!e.ntf_subs.is_empty());
+    }
+    m.ntf_subscriptions = owner.ntf_subs.borrow().len() as u64;
+    {
+        let a = owner.activity.borrow();
+        [m.active_day, m.active_week, m.active_month] = a.msgs.counts();
+        [m.active_ntf_day, m.active_ntf_week, m.active_ntf_month] = a.ntfs.counts();
+    }
+    let cs = &ctx.conn_stats;
+    m.sub_batches = cs.sub_batches.get();
+    m.queues_deleted_batches = cs.del_batches.get();
+    m.ntf_deleted_batches = cs.ndel_batches.get();
+    m.ntf_sub_batches = cs.nsub_batches.get();
+    // Without a resolver every RSLV is refused (`ERR NAME NO_RESOLVER`), as the reference counts it.
+    m.rslv_reqs = cs.rslv_reqs.get();
+    m.rslv_disabled = cs.rslv_reqs.get();
     m.connections = ctx.connections.get() as u64;
     m.output_drops = ctx.conn_stats.output_drops.get();
     m.output_reasks = ctx.conn_stats.output_reasks.get();
@@ -467,6 +673,7 @@ fn shard_stats<S: ShardStore>(ctx: &ShardContext, owner: &Owner<S>) -> MetricsSn
     m.ntf_services_queues = owner.services.associated_queues(ServiceRole::Notifier);
     // The registry is the relay's, not the shard's: counted once.
     if ctx.shard_id == 0 {
+        m.notifier_count = ctx.directory.len(super::directory::IdSpace::Notifier) as u64;
         m.rcv_services_count = ctx.services.count(ServiceRole::Messaging);
         m.ntf_services_count = ctx.services.count(ServiceRole::Notifier);
     }
@@ -484,6 +691,14 @@ static REFUSED_ADDRESS: RateLimited = RateLimited::new("too many handshakes from
 
 /// Accepts on one port; every port, SMP or WebSocket, shares the connection limits and admission.
 async fn accept_loop(listener: TcpListener, kind: PortKind, ctx: Rc<ShardContext>) {
+    let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
+    let sockets = ctx.stats.clone();
+    let count = move |closed: bool| {
+        if let Some(p) = sockets.port(port) {
+            let n = if closed { &p.closed } else { &p.accepted };
+            n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    };
     loop {
         let sock = match listener.accept().await {
             Ok(s) => s,
@@ -501,10 +716,7 @@ async fn accept_loop(listener: TcpListener, kind: PortKind, ctx: Rc<ShardContext
         let Ok(peer) = sock.peer_addr() else {
             continue;
         };
-        let stats = &ctx.conn_stats;
-        stats.sockets_accepted.set(stats.sockets_accepted.get() + 1);
-        // Closed at the `continue`s below, or when its connection ends.
-        let closed = SocketClosed(ctx.clone());
+        count(false);
         // A refused socket is dropped (closed) at the `continue`.
         // An IPv4 client of the dual-stack listener counts as its IPv4 address.
         let (slot, handshaking) = match ctx.admission.admit(peer.ip().to_canonical()) {
@@ -517,6 +729,7 @@ async fn accept_loop(listener: TcpListener, kind: PortKind, ctx: Rc<ShardContext
                         "connection limit reached, closing a new connection"
                     )
                 });
+                count(true);
                 continue;
             }
             Err(Refused::AddressBusy) => {
@@ -527,28 +740,20 @@ async fn accept_loop(listener: TcpListener, kind: PortKind, ctx: Rc<ShardContext
                         "too many connections of one address in their handshake, closing a new one"
                     )
                 });
+                count(true);
                 continue;
             }
         };
         ctx.connections.set(ctx.connections.get() + 1);
         let c = ctx.clone();
+        let count = count.clone();
         glommio::spawn_local(async move {
             conn::serve(sock, c.clone(), handshaking, kind).await;
             c.connections.set(c.connections.get() - 1);
+            count(true);
             drop(slot);
-            drop(closed);
         })
         .detach();
-    }
-}
-
-/// Counts an accepted socket as closed when dropped.
-struct SocketClosed(Rc<ShardContext>);
-
-impl Drop for SocketClosed {
-    fn drop(&mut self) {
-        let s = &self.0.conn_stats.sockets_closed;
-        s.set(s.get() + 1);
     }
 }
 

@@ -184,6 +184,10 @@ impl<S: MessageStore, H: Hold> MessageStore for Held<S, H> {
         self.inner.ntf_ids()
     }
 
+    fn ntf_count(&self) -> usize {
+        self.inner.ntf_count()
+    }
+
     async fn expire_ntfs(&self, older_than: i64) -> Result<usize, StoreError> {
         self.hold.hold(Op::ExpireNtfs, &[]).await;
         self.inner.expire_ntfs(older_than).await

@@ -1033,6 +1033,10 @@ impl MessageStore for JournalStore {
         Ok(n)
     }
 
+    fn ntf_count(&self) -> usize {
+        self.data.borrow().ntfs.values().map(|l| l.len()).sum()
+    }
+
     fn ntf_ids(&self) -> Vec<EntityId> {
         let d = self.data.borrow();
         d.ntfs

@@ -459,6 +459,10 @@ impl MessageStore for MemoryStore {
         self.data.borrow_mut().delete_ntfs(notifier_id)
     }
 
+    fn ntf_count(&self) -> usize {
+        self.data.borrow().ntfs.values().map(|l| l.len()).sum()
+    }
+
     fn ntf_ids(&self) -> Vec<EntityId> {
         let d = self.data.borrow();
         d.ntfs

@@ -351,6 +351,8 @@ pub trait MessageStore {
     async fn delete_ntfs(&self, notifier_id: &[u8]) -> Result<usize, StoreError>;
     /// Notifier IDs with pending notifications.
     fn ntf_ids(&self) -> Vec<EntityId>;
+    /// Pending notifications over every notifier (the metrics' `ntfCount`).
+    fn ntf_count(&self) -> usize;
     /// Drops notifications older than `older_than`; returns how many.
     async fn expire_ntfs(&self, older_than: i64) -> Result<usize, StoreError>;
 

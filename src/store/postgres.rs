@@ -1122,6 +1122,10 @@ impl MessageStore for PostgresStore {
         self.ntf.ntf_ids()
     }
 
+    fn ntf_count(&self) -> usize {
+        self.ntf.ntf_count()
+    }
+
     async fn expire_ntfs(&self, older_than: i64) -> Result<usize, StoreError> {
         self.ntf.expire_ntfs(older_than).await
     }

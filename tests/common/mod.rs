@@ -459,6 +459,12 @@ impl Relay {
         self.clock_control("metrics");
     }
 
+    /// Makes shard 0 write the daily statistics line if it is due on the relay's clock
+    /// (`log_stats`); returns once it is written.
+    pub fn write_daily_stats(&self) {
+        self.clock_control("stats-log");
+    }
+
     /// Sends one command on the relay's clock-control socket and asserts its `ok`.
     fn clock_control(&self, command: &str) {
         use std::io::{Read, Write};

@@ -52,6 +52,9 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         let mut q = q;
         q.status = blocked;
         self.update(q).await?;
+        if was == QueueStatus::Active {
+            self.stats.borrow_mut().queues_blocked += 1;
+        }
         let subscriber = self.subs.borrow().get(&rid).map(|s| s.session.clone());
         if let Some(session) = subscriber {
             let t = encode(

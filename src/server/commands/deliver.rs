@@ -151,6 +151,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             let mut subs = self.subs.borrow_mut();
             let s = subs.get_mut(&rid)?;
             s.delivered = head.as_ref().map(|m| *m.msg_id());
+            s.delivered_at = now_secs();
             s.session.clone()
         };
         let m = head?;
@@ -172,9 +173,15 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     ) -> BrokerMsg {
         let conn = session.conn;
         if self.get_state(rid, conn).is_some() {
+            self.stats.borrow_mut().sub_prohibited += 1;
             return err(ErrorType::Cmd(CommandError::Prohibited));
         }
-        self.stats.borrow_mut().subs += 1;
+        // The reference counts a repeated SUB of one connection, and a new subscription only
+        // when it delivers a waiting message (`qSub`, simplexmq `Stats.hs`).
+        let repeated = self.subs.borrow().get(rid).map(|s| s.session.conn) == Some(conn);
+        if repeated {
+            self.stats.borrow_mut().sub_duplicate += 1;
+        }
         let epoch = self.new_epoch();
         #[cfg(test)]
         let late = self.fault.get() == crate::server::owner::Fault::LateRegistration;
@@ -201,6 +208,10 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             };
             if let Some(s) = self.subs.borrow_mut().get_mut(rid) {
                 s.delivered = Some(*m.msg_id());
+                s.delivered_at = now_secs();
+            }
+            if !repeated {
+                self.stats.borrow_mut().subs += 1;
             }
             let delivery = self.delivery(rid, m.msg_id());
             turn.sub_msgs
@@ -225,6 +236,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                     Subscriber {
                         session: session.clone(),
                         delivered: None,
+                        delivered_at: 0,
                         epoch,
                     },
                 );
@@ -238,6 +250,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                     if !same_service(&prev.session, session) {
                         let end = encode(&prev.session, b"", rid, &BrokerMsg::End);
                         self.send_event(prev.session.conn, vec![vec![end]]);
+                        self.stats.borrow_mut().sub_end += 1;
                     }
                 }
             }
@@ -280,12 +293,21 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     pub(super) async fn get(&self, session: &Session, rid: &[u8]) -> BrokerMsg {
         let conn = session.conn;
         if self.subs.borrow().get(rid).map(|s| s.session.conn) == Some(conn) {
+            self.stats.borrow_mut().msg_get_prohibited += 1;
             return err(ErrorType::Cmd(CommandError::Prohibited));
         }
         let head = match self.store.peek_first(rid).await {
             Ok(h) => h,
             Err(e) => return err(store_error(e)),
         };
+        {
+            let mut st = self.stats.borrow_mut();
+            match (&head, self.get_state(rid, conn)) {
+                (None, _) => st.msg_get_no_msg += 1,
+                (Some(_), Some(Some(_))) => st.msg_get_duplicate += 1,
+                (Some(_), _) => st.msg_get += 1,
+            }
+        }
         self.entries(conn, |e| e.gets.insert(rid.to_vec()));
         let delivered = head.as_ref().map(|m| *m.msg_id());
         self.set_get_state(rid, conn, delivered);
@@ -326,11 +348,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             let mut subs = self.subs.borrow_mut();
             match subs.get_mut(rid).filter(|s| s.session.conn == conn) {
                 Some(s) if !matches(&s.delivered) => return err(ErrorType::NoMsg),
-                Some(s) => Some(s.delivered.take()),
+                Some(s) => Some((s.delivered.take(), s.delivered_at)),
                 None => None,
             }
         };
-        if let Some(delivered) = sub_delivered {
+        if let Some((delivered, delivered_at)) = sub_delivered {
             let Some(delivered) = delivered else {
                 return err(ErrorType::NoMsg);
             };
@@ -339,8 +361,8 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 Err(e) => return err(store_error(e)),
             };
             turn.touched.insert(rid.to_vec());
-            if let Some(Message::Message { .. }) = deleted {
-                self.stats.borrow_mut().msg_recv += 1;
+            if let Some(m) = &deleted {
+                self.count_received(rid, m, Some(delivered_at));
             }
             return match next {
                 Some(m) => {
@@ -353,6 +375,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                         .filter(|s| s.session.conn == conn)
                     {
                         s.delivered = Some(*m.msg_id());
+                        s.delivered_at = now_secs();
                     }
                     #[cfg(test)]
                     if self.fault.get() == crate::server::owner::Fault::AckWithoutNext {
@@ -377,14 +400,39 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             self.set_get_state(rid, conn, None);
             // GET mode deletes only a matching head; OK either way.
             match self.store.try_del(rid, &delivered).await {
-                Ok(Some(Message::Message { .. })) => self.stats.borrow_mut().msg_recv += 1,
-                Ok(_) => {}
+                Ok(Some(m)) => self.count_received(rid, &m, None),
+                Ok(None) => {}
                 Err(e) => return err(store_error(e)),
             }
             turn.touched.insert(rid.to_vec());
             return BrokerMsg::Ok;
         }
         err(ErrorType::NoMsg)
+    }
+
+    /// An acknowledged message left the queue (simplexmq `Server.hs`, `acknowledgeMsg`): counted,
+    /// and the queue is active today; the quota marker is not a message. `delivered_at`: when a
+    /// subscription delivered it (`None`: a GET, whose delivery is not timed here).
+    fn count_received(&self, rid: &[u8], m: &Message, delivered_at: Option<i64>) {
+        let Message::Message { notification, .. } = m else {
+            return;
+        };
+        let h = crate::metrics::queue_hash(rid);
+        let mut st = self.stats.borrow_mut();
+        let mut act = self.activity.borrow_mut();
+        st.msg_recv += 1;
+        match delivered_at {
+            None => st.msg_recv_get += 1,
+            Some(at) => self
+                .ack_times
+                .borrow_mut()
+                .record(now_secs().saturating_sub(at).max(0) as u64),
+        }
+        act.msgs.insert(h);
+        if *notification {
+            st.msg_recv_ntf += 1;
+            act.ntfs.insert(h);
+        }
     }
 
     /// SEND (simplexmq `Server.hs`, `sendMessage`).
@@ -410,6 +458,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             None => req.authorization.is_empty(),
         };
         if !authorized {
+            self.count_auth(&req.command);
             return err(ErrorType::Auth);
         }
         if body.len() > max_message_length(session.version) {
@@ -474,7 +523,17 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         turn.touched.insert(rid.clone());
         match outcome {
             WriteOutcome::Written { was_empty } => {
-                self.stats.borrow_mut().msg_sent += 1;
+                {
+                    let h = crate::metrics::queue_hash(&rid);
+                    let mut st = self.stats.borrow_mut();
+                    let mut act = self.activity.borrow_mut();
+                    st.msg_sent += 1;
+                    act.msgs.insert(h);
+                    if flags.notification {
+                        st.msg_sent_ntf += 1;
+                        act.ntfs.insert(h);
+                    }
+                }
                 if was_empty {
                     self.push(session, &rid, &q.rcv_dh_secret, &msg, turn);
                 }
@@ -518,6 +577,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             return;
         }
         s.delivered = Some(*m.msg_id());
+        s.delivered_at = now_secs();
         let t = msg_transmission(&s.session, b"", rid, secret, m);
         let conn = s.session.conn;
         drop(subs);

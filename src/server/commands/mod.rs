@@ -181,7 +181,9 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// Part of the periodic expiration: the notifications.
     pub async fn expire_ntfs(&self) {
         let old = now_secs() - self.settings.notification_ttl.as_secs() as i64;
-        let _ = self.store.expire_ntfs(old).await;
+        if let Ok(n) = self.store.expire_ntfs(old).await {
+            self.stats.borrow_mut().msg_ntf_expired += n as u64;
+        }
     }
 
     fn messages_older_than(&self) -> i64 {
@@ -232,8 +234,22 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             Some(q) => Ok(q.clone()),
             None => {
                 self.dummy_verify(session, req);
+                self.count_auth(&req.command);
                 Err(ErrorType::Auth)
             }
+        }
+    }
+
+    /// A failed verification of SEND, SUB, NSUB or GET, counted as the reference counts them
+    /// (simplexmq `Server.hs`, `verified`).
+    pub(super) fn count_auth(&self, command: &Command) {
+        let mut st = self.stats.borrow_mut();
+        match command {
+            Command::Send { .. } => st.msg_sent_auth += 1,
+            Command::Sub => st.sub_auth += 1,
+            Command::NSub => st.ntf_sub_auth += 1,
+            Command::Get => st.msg_get_auth += 1,
+            _ => {}
         }
     }
 
@@ -252,6 +268,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             return err(e);
         }
         if !self.verify_recipient(session, req, &q.recipient_id, &q.recipient_keys) {
+            self.count_auth(&req.command);
             return err(ErrorType::Auth);
         }
         let rid = q.recipient_id.clone();

@@ -34,7 +34,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             .unwrap_or_default();
         let mut groups = Vec::new();
         if !part.is_empty() {
-            self.stats.borrow_mut().msg_ntfs += part.len() as u64;
+            let mut st = self.stats.borrow_mut();
+            st.msg_ntfs += part.len() as u64;
+            // The reference counts a batch per 80 NMSGs (simplexmq `Server.hs`, `deliverNtfsThread`).
+            st.msg_ntfs_batches += part.len() as u64 / 80 + 1;
+            drop(st);
             groups.push(self.ntf_group(session, nid, part));
         }
         if more {
@@ -109,6 +113,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             self.directory.remove(IdSpace::Notifier, &notifier_id, &rid);
             return err(e);
         }
+        self.stats.borrow_mut().ntf_created += 1;
         if let Some(old) = old {
             self.directory
                 .remove(IdSpace::Notifier, &old.notifier_id, &rid);
@@ -132,6 +137,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         self.directory
             .remove(IdSpace::Notifier, &old.notifier_id, &rid);
         self.notifier_gone(session, &old.notifier_id).await;
+        self.stats.borrow_mut().ntf_deleted += 1;
         BrokerMsg::Ok
     }
 
@@ -148,6 +154,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             if s.conn != session.conn {
                 let deld = encode(&s, b"", notifier_id, &BrokerMsg::Deld);
                 self.send_event(s.conn, vec![vec![deld]]);
+                self.stats.borrow_mut().sub_end += 1;
             }
         }
     }
@@ -169,9 +176,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         }
         let Some(n) = q.notifier.as_ref() else {
             self.dummy_verify(session, req);
+            self.count_auth(&req.command);
             return err(ErrorType::Auth);
         };
         if !self.verify_with(session, req, &n.notifier_key) {
+            self.count_auth(&req.command);
             return err(ErrorType::Auth);
         }
         let nid = n.notifier_id.clone();
@@ -191,6 +200,14 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             .borrow_mut()
             .insert(nid.clone(), session.clone());
         self.entries(session.conn, |e| e.ntf_subs.insert(nid.clone()));
+        // Counted for ordinary sessions only, as the reference does (`subscribeNotifications`).
+        if session.service.is_none() {
+            let mut st = self.stats.borrow_mut();
+            match prev.as_ref().is_some_and(|p| p.conn == session.conn) {
+                true => st.ntf_sub_duplicate += 1,
+                false => st.ntf_sub += 1,
+            }
+        }
         if let Some(prev) = prev.filter(|p| p.conn != session.conn) {
             if let Some(e) = self.by_conn.borrow_mut().get_mut(&prev.conn) {
                 e.ntf_subs.remove(&nid);
@@ -199,6 +216,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             if !same_service(&prev, session) {
                 let end = encode(&prev, b"", &nid, &BrokerMsg::End);
                 self.send_event(prev.conn, vec![vec![end]]);
+                self.stats.borrow_mut().sub_end += 1;
             }
         }
         // Notifications that waited for a subscriber follow the response, a part at a time: the
@@ -236,7 +254,10 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             Some(s) => {
                 let conn = s.conn;
                 let g = self.ntf_group(&s, &n.notifier_id, vec![ntf]);
-                self.stats.borrow_mut().msg_ntfs += 1;
+                let mut st = self.stats.borrow_mut();
+                st.msg_ntfs += 1;
+                st.msg_ntfs_batches += 1;
+                drop(st);
                 self.mesh.send(
                     conn.shard,
                     crate::server::router::ShardMsg::Event {

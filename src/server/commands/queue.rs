@@ -145,7 +145,13 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             if new.sub_mode == SubMode::Subscribe {
                 self.tell_home_subscribed(session, ServiceRole::Messaging, &rid, true);
             }
-            self.stats.borrow_mut().queues_created += 1;
+            {
+                let mut st = self.stats.borrow_mut();
+                st.queues_created += 1;
+                if rec.notifier.is_some() {
+                    st.ntf_new_created += 1;
+                }
+            }
             if new.sub_mode == SubMode::Subscribe {
                 // A new queue has no message and no other subscriber.
                 let epoch = self.new_epoch();
@@ -154,6 +160,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                     Subscriber {
                         session: session.clone(),
                         delivered: None,
+                        delivered_at: 0,
                         epoch,
                     },
                 );
@@ -282,7 +289,14 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         self.forget_queue(&rid);
         let gone = self.services.changed(&rid, associations_of(&q), Vec::new());
         self.tell_home_dropped(gone);
-        self.stats.borrow_mut().queues_deleted += 1;
+        {
+            let mut st = self.stats.borrow_mut();
+            st.queues_deleted += 1;
+            match q.sender_key {
+                None => st.queues_deleted_new += 1,
+                Some(_) => st.queues_deleted_secured += 1,
+            }
+        }
         turn.touched.insert(rid.clone());
         let sub = self.subs.borrow_mut().remove(&rid);
         // A queue of a subscribed service without a subscription of its own: the service's
@@ -295,12 +309,14 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             if let Some(s) = service.filter(|s| s.conn != session.conn) {
                 let deld = encode(&s, b"", &rid, &BrokerMsg::Deld);
                 self.send_event(s.conn, vec![vec![deld]]);
+                self.stats.borrow_mut().sub_end += 1;
             }
         }
         if let Some(sub) = sub {
             if sub.session.conn != session.conn {
                 let deld = encode(&sub.session, b"", &rid, &BrokerMsg::Deld);
                 self.send_event(sub.session.conn, vec![vec![deld]]);
+                self.stats.borrow_mut().sub_end += 1;
             }
             if let Some(e) = self.by_conn.borrow_mut().get_mut(&sub.session.conn) {
                 e.subs.remove(&rid);

@@ -345,6 +345,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 Subscriber {
                     session: session.clone(),
                     delivered: Some(*m.msg_id()),
+                    delivered_at: super::now_secs(),
                     epoch,
                 },
             );
@@ -514,6 +515,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             Subscriber {
                 session: session.clone(),
                 delivered: None,
+                delivered_at: 0,
                 epoch,
             },
         );

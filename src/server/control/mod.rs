@@ -343,30 +343,25 @@ impl Port {
         out
     }
 
-    /// `sockets`: connections accepted, closed and open, over every port of the relay (it does
-    /// not count them per port).
+    /// `sockets`: for each port, connections accepted, closed and open (the counters every
+    /// shard's accept loop keeps for the metrics file, `server/stats.rs`).
     async fn sockets(&self) -> String {
-        let Some(parts) = self.clients_of_shards().await else {
-            return STOPPING.into();
-        };
-        let (mut accepted, mut closed) = (0, 0);
-        for p in &parts {
-            accepted += p.sockets_accepted;
-            closed += p.sockets_closed;
-        }
-        let ports: Vec<String> = self
+        use std::sync::atomic::Ordering::Relaxed;
+        let blocks: Vec<String> = self
             .ctx
-            .config
-            .ports
+            .stats
+            .sockets
             .iter()
-            .chain(&self.ctx.config.websocket_ports)
-            .map(u16::to_string)
+            .map(|p| {
+                let (accepted, closed) = (p.accepted.load(Relaxed), p.closed.load(Relaxed));
+                format!(
+                    "Sockets for port {}:\naccepted: {accepted}\nclosed: {closed}\nactive: {}\nleaked: 0",
+                    p.port,
+                    accepted.saturating_sub(closed)
+                )
+            })
             .collect();
-        format!(
-            "Sockets for port {}:\naccepted: {accepted}\nclosed: {closed}\nactive: {}\nleaked: 0",
-            ports.join(","),
-            accepted.saturating_sub(closed)
-        )
+        blocks.join("\n")
     }
 
     /// `socket-threads`: one line per connection: shard, connection number, session ID.
@@ -588,8 +583,6 @@ pub fn shard_clients(
         subs,
         queue_subscriptions,
         ntf_subscriptions,
-        sockets_accepted: ctx.conn_stats.sockets_accepted.get(),
-        sockets_closed: ctx.conn_stats.sockets_closed.get(),
     }
 }
 

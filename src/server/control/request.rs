@@ -74,7 +74,4 @@ pub struct ShardClients {
     pub subs: Vec<((usize, u64), usize, usize)>,
     pub queue_subscriptions: usize,
     pub ntf_subscriptions: usize,
-    /// Connections this shard accepted and closed since the start (`sockets`).
-    pub sockets_accepted: u64,
-    pub sockets_closed: u64,
 }
