@@ -731,9 +731,9 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
     format!(
         "[STORE_LOG]\n\
          # Where queues, messages and notifications are kept: journal (memory-mapped files under the\n\
-         # data directory, nothing answered is lost if the relay is killed) or memory (saved at a\n\
-         # clean stop, SIGINT or SIGTERM, and restored at start). The database store is not\n\
-         # supported yet.\n\
+         # data directory, nothing answered is lost if the relay is killed), memory (saved at a\n\
+         # clean stop, SIGINT or SIGTERM, and restored at start) or database (PostgreSQL: set\n\
+         # store_queues to database too, and the db_connection, db_schema and db_pool_size keys).\n\
          store_messages = journal\n\
          # When the journal is synced to the disk: every-batch, interval-ms N, or never.\n\
          # fsync = interval-ms 50\n\
@@ -748,6 +748,10 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
          \n\
          # Seconds between rewrites of smp-server-metrics.txt (Prometheus text); no file when unset.\n\
          # prometheus_interval = 60\n\
+         \n\
+         # The daily statistics (smp-server-stats.daily.log, a CSV line at 00:00 UTC) and the\n\
+         # counters kept over a restart (smp-server-stats.log).\n\
+         log_stats = off\n\
          \n\
          [AUTH]\n\
          # off refuses every NEW, e.g. while moving users off this relay.\n\
