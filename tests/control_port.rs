@@ -179,6 +179,10 @@ fn roles_commands_and_answers() {
     assert_eq!(stat(&stats, "qCreated"), "1");
     assert_eq!(stat(&stats, "qCount"), "1");
     assert!(stats[0].starts_with("fromTime: "), "{stats:?}");
+    assert!(
+        !stats.iter().any(|l| l.starts_with("ntfCount 2:")),
+        "the admin's line: {stats:?}"
+    );
     assert!(stats.iter().any(|l| l.starts_with("pRelays: requests=")));
     let sockets = user.ask("sockets");
     assert!(sockets[0].starts_with("Sockets for port "), "{sockets:?}");
@@ -386,7 +390,9 @@ fn block_unblock_delete_and_status_on_a_running_relay() {
         admin.one(&format!("delete {}", b64url(full.sid()))),
         "error: AUTH"
     );
-    assert_eq!(stat(&admin.ask("stats"), "qDeletedAll"), "1");
+    let stats = admin.ask("stats");
+    assert_eq!(stat(&stats, "qDeletedAll"), "1");
+    assert_eq!(stat(&stats, "ntfCount 2"), stat(&stats, "ntfCount"));
 }
 
 #[test]

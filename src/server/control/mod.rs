@@ -185,7 +185,7 @@ impl Port {
             ControlCommand::Suspend if needs(admin) => "suspend not implemented".into(),
             ControlCommand::Resume if needs(admin) => "resume not implemented".into(),
             ControlCommand::Clients if needs(admin) => self.clients().await,
-            ControlCommand::Stats if needs(user) => self.stats().await,
+            ControlCommand::Stats if needs(user) => self.stats(admin).await,
             ControlCommand::Threads if needs(admin) => threads(),
             ControlCommand::Sockets if needs(user) => self.sockets().await,
             ControlCommand::SocketThreads if needs(admin) => self.socket_threads().await,
@@ -302,18 +302,23 @@ impl Port {
         self.gather(|reply| ControlMsg::Clients { reply }).await
     }
 
-    /// `stats`: the counters this relay keeps, under the reference's names and in its order
-    /// (simplexmq `Server.hs`, `CPStats`); counters it does not keep are left out.
-    async fn stats(&self) -> String {
+    /// `stats`: the counters under the reference's names and in its order (simplexmq `Server.hs`,
+    /// `CPStats`), as the metrics file shows them: the shards' sum with what the statistics
+    /// backup restored and without what daily lines reported (`server/stats.rs`, `Daily`).
+    async fn stats(&self, admin: bool) -> String {
         let Some(parts) = self.gather(|reply| ControlMsg::Stats { reply }).await else {
             return STOPPING.into();
         };
-        let mut m = MetricsSnapshot::default();
+        let mut raw = MetricsSnapshot::default();
         for p in parts {
-            m.add(&p);
+            raw.add(&p);
         }
+        let (m, from_ms) = {
+            let daily = self.ctx.daily.borrow();
+            (daily.shown(&raw), daily.from_ms)
+        };
         let notifiers = self.ctx.directory.len(IdSpace::Notifier);
-        render_stats(&m, self.started_at, notifiers)
+        render_stats(&m, (from_ms / 1000) as i64, notifiers, admin)
     }
 
     /// `clients`: one CSV line per connection (simplexmq `Server.hs`, `CPClients`).
@@ -479,8 +484,8 @@ fn subscriptions_by_connection(
 }
 
 /// `stats`' lines for the counters of `m` (simplexmq `Server.hs`, `CPStats`, in its order).
-fn render_stats(m: &MetricsSnapshot, started_at: i64, notifiers: usize) -> String {
-    let from_time = crate::clock::utc_time(started_at)
+fn render_stats(m: &MetricsSnapshot, from_secs: i64, notifiers: usize, admin: bool) -> String {
+    let from_time = crate::clock::utc_time(from_secs)
         .replace('T', " ")
         .replace('Z', " UTC");
     let proxy = |label: &str, p: &ProxyStats| {
@@ -489,20 +494,49 @@ fn render_stats(m: &MetricsSnapshot, started_at: i64, notifiers: usize) -> Strin
             p.requests, p.successes, p.errors_connect, p.errors_compat, p.errors_other
         )
     };
-    [
+    let mut lines = vec![
         format!("fromTime: {from_time}"),
         format!("qCreated: {}", m.queues_created),
         format!("qSecured: {}", m.queues_secured),
         format!("qDeletedAll: {}", m.queues_deleted),
+        format!("qDeletedAllB: {}", m.queues_deleted_batches),
+        format!("qDeletedNew: {}", m.queues_deleted_new),
+        format!("qDeletedSecured: {}", m.queues_deleted_secured),
+        format!("daily active queues: {}", m.active_day),
         format!("qSub: {}", m.sub_successes),
         format!("qSubAllB: {}", m.sub_batches),
+        format!("qSubEnd: {}", m.sub_end),
+        format!("qSubEndB: {}", m.sub_end_batches),
+        format!(
+            "other SUB events (auth, duplicate, prohibited): ({},{},{})",
+            m.sub_auth, m.sub_duplicate, m.sub_prohibited
+        ),
         format!("msgSent: {}", m.msg_sent),
         format!("msgRecv: {}", m.msg_recv),
+        format!("msgRecvGet: {}", m.msg_recv_get),
+        format!("msgGet: {}", m.msg_get),
+        format!("msgGetNoMsg: {}", m.msg_get_no_msg),
+        format!(
+            "other GET events (auth, duplicate, prohibited): ({},{},{})",
+            m.msg_get_auth, m.msg_get_duplicate, m.msg_get_prohibited
+        ),
+        format!("msgSentNtf: {}", m.msg_sent_ntf),
+        format!("msgRecvNtf: {}", m.msg_recv_ntf),
         format!("msgNtfs: {}", m.msg_ntfs),
+        format!("msgNtfsB: {}", m.msg_ntfs_batches),
+        format!("msgNtfExpired: {}", m.msg_ntf_expired),
         format!("qCount: {}", m.queue_count),
         format!("qCount 2: {}", m.queue_count),
         format!("notifiers: {notifiers}"),
         format!("msgCount: {}", m.msg_count),
+        format!("ntfCount: {}", m.ntf_count),
+    ];
+    if admin {
+        // The reference recounts its buffered notifications for an admin; the stores count
+        // theirs exactly, so it is the same number.
+        lines.push(format!("ntfCount 2: {}", m.ntf_count));
+    }
+    lines.extend([
         proxy("pRelays", &m.p_relays),
         proxy("pRelaysOwn", &m.p_relays_own),
         proxy("pMsgFwds", &m.p_msg_fwds),
@@ -512,8 +546,8 @@ fn render_stats(m: &MetricsSnapshot, started_at: i64, notifiers: usize) -> Strin
         format!("ntfServiceCount: {}", m.ntf_services_count),
         format!("rcvServiceQueuesCount: {}", m.rcv_services_queues),
         format!("ntfServiceQueuesCount: {}", m.ntf_services_queues),
-    ]
-    .join("\n")
+    ]);
+    lines.join("\n")
 }
 
 /// `stats-rts`: the reference prints its Haskell runtime's statistics; this relay prints its
@@ -595,22 +629,80 @@ mod tests {
         let m = MetricsSnapshot {
             queues_created: 3,
             msg_sent: 5,
+            sub_auth: 1,
+            sub_duplicate: 2,
+            sub_prohibited: 3,
+            msg_get_auth: 4,
+            ntf_count: 6,
             ..MetricsSnapshot::default()
         };
-        let text = render_stats(&m, 0, 2);
-        let lines: Vec<&str> = text.lines().collect();
+        let labels = |text: &str| -> Vec<String> {
+            text.lines()
+                .map(|l| l.split(": ").next().unwrap_or(l).to_string())
+                .collect()
+        };
+        // The labels of simplexmq `Server.hs` `CPStats`, in its order.
+        let reference = [
+            "fromTime",
+            "qCreated",
+            "qSecured",
+            "qDeletedAll",
+            "qDeletedAllB",
+            "qDeletedNew",
+            "qDeletedSecured",
+            "daily active queues",
+            "qSub",
+            "qSubAllB",
+            "qSubEnd",
+            "qSubEndB",
+            "other SUB events (auth, duplicate, prohibited)",
+            "msgSent",
+            "msgRecv",
+            "msgRecvGet",
+            "msgGet",
+            "msgGetNoMsg",
+            "other GET events (auth, duplicate, prohibited)",
+            "msgSentNtf",
+            "msgRecvNtf",
+            "msgNtfs",
+            "msgNtfsB",
+            "msgNtfExpired",
+            "qCount",
+            "qCount 2",
+            "notifiers",
+            "msgCount",
+            "ntfCount",
+            "ntfCount 2",
+            "pRelays",
+            "pRelaysOwn",
+            "pMsgFwds",
+            "pMsgFwdsOwn",
+            "pMsgFwdsRecv",
+            "rcvServiceCount",
+            "ntfServiceCount",
+            "rcvServiceQueuesCount",
+            "ntfServiceQueuesCount",
+        ];
+        let admin = render_stats(&m, 0, 2, true);
+        assert_eq!(labels(&admin), reference);
+        let user = render_stats(&m, 0, 2, false);
+        let without_admin: Vec<&str> = reference
+            .iter()
+            .copied()
+            .filter(|l| *l != "ntfCount 2")
+            .collect();
+        assert_eq!(labels(&user), without_admin, "ntfCount 2 is the admin's");
+        let lines: Vec<&str> = admin.lines().collect();
         assert_eq!(lines[0], "fromTime: 1970-01-01 00:00:00 UTC");
         assert_eq!(lines[1], "qCreated: 3");
         assert!(lines.contains(&"msgSent: 5"));
         assert!(lines.contains(&"notifiers: 2"));
+        assert!(lines.contains(&"other SUB events (auth, duplicate, prohibited): (1,2,3)"));
+        assert!(lines.contains(&"other GET events (auth, duplicate, prohibited): (4,0,0)"));
+        assert!(lines.contains(&"ntfCount 2: 6"));
         assert!(lines.contains(
             &"pRelays: requests=0, successes=0, errorsConnect=0, errorsCompat=0, errorsOther=0"
         ));
-        let pos = |k: &str| lines.iter().position(|l| l.starts_with(k)).unwrap();
-        assert!(pos("qCreated:") < pos("qSub:") && pos("qSub:") < pos("msgSent:"));
-        assert!(
-            pos("msgCount:") < pos("pRelays:") && pos("pMsgFwdsRecv:") < pos("rcvServiceCount:")
-        );
     }
 
     #[test]
