@@ -852,6 +852,18 @@ fn start(dirs: &Dirs, args: &StartArgs) -> Result<(), String> {
             present.join(", ")
         ));
     }
+    if present.is_empty() && dirs.config != dirs.data {
+        // The reference's two directories hold an identity users know: a mistyped configuration
+        // directory must not become a new one (a new address) serving the users' store.
+        return Err(format!(
+            "{} holds no server identity (smp-server.ini, ca.crt, server.crt, server.key, \
+             fingerprint): check --config-dir (or SMP_SERVER_CFG_PATH); for a new relay run \
+             `smp-relay --config-dir {} --log-dir {} init` first",
+            data_dir.display(),
+            data_dir.display(),
+            dirs.data.display()
+        ));
+    }
     if present.is_empty() {
         // The README's first command: a fresh checkout runs `start` and gets a working relay.
         eprintln!(

@@ -724,6 +724,20 @@ fn the_reference_directories_by_environment_and_by_option() {
     let mut c = relay.client();
     let m = support::sub_with_msg(&mut c, &q);
     assert_eq!(m.msg.body(), Some(&b"in the log directory"[..]));
+    drop(c);
+    relay.stop();
+
+    // A configuration directory without the identity (a typo) is not initialised anew: the
+    // store's users know the old address.
+    let typo = etc.path().join("simplx");
+    let out = common::run_with_reference_env(&typo, relay.dir.path(), &["start"]);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("holds no server identity") && stderr.contains("init"),
+        "{stderr}"
+    );
+    assert!(!typo.join("server.key").exists(), "start made an identity");
 }
 
 /// Locked memory (RLIMIT_MEMLOCK) below the 512 KiB glommio needs for each shard's io_uring: a
