@@ -485,7 +485,7 @@ pub fn main() -> ExitCode {
                     schema,
                     quiet,
                 },
-        } => configured_store(&dirs.config).and_then(|file| {
+        } => load_ini(&dirs.config).map(|f| f.options).and_then(|file| {
             // What `start` will open: the file's store and database unless given here.
             let kind = store
                 .map(StoreArg::kind)
@@ -682,9 +682,7 @@ fn server_address(data_dir: &Path) -> Result<String, String> {
             data_dir.display()
         )
     })?;
-    let file = ini::load(&data_dir.join(config::INI_FILE))
-        .map_err(|e| e.to_string())?
-        .unwrap_or_default();
+    let file = load_ini(data_dir)?;
     let port = file
         .options
         .ports
@@ -877,9 +875,7 @@ fn start(dirs: &Dirs, args: &StartArgs) -> Result<(), String> {
             .unwrap_or(config::DEFAULT_PORT);
         init(dirs, "127.0.0.1", port, true, None)?;
     }
-    let file = ini::load(&data_dir.join(config::INI_FILE))
-        .map_err(|e| e.to_string())?
-        .unwrap_or_default();
+    let file = load_ini(data_dir)?;
     if !file.ignored.is_empty() {
         tracing::warn!(
             "{} ignores these keys of features this relay does not have:\n  {}",
@@ -922,12 +918,11 @@ fn start(dirs: &Dirs, args: &StartArgs) -> Result<(), String> {
     smp_relay::server::run(c).map_err(|e| e.to_string())
 }
 
-/// The store settings of the configuration file in `config_dir` (none when there is no file).
-fn configured_store(config_dir: &Path) -> Result<smp_relay::settings::StartOptions, String> {
+/// The configuration file in `config_dir` (every setting unset when there is no file).
+fn load_ini(config_dir: &Path) -> Result<ini::IniConfig, String> {
     Ok(ini::load(&config_dir.join(config::INI_FILE))
         .map_err(|e| e.to_string())?
-        .unwrap_or_default()
-        .options)
+        .unwrap_or_default())
 }
 
 /// What `block`/`unblock` do to a saved queue.

@@ -84,22 +84,20 @@ pub fn run_cli(dir: &Path, args: &[&str]) -> Output {
 /// Runs the binary with these arguments and the reference's directory variables
 /// (`SMP_SERVER_CFG_PATH`, `SMP_SERVER_LOG_PATH`), killing it after `COMMAND_TIMEOUT`.
 pub fn run_with_reference_env(cfg: &Path, log: &Path, args: &[&str]) -> Output {
-    let child = Command::new(BIN)
-        .args(args)
-        .env("SMP_SERVER_CFG_PATH", cfg)
-        .env("SMP_SERVER_LOG_PATH", log)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn smp-relay");
-    wait_output(child, COMMAND_TIMEOUT)
+    let mut cmd = Command::new(BIN);
+    cmd.env("SMP_SERVER_CFG_PATH", cfg)
+        .env("SMP_SERVER_LOG_PATH", log);
+    run_to_end(cmd.args(args))
 }
 
 /// Runs the binary with these exact arguments, killing it after `COMMAND_TIMEOUT`.
 pub fn run_bin(args: &[&str]) -> Output {
-    let child = Command::new(BIN)
-        .args(args)
+    run_to_end(Command::new(BIN).args(args))
+}
+
+/// Runs `cmd` without stdin, its output piped, killing it after `COMMAND_TIMEOUT`.
+fn run_to_end(cmd: &mut Command) -> Output {
+    let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
