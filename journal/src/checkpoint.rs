@@ -8,11 +8,10 @@
 //! saw (a compaction rewrites them, `repair` cuts them: then the whole journal is replayed, with
 //! a warning).
 
-use std::fs::OpenOptions;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::error::{JournalError, Warning};
+use crate::fs::{Fs, FsFile, OsFs};
 use crate::segment::sync_dir;
 use crate::{group_dir, SyncHandle, SyncPoint};
 
@@ -52,11 +51,12 @@ pub struct Checkpoint {
 
 /// A checkpoint to write: taken on the appending thread ([`crate::Journal::checkpoint_base`]),
 /// written on any thread with the caller's blob.
-pub struct CheckpointBase {
+pub struct CheckpointBase<F: Fs = OsFs> {
+    pub(crate) fs: F,
     pub(crate) dir: PathBuf,
     pub(crate) group: u32,
     pub(crate) at: CheckpointPoint,
-    pub(crate) sync: SyncHandle,
+    pub(crate) sync: SyncHandle<F>,
 }
 
 fn put_u32(out: &mut Vec<u8>, x: u32) {
@@ -67,7 +67,7 @@ fn put_u64(out: &mut Vec<u8>, x: u64) {
     out.extend_from_slice(&x.to_le_bytes());
 }
 
-impl CheckpointBase {
+impl<F: Fs> CheckpointBase<F> {
     /// The point it covers.
     pub fn point(&self) -> SyncPoint {
         self.at.point
@@ -98,20 +98,18 @@ impl CheckpointBase {
         let path = self.dir.join(CHECKPOINT_FILE);
         let tmp = self.dir.join(format!("{CHECKPOINT_FILE}.tmp"));
         let written = (|| {
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&tmp)?;
-            f.write_all(&b)?;
+            let f = self.fs.create(&tmp)?;
+            f.write_all_at(&b, 0)?;
             f.sync_all()
         })();
         if let Err(e) = written {
-            let _ = std::fs::remove_file(&tmp);
+            let _ = self.fs.remove_file(&tmp);
             return Err(JournalError::io(&tmp, "write checkpoint", e));
         }
-        std::fs::rename(&tmp, &path).map_err(|e| JournalError::io(&tmp, "rename", e))?;
-        sync_dir(&self.dir)
+        self.fs
+            .rename(&tmp, &path)
+            .map_err(|e| JournalError::io(&tmp, "rename", e))?;
+        sync_dir(&self.fs, &self.dir)
     }
 }
 
@@ -179,12 +177,13 @@ fn decode(b: &[u8], group: u32) -> Result<(CheckpointPoint, Vec<u8>), String> {
 
 /// Reads the checkpoint of `group` under `root`, if there is one. A file that cannot be read
 /// as one is a warning (the journal is replayed whole), not an error.
-pub fn read_checkpoint(
+pub fn read_checkpoint<F: Fs>(
+    fs: &F,
     root: &Path,
     group: u32,
 ) -> Result<(Option<Checkpoint>, Option<Warning>), JournalError> {
     let path = group_dir(root, group).join(CHECKPOINT_FILE);
-    let bytes = match std::fs::read(&path) {
+    let bytes = match fs.read(&path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((None, None)),
         Err(e) => return Err(JournalError::io(&path, "read", e)),
@@ -203,9 +202,9 @@ pub fn read_checkpoint(
 }
 
 /// Removes a group's checkpoint (after `repair` changed the segments it covers).
-pub(crate) fn remove_checkpoint(dir: &Path) -> Result<bool, JournalError> {
+pub(crate) fn remove_checkpoint<F: Fs>(fs: &F, dir: &Path) -> Result<bool, JournalError> {
     let path = dir.join(CHECKPOINT_FILE);
-    match std::fs::remove_file(&path) {
+    match fs.remove_file(&path) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(JournalError::io(&path, "remove", e)),

@@ -18,8 +18,6 @@
 //! records were dead (deleted by records in the prefix or later, or overwritten), and delete
 //! records are only ever dropped with the prefix that holds what they deleted.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -29,16 +27,18 @@ use crate::format::{
     align, record_crc, RecordHeader, SegmentHeader, Slot, FORMAT_VERSION, HEADER_LEN,
     MIN_SEGMENT_SIZE, RECORD_HEADER_LEN, SEGMENT_COMPACTED,
 };
-use crate::segment::{is_no_space, preallocate, random_u32, segment_file_name, sync_dir, Segment};
+use crate::fs::{is_no_space, Fs, FsFile, OsFs};
+use crate::segment::{preallocate, random_u32, segment_file_name, sync_dir, Segment};
 use crate::Location;
 
 /// A compaction to run off the appending thread (see the module comment). Dropping it unrun
 /// leaves the journal as it was; tell the journal with [`crate::Journal::abandon_compaction`].
-pub struct CompactJob {
+pub struct CompactJob<F: Fs = OsFs> {
+    pub(crate) fs: F,
     pub(crate) dir: PathBuf,
     pub(crate) group: u32,
     /// The prefix, ascending; the last one's number is the new segment's.
-    pub(crate) sources: Vec<Arc<Segment>>,
+    pub(crate) sources: Vec<Arc<Segment<F>>>,
     /// Records to keep, ascending.
     pub(crate) keep: Vec<Location>,
     /// The first sequence number of the segment after the prefix: the kept records are numbered
@@ -47,9 +47,9 @@ pub struct CompactJob {
 }
 
 /// A finished compaction, for [`crate::Journal::install_compaction`].
-pub struct Compacted {
+pub struct Compacted<F: Fs = OsFs> {
     pub(crate) upto: u64,
-    pub(crate) segment: Segment,
+    pub(crate) segment: Segment<F>,
     /// Every kept record: where it was, where it is now.
     pub moved: Vec<(Location, Location)>,
     /// Bytes of the files it replaced, and of the new one.
@@ -59,7 +59,7 @@ pub struct Compacted {
     pub warnings: Vec<Warning>,
 }
 
-impl CompactJob {
+impl<F: Fs> CompactJob<F> {
     /// The number of the segment the job writes (the prefix's last).
     pub fn upto(&self) -> u64 {
         self.sources.last().map_or(0, |s| s.id)
@@ -68,7 +68,7 @@ impl CompactJob {
     /// Writes, renames, removes (see the module comment). Blocks on I/O: run it off the appending
     /// thread. An error before the rename leaves everything as it was (the temporary file
     /// removed); [`JournalError::NoSpace`] when the new file cannot be preallocated.
-    pub fn run(self) -> Result<Compacted, JournalError> {
+    pub fn run(self) -> Result<Compacted<F>, JournalError> {
         let upto = self.upto();
         let path = self.dir.join(segment_file_name(upto));
         let tmp = self.dir.join(format!("{}.tmp", segment_file_name(upto)));
@@ -98,12 +98,12 @@ impl CompactJob {
         let (file, moved) = match self.write_tmp(&tmp, &header, &records, end) {
             Ok(x) => x,
             Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
+                let _ = self.fs.remove_file(&tmp);
                 return Err(e);
             }
         };
-        if let Err(e) = std::fs::rename(&tmp, &path) {
-            let _ = std::fs::remove_file(&tmp);
+        if let Err(e) = self.fs.rename(&tmp, &path) {
+            let _ = self.fs.remove_file(&tmp);
             return Err(JournalError::io(&tmp, "rename", e));
         }
         // From here on the compaction stands: failures are warnings, and open finishes the job.
@@ -115,23 +115,23 @@ impl CompactJob {
                 message: format!("compaction: {e} (the next open removes what is left)"),
             })
         };
-        if let Err(e) = sync_dir(&self.dir) {
+        if let Err(e) = sync_dir(&self.fs, &self.dir) {
             warn(e);
         }
         let mut removed = false;
         for s in &self.sources[..self.sources.len() - 1] {
-            match std::fs::remove_file(&s.path) {
+            match self.fs.remove_file(&s.path) {
                 Ok(()) => removed = true,
                 Err(e) => warn(JournalError::io(&s.path, "remove", e)),
             }
         }
         if removed {
-            if let Err(e) = sync_dir(&self.dir) {
+            if let Err(e) = sync_dir(&self.fs, &self.dir) {
                 warn(e);
             }
         }
         let bytes_before = self.sources.iter().map(|s| s.len).sum();
-        let segment = Segment::map(path, file, header, len, end, 1)?;
+        let segment = Segment::map(&self.fs, path, file, header, len, end, 1)?;
         segment.written_end.store(end, Ordering::Release);
         Ok(Compacted {
             upto,
@@ -178,23 +178,18 @@ impl CompactJob {
         header: &SegmentHeader,
         records: &[(Location, u16, Vec<u8>)],
         end: u64,
-    ) -> Result<(File, Vec<(Location, Location)>), JournalError> {
-        let _ = std::fs::remove_file(tmp);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(tmp)
-            .map_err(|e| {
-                if is_no_space(&e) {
-                    JournalError::NoSpace {
-                        path: tmp.to_path_buf(),
-                        source: e,
-                    }
-                } else {
-                    JournalError::io(tmp, "create", e)
+    ) -> Result<(F::File, Vec<(Location, Location)>), JournalError> {
+        let _ = self.fs.remove_file(tmp);
+        let file = self.fs.create_new(tmp).map_err(|e| {
+            if is_no_space(&e) {
+                JournalError::NoSpace {
+                    path: tmp.to_path_buf(),
+                    source: e,
                 }
-            })?;
+            } else {
+                JournalError::io(tmp, "create", e)
+            }
+        })?;
         preallocate(&file, tmp, header.segment_len)?;
         let mut buf = vec![0u8; (end - HEADER_LEN) as usize];
         let mut moved = Vec::with_capacity(records.len());

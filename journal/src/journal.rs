@@ -2,8 +2,6 @@
 //! dead segments.
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -17,6 +15,7 @@ use crate::format::{
     record_crc, Kind, Record, RecordHeader, HEADER_LEN, MIN_SEGMENT_SIZE, RECORD_ALIGN,
     RECORD_HEADER_LEN,
 };
+use crate::fs::{Fs, FsFile, OsFs};
 use crate::scan::{scan, SliceSource};
 use crate::segment::{list_segment_ids, read_header, replaced_ids, sync_dir, Segment};
 use crate::space::{
@@ -26,7 +25,9 @@ use crate::{group_dir, Location, SyncPoint};
 
 /// How a journal is opened.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Options {
+pub struct Options<F: Fs = OsFs> {
+    /// The file system the journal's files are on: [`OsFs`], or a simulated disk in tests.
+    pub fs: F,
     /// Bytes of each new segment file, header included: a multiple of 4096, at least 8192. The
     /// largest record is this minus 4096 + 32 bytes. Existing segments keep the size they were
     /// made with.
@@ -53,7 +54,15 @@ pub const DEFAULT_SEGMENT_SIZE: u64 = 64 << 20;
 
 impl Default for Options {
     fn default() -> Self {
+        Options::on(OsFs)
+    }
+}
+
+impl<F: Fs> Options<F> {
+    /// The default sizes, on `fs`.
+    pub fn on(fs: F) -> Options<F> {
         Options {
+            fs,
             segment_size: DEFAULT_SEGMENT_SIZE,
             initial_segment_size: DEFAULT_INITIAL_SEGMENT_SIZE,
             release_reserve: DEFAULT_RELEASE_RESERVE,
@@ -62,7 +71,7 @@ impl Default for Options {
     }
 }
 
-impl Options {
+impl<F: Fs> Options<F> {
     fn check(&self) -> Result<(), JournalError> {
         let s = self.segment_size;
         if s < MIN_SEGMENT_SIZE || s % HEADER_LEN != 0 || s > (1 << 40) {
@@ -106,18 +115,18 @@ impl Options {
 
 /// Creates a segment, taking its bytes from the budget first (and giving them back if the
 /// creation fails).
-fn create_segment(
-    opts: &Options,
+fn create_segment<F: Fs>(
+    opts: &Options<F>,
     dir: &Path,
     group: u32,
     id: u64,
     len: u64,
     first_seq: u64,
-) -> Result<Segment, JournalError> {
+) -> Result<Segment<F>, JournalError> {
     if let Some(b) = &opts.budget {
         b.take(len)?;
     }
-    Segment::create(dir, group, id, len, first_seq).inspect_err(|_| {
+    Segment::create(&opts.fs, dir, group, id, len, first_seq).inspect_err(|_| {
         if let Some(b) = &opts.budget {
             b.give_back(len);
         }
@@ -173,10 +182,11 @@ pub struct SegmentInfo {
 }
 
 /// State shared by the journal and its sync handles.
-struct Shared {
+struct Shared<F: Fs> {
+    fs: F,
     dir: PathBuf,
     /// Segments that may hold records not yet durable, ascending; the last is the active one.
-    unsynced: Mutex<Vec<Arc<Segment>>>,
+    unsynced: Mutex<Vec<Arc<Segment<F>>>>,
     /// Serializes syncs; held across msyncs (the appender never takes it).
     sync_lock: Mutex<SyncState>,
     /// The durable point, readable without the sync lock.
@@ -184,7 +194,7 @@ struct Shared {
     synced_offset: AtomicU64,
     /// The exclusive lock on the group directory, released when the journal and every handle
     /// are gone.
-    _lock: File,
+    _lock: F::Lock,
 }
 
 struct SyncState {
@@ -206,11 +216,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Dropping a journal does not sync: at a clean stop call [`SyncHandle::sync_all`] first. (What
 /// was appended stays in the files after a process crash; only a machine crash loses what was
 /// not synced.)
-pub struct Journal {
+pub struct Journal<F: Fs = OsFs> {
     group: u32,
-    opts: Options,
-    segments: BTreeMap<u64, Arc<Segment>>,
-    active: Arc<Segment>,
+    opts: Options<F>,
+    segments: BTreeMap<u64, Arc<Segment<F>>>,
+    active: Arc<Segment<F>>,
     next_seq: u64,
     last_crc: u32,
     /// This open's writer number, stored in every record it appends.
@@ -219,42 +229,39 @@ pub struct Journal {
     compacting_upto: Option<u64>,
     /// Bytes of this journal's segment files counted in `opts.budget`, given back when dropped.
     counted_bytes: u64,
-    shared: Arc<Shared>,
+    shared: Arc<Shared<F>>,
 }
 
 /// Makes appended records durable, from any thread. Cheap to clone; keeps the journal's files
 /// mapped and its lock held while it lives.
-#[derive(Clone)]
-pub struct SyncHandle {
-    shared: Arc<Shared>,
+pub struct SyncHandle<F: Fs = OsFs> {
+    shared: Arc<Shared<F>>,
+}
+
+impl<F: Fs> Clone for SyncHandle<F> {
+    fn clone(&self) -> Self {
+        SyncHandle {
+            shared: self.shared.clone(),
+        }
+    }
 }
 
 /// How long a group lock held elsewhere is waited for before open says [`JournalError::Locked`].
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(300);
 const LOCK_RETRY_EVERY: std::time::Duration = std::time::Duration::from_millis(5);
 
-fn take_lock(dir: &Path) -> Result<File, JournalError> {
+fn take_lock<F: Fs>(fs: &F, dir: &Path) -> Result<F::Lock, JournalError> {
     let path = dir.join(".lock");
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(|e| JournalError::io(&path, "open lock file", e))?;
     // A child process forked by this process between its fork and its exec holds a copy of every
     // descriptor, close-on-exec or not, and so the lock of a journal this process just closed:
     // the lock is tried again for a moment before it counts as held by someone else.
     let deadline = std::time::Instant::now() + LOCK_WAIT;
     loop {
-        // SAFETY: plain syscall on a descriptor we own.
-        let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if r == 0 {
-            return Ok(f);
-        }
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-            return Err(JournalError::io(&path, "flock", e));
+        if let Some(l) = fs
+            .try_lock(&path)
+            .map_err(|e| JournalError::io(&path, "flock", e))?
+        {
+            return Ok(l);
         }
         if std::time::Instant::now() >= deadline {
             return Err(JournalError::Locked { path });
@@ -264,7 +271,11 @@ fn take_lock(dir: &Path) -> Result<File, JournalError> {
 }
 
 /// Opens the group directory exclusively (creating it) and removes leftover temporary files.
-pub(crate) fn open_dir(root: &Path, group: u32) -> Result<(PathBuf, File), JournalError> {
+pub(crate) fn open_dir<F: Fs>(
+    fs: &F,
+    root: &Path,
+    group: u32,
+) -> Result<(PathBuf, F::Lock), JournalError> {
     if group >= crate::JOURNAL_GROUPS {
         return Err(JournalError::Options(format!(
             "group {group}: groups are 0 to {}",
@@ -272,16 +283,17 @@ pub(crate) fn open_dir(root: &Path, group: u32) -> Result<(PathBuf, File), Journ
         )));
     }
     let dir = group_dir(root, group);
-    std::fs::create_dir_all(&dir).map_err(|e| JournalError::io(&dir, "create directory", e))?;
-    let lock = take_lock(&dir)?;
-    let rd = std::fs::read_dir(&dir).map_err(|e| JournalError::io(&dir, "read_dir", e))?;
-    for e in rd.flatten() {
-        let name = e.file_name();
-        let name = name.to_string_lossy();
+    fs.create_dir_all(&dir)
+        .map_err(|e| JournalError::io(&dir, "create directory", e))?;
+    let lock = take_lock(fs, &dir)?;
+    let names = fs
+        .list(&dir)
+        .map_err(|e| JournalError::io(&dir, "read_dir", e))?;
+    for name in names {
         if (name.starts_with("seg-") && name.ends_with(".jnl.tmp"))
             || name == format!("{}.tmp", crate::checkpoint::CHECKPOINT_FILE)
         {
-            let _ = std::fs::remove_file(e.path());
+            let _ = fs.remove_file(&dir.join(name));
         }
     }
     Ok((dir, lock))
@@ -290,7 +302,7 @@ pub(crate) fn open_dir(root: &Path, group: u32) -> Result<(PathBuf, File), Journ
 /// A segment file whose creation did not finish before a crash: shorter than a header, or a
 /// header of zeros. (The sync handle makes a segment's header and directory entry durable before
 /// it calls anything in it durable, so such a file never held durable records.)
-fn unfinished(file: &File, path: &Path) -> Result<bool, JournalError> {
+fn unfinished<T: FsFile>(file: &T, path: &Path) -> Result<bool, JournalError> {
     match read_header(file, path) {
         Ok(_) => Ok(false),
         Err(JournalError::Header { reason, .. })
@@ -304,10 +316,12 @@ fn unfinished(file: &File, path: &Path) -> Result<bool, JournalError> {
 
 /// Whether any segment after `ids[i]` has durable records (then a cut at `ids[i]` would lose
 /// them: the cut point is damage, not a torn tail).
-fn later_synced(dir: &Path, ids: &[u64]) -> Result<Option<PathBuf>, JournalError> {
+fn later_synced<F: Fs>(fs: &F, dir: &Path, ids: &[u64]) -> Result<Option<PathBuf>, JournalError> {
     for &id in ids {
         let path = dir.join(crate::segment_file_name(id));
-        let file = File::open(&path).map_err(|e| JournalError::io(&path, "open", e))?;
+        let file = fs
+            .open(&path, false)
+            .map_err(|e| JournalError::io(&path, "open", e))?;
         if let Ok((_, slot, _)) = read_header(&file, &path) {
             if slot.synced_end > HEADER_LEN {
                 return Ok(Some(path));
@@ -317,10 +331,16 @@ fn later_synced(dir: &Path, ids: &[u64]) -> Result<Option<PathBuf>, JournalError
     Ok(None)
 }
 
-fn remove_files(dir: &Path, ids: &[u64], report: &mut OpenReport) -> Result<(), JournalError> {
+fn remove_files<F: Fs>(
+    fs: &F,
+    dir: &Path,
+    ids: &[u64],
+    report: &mut OpenReport,
+) -> Result<(), JournalError> {
     for &id in ids {
         let path = dir.join(crate::segment_file_name(id));
-        std::fs::remove_file(&path).map_err(|e| JournalError::io(&path, "remove", e))?;
+        fs.remove_file(&path)
+            .map_err(|e| JournalError::io(&path, "remove", e))?;
         report.warnings.push(Warning {
             file: path,
             offset: 0,
@@ -328,12 +348,12 @@ fn remove_files(dir: &Path, ids: &[u64], report: &mut OpenReport) -> Result<(), 
         });
     }
     if !ids.is_empty() {
-        sync_dir(dir)?;
+        sync_dir(fs, dir)?;
     }
     Ok(())
 }
 
-impl Journal {
+impl<F: Fs> Journal<F> {
     /// Opens (creating if needed) the journal of `group` under `root`, replaying every record to
     /// `replay` in order with its location and sequence number.
     ///
@@ -348,9 +368,9 @@ impl Journal {
     pub fn open(
         root: &Path,
         group: u32,
-        opts: &Options,
+        opts: &Options<F>,
         replay: impl FnMut(Location, u64, Record<'_>) -> Result<(), String>,
-    ) -> Result<(Journal, OpenReport), JournalError> {
+    ) -> Result<(Journal<F>, OpenReport), JournalError> {
         Self::open_inner(
             root,
             group,
@@ -370,42 +390,45 @@ impl Journal {
     pub fn open_from_checkpoint(
         root: &Path,
         group: u32,
-        opts: &Options,
+        opts: &Options<F>,
         load: impl FnOnce(&Checkpoint) -> Result<(), String>,
         replay: impl FnMut(Location, u64, Record<'_>) -> Result<(), String>,
-    ) -> Result<(Journal, OpenReport), JournalError> {
+    ) -> Result<(Journal<F>, OpenReport), JournalError> {
         Self::open_inner(root, group, opts, Some(load), replay)
     }
 
     fn open_inner(
         root: &Path,
         group: u32,
-        opts: &Options,
+        opts: &Options<F>,
         load: Option<impl FnOnce(&Checkpoint) -> Result<(), String>>,
         mut replay: impl FnMut(Location, u64, Record<'_>) -> Result<(), String>,
-    ) -> Result<(Journal, OpenReport), JournalError> {
+    ) -> Result<(Journal<F>, OpenReport), JournalError> {
         opts.check()?;
-        let (dir, lock_file) = open_dir(root, group)?;
-        let mut ids = list_segment_ids(&dir)?;
+        let fs = &opts.fs;
+        let (dir, lock_file) = open_dir(fs, root, group)?;
+        let mut ids = list_segment_ids(fs, &dir)?;
         let mut report = OpenReport::default();
 
         // An unfinished last segment (crash during rotation) is removed.
         if let Some(&last) = ids.last() {
             let path = dir.join(crate::segment_file_name(last));
-            let file = File::open(&path).map_err(|e| JournalError::io(&path, "open", e))?;
+            let file = fs
+                .open(&path, false)
+                .map_err(|e| JournalError::io(&path, "open", e))?;
             if unfinished(&file, &path)? {
                 ids.pop();
-                remove_files(&dir, &[last], &mut report)?;
+                remove_files(fs, &dir, &[last], &mut report)?;
                 report.warnings.last_mut().unwrap().message =
                     "removed: segment creation never finished (crash while rotating)".into();
             }
         }
 
         // Segments a compacted one replaced, left by a compaction interrupted after its rename.
-        let replaced = replaced_ids(&dir, &ids)?;
+        let replaced = replaced_ids(fs, &dir, &ids)?;
         if !replaced.is_empty() {
             let first = report.warnings.len();
-            remove_files(&dir, &replaced, &mut report)?;
+            remove_files(fs, &dir, &replaced, &mut report)?;
             for w in &mut report.warnings[first..] {
                 w.message = "removed: a compacted segment replaces it (a compaction was \
                              interrupted before it removed it)"
@@ -415,21 +438,19 @@ impl Journal {
         }
 
         let plan = match load {
-            Some(load) => Self::checkpoint_plan(root, &dir, group, &ids, &mut report, load)?,
+            Some(load) => Self::checkpoint_plan(fs, root, &dir, group, &ids, &mut report, load)?,
             None => None,
         };
 
-        let mut segments: BTreeMap<u64, Arc<Segment>> = BTreeMap::new();
+        let mut segments: BTreeMap<u64, Arc<Segment<F>>> = BTreeMap::new();
         let mut next_seq = 1u64;
         let mut last_crc = 0u32;
         let mut i = 0;
         while i < ids.len() {
             let id = ids[i];
             let path = dir.join(crate::segment_file_name(id));
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&path)
+            let file = fs
+                .open(&path, true)
                 .map_err(|e| JournalError::io(&path, "open", e))?;
             let (header, slot, len) = read_header(&file, &path)?;
             header.check(&path, group, id, len)?;
@@ -458,7 +479,7 @@ impl Journal {
                     "first sequence number {}, expected {next_seq}: records before it are missing",
                     header.first_seq
                 );
-                if let Some(p) = later_synced(&dir, &ids[i..])? {
+                if let Some(p) = later_synced(fs, &dir, &ids[i..])? {
                     return Err(JournalError::Damage {
                         file: p,
                         offset: HEADER_LEN,
@@ -468,14 +489,22 @@ impl Journal {
                 }
                 let rest = ids[i..].to_vec();
                 let first_removed = report.warnings.len();
-                remove_files(&dir, &rest, &mut report)?;
+                remove_files(fs, &dir, &rest, &mut report)?;
                 if let Some(w) = report.warnings.get_mut(first_removed) {
                     w.message = format!("{reason}; {}", w.message);
                 }
                 ids.truncate(i);
                 break;
             }
-            let seg = Segment::map(path.clone(), file, header, len, slot.synced_end, slot.count)?;
+            let seg = Segment::map(
+                fs,
+                path.clone(),
+                file,
+                header,
+                len,
+                slot.synced_end,
+                slot.count,
+            )?;
             // SAFETY: the segment was just mapped and nothing else has it: no sync handle exists
             // yet and the group lock keeps other journals out.
             let bytes = unsafe { seg.whole() };
@@ -524,7 +553,7 @@ impl Journal {
                 });
             }
             if !bad.zero {
-                if let Some(p) = later_synced(&dir, &ids[i..])? {
+                if let Some(p) = later_synced(fs, &dir, &ids[i..])? {
                     return Err(JournalError::Damage {
                         file: path,
                         offset: bad.offset,
@@ -546,7 +575,7 @@ impl Journal {
                 });
                 seg.zero_leftovers(bad.offset);
                 let rest = ids[i..].to_vec();
-                remove_files(&dir, &rest, &mut report)?;
+                remove_files(fs, &dir, &rest, &mut report)?;
                 ids.truncate(i);
                 break;
             }
@@ -575,7 +604,7 @@ impl Journal {
             }
         };
 
-        let unsynced: Vec<Arc<Segment>> = segments
+        let unsynced: Vec<Arc<Segment<F>>> = segments
             .values()
             .filter(|s| {
                 s.id == active.id
@@ -610,6 +639,7 @@ impl Journal {
         report.written = written;
         report.next_seq = next_seq;
         let shared = Arc::new(Shared {
+            fs: fs.clone(),
             dir,
             unsynced: Mutex::new(unsynced),
             sync_lock: Mutex::new(SyncState {
@@ -666,7 +696,7 @@ impl Journal {
     }
 
     /// A handle that makes appends durable, for another thread.
-    pub fn sync_handle(&self) -> SyncHandle {
+    pub fn sync_handle(&self) -> SyncHandle<F> {
         SyncHandle {
             shared: self.shared.clone(),
         }
@@ -817,7 +847,7 @@ impl Journal {
     /// notification in it was deleted or rewritten later). Never the active segment. The file is
     /// unlinked (a sync handle still syncing it keeps its mapping until done) and the directory
     /// fsynced. Records in it must not be read afterwards ([`JournalError::BadLocation`]).
-    pub fn remove_segment(&mut self, id: u64) -> Result<Retired, JournalError> {
+    pub fn remove_segment(&mut self, id: u64) -> Result<Retired<F>, JournalError> {
         if id == self.active.id {
             return Err(JournalError::ActiveSegment(id));
         }
@@ -839,14 +869,16 @@ impl Journal {
             unlink: vec![seg.path.clone()],
             segments: vec![seg],
             dir: self.shared.dir.clone(),
+            fs: self.opts.fs.clone(),
         })
     }
 }
 
-impl Journal {
+impl<F: Fs> Journal<F> {
     /// Reads the group's checkpoint and, when it fits the segments `ids` on disk, calls `load`
     /// with it and returns its point for open to start from.
     fn checkpoint_plan(
+        fs: &F,
         root: &Path,
         dir: &Path,
         group: u32,
@@ -854,7 +886,7 @@ impl Journal {
         report: &mut OpenReport,
         load: impl FnOnce(&Checkpoint) -> Result<(), String>,
     ) -> Result<Option<CheckpointPoint>, JournalError> {
-        let (cp, warning) = read_checkpoint(root, group)?;
+        let (cp, warning) = read_checkpoint(fs, root, group)?;
         report.warnings.extend(warning);
         let Some(cp) = cp else {
             return Ok(None);
@@ -862,7 +894,9 @@ impl Journal {
         let mut found = Vec::with_capacity(ids.len());
         for &id in ids {
             let path = dir.join(crate::segment_file_name(id));
-            let file = File::open(&path).map_err(|e| JournalError::io(&path, "open", e))?;
+            let file = fs
+                .open(&path, false)
+                .map_err(|e| JournalError::io(&path, "open", e))?;
             let Ok((h, slot, _)) = read_header(&file, &path) else {
                 continue;
             };
@@ -888,9 +922,10 @@ impl Journal {
     /// The point for a checkpoint taken now (after the last appended record), with the
     /// segments it covers; give the caller's snapshot of its state at this point to
     /// [`CheckpointBase::write`], on another thread.
-    pub fn checkpoint_base(&self) -> CheckpointBase {
+    pub fn checkpoint_base(&self) -> CheckpointBase<F> {
         let point = self.written();
         CheckpointBase {
+            fs: self.opts.fs.clone(),
             dir: self.shared.dir.clone(),
             group: self.group,
             at: CheckpointPoint {
@@ -912,6 +947,9 @@ impl Journal {
     }
 }
 
+/// Where each record a compaction kept was, and where it is now.
+pub type Moved = Vec<(Location, Location)>;
+
 /// One segment, as [`Journal::segment_sizes`] lists it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SegmentSize {
@@ -923,7 +961,7 @@ pub struct SegmentSize {
     pub active: bool,
 }
 
-impl Journal {
+impl<F: Fs> Journal<F> {
     /// The segments' numbers and sizes, ascending, without allocating (for deciding what to
     /// remove or compact on every delete).
     pub fn segment_sizes(&self) -> impl Iterator<Item = SegmentSize> + '_ {
@@ -985,7 +1023,7 @@ impl Journal {
         &mut self,
         upto: u64,
         keep: Vec<Location>,
-    ) -> Result<CompactJob, JournalError> {
+    ) -> Result<CompactJob<F>, JournalError> {
         if let Some(u) = self.compacting_upto {
             return Err(JournalError::Compacting(u));
         }
@@ -994,7 +1032,7 @@ impl Journal {
                 "segment {upto} is not an inactive segment of this journal"
             )));
         }
-        let sources: Vec<Arc<Segment>> = self
+        let sources: Vec<Arc<Segment<F>>> = self
             .segments
             .range(..=upto)
             .map(|(_, s)| s.clone())
@@ -1011,6 +1049,7 @@ impl Journal {
             .map_or(self.next_seq, |(_, s)| s.header.first_seq);
         self.compacting_upto = Some(upto);
         Ok(CompactJob {
+            fs: self.opts.fs.clone(),
             dir: self.shared.dir.clone(),
             group: self.group,
             sources,
@@ -1024,8 +1063,8 @@ impl Journal {
     /// locations in [`Compacted::moved`], which this returns.
     pub fn install_compaction(
         &mut self,
-        c: Compacted,
-    ) -> Result<(Vec<(Location, Location)>, Retired), JournalError> {
+        c: Compacted<F>,
+    ) -> Result<(Moved, Retired<F>), JournalError> {
         if self.compacting_upto != Some(c.upto) {
             return Err(JournalError::BadCompaction(format!(
                 "no compaction up to segment {} was started",
@@ -1039,6 +1078,7 @@ impl Journal {
             segments: Vec::new(),
             unlink: Vec::new(),
             dir: self.shared.dir.clone(),
+            fs: self.opts.fs.clone(),
         };
         for id in gone {
             if let Some(s) = self.segments.remove(&id) {
@@ -1070,34 +1110,40 @@ impl Journal {
 /// the directory and unmaps the segments (the last reference to a removed file frees its pages,
 /// which takes a while for a large one): drop it off the appending thread. Should a removal
 /// fail, the file stays, and a later open finds its records dead again.
-pub struct Retired {
-    segments: Vec<Arc<Segment>>,
+pub struct Retired<F: Fs = OsFs> {
+    segments: Vec<Arc<Segment<F>>>,
     unlink: Vec<PathBuf>,
     dir: PathBuf,
+    fs: F,
 }
 
-impl Drop for Retired {
+impl<F: Fs> Drop for Retired<F> {
     fn drop(&mut self) {
         let mut removed = false;
         for p in &self.unlink {
-            removed |= std::fs::remove_file(p).is_ok();
+            removed |= self.fs.remove_file(p).is_ok();
         }
         if removed {
-            let _ = sync_dir(&self.dir);
+            let _ = sync_dir(&self.fs, &self.dir);
         }
         self.segments.clear();
     }
 }
 
 /// Pages of records to bring into memory on another thread ([`Journal::prefetch`]).
-#[derive(Default)]
-pub struct Prefetch {
-    ranges: Vec<(Arc<Segment>, u64, u64)>,
+pub struct Prefetch<F: Fs = OsFs> {
+    ranges: Vec<(Arc<Segment<F>>, u64, u64)>,
 }
 
-impl Prefetch {
+impl<F: Fs> Default for Prefetch<F> {
+    fn default() -> Self {
+        Prefetch { ranges: Vec::new() }
+    }
+}
+
+impl<F: Fs> Prefetch<F> {
     /// Adds `other`'s records.
-    pub fn append(&mut self, other: Prefetch) {
+    pub fn append(&mut self, other: Prefetch<F>) {
         self.ranges.extend(other.ranges);
     }
 
@@ -1119,7 +1165,7 @@ impl Prefetch {
     }
 }
 
-impl Journal {
+impl<F: Fs> Journal<F> {
     /// Asks the kernel to drop the pages of segment `id` from memory (its synced ones: sync
     /// first); later reads fault them in again. For memory pressure by hand and for tests of
     /// cold reads; the relay does not call it.
@@ -1134,7 +1180,7 @@ impl Journal {
     /// memory, as a [`Prefetch`] for another thread (empty when every page is resident). Asking
     /// costs one mincore per record outside the active segment and the one before it (recent
     /// appends are in memory).
-    pub fn prefetch(&self, records: &[(Location, u64)]) -> Prefetch {
+    pub fn prefetch(&self, records: &[(Location, u64)]) -> Prefetch<F> {
         let mut ranges = Vec::new();
         let recent = self
             .segments
@@ -1157,7 +1203,7 @@ impl Journal {
     }
 }
 
-impl Drop for Journal {
+impl<F: Fs> Drop for Journal<F> {
     /// Gives back to the budget what this journal counted: a later open counts the files again.
     fn drop(&mut self) {
         if let Some(b) = &self.opts.budget {
@@ -1166,7 +1212,7 @@ impl Drop for Journal {
     }
 }
 
-impl SyncHandle {
+impl<F: Fs> SyncHandle<F> {
     /// Makes every record ending at or before `upto` durable: msync (MS_SYNC) of the record bytes
     /// of every segment up to `upto` not yet synced, an fsync of the directory when a segment is
     /// new, then the segment's sync slot updated and its header page msynced. Returns the durable
@@ -1177,7 +1223,7 @@ impl SyncHandle {
         if let Some(e) = &st.failed {
             return Err(JournalError::SyncFailed(e.clone()));
         }
-        let segs: Vec<Arc<Segment>> = lock(&self.shared.unsynced)
+        let segs: Vec<Arc<Segment<F>>> = lock(&self.shared.unsynced)
             .iter()
             .filter(|s| s.id <= upto.segment)
             .cloned()
@@ -1221,7 +1267,7 @@ impl SyncHandle {
     fn sync_segments(
         &self,
         st: &mut SyncState,
-        segs: &[Arc<Segment>],
+        segs: &[Arc<Segment<F>>],
         upto: SyncPoint,
     ) -> Result<(), JournalError> {
         for s in segs {
@@ -1239,10 +1285,10 @@ impl SyncHandle {
             if s.id > st.dir_synced_upto {
                 // The segment's name (and, the first time, the group directory's) must be
                 // durable before anything in it is called durable.
-                sync_dir(&self.shared.dir)?;
+                sync_dir(&self.shared.fs, &self.shared.dir)?;
                 if st.dir_synced_upto == 0 {
                     if let Some(parent) = self.shared.dir.parent() {
-                        sync_dir(parent)?;
+                        sync_dir(&self.shared.fs, parent)?;
                     }
                 }
                 st.dir_synced_upto = segs.last().map_or(s.id, |l| l.id);
@@ -1279,4 +1325,6 @@ fn _assert_send_sync() {
     is::<SyncHandle>();
     fn send<T: Send>() {}
     send::<Journal>();
+    #[cfg(any(test, feature = "sim"))]
+    send::<Journal<crate::sim::SimFs>>();
 }

@@ -71,11 +71,14 @@ mod checkpoint;
 mod compact;
 mod error;
 mod format;
+pub mod fs;
 mod journal;
 pub mod reader;
 mod repair;
 mod scan;
 mod segment;
+#[cfg(any(test, feature = "sim"))]
+pub mod sim;
 mod space;
 
 pub use checkpoint::{
@@ -87,11 +90,12 @@ pub use format::{
     Kind, MsgId, Record, SegmentHeader, FORMAT_VERSION, HEADER_LEN, MIN_SEGMENT_SIZE, RECORD_ALIGN,
     RECORD_HEADER_LEN, RECORD_MAGIC, SEGMENT_COMPACTED, SEGMENT_MAGIC,
 };
+pub use fs::{Fs, OsFs};
 pub use journal::{
-    Appended, Journal, OpenReport, Options, Prefetch, Retired, SegmentInfo, SegmentSize,
+    Appended, Journal, Moved, OpenReport, Options, Prefetch, Retired, SegmentInfo, SegmentSize,
     SyncHandle, DEFAULT_INITIAL_SEGMENT_SIZE, DEFAULT_SEGMENT_SIZE,
 };
-pub use repair::{repair, RepairReport};
+pub use repair::{repair, repair_on, RepairReport};
 pub use segment::{parse_segment_file_name, segment_file_name};
 pub use space::{Priority, SpaceBudget, DEFAULT_RELEASE_RESERVE, RESERVE_SHARE_DIVISOR};
 

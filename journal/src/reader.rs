@@ -4,12 +4,12 @@
 //! so a bad record there is only "the end so far" (a torn tail if the relay is stopped).
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use crate::error::JournalError;
 use crate::format::SEGMENT_COMPACTED;
 use crate::format::{Kind, Record, HEADER_LEN};
+use crate::fs::{Fs, FsFile, OsFs};
 use crate::scan::{scan, PreadSource};
 use crate::segment::{list_segment_ids, read_header};
 use crate::{group_dir, segment_file_name, Location};
@@ -56,13 +56,15 @@ pub fn read_segment(
     group: u32,
     mut f: impl FnMut(Location, u64, Record<'_>) -> Result<(), String>,
 ) -> Result<SegmentReport, JournalError> {
-    let file = File::open(path).map_err(|e| JournalError::io(path, "open", e))?;
+    let file = OsFs
+        .open(path, false)
+        .map_err(|e| JournalError::io(path, "open", e))?;
     read_open_segment(file, path, group, &mut f)
 }
 
 /// [`read_segment`] of a file already open.
-fn read_open_segment(
-    file: File,
+fn read_open_segment<T: FsFile>(
+    file: T,
     path: &Path,
     group: u32,
     mut f: impl FnMut(Location, u64, Record<'_>) -> Result<(), String>,
@@ -144,10 +146,20 @@ pub struct GroupReport {
 pub fn read_group(
     root: &Path,
     group: u32,
+    f: impl FnMut(Location, u64, Record<'_>) -> Result<(), String>,
+) -> Result<GroupReport, JournalError> {
+    read_group_on(&OsFs, root, group, f)
+}
+
+/// [`read_group`] on the file system `fs`.
+pub fn read_group_on<F: Fs>(
+    fs: &F,
+    root: &Path,
+    group: u32,
     mut f: impl FnMut(Location, u64, Record<'_>) -> Result<(), String>,
 ) -> Result<GroupReport, JournalError> {
     let dir = group_dir(root, group);
-    let ids = list_segment_ids(&dir)?;
+    let ids = list_segment_ids(fs, &dir)?;
     let mut rep = GroupReport {
         group,
         dir: dir.clone(),
@@ -170,7 +182,7 @@ pub fn read_group(
     let mut files = Vec::new();
     for id in ids {
         let path = dir.join(segment_file_name(id));
-        match File::open(&path) {
+        match fs.open(&path, false) {
             Ok(file) => files.push((id, path, file)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(JournalError::io(&path, "open", e)),
@@ -266,13 +278,18 @@ pub fn read_group(
 
 /// The groups that have a directory under `root`, ascending.
 pub fn list_groups(root: &Path) -> Result<Vec<u32>, JournalError> {
+    list_groups_on(&OsFs, root)
+}
+
+/// [`list_groups`] on the file system `fs`.
+pub fn list_groups_on<F: Fs>(fs: &F, root: &Path) -> Result<Vec<u32>, JournalError> {
     let mut out = Vec::new();
     for g in 0..crate::JOURNAL_GROUPS {
-        if group_dir(root, g).is_dir() {
+        if fs.is_dir(&group_dir(root, g)) {
             out.push(g);
         }
     }
-    if out.is_empty() && !root.is_dir() {
+    if out.is_empty() && !fs.is_dir(root) {
         return Err(JournalError::io(
             root,
             "read journal root",

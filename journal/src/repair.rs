@@ -1,12 +1,11 @@
 //! `repair`: cuts a group's journal at its first bad record, so that it opens again.
 
 use std::fmt;
-use std::fs::OpenOptions;
-use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
 use crate::error::JournalError;
 use crate::format::{Slot, HEADER_LEN};
+use crate::fs::{Fs, FsFile, OsFs};
 use crate::journal::open_dir;
 use crate::scan::{scan, PreadSource, ZERO_WINDOW};
 use crate::segment::{list_segment_ids, read_header, replaced_ids, sync_dir};
@@ -59,16 +58,26 @@ impl fmt::Display for RepairReport {
 /// the group lock: the relay must be stopped. Segments of another group or partitioning are not
 /// touched ([`JournalError::Mismatch`]): move them away by hand.
 pub fn repair(root: &std::path::Path, group: u32) -> Result<RepairReport, JournalError> {
-    let (dir, _lock) = open_dir(root, group)?;
-    let mut ids = list_segment_ids(&dir)?;
+    repair_on(&OsFs, root, group)
+}
+
+/// [`repair`] on the file system `fs`.
+pub fn repair_on<F: Fs>(
+    fs: &F,
+    root: &std::path::Path,
+    group: u32,
+) -> Result<RepairReport, JournalError> {
+    let (dir, _lock) = open_dir(fs, root, group)?;
+    let mut ids = list_segment_ids(fs, &dir)?;
     // Leftovers of an interrupted compaction are not part of the journal (open removes them too).
-    let replaced = replaced_ids(&dir, &ids)?;
+    let replaced = replaced_ids(fs, &dir, &ids)?;
     for &id in &replaced {
         let path = dir.join(segment_file_name(id));
-        std::fs::remove_file(&path).map_err(|e| JournalError::io(&path, "remove", e))?;
+        fs.remove_file(&path)
+            .map_err(|e| JournalError::io(&path, "remove", e))?;
     }
     if !replaced.is_empty() {
-        sync_dir(&dir)?;
+        sync_dir(fs, &dir)?;
         ids.drain(..replaced.len());
     }
     let mut rep = RepairReport {
@@ -80,10 +89,8 @@ pub fn repair(root: &std::path::Path, group: u32) -> Result<RepairReport, Journa
     let mut cut_from: Option<usize> = None;
     for (i, &id) in ids.iter().enumerate() {
         let path = dir.join(segment_file_name(id));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
+        let file = fs
+            .open(&path, true)
             .map_err(|e| JournalError::io(&path, "open", e))?;
         let (header, slot, len) = match read_header(&file, &path) {
             Ok(x) => x,
@@ -156,14 +163,15 @@ pub fn repair(root: &std::path::Path, group: u32) -> Result<RepairReport, Journa
         for &id in &ids[from..] {
             let path = dir.join(segment_file_name(id));
             let to = dir.join(format!("{}.cut", segment_file_name(id)));
-            std::fs::rename(&path, &to).map_err(|e| JournalError::io(&path, "rename", e))?;
+            fs.rename(&path, &to)
+                .map_err(|e| JournalError::io(&path, "rename", e))?;
             rep.segments_set_aside.push(path);
         }
-        sync_dir(&dir)?;
+        sync_dir(fs, &dir)?;
     }
     if rep.cut.is_some() {
         // The checkpoint may cover records the cut removed: the next open replays everything.
-        crate::checkpoint::remove_checkpoint(&dir)?;
+        crate::checkpoint::remove_checkpoint(fs, &dir)?;
     }
     Ok(rep)
 }

@@ -1,7 +1,5 @@
 //! The one record scanner, used over a mapping (open, repair) and over `pread` (the reader).
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use crate::error::JournalError;
@@ -9,6 +7,7 @@ use crate::format::{
     align, record_crc, Kind, Record, RecordHeader, SegmentHeader, HEADER_LEN, RECORD_HEADER_LEN,
     RECORD_MAGIC,
 };
+use crate::fs::FsFile;
 use crate::Location;
 
 /// How far past a bad record the scanner looks for non-zero bytes to tell a torn tail from the
@@ -35,8 +34,8 @@ impl Source for SliceSource<'_> {
 }
 
 /// A segment file read with `pread` through a window buffer; never maps.
-pub(crate) struct PreadSource<'p> {
-    file: File,
+pub(crate) struct PreadSource<'p, T: FsFile> {
+    file: T,
     path: &'p Path,
     len: u64,
     buf: Vec<u8>,
@@ -45,8 +44,8 @@ pub(crate) struct PreadSource<'p> {
 
 const WINDOW: usize = 1 << 20;
 
-impl<'p> PreadSource<'p> {
-    pub fn new(file: File, path: &'p Path, len: u64) -> Self {
+impl<'p, T: FsFile> PreadSource<'p, T> {
+    pub fn new(file: T, path: &'p Path, len: u64) -> Self {
         PreadSource {
             file,
             path,
@@ -57,7 +56,7 @@ impl<'p> PreadSource<'p> {
     }
 }
 
-impl Source for PreadSource<'_> {
+impl<T: FsFile> Source for PreadSource<'_, T> {
     fn len(&self) -> u64 {
         self.len
     }

@@ -1,18 +1,14 @@
 //! One segment file: created preallocated, mapped `MAP_SHARED`, never truncated.
 
-use std::fs::{File, OpenOptions};
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-
-use memmap2::{MmapOptions, MmapRaw};
 
 use crate::error::JournalError;
 use crate::format::{
     record_crc, RecordHeader, SegmentHeader, Slot, FORMAT_VERSION, HEADER_LEN, RECORD_ALIGN,
     RECORD_HEADER_LEN, RECORD_MAGIC, SLOT_LEN,
 };
+use crate::fs::{is_no_space, Fs, FsFile, FsMap};
 
 /// The file name of segment `id`: `seg-000000001.jnl`.
 pub fn segment_file_name(id: u64) -> String {
@@ -29,15 +25,13 @@ pub fn parse_segment_file_name(name: &str) -> Option<u64> {
 }
 
 /// Segment numbers in a group directory, ascending.
-pub(crate) fn list_segment_ids(dir: &Path) -> Result<Vec<u64>, JournalError> {
-    let mut ids = Vec::new();
-    let rd = std::fs::read_dir(dir).map_err(|e| JournalError::io(dir, "read_dir", e))?;
-    for e in rd {
-        let e = e.map_err(|e| JournalError::io(dir, "read_dir", e))?;
-        if let Some(id) = e.file_name().to_str().and_then(parse_segment_file_name) {
-            ids.push(id);
-        }
-    }
+pub(crate) fn list_segment_ids<F: Fs>(fs: &F, dir: &Path) -> Result<Vec<u64>, JournalError> {
+    let mut ids: Vec<u64> = fs
+        .list(dir)
+        .map_err(|e| JournalError::io(dir, "read_dir", e))?
+        .iter()
+        .filter_map(|name| parse_segment_file_name(name))
+        .collect();
     ids.sort_unstable();
     Ok(ids)
 }
@@ -45,10 +39,14 @@ pub(crate) fn list_segment_ids(dir: &Path) -> Result<Vec<u64>, JournalError> {
 /// The segments of `ids` (ascending) that a compacted segment replaced: every one numbered below
 /// the highest segment whose header has the `SEGMENT_COMPACTED` flag. Such files are left over
 /// from a compaction interrupted between its rename and its removals; they are not read.
-pub(crate) fn replaced_ids(dir: &Path, ids: &[u64]) -> Result<Vec<u64>, JournalError> {
+pub(crate) fn replaced_ids<F: Fs>(
+    fs: &F,
+    dir: &Path,
+    ids: &[u64],
+) -> Result<Vec<u64>, JournalError> {
     for (i, &id) in ids.iter().enumerate().rev() {
         let path = dir.join(segment_file_name(id));
-        let file = match File::open(&path) {
+        let file = match fs.open(&path, false) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => return Err(JournalError::io(&path, "open", e)),
@@ -63,9 +61,8 @@ pub(crate) fn replaced_ids(dir: &Path, ids: &[u64]) -> Result<Vec<u64>, JournalE
 }
 
 /// fsyncs a directory, so that file creations, renames and removals in it are durable.
-pub(crate) fn sync_dir(dir: &Path) -> Result<(), JournalError> {
-    let d = File::open(dir).map_err(|e| JournalError::io(dir, "open directory", e))?;
-    d.sync_all()
+pub(crate) fn sync_dir<F: Fs>(fs: &F, dir: &Path) -> Result<(), JournalError> {
+    fs.sync_dir(dir)
         .map_err(|e| JournalError::io(dir, "fsync directory", e))
 }
 
@@ -86,41 +83,19 @@ pub(crate) fn random_u32(id: u64) -> u32 {
     crc32c::crc32c(&b)
 }
 
-pub(crate) fn is_no_space(e: &std::io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EFBIG)
-    )
-}
-
 /// Allocates `len` bytes of disk for `file` (and sets its length), so that writes through the
 /// mapping never need new blocks: a full disk shows up here, never later as SIGBUS.
-pub(crate) fn preallocate(file: &File, path: &Path, len: u64) -> Result<(), JournalError> {
-    // SAFETY: plain syscalls on a file descriptor we own, no memory passed.
-    let r = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len as libc::off_t) };
-    if r == 0 {
-        return Ok(());
-    }
-    let e = std::io::Error::last_os_error();
-    let e = if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
-        // File systems without fallocate: posix_fallocate writes the blocks instead.
-        // SAFETY: as above.
-        let r = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len as libc::off_t) };
-        if r == 0 {
-            return Ok(());
+pub(crate) fn preallocate<F: FsFile>(file: &F, path: &Path, len: u64) -> Result<(), JournalError> {
+    file.allocate(len).map_err(|e| {
+        if is_no_space(&e) {
+            JournalError::NoSpace {
+                path: path.to_path_buf(),
+                source: e,
+            }
+        } else {
+            JournalError::io(path, "fallocate", e)
         }
-        std::io::Error::from_raw_os_error(r)
-    } else {
-        e
-    };
-    if is_no_space(&e) {
-        Err(JournalError::NoSpace {
-            path: path.to_path_buf(),
-            source: e,
-        })
-    } else {
-        Err(JournalError::io(path, "fallocate", e))
-    }
+    })
 }
 
 /// A mapped segment. Shared (`Arc`) between the journal, which appends, and its sync handles,
@@ -132,50 +107,46 @@ pub(crate) fn preallocate(file: &File, path: &Path, len: u64) -> Result<(), Jour
 /// in the header page, under the journal's sync lock, and never read or write record bytes (the
 /// kernel reads them for msync). No byte is written by one thread while another reads or writes
 /// it.
-pub(crate) struct Segment {
+pub(crate) struct Segment<F: Fs> {
     pub id: u64,
     pub path: PathBuf,
     pub header: SegmentHeader,
     pub len: u64,
-    map: MmapRaw,
+    map: F::Map,
     /// End of the last appended record.
     pub written_end: AtomicU64,
     /// End of the records made durable (the current sync slot's value).
     pub synced_end: AtomicU64,
     /// The count of the current sync slot; written under the sync lock only.
     pub slot_count: AtomicU64,
-    _file: File,
+    _file: F::File,
 }
 
-impl Segment {
+impl<F: Fs> Segment<F> {
     /// Creates segment `id` of `group` in `dir`: written under a temporary name, preallocated,
     /// header written, then renamed. The directory is not fsynced here (a sync handle does it
     /// before it reports anything in this segment durable).
     pub fn create(
+        fs: &F,
         dir: &Path,
         group: u32,
         id: u64,
         len: u64,
         first_seq: u64,
-    ) -> Result<Segment, JournalError> {
+    ) -> Result<Segment<F>, JournalError> {
         let path = dir.join(segment_file_name(id));
         let tmp = dir.join(format!("{}.tmp", segment_file_name(id)));
-        let _ = std::fs::remove_file(&tmp);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .map_err(|e| {
-                if is_no_space(&e) {
-                    JournalError::NoSpace {
-                        path: tmp.clone(),
-                        source: e,
-                    }
-                } else {
-                    JournalError::io(&tmp, "create", e)
+        let _ = fs.remove_file(&tmp);
+        let file = fs.create_new(&tmp).map_err(|e| {
+            if is_no_space(&e) {
+                JournalError::NoSpace {
+                    path: tmp.clone(),
+                    source: e,
                 }
-            })?;
+            } else {
+                JournalError::io(&tmp, "create", e)
+            }
+        })?;
         let header = SegmentHeader {
             version: FORMAT_VERSION,
             group,
@@ -191,37 +162,30 @@ impl Segment {
         let made = preallocate(&file, &tmp, len).and_then(|()| {
             file.write_all_at(&header.encode(), 0)
                 .map_err(|e| JournalError::io(&tmp, "write header", e))?;
-            std::fs::rename(&tmp, &path).map_err(|e| JournalError::io(&tmp, "rename", e))
+            fs.rename(&tmp, &path)
+                .map_err(|e| JournalError::io(&tmp, "rename", e))
         });
         if let Err(e) = made {
-            let _ = std::fs::remove_file(&tmp);
+            let _ = fs.remove_file(&tmp);
             return Err(e);
         }
-        Segment::map(path, file, header, len, HEADER_LEN, 0)
+        Segment::map(fs, path, file, header, len, HEADER_LEN, 0)
     }
 
     /// Maps an existing segment file whose header was checked.
     pub fn map(
+        fs: &F,
         path: PathBuf,
-        file: File,
+        file: F::File,
         header: SegmentHeader,
         len: u64,
         synced_end: u64,
         slot_count: u64,
-    ) -> Result<Segment, JournalError> {
-        // Why mapping is sound (memmap2's `map_raw` is a safe call only because it hands out a raw
-        // pointer; the slices this type builds from it in `records`, `tail_mut` and `whole` rely
-        // on the following). A mapped file could be truncated (the next access would SIGBUS) or
-        // changed by someone else while mapped. Segment files are
-        // preallocated to their full length before they are mapped and this crate never truncates
-        // or resizes them (no `set_len`, no `ftruncate` anywhere): they only ever go away whole by
-        // unlink, which keeps the inode alive while mapped. Only one `Journal` per group has them
-        // mapped, guaranteed by the exclusive `flock` on the group's lock file held for as long as
-        // any handle of that journal lives; `repair` takes the same lock and the reader never
-        // maps. A person truncating a segment of a running relay by hand is outside this contract.
-        let map = MmapOptions::new()
-            .len(len as usize)
-            .map_raw(&file)
+    ) -> Result<Segment<F>, JournalError> {
+        // The mapping's soundness (the file is never truncated or resized while mapped, and
+        // only this group's journal maps it) is argued at `OsFs::map`.
+        let map = fs
+            .map(&file, &path, len)
             .map_err(|e| JournalError::io(&path, "mmap", e))?;
         Ok(Segment {
             id: header.segment,
@@ -243,7 +207,7 @@ impl Segment {
     pub unsafe fn whole(&self) -> &[u8] {
         // SAFETY: the mapping is `len` bytes long and lives as long as `self`; the caller
         // guarantees no concurrent writes.
-        unsafe { std::slice::from_raw_parts(self.map.as_ptr(), self.len as usize) }
+        unsafe { std::slice::from_raw_parts(self.map.ptr(), self.len as usize) }
     }
 
     /// Record bytes `[from, to)`, both at or after the header page and at or before
@@ -256,7 +220,7 @@ impl Segment {
         // at and after `written_end`, and sync handles write only the header page, which starts
         // below `HEADER_LEN`.
         unsafe {
-            std::slice::from_raw_parts(self.map.as_ptr().add(from as usize), (to - from) as usize)
+            std::slice::from_raw_parts(self.map.ptr().add(from as usize), (to - from) as usize)
         }
     }
 
@@ -300,9 +264,7 @@ impl Segment {
         // SAFETY: in bounds (asserted). Bytes at and after `written_end` are read by no one in
         // this process (readers stop at `written_end`, sync handles only msync them, which is
         // the kernel's business) and written only by the appender, whom the caller guarantees.
-        unsafe {
-            std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(at as usize), n as usize)
-        }
+        unsafe { std::slice::from_raw_parts_mut(self.map.ptr().add(at as usize), n as usize) }
     }
 
     /// Zeroes the bytes from `at` (the end of the records) up to the first all-zero window, so
@@ -326,35 +288,7 @@ impl Segment {
     /// Whether every page of record bytes `[from, to)` is in memory (mincore), so that reading
     /// them takes no disk read. `false` when it cannot tell.
     pub fn resident(&self, from: u64, to: u64) -> bool {
-        const PAGE: u64 = 4096;
-        let to = to.min(self.len);
-        if from >= to {
-            return true;
-        }
-        let start = from / PAGE * PAGE;
-        let pages = (to - start).div_ceil(PAGE) as usize;
-        // A record is at most a segment; most take one or two pages.
-        let mut small = [0u8; 8];
-        let mut large = Vec::new();
-        let vec: &mut [u8] = if pages <= small.len() {
-            &mut small[..pages]
-        } else {
-            large.resize(pages, 0);
-            &mut large
-        };
-        // SAFETY: `start` is page-aligned (the mapping starts on a page and `start` is a multiple
-        // of 4096, the page size of every Linux platform this runs on; on a larger page size
-        // mincore fails with EINVAL and we say "not resident") and `[start, to)` lies inside the
-        // mapping, which lives as long as `self`. mincore only reads the page tables for that
-        // range and writes one byte per page into `vec`, which has room for `pages` bytes.
-        let r = unsafe {
-            libc::mincore(
-                self.map.as_mut_ptr().add(start as usize).cast(),
-                (to - start) as usize,
-                vec.as_mut_ptr(),
-            )
-        };
-        r == 0 && vec.iter().all(|b| b & 1 == 1)
+        self.map.resident(from, to.min(self.len))
     }
 
     /// Reads one byte of every page of record bytes `[from, to)`, so that the kernel brings them
@@ -372,45 +306,18 @@ impl Segment {
         std::hint::black_box(sum);
     }
 
-    /// Asks the kernel to drop this segment's pages from memory: unmaps them from this process
-    /// (MADV_DONTNEED; a shared file mapping keeps its data in the file) and drops the clean ones
-    /// from the page cache (POSIX_FADV_DONTNEED). Dirty pages (not yet synced) stay.
+    /// Asks the kernel to drop this segment's pages from memory (its clean ones; dirty pages,
+    /// not yet synced, stay). Later reads fault them in again.
     pub fn evict(&self) -> Result<(), JournalError> {
-        // SAFETY: the range is exactly our live mapping. MADV_DONTNEED on a MAP_SHARED file
-        // mapping only drops this process's page-table entries: the next access faults the page
-        // in again from the page cache or the file, so no data is lost and no reference into
-        // the mapping becomes invalid.
-        let r = unsafe {
-            libc::madvise(
-                self.map.as_mut_ptr().cast(),
-                self.len as usize,
-                libc::MADV_DONTNEED,
-            )
-        };
-        if r != 0 {
-            return Err(JournalError::io(
-                &self.path,
-                "madvise",
-                std::io::Error::last_os_error(),
-            ));
-        }
-        // SAFETY: plain syscall on a descriptor we own, no memory passed.
-        let r =
-            unsafe { libc::posix_fadvise(self._file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-        if r != 0 {
-            return Err(JournalError::io(
-                &self.path,
-                "posix_fadvise",
-                std::io::Error::from_raw_os_error(r),
-            ));
-        }
-        Ok(())
+        self.map
+            .evict()
+            .map_err(|e| JournalError::io(&self.path, "evict", e))
     }
 
     /// msync (MS_SYNC) of record bytes `[from, to)`.
     pub fn sync_range(&self, from: u64, to: u64) -> Result<(), JournalError> {
         self.map
-            .flush_range(from as usize, (to - from) as usize)
+            .flush(from as usize, (to - from) as usize)
             .map_err(|e| JournalError::io(&self.path, "msync", e))
     }
 
@@ -431,10 +338,10 @@ impl Segment {
         // one else in this process reads or writes after open: the appender and readers touch
         // only bytes from `HEADER_LEN` on, and slot writes are serialized by the sync lock.
         unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.map.as_mut_ptr().add(at), SLOT_LEN);
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.map.ptr().add(at), SLOT_LEN);
         }
         self.map
-            .flush_range(0, HEADER_LEN as usize)
+            .flush(0, HEADER_LEN as usize)
             .map_err(|e| JournalError::io(&self.path, "msync header", e))?;
         self.slot_count.store(next.count, Ordering::Relaxed);
         self.synced_end.store(end, Ordering::Release);
@@ -444,14 +351,11 @@ impl Segment {
 
 /// Reads a segment file's header with `pread` (no mapping): the fixed header and the current
 /// sync slot.
-pub(crate) fn read_header(
-    file: &File,
+pub(crate) fn read_header<T: FsFile>(
+    file: &T,
     path: &Path,
 ) -> Result<(SegmentHeader, Slot, u64), JournalError> {
-    let len = file
-        .metadata()
-        .map_err(|e| JournalError::io(path, "stat", e))?
-        .len();
+    let len = file.size().map_err(|e| JournalError::io(path, "stat", e))?;
     if len < HEADER_LEN {
         return Err(JournalError::Header {
             file: path.to_path_buf(),
