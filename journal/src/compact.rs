@@ -29,11 +29,16 @@ use crate::format::{
 };
 use crate::fs::{is_no_space, Fs, FsFile, OsFs};
 use crate::segment::{preallocate, random_u32, segment_file_name, sync_dir, Segment};
-use crate::Location;
+use crate::{Location, SyncHandle, SyncPoint};
 
 /// A compaction to run off the appending thread (see the module comment). Dropping it unrun
 /// leaves the journal as it was; tell the journal with [`crate::Journal::abandon_compaction`].
 pub struct CompactJob<F: Fs = OsFs> {
+    /// The group's written point when the records to keep were chosen: every record that made
+    /// a dropped one dead ends at or before it, and is durable before the compacted segment
+    /// replaces the old ones.
+    pub(crate) after: SyncPoint,
+    pub(crate) sync: SyncHandle<F>,
     pub(crate) fs: F,
     pub(crate) dir: PathBuf,
     pub(crate) group: u32,
@@ -102,6 +107,11 @@ impl<F: Fs> CompactJob<F> {
                 return Err(e);
             }
         };
+        // What made the dropped records dead must be durable before they are gone.
+        if let Err(e) = self.sync.sync_to(self.after) {
+            let _ = self.fs.remove_file(&tmp);
+            return Err(e);
+        }
         if let Err(e) = self.fs.rename(&tmp, &path) {
             let _ = self.fs.remove_file(&tmp);
             return Err(JournalError::io(&tmp, "rename", e));

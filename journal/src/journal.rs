@@ -283,8 +283,7 @@ pub(crate) fn open_dir<F: Fs>(
         )));
     }
     let dir = group_dir(root, group);
-    fs.create_dir_all(&dir)
-        .map_err(|e| JournalError::io(&dir, "create directory", e))?;
+    crate::segment::create_dir_durable(fs, &dir)?;
     let lock = take_lock(fs, &dir)?;
     let names = fs
         .list(&dir)
@@ -329,6 +328,25 @@ fn later_synced<F: Fs>(fs: &F, dir: &Path, ids: &[u64]) -> Result<Option<PathBuf
         }
     }
     Ok(None)
+}
+
+/// Whether segment `next` (the one after segment `id`) exists, is numbered `id + 1` and starts
+/// with sequence number `next_seq`: the segments follow on without a record missing.
+pub(crate) fn next_follows<F: Fs>(
+    fs: &F,
+    dir: &Path,
+    id: u64,
+    next: Option<u64>,
+    next_seq: u64,
+) -> Result<bool, JournalError> {
+    let Some(next) = next.filter(|&n| n == id + 1) else {
+        return Ok(false);
+    };
+    let path = dir.join(crate::segment_file_name(next));
+    let file = fs
+        .open(&path, false)
+        .map_err(|e| JournalError::io(&path, "open", e))?;
+    Ok(read_header(&file, &path).is_ok_and(|(h, _, _)| h.first_seq == next_seq))
 }
 
 fn remove_files<F: Fs>(
@@ -410,18 +428,39 @@ impl<F: Fs> Journal<F> {
         let mut ids = list_segment_ids(fs, &dir)?;
         let mut report = OpenReport::default();
 
-        // An unfinished last segment (crash during rotation) is removed.
-        if let Some(&last) = ids.last() {
-            let path = dir.join(crate::segment_file_name(last));
+        // A segment whose creation never finished (a crash while rotating: its header or its
+        // length was not durable yet) held no durable record; it goes with every later segment,
+        // unless one of those has durable records (then something damaged it).
+        let mut first_unfinished = None;
+        for (i, &id) in ids.iter().enumerate() {
+            let path = dir.join(crate::segment_file_name(id));
             let file = fs
                 .open(&path, false)
                 .map_err(|e| JournalError::io(&path, "open", e))?;
             if unfinished(&file, &path)? {
-                ids.pop();
-                remove_files(fs, &dir, &[last], &mut report)?;
-                report.warnings.last_mut().unwrap().message =
-                    "removed: segment creation never finished (crash while rotating)".into();
+                first_unfinished = Some(i);
+                break;
             }
+        }
+        if let Some(i) = first_unfinished {
+            let path = dir.join(crate::segment_file_name(ids[i]));
+            if let Some(p) = later_synced(fs, &dir, &ids[i + 1..])? {
+                return Err(JournalError::Damage {
+                    file: path,
+                    offset: 0,
+                    synced: 0,
+                    reason: format!(
+                        "the segment header is missing, and a later segment, {}, has durable \
+                         records",
+                        p.display()
+                    ),
+                });
+            }
+            let rest = ids.split_off(i);
+            let first = report.warnings.len();
+            remove_files(fs, &dir, &rest, &mut report)?;
+            report.warnings[first].message =
+                "removed: segment creation never finished (crash while rotating)".into();
         }
 
         // Segments a compacted one replaced, left by a compaction interrupted after its rename.
@@ -553,6 +592,11 @@ impl<F: Fs> Journal<F> {
                 });
             }
             if !bad.zero {
+                // Bytes left from an earlier life of the file after the records of a segment
+                // that the next one follows on exactly: the end of its records, nothing lost.
+                if next_follows(fs, &dir, id, ids.get(i).copied(), next_seq)? {
+                    continue;
+                }
                 if let Some(p) = later_synced(fs, &dir, &ids[i..])? {
                     return Err(JournalError::Damage {
                         file: path,
@@ -573,7 +617,7 @@ impl<F: Fs> Journal<F> {
                         slot.synced_end, bad.reason
                     ),
                 });
-                seg.zero_leftovers(bad.offset);
+                seg.zero_leftovers(bad.offset)?;
                 let rest = ids[i..].to_vec();
                 remove_files(fs, &dir, &rest, &mut report)?;
                 ids.truncate(i);
@@ -844,9 +888,11 @@ impl<F: Fs> Journal<F> {
     }
 
     /// Removes a segment whose records the caller no longer needs (every queue, message and
-    /// notification in it was deleted or rewritten later). Never the active segment. The file is
-    /// unlinked (a sync handle still syncing it keeps its mapping until done) and the directory
-    /// fsynced. Records in it must not be read afterwards ([`JournalError::BadLocation`]).
+    /// notification in it was deleted or rewritten later). Never the active segment. When the
+    /// returned [`Retired`] is dropped, the group is synced up to what was appended before this
+    /// call, then the file is unlinked (a sync handle still syncing it keeps its mapping until
+    /// done) and the directory fsynced. Records in it must not be read afterwards
+    /// ([`JournalError::BadLocation`]).
     pub fn remove_segment(&mut self, id: u64) -> Result<Retired<F>, JournalError> {
         if id == self.active.id {
             return Err(JournalError::ActiveSegment(id));
@@ -858,9 +904,10 @@ impl<F: Fs> Journal<F> {
             .segments
             .remove(&id)
             .ok_or(JournalError::NoSuchSegment(id))?;
-        lock(&self.shared.unsynced).retain(|s| s.id != id);
-        // The file goes when the returned `Retired` is dropped (its blocks are freed once no
-        // sync handle maps it any more).
+        // It stays among the segments to sync: until its file is gone, a crash may leave it
+        // beside the later segments, whose records must follow its own (the sequence numbers
+        // go on from one segment to the next). The file goes when the returned `Retired` is
+        // dropped, after that sync (its blocks are freed once no sync handle maps it any more).
         if let Some(b) = &self.opts.budget {
             b.give_back(seg.len);
         }
@@ -870,6 +917,8 @@ impl<F: Fs> Journal<F> {
             segments: vec![seg],
             dir: self.shared.dir.clone(),
             fs: self.opts.fs.clone(),
+            after: self.written(),
+            sync: self.sync_handle(),
         })
     }
 }
@@ -1049,6 +1098,8 @@ impl<F: Fs> Journal<F> {
             .map_or(self.next_seq, |(_, s)| s.header.first_seq);
         self.compacting_upto = Some(upto);
         Ok(CompactJob {
+            after: self.written(),
+            sync: self.sync_handle(),
             fs: self.opts.fs.clone(),
             dir: self.shared.dir.clone(),
             group: self.group,
@@ -1079,6 +1130,8 @@ impl<F: Fs> Journal<F> {
             unlink: Vec::new(),
             dir: self.shared.dir.clone(),
             fs: self.opts.fs.clone(),
+            after: self.written(),
+            sync: self.sync_handle(),
         };
         for id in gone {
             if let Some(s) = self.segments.remove(&id) {
@@ -1106,19 +1159,28 @@ impl<F: Fs> Journal<F> {
 }
 
 /// Segments the journal no longer uses ([`Journal::remove_segment`],
-/// [`Journal::install_compaction`]). Dropping it removes the files still to be removed, fsyncs
-/// the directory and unmaps the segments (the last reference to a removed file frees its pages,
-/// which takes a while for a large one): drop it off the appending thread. Should a removal
-/// fail, the file stays, and a later open finds its records dead again.
+/// [`Journal::install_compaction`]). Dropping it first makes durable every record appended
+/// before it was made (those records made the segments dead: a file removed before they are
+/// durable could take live data along in a power loss), then removes the files still to be
+/// removed, fsyncs the directory and unmaps the segments (the last reference to a removed file
+/// frees its pages, which takes a while for a large one): drop it off the appending thread.
+/// Should the sync or a removal fail, the files stay, and a later open finds their records dead
+/// again. It keeps the group's journal open (its lock) until it is dropped.
 pub struct Retired<F: Fs = OsFs> {
     segments: Vec<Arc<Segment<F>>>,
     unlink: Vec<PathBuf>,
     dir: PathBuf,
     fs: F,
+    /// The group's written point when the segments were let go of.
+    after: SyncPoint,
+    sync: SyncHandle<F>,
 }
 
 impl<F: Fs> Drop for Retired<F> {
     fn drop(&mut self) {
+        if !self.unlink.is_empty() && self.sync.sync_to(self.after).is_err() {
+            self.unlink.clear();
+        }
         let mut removed = false;
         for p in &self.unlink {
             removed |= self.fs.remove_file(p).is_ok();
@@ -1278,10 +1340,16 @@ impl<F: Fs> SyncHandle<F> {
                 upto.offset.min(written)
             };
             let synced = s.synced_end.load(Ordering::Acquire);
-            if end <= synced {
+            // A segment's first sync writes its header page and length even with no record to
+            // sync: a crash must not leave an earlier segment unfinished beside a later one.
+            let first = s.slot_count.load(Ordering::Relaxed) == 0;
+            if end <= synced && !first {
                 continue;
             }
-            s.sync_range(synced, end)?;
+            let end = end.max(synced);
+            if end > synced {
+                s.sync_range(synced, end)?;
+            }
             if s.id > st.dir_synced_upto {
                 // The segment's name (and, the first time, the group directory's) must be
                 // durable before anything in it is called durable.

@@ -96,7 +96,7 @@ pub use journal::{
     SyncHandle, DEFAULT_INITIAL_SEGMENT_SIZE, DEFAULT_SEGMENT_SIZE,
 };
 pub use repair::{repair, repair_on, RepairReport};
-pub use segment::{parse_segment_file_name, segment_file_name};
+pub use segment::{create_dir_durable, parse_segment_file_name, segment_file_name};
 pub use space::{Priority, SpaceBudget, DEFAULT_RELEASE_RESERVE, RESERVE_SHARE_DIVISOR};
 
 use std::path::{Path, PathBuf};

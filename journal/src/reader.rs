@@ -176,6 +176,8 @@ pub fn read_group_on<F: Fs>(
     let mut cuts: Vec<(usize, String)> = Vec::new();
     let mut next_seq: Option<u64> = None;
     let mut prev_id: Option<u64> = None;
+    // The cut of the previous segment's torn tail, if it ended with one.
+    let mut torn_cut: Option<usize> = None;
     // Every file is opened before any is read, so that a running relay's compaction (which
     // renames a compacted segment over the last one it replaces, then removes the others) is
     // seen whole or not at all: files opened before it are read as they were.
@@ -214,7 +216,16 @@ pub fn read_group_on<F: Fs>(
             } else {
                 s.first_seq >= n
             };
-            if !ok {
+            // The previous segment's "torn tail" was bytes left from an earlier life of the file
+            // after its records, when this one follows on exactly: nothing is missing.
+            let after_torn = torn_cut.take();
+            if let Some(c) = after_torn {
+                if p + 1 == id && s.first_seq == n {
+                    cuts.remove(c);
+                }
+            }
+            // After a torn tail the gap is that cut's, reported once.
+            if !ok && after_torn.is_none() {
                 cuts.push((
                     rep.segments.len(),
                     format!(
@@ -231,20 +242,22 @@ pub fn read_group_on<F: Fs>(
                 "{}: damaged at offset {offset}: {reason}",
                 path.display()
             )),
-            SegmentEnd::Torn { offset, reason } => cuts.push((
-                rep.segments.len() + 1,
-                format!(
-                    "{}: torn tail at offset {offset}, past the synced offset {}: {reason}",
-                    path.display(),
-                    s.synced_end
-                ),
-            )),
+            SegmentEnd::Torn { offset, reason } => {
+                torn_cut = Some(cuts.len());
+                cuts.push((
+                    rep.segments.len() + 1,
+                    format!(
+                        "{}: torn tail at offset {offset}, past the synced offset {}: {reason}",
+                        path.display(),
+                        s.synced_end
+                    ),
+                ))
+            }
             _ => {}
         }
-        // After damage or a torn tail the records that follow are unknown: do not report the
-        // gap again.
+        // After damage the records that follow are unknown: do not report the gap again.
         next_seq = match s.stop {
-            SegmentEnd::Damage { .. } | SegmentEnd::Torn { .. } => None,
+            SegmentEnd::Damage { .. } => None,
             _ => Some(s.last_seq.map_or(s.first_seq, |x| x + 1)),
         };
         prev_id = Some(id);

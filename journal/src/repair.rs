@@ -133,7 +133,13 @@ pub fn repair_on<F: Fs>(
         rep.records_kept += end.records;
         next_seq = Some(end.last_seq.map_or(header.first_seq, |s| s + 1));
         prev_id = Some(id);
+        let follows = |fs: &F| {
+            let n = end.last_seq.map_or(header.first_seq, |s| s + 1);
+            crate::journal::next_follows(fs, &dir, id, ids.get(i + 1).copied(), n)
+        };
         let bad = match end.bad {
+            // Leftovers after the records of a segment the next one follows on exactly.
+            Some(b) if b.offset >= slot.synced_end && !b.zero && follows(fs)? => continue,
             Some(b) if !b.zero || b.offset < slot.synced_end => b,
             _ => continue,
         };

@@ -66,6 +66,24 @@ pub(crate) fn sync_dir<F: Fs>(fs: &F, dir: &Path) -> Result<(), JournalError> {
         .map_err(|e| JournalError::io(dir, "fsync directory", e))
 }
 
+/// Creates `dir` and the missing directories above it, each made durable in its parent (the
+/// parent fsynced after the child was made): a directory whose name a crash may lose would take
+/// every durable file in it along.
+pub fn create_dir_durable<F: Fs>(fs: &F, dir: &Path) -> Result<(), JournalError> {
+    if fs.is_dir(dir) {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        create_dir_durable(fs, parent)?;
+        fs.create_dir_all(dir)
+            .map_err(|e| JournalError::io(dir, "create directory", e))?;
+        sync_dir(fs, parent)
+    } else {
+        fs.create_dir_all(dir)
+            .map_err(|e| JournalError::io(dir, "create directory", e))
+    }
+}
+
 /// A random-enough number: a chain seed only has to differ from the seed of an earlier file of
 /// the same name, a writer number from the previous open's.
 pub(crate) fn random_u32(id: u64) -> u32 {
@@ -268,9 +286,10 @@ impl<F: Fs> Segment<F> {
     }
 
     /// Zeroes the bytes from `at` (the end of the records) up to the first all-zero window, so
-    /// that leftovers of a torn tail do not follow the records appended from now on. Only at
-    /// open, before any sync handle exists.
-    pub fn zero_leftovers(&self, at: u64) {
+    /// that leftovers of a torn tail do not follow the records appended from now on, and makes
+    /// the zeros durable (a crash must not bring the leftovers back behind later records). Only
+    /// at open, before any sync handle exists.
+    pub fn zero_leftovers(&self, at: u64) -> Result<(), JournalError> {
         let mut p = at;
         while p < self.len {
             let n = crate::scan::ZERO_WINDOW.min(self.len - p);
@@ -283,6 +302,10 @@ impl<F: Fs> Segment<F> {
             chunk.fill(0);
             p += n;
         }
+        if p > at {
+            self.sync_range(at, p)?;
+        }
+        Ok(())
     }
 
     /// Whether every page of record bytes `[from, to)` is in memory (mincore), so that reading

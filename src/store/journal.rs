@@ -24,14 +24,15 @@
 //! `ERR STORE` ([`NO_SPACE`], [`SIZE_CAP`]) with nothing recorded.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
+use std::hash::{BuildHasherDefault, DefaultHasher};
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
 use smp_journal::{
-    Journal, JournalError, Location, Options, Priority, Record, SyncHandle, SyncPoint,
+    Fs, Journal, JournalError, Location, Options, OsFs, Priority, Record, SyncHandle, SyncPoint,
 };
 
 use super::codec::{decode_ntf, decode_rec, encode_ntf, encode_rec};
@@ -45,8 +46,17 @@ use crate::protocol::encoding::Reader;
 mod checkpoint;
 mod compaction;
 mod prefetch;
+mod runner;
+#[cfg(test)]
+mod sim;
 use compaction::Compaction;
 use prefetch::Prefetcher;
+pub(crate) use runner::Runner;
+
+/// The store's maps hash with fixed keys: their keys are IDs the relay drew at random (no client
+/// chooses them), and a fixed order of iteration makes the same calls write the same records in
+/// the same order, which the storage fault simulator's seeds rely on.
+type Map<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<DefaultHasher>>;
 
 /// Queue records and notifications in the journal: the memory store's encodings
 /// (`store/codec.rs`), each record's payload exactly one of them.
@@ -149,40 +159,112 @@ struct NtfEntry {
 #[derive(Default)]
 struct Live(BTreeMap<u64, u64>);
 
-#[derive(Default)]
-struct Data {
+/// The journal store's sizes and thresholds. The relay uses [`Tuning::default`]; the storage
+/// fault simulator makes them small, so that a few kilobytes of records exercise rotation,
+/// retirement, compaction and checkpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Tuning {
+    pub segment_size: u64,
+    pub initial_segment_size: u64,
+    pub release_reserve: u64,
+    /// `compaction.rs`: a group's oldest segments are compacted once they take at least this
+    /// much disk…
+    pub compact_min_bytes: u64,
+    /// …and at most one byte in this many is live.
+    pub compact_live_share: u64,
+    /// The most live bytes one compaction copies.
+    pub compact_max_live_bytes: u64,
+    /// Records looked at per appended record while finding what to keep.
+    pub compact_scan_step: usize,
+    /// Records appended before a compaction that failed is tried again.
+    pub compact_retry_after: u64,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            segment_size: smp_journal::DEFAULT_SEGMENT_SIZE,
+            initial_segment_size: smp_journal::DEFAULT_INITIAL_SEGMENT_SIZE,
+            release_reserve: smp_journal::DEFAULT_RELEASE_RESERVE,
+            compact_min_bytes: compaction::COMPACT_MIN_BYTES,
+            compact_live_share: compaction::COMPACT_LIVE_SHARE,
+            compact_max_live_bytes: compaction::COMPACT_MAX_LIVE_BYTES,
+            compact_scan_step: compaction::COMPACT_SCAN_STEP,
+            compact_retry_after: compaction::COMPACT_RETRY_AFTER,
+        }
+    }
+}
+
+struct Data<F: Fs> {
     /// The compaction under way, if any (first, so that it is dropped, and its thread joined,
     /// before the journals' locks go).
-    compaction: Option<Compaction>,
+    compaction: Option<Compaction<F>>,
+    tuning: Tuning,
+    runner: Runner,
     /// Records to append before a failed compaction is tried again.
     compaction_backoff: u64,
     /// Head records whose pages were brought into memory off the shard.
     prefetched: u64,
     /// Groups opened from their checkpoint.
     checkpoints_loaded: usize,
+    /// Segments let go of as dead, and compactions installed, since open.
+    segments_retired: u64,
+    compactions: u64,
     /// The store's background thread, for segments to let go of off the shard.
-    background: Option<flume::Sender<prefetch::Job>>,
+    background: Option<flume::Sender<prefetch::Job<F>>>,
     /// Where each group's journal ended at open: a group still there at a clean close needs no
     /// new checkpoint.
-    ended_at_open: HashMap<u32, SyncPoint>,
-    queues: HashMap<EntityId, QueueEntry>,
-    ntfs: HashMap<EntityId, VecDeque<NtfEntry>>,
-    journals: HashMap<u32, Journal>,
-    live: HashMap<u32, Live>,
+    ended_at_open: Map<u32, SyncPoint>,
+    queues: Map<EntityId, QueueEntry>,
+    ntfs: Map<EntityId, VecDeque<NtfEntry>>,
+    journals: Map<u32, Journal<F>>,
+    live: Map<u32, Live>,
     /// Notifier ID → the group of its queue, where its notifications are recorded.
-    notifiers: HashMap<EntityId, u32>,
+    notifiers: Map<EntityId, u32>,
+    /// At open: messages replayed before any record of their queue (whose older records were
+    /// retired or compacted away), waiting for the queue's record that follows them.
+    parked: Map<EntityId, VecDeque<MsgEntry>>,
+    /// At open: notifications replayed before the record that gave their notifier to a queue.
+    parked_ntfs: Map<EntityId, VecDeque<NtfEntry>>,
     /// Groups whose journal could not grow, with the segment that was active then: logged once,
     /// and again when an append goes to a later segment.
-    full_groups: HashMap<u32, u64>,
+    full_groups: Map<u32, u64>,
     total_messages: usize,
     counters: StoreCounters,
 }
 
+impl<F: Fs> Data<F> {
+    fn new(tuning: Tuning, runner: Runner) -> Self {
+        Data {
+            compaction: None,
+            tuning,
+            runner,
+            compaction_backoff: 0,
+            prefetched: 0,
+            checkpoints_loaded: 0,
+            segments_retired: 0,
+            compactions: 0,
+            background: None,
+            ended_at_open: Map::default(),
+            queues: Map::default(),
+            ntfs: Map::default(),
+            journals: Map::default(),
+            live: Map::default(),
+            notifiers: Map::default(),
+            parked: Map::default(),
+            parked_ntfs: Map::default(),
+            full_groups: Map::default(),
+            total_messages: 0,
+            counters: StoreCounters::default(),
+        }
+    }
+}
+
 /// The store of one shard's groups; see the module comment.
-pub struct JournalStore {
-    data: RefCell<Data>,
-    syncer: Syncer,
-    prefetcher: Prefetcher,
+pub struct JournalStore<F: Fs = OsFs> {
+    data: RefCell<Data<F>>,
+    syncer: Syncer<F>,
+    prefetcher: Prefetcher<F>,
 }
 
 /// What a client gets (`ERR STORE …`) when the journal cannot grow: the disk is full.
@@ -232,7 +314,7 @@ impl Live {
     }
 }
 
-impl Data {
+impl<F: Fs> Data<F> {
     fn live(&mut self, g: u32) -> &mut Live {
         self.live.entry(g).or_default()
     }
@@ -311,6 +393,7 @@ impl Data {
                 Ok(r) => retired.push(r),
                 Err(_) => break,
             }
+            self.segments_retired += 1;
             live.0.remove(&id);
         }
         for r in retired {
@@ -333,11 +416,19 @@ impl Data {
                     .queues
                     .get(recipient_id)
                     .and_then(|q| q.rec.notifier.as_ref().map(|n| n.notifier_id.clone()));
-                if let Some(old) = old_nid {
+                let new_nid = rec.notifier.as_ref().map(|n| &n.notifier_id);
+                if let Some(old) = old_nid.filter(|o| Some(o) != new_nid) {
+                    // A replaced or removed notifier's notifications go with it.
                     self.notifiers.remove(&old);
+                    self.clear_ntfs(g, &old);
                 }
                 if let Some(n) = &rec.notifier {
                     self.notifiers.insert(n.notifier_id.clone(), g);
+                    if let Some(parked) = self.parked_ntfs.remove(&n.notifier_id) {
+                        for e in parked {
+                            self.push_ntf(g, &n.notifier_id, e.ntf, e.loc, e.len);
+                        }
+                    }
                 }
                 match self.queues.get_mut(recipient_id) {
                     Some(q) => {
@@ -348,6 +439,12 @@ impl Data {
                         self.live(g).sub(old, old_len);
                     }
                     None => {
+                        let msgs = self.parked.remove(recipient_id).unwrap_or_default();
+                        let can_write = msgs.back().is_none_or(|m| !m.is_quota());
+                        self.total_messages += msgs.len();
+                        for m in &msgs {
+                            self.live(g).add(m.loc.segment, m.len);
+                        }
                         self.queues.insert(
                             recipient_id.to_vec(),
                             QueueEntry {
@@ -355,15 +452,18 @@ impl Data {
                                 group: g as u8,
                                 rec_loc: loc,
                                 rec_len: len,
-                                msgs: VecDeque::new(),
-                                can_write: true,
+                                msgs,
+                                can_write,
                             },
                         );
                     }
                 }
                 self.live(g).add(loc.segment, len);
             }
-            Record::QueueDelete { recipient_id } => self.forget_queue(g, recipient_id),
+            Record::QueueDelete { recipient_id } => {
+                self.parked.remove(recipient_id);
+                self.forget_queue(g, recipient_id)
+            }
             Record::MsgAppend {
                 recipient_id,
                 msg_id,
@@ -372,6 +472,16 @@ impl Data {
                 ..
             } => {
                 let Some(q) = self.queues.get_mut(recipient_id) else {
+                    self.parked
+                        .entry(recipient_id.to_vec())
+                        .or_default()
+                        .push_back(MsgEntry {
+                            msg_id: *msg_id,
+                            ts,
+                            flags,
+                            len,
+                            loc,
+                        });
                     return Ok(());
                 };
                 q.msgs.push_back(MsgEntry {
@@ -389,17 +499,33 @@ impl Data {
                 recipient_id,
                 msg_id,
             } => {
+                if let Some(p) = self.parked.get_mut(recipient_id) {
+                    p.retain(|m| &m.msg_id != msg_id);
+                }
                 self.remove_msg(g, recipient_id, msg_id);
             }
             Record::NtfAppend { notifier_id, data } => {
                 let ntf = decode_notification(data)?;
-                self.push_ntf(g, notifier_id, ntf, loc, len);
+                if self.notifiers.contains_key(notifier_id) {
+                    self.push_ntf(g, notifier_id, ntf, loc, len);
+                } else {
+                    self.parked_ntfs
+                        .entry(notifier_id.to_vec())
+                        .or_default()
+                        .push_back(NtfEntry { ntf, loc, len });
+                }
             }
             Record::NtfDelete {
                 notifier_id,
                 msg_id,
-            } => self.remove_ntf(g, notifier_id, msg_id),
+            } => {
+                if let Some(p) = self.parked_ntfs.get_mut(notifier_id) {
+                    p.retain(|n| &n.ntf.msg_id != msg_id);
+                }
+                self.remove_ntf(g, notifier_id, msg_id)
+            }
             Record::NtfClear { notifier_id } => {
+                self.parked_ntfs.remove(notifier_id);
                 self.clear_ntfs(g, notifier_id);
             }
             Record::Checkpoint { .. } => {}
@@ -525,11 +651,14 @@ fn flags_and_body(m: &Message) -> (u8, &[u8]) {
     }
 }
 
-/// The shard's sync thread (none for `Never`).
-struct Syncer {
+/// The shard's sync thread (none for `Never`; none either when the store's work is run by hand,
+/// which syncs inline: every batch in `wait`, every interval in `tick`).
+struct Syncer<F: Fs> {
     durability: Durability,
     tx: Option<flume::Sender<SyncReq>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The handles, when there is no thread.
+    inline: Option<Map<u32, SyncHandle<F>>>,
 }
 
 enum SyncReq {
@@ -538,17 +667,18 @@ enum SyncReq {
     Stop,
 }
 
-impl Syncer {
-    fn start(durability: Durability, handles: Vec<(u32, SyncHandle)>) -> Syncer {
-        if durability == Durability::Never {
+impl<F: Fs> Syncer<F> {
+    fn start(durability: Durability, handles: Vec<(u32, SyncHandle<F>)>, runner: &Runner) -> Self {
+        if durability == Durability::Never || runner.is_manual() {
             return Syncer {
                 durability,
                 tx: None,
                 thread: None,
+                inline: runner.is_manual().then(|| handles.into_iter().collect()),
             };
         }
         let (tx, rx) = flume::unbounded::<SyncReq>();
-        let handles: Arc<HashMap<u32, SyncHandle>> = Arc::new(handles.into_iter().collect());
+        let handles: Arc<Map<u32, SyncHandle<F>>> = Arc::new(handles.into_iter().collect());
         let thread = std::thread::Builder::new()
             .name("journal-sync".into())
             .spawn(move || sync_thread(durability, &handles, &rx))
@@ -557,6 +687,19 @@ impl Syncer {
             durability,
             tx: Some(tx),
             thread,
+            inline: None,
+        }
+    }
+
+    /// What the sync thread does each interval, when there is no thread.
+    #[cfg(test)]
+    fn tick(&self) {
+        if let (Durability::Interval(_), Some(handles)) = (self.durability, &self.inline) {
+            for (g, h) in handles {
+                if let Err(e) = h.sync_all() {
+                    tracing::warn!(group = g, error = %e, "journal sync failed");
+                }
+            }
         }
     }
 
@@ -564,6 +707,12 @@ impl Syncer {
     async fn wait(&self, g: u32, upto: SyncPoint) -> Result<(), StoreError> {
         if self.durability != Durability::EveryBatch {
             return Ok(());
+        }
+        if let Some(h) = self.inline.as_ref().and_then(|hs| hs.get(&g)) {
+            return h
+                .sync_to(upto)
+                .map(|_| ())
+                .map_err(|e| StoreError::Failed(format!("journal sync: {e}")));
         }
         let Some(tx) = &self.tx else {
             return Ok(());
@@ -590,7 +739,7 @@ impl Syncer {
     }
 }
 
-impl Drop for Syncer {
+impl<F: Fs> Drop for Syncer<F> {
     fn drop(&mut self) {
         self.stop();
     }
@@ -598,9 +747,9 @@ impl Drop for Syncer {
 
 /// Every-batch: takes every waiting request, syncs each group once to the furthest point asked,
 /// answers them all (group commit). Interval: syncs every group each period.
-fn sync_thread(
+fn sync_thread<F: Fs>(
     durability: Durability,
-    handles: &HashMap<u32, SyncHandle>,
+    handles: &Map<u32, SyncHandle<F>>,
     rx: &flume::Receiver<SyncReq>,
 ) {
     let sync_all = || {
@@ -625,7 +774,7 @@ fn sync_thread(
         let mut reqs = vec![first];
         reqs.extend(rx.try_iter());
         let mut stop = false;
-        let mut furthest: HashMap<u32, SyncPoint> = HashMap::new();
+        let mut furthest: Map<u32, SyncPoint> = Map::default();
         let mut waiting = Vec::new();
         for r in reqs {
             match r {
@@ -637,7 +786,7 @@ fn sync_thread(
                 SyncReq::Stop => stop = true,
             }
         }
-        let mut results: HashMap<u32, Result<(), String>> = HashMap::new();
+        let mut results: Map<u32, Result<(), String>> = Map::default();
         for (g, p) in furthest {
             let r = match handles.get(&g) {
                 Some(h) => h.sync_to(p).map(|_| ()).map_err(|e| e.to_string()),
@@ -668,14 +817,41 @@ impl JournalStore {
         now: i64,
         durability: Durability,
     ) -> Result<Self, String> {
-        let root = Self::dir(s);
-        std::fs::create_dir_all(&root)
+        JournalStore::open_on(
+            OsFs,
+            s,
+            groups,
+            now,
+            durability,
+            Tuning::default(),
+            Runner::Threads,
+        )
+    }
+}
+
+impl<F: Fs> JournalStore<F> {
+    /// [`JournalStore::open_groups`] on the file system `fs`, with the sizes of `tuning`, its
+    /// background work run by `runner`.
+    pub(crate) fn open_on(
+        fs: F,
+        s: &StoreSettings,
+        groups: &[u32],
+        now: i64,
+        durability: Durability,
+        tuning: Tuning,
+        runner: Runner,
+    ) -> Result<Self, String> {
+        let root = JournalStore::dir(s);
+        smp_journal::create_dir_durable(&fs, &root)
             .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
         let opts = Options {
             budget: s.journal_budget.clone(),
-            ..Options::default()
+            segment_size: tuning.segment_size,
+            initial_segment_size: tuning.initial_segment_size,
+            release_reserve: tuning.release_reserve,
+            ..Options::on(fs)
         };
-        let mut data = Data::default();
+        let mut data = Data::new(tuning, runner.clone());
         let mut handles = Vec::new();
         for &g in groups {
             // Both callbacks build `data`: the checkpoint's (if one is used) first.
@@ -700,11 +876,14 @@ impl JournalStore {
             handles.push((g, journal.sync_handle()));
             data.journals.insert(g, journal);
         }
-        let prefetcher = Prefetcher::start();
+        // What is still parked has no queue: its queue's records were all dead.
+        data.parked.clear();
+        data.parked_ntfs.clear();
+        let prefetcher = Prefetcher::start(&runner);
         data.background = prefetcher.sender();
         let store = JournalStore {
             data: RefCell::new(data),
-            syncer: Syncer::start(durability, handles),
+            syncer: Syncer::start(durability, handles, &runner),
             prefetcher,
         };
         // What expired while the relay was stopped goes now, as the memory store does not load it.
@@ -729,7 +908,7 @@ impl JournalStore {
     }
 }
 
-impl QueueStore for JournalStore {
+impl<F: Fs> QueueStore for JournalStore<F> {
     fn with_queue<R>(&self, recipient_id: &[u8], f: impl FnOnce(&QueueRec) -> R) -> Option<R> {
         self.data
             .borrow()
@@ -802,7 +981,7 @@ impl QueueStore for JournalStore {
     }
 }
 
-impl MessageStore for JournalStore {
+impl<F: Fs> MessageStore for JournalStore<F> {
     async fn write(
         &self,
         recipient_id: &[u8],
@@ -911,10 +1090,12 @@ impl MessageStore for JournalStore {
 
     async fn expire_all(&self, older_than: i64) -> Result<usize, StoreError> {
         let mut n = 0;
-        let mut ends: HashMap<u32, SyncPoint> = HashMap::new();
+        let mut ends: Map<u32, SyncPoint> = Map::default();
         {
             let mut d = self.data.borrow_mut();
-            let rids: Vec<EntityId> = d.queues.keys().cloned().collect();
+            // In the order of their IDs: the records of one call go in a defined order.
+            let mut rids: Vec<EntityId> = d.queues.keys().cloned().collect();
+            rids.sort_unstable();
             for rid in rids {
                 let g = group_of(&rid);
                 let (k, end) = d.expire_queue(g, &rid, older_than)?;
@@ -1048,10 +1229,10 @@ impl MessageStore for JournalStore {
 
     async fn expire_ntfs(&self, older_than: i64) -> Result<usize, StoreError> {
         let mut n = 0;
-        let mut ends: HashMap<u32, SyncPoint> = HashMap::new();
+        let mut ends: Map<u32, SyncPoint> = Map::default();
         {
             let mut d = self.data.borrow_mut();
-            let old: Vec<(EntityId, MsgId)> = d
+            let mut old: Vec<(EntityId, MsgId)> = d
                 .ntfs
                 .iter()
                 .flat_map(|(nid, l)| {
@@ -1060,6 +1241,8 @@ impl MessageStore for JournalStore {
                         .map(|e| (nid.clone(), e.ntf.msg_id))
                 })
                 .collect();
+            // By notifier ID, each notifier's oldest first: a defined order.
+            old.sort_by(|a, b| a.0.cmp(&b.0));
             for (nid, msg_id) in old {
                 let Some(g) = notifier_group_in(&d, &nid) else {
                     continue;
@@ -1106,11 +1289,11 @@ impl MessageStore for JournalStore {
 
 /// The group whose journal holds a notifier's notifications: its queue's. Notifications of a
 /// notifier no queue of this store has are not kept.
-fn notifier_group_in(d: &Data, nid: &[u8]) -> Option<u32> {
+fn notifier_group_in<F: Fs>(d: &Data<F>, nid: &[u8]) -> Option<u32> {
     d.notifiers.get(nid).copied()
 }
 
-impl JournalStore {
+impl<F: Fs> JournalStore<F> {
     fn notifier_group(&self, nid: &[u8]) -> Option<u32> {
         notifier_group_in(&self.data.borrow(), nid)
     }
@@ -1158,7 +1341,7 @@ impl JournalStore {
     }
 }
 
-impl Data {
+impl<F: Fs> Data<F> {
     /// Deletes the expired head messages of `rid` (never the quota marker); returns how many, and
     /// the point that makes the deletions durable.
     fn expire_queue(
@@ -1241,26 +1424,8 @@ impl ShardStore for JournalStore {
         Ok(())
     }
 
-    fn close(mut self, _s: &StoreSettings, _groups: &[u32]) -> Result<(), String> {
-        self.data.borrow_mut().finish_compaction();
-        self.data.borrow_mut().background = None;
-        self.prefetcher.stop();
-        // The sync thread syncs everything before it ends.
-        self.syncer.stop();
-        // Each group's checkpoint (which syncs its journal first), so that the next start loads
-        // the state instead of replaying the journal.
-        let d = self.data.borrow();
-        let mut blobs = d.checkpoint_blobs();
-        for (g, j) in &d.journals {
-            if d.ended_at_open.get(g) == Some(&j.written()) {
-                continue;
-            }
-            let blob = blobs.remove(g).unwrap_or_default();
-            j.checkpoint_base()
-                .write(&blob)
-                .map_err(|e| format!("journal checkpoint: {e}"))?;
-        }
-        Ok(())
+    fn close(self, _s: &StoreSettings, _groups: &[u32]) -> Result<(), String> {
+        self.close_groups()
     }
 
     /// Every group of a stopped relay, as it is: nothing dropped for its age, synced once at
@@ -1295,7 +1460,30 @@ impl ShardStore for JournalStore {
     }
 }
 
-impl JournalStore {
+impl<F: Fs> JournalStore<F> {
+    /// A clean stop: everything synced, a checkpoint per changed group.
+    pub(crate) fn close_groups(mut self) -> Result<(), String> {
+        self.data.borrow_mut().finish_compaction();
+        self.data.borrow_mut().background = None;
+        self.prefetcher.stop();
+        // The sync thread syncs everything before it ends.
+        self.syncer.stop();
+        // Each group's checkpoint (which syncs its journal first), so that the next start loads
+        // the state instead of replaying the journal.
+        let d = self.data.borrow();
+        let mut blobs = d.checkpoint_blobs();
+        for (g, j) in &d.journals {
+            if d.ended_at_open.get(g) == Some(&j.written()) {
+                continue;
+            }
+            let blob = blobs.remove(g).unwrap_or_default();
+            j.checkpoint_base()
+                .write(&blob)
+                .map_err(|e| format!("journal checkpoint: {e}"))?;
+        }
+        Ok(())
+    }
+
     /// The first queue record `matches`, searched over every queue (offline tools only).
     fn find_rec(&self, matches: impl Fn(&QueueRec) -> bool) -> Option<QueueRec> {
         let d = self.data.borrow();

@@ -11,13 +11,13 @@
 //! location), then the notification lists (notifier ID, each notification in the codec encoding
 //! with its record's location and bytes).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
-use smp_journal::Location;
+use smp_journal::{Fs, Location};
 
 use super::{
     decode_notification, decode_queue_record, encode_notification, encode_queue_record, Data,
-    EntityId, MsgEntry, NtfEntry, QueueEntry,
+    EntityId, Map, MsgEntry, NtfEntry, QueueEntry,
 };
 use crate::protocol::encoding::{put_bool, put_int64, put_word32, DResult, Reader};
 
@@ -55,10 +55,10 @@ fn loc(r: &mut Reader<'_>) -> DResult<(Location, u32)> {
     Ok((Location { segment, offset }, r.word32()?))
 }
 
-impl Data {
+impl<F: Fs> Data<F> {
     /// The blob of every group of this store: its queues, messages and notifications.
-    pub(super) fn checkpoint_blobs(&self) -> HashMap<u32, Vec<u8>> {
-        let mut queues: HashMap<u32, (u32, Vec<u8>)> = HashMap::new();
+    pub(super) fn checkpoint_blobs(&self) -> Map<u32, Vec<u8>> {
+        let mut queues: Map<u32, (u32, Vec<u8>)> = Map::default();
         for (rid, q) in &self.queues {
             let (n, out) = queues.entry(u32::from(q.group)).or_default();
             *n += 1;
@@ -74,7 +74,7 @@ impl Data {
                 put_loc(out, m.loc, m.len);
             }
         }
-        let mut ntfs: HashMap<u32, (u32, Vec<u8>)> = HashMap::new();
+        let mut ntfs: Map<u32, (u32, Vec<u8>)> = Map::default();
         for (nid, list) in &self.ntfs {
             let Some(&g) = self.notifiers.get(nid) else {
                 continue;

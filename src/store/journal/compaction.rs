@@ -19,12 +19,12 @@
 //! segment, so a replay kills it again, and it is not counted live in the new segment. Nothing
 //! changes order: the kept records come before every later segment, as they did.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::thread::JoinHandle;
 
-use smp_journal::{Compacted, JournalError, Location, Record, HEADER_LEN};
+use smp_journal::{Compacted, Fs, JournalError, Location, Record, HEADER_LEN};
 
-use super::{Data, EntityId};
+use super::{Data, EntityId, Map};
 
 /// A group's oldest segments are compacted once they take at least this much disk…
 pub(super) const COMPACT_MIN_BYTES: u64 = 8 << 20;
@@ -42,19 +42,19 @@ pub(super) const COMPACT_SCAN_STEP: usize = 256;
 pub(super) const COMPACT_RETRY_AFTER: u64 = 100_000;
 
 /// A compaction under way: its group, the last segment it replaces, the live records found.
-pub(super) struct Compaction {
+pub(super) struct Compaction<F: Fs> {
     g: u32,
     upto: u64,
     keep: Vec<(Location, Kept)>,
-    phase: Phase,
+    phase: Phase<F>,
 }
 
-enum Phase {
+enum Phase<F: Fs> {
     /// Looking for live records from this point on.
     Scanning { segment: u64, offset: u64 },
     /// The new segment is being written by `thread`.
     Writing {
-        rx: flume::Receiver<Result<Compacted, JournalError>>,
+        rx: flume::Receiver<Result<Compacted<F>, JournalError>>,
         thread: Option<JoinHandle<()>>,
     },
 }
@@ -66,7 +66,7 @@ enum Kept {
     Ntf(EntityId),
 }
 
-impl Drop for Compaction {
+impl<F: Fs> Drop for Compaction<F> {
     fn drop(&mut self) {
         if let Phase::Writing { thread, .. } = &mut self.phase {
             if let Some(t) = thread.take() {
@@ -77,7 +77,7 @@ impl Drop for Compaction {
 }
 
 /// Whether the record at `loc` is live in the index, and how to find it again.
-fn kept(d: &Data, loc: Location, rec: &Record<'_>) -> Option<Kept> {
+fn kept<F: Fs>(d: &Data<F>, loc: Location, rec: &Record<'_>) -> Option<Kept> {
     match *rec {
         Record::QueueCreate { recipient_id, .. } | Record::QueueUpdate { recipient_id, .. } => d
             .queues
@@ -98,25 +98,31 @@ fn kept(d: &Data, loc: Location, rec: &Record<'_>) -> Option<Kept> {
     }
 }
 
-impl Data {
+impl<F: Fs> Data<F> {
     /// Starts compacting group `g` if its oldest segments are worth it (see the module comment)
     /// and no compaction runs.
     pub(super) fn consider_compaction(&mut self, g: u32) {
         if self.compaction.is_some() || self.compaction_backoff > 0 {
             return;
         }
+        let t = &self.tuning;
+        let (min_bytes, live_share, max_live) = (
+            t.compact_min_bytes,
+            t.compact_live_share,
+            t.compact_max_live_bytes,
+        );
         let (Some(j), Some(live)) = (self.journals.get(&g), self.live.get(&g)) else {
             return;
         };
         let (mut disk, mut kept, mut upto) = (0u64, 0u64, None);
         for s in j.segment_sizes() {
             let bytes = live.bytes(s.id);
-            if s.active || kept + bytes > COMPACT_MAX_LIVE_BYTES {
+            if s.active || kept + bytes > max_live {
                 break;
             }
             disk += s.len;
             kept += bytes;
-            if disk >= COMPACT_MIN_BYTES && kept * COMPACT_LIVE_SHARE <= disk {
+            if disk >= min_bytes && kept * live_share <= disk {
                 upto = Some(s.id);
             }
         }
@@ -154,7 +160,7 @@ impl Data {
             if let Some(j) = self.journals.get_mut(&g) {
                 j.abandon_compaction();
             }
-            self.compaction_backoff = COMPACT_RETRY_AFTER;
+            self.compaction_backoff = self.tuning.compact_retry_after;
         }
     }
 
@@ -163,11 +169,16 @@ impl Data {
         let (g, upto) = (c.g, c.upto);
         let j = &self.journals[&g];
         let mut found = Vec::new();
-        let next = j.scan_segment(segment, offset, COMPACT_SCAN_STEP, |loc, rec| {
-            if let Some(k) = kept(self, loc, &rec) {
-                found.push((loc, k));
-            }
-        })?;
+        let next = j.scan_segment(
+            segment,
+            offset,
+            self.tuning.compact_scan_step,
+            |loc, rec| {
+                if let Some(k) = kept(self, loc, &rec) {
+                    found.push((loc, k));
+                }
+            },
+        )?;
         let next_segment = match next {
             Some(_) => None,
             None => j.segment_sizes().map(|s| s.id).find(|&id| id > segment),
@@ -188,16 +199,13 @@ impl Data {
                     .expect("the compacted group is this shard's")
                     .start_compaction(upto, keep)?;
                 let (tx, rx) = flume::bounded(1);
-                let thread = std::thread::Builder::new()
-                    .name("journal-compact".into())
-                    .spawn(move || {
+                let thread = self
+                    .runner
+                    .spawn("journal-compact", move || {
                         let _ = tx.send(job.run());
                     })
                     .map_err(|e| JournalError::BadCompaction(format!("no thread: {e}")))?;
-                Phase::Writing {
-                    rx,
-                    thread: Some(thread),
-                }
+                Phase::Writing { rx, thread }
             }
         };
         Ok(())
@@ -246,7 +254,7 @@ impl Data {
     }
 
     /// Swaps the compacted segment in and points the index at the records' new places.
-    fn install(&mut self, done: Compacted) -> Result<(), JournalError> {
+    fn install(&mut self, done: Compacted<F>) -> Result<(), JournalError> {
         let c = self.compaction.take().expect("a compaction is under way");
         for w in &done.warnings {
             tracing::warn!("{w}");
@@ -257,10 +265,11 @@ impl Data {
             .get_mut(&c.g)
             .expect("the compacted group is this shard's");
         let (moved, retired) = j.install_compaction(done)?;
+        self.compactions += 1;
         self.retire(retired);
         // Old locations to new ones. Each entry is looked at once: a new location can equal
         // the old location of another record of the same segment number.
-        let moved: HashMap<Location, Location> = moved.into_iter().collect();
+        let moved: Map<Location, Location> = moved.into_iter().collect();
         let mut msg_queues = HashSet::new();
         let mut notifiers = HashSet::new();
         let (mut count, mut bytes) = (0u64, 0u64);

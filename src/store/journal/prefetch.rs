@@ -6,33 +6,39 @@
 //! while the shard serves other work. The heads are then read without a disk wait on the shard.
 //! The same thread removes the files of dead and compacted segments and unmaps them.
 
-use std::collections::HashMap;
 use std::thread::JoinHandle;
 
-use smp_journal::{Location, Prefetch, Retired};
+use smp_journal::{Fs, Location, Prefetch, Retired};
 
-use super::{Data, JournalStore};
+use super::{Data, JournalStore, Map, Runner};
 
 /// Prefetch jobs waiting for the thread at most; a batch that finds the queue full waits.
 pub(super) const PREFETCH_QUEUE: usize = 64;
 
 /// What the store's background thread does.
-pub(super) enum Job {
+pub(super) enum Job<F: Fs> {
     /// Read the pages, then say so.
-    Prefetch(Prefetch, flume::Sender<()>),
+    Prefetch(Prefetch<F>, flume::Sender<()>),
     /// Let go of segments the journal no longer uses: remove their files, unmap them.
-    Retire(Retired),
+    Retire(Retired<F>),
 }
 
-/// The store's prefetch thread.
-pub(super) struct Prefetcher {
-    tx: Option<flume::Sender<Job>>,
+/// The store's prefetch thread (none when the store's work is run by hand: segments are let go
+/// of through the runner, and the simulated disk has no cold pages).
+pub(super) struct Prefetcher<F: Fs> {
+    tx: Option<flume::Sender<Job<F>>>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl Prefetcher {
-    pub(super) fn start() -> Prefetcher {
-        let (tx, rx) = flume::bounded::<Job>(PREFETCH_QUEUE);
+impl<F: Fs> Prefetcher<F> {
+    pub(super) fn start(runner: &Runner) -> Self {
+        if runner.is_manual() {
+            return Prefetcher {
+                tx: None,
+                thread: None,
+            };
+        }
+        let (tx, rx) = flume::bounded::<Job<F>>(PREFETCH_QUEUE);
         let thread = std::thread::Builder::new()
             .name("journal-prefetch".into())
             .spawn(move || {
@@ -55,7 +61,7 @@ impl Prefetcher {
 
     /// Runs `p` on the thread and waits for it (at once when there is nothing to read, or no
     /// thread: the shard then reads the pages itself).
-    async fn run(&self, p: Prefetch) {
+    async fn run(&self, p: Prefetch<F>) {
         let Some(tx) = self.tx.as_ref().filter(|_| !p.is_empty()) else {
             return;
         };
@@ -66,7 +72,7 @@ impl Prefetcher {
     }
 
     /// A sender for `Data::retire`.
-    pub(super) fn sender(&self) -> Option<flume::Sender<Job>> {
+    pub(super) fn sender(&self) -> Option<flume::Sender<Job<F>>> {
         self.tx.clone()
     }
 
@@ -78,17 +84,21 @@ impl Prefetcher {
     }
 }
 
-impl Drop for Prefetcher {
+impl<F: Fs> Drop for Prefetcher<F> {
     fn drop(&mut self) {
         self.stop();
     }
 }
 
-impl Data {
+impl<F: Fs> Data<F> {
     /// Hands segments the journal let go of to the background thread (files removed and
     /// mappings dropped there: freeing a large file's pages takes a while); on the shard when
     /// the thread is busy with a full queue or gone.
-    pub(super) fn retire(&self, r: Retired) {
+    pub(super) fn retire(&self, r: Retired<F>) {
+        if let Runner::Manual(_) = &self.runner {
+            let _ = self.runner.spawn("journal-retire", move || drop(r));
+            return;
+        }
         if let Some(tx) = &self.background {
             if let Err(e) = tx.try_send(Job::Retire(r)) {
                 drop(e.into_inner());
@@ -97,8 +107,8 @@ impl Data {
     }
 
     /// The head records of `rids` whose pages are not all in memory.
-    fn cold_heads(&self, rids: &[&[u8]]) -> Prefetch {
-        let mut by_group: HashMap<u32, Vec<(Location, u64)>> = HashMap::new();
+    fn cold_heads(&self, rids: &[&[u8]]) -> Prefetch<F> {
+        let mut by_group: Map<u32, Vec<(Location, u64)>> = Map::default();
         for rid in rids {
             let Some(q) = self.queues.get(*rid) else {
                 continue;
@@ -121,7 +131,7 @@ impl Data {
     }
 }
 
-impl JournalStore {
+impl<F: Fs> JournalStore<F> {
     /// Brings the pages of the heads of `rids` into memory off the shard, if any are cold.
     pub(super) async fn warm_heads(&self, rids: &[&[u8]]) {
         let p = self.data.borrow().cold_heads(rids);
