@@ -1,14 +1,21 @@
 //! The journal store's recovery at start, over the relay binary (`docs/ARCHITECTURE.md` §5,
 //! `journal/FORMAT.md`): garbage past the synced offset is a torn tail, cut with a warning naming
 //! the file; damage before it stops the start with the file and the `smp-journal repair` to run,
-//! which then lets the relay start.
+//! which then lets the relay start. A replay that starts after removed segments keeps the messages
+//! whose queue's record comes after them, and a dead segment is removed only once the record that
+//! made it dead is durable, so a power loss after a kill loses nothing synced.
 
 mod common;
 mod support;
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
-use common::Relay;
+use common::{Relay, RelayOptions};
+use smp_relay::client::queue::{auth_key, KeyAlg};
+use smp_relay::client::Client;
+use smp_relay::protocol::command::Command;
+use smp_relay::protocol::response::BrokerMsg;
 use smp_relay::store::group_of;
 use support::*;
 
@@ -108,4 +115,232 @@ fn a_torn_tail_is_cut_with_a_warning_and_damage_stops_the_start_until_repaired()
     r.restart_with(&[]);
     let mut c = r.client();
     sub_empty(&mut c, &q);
+}
+
+/// Two queues whose recipient IDs fall in one partition group: queues are created until a group
+/// repeats (64 groups: at most 65 NEWs).
+fn two_of_one_group(c: &mut Client) -> (Queue, Queue) {
+    let mut seen: std::collections::HashMap<u32, Queue> = std::collections::HashMap::new();
+    loop {
+        let q = create_only(c);
+        let g = group_of(q.rid());
+        match seen.remove(&g) {
+            Some(first) => return (first, q),
+            None => {
+                seen.insert(g, q);
+            }
+        }
+    }
+}
+
+/// Segment `n` of the group of `rid`.
+fn segment_n(dir: &Path, rid: &[u8], n: u64) -> PathBuf {
+    dir.join("journal")
+        .join(format!("g{:02}", group_of(rid)))
+        .join(format!("seg-{n:09}.jnl"))
+}
+
+/// The segment files of every group, `<data-dir>/journal/gNN/seg-*.jnl`.
+fn all_segments(dir: &Path) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    for g in std::fs::read_dir(dir.join("journal")).expect("journal directory") {
+        let g = g.expect("entry").path();
+        if !g.is_dir() {
+            continue;
+        }
+        for f in std::fs::read_dir(&g).expect("group directory") {
+            let f = f.expect("entry").path();
+            if f.extension().is_some_and(|x| x == "jnl") {
+                v.push(f);
+            }
+        }
+    }
+    v.sort();
+    v
+}
+
+/// SENDs of 15 KB to `f`, received by nobody, until its group's first segment (256 KiB) is full:
+/// the SEND that does not fit there opens segment 2.
+fn fill_first_segment(c: &mut Client, f: &Queue, dir: &Path) {
+    let body = vec![0x46; 15_000];
+    let second = segment_n(dir, f.rid(), 2);
+    for _ in 0..40 {
+        send_ok(c, f, None, &body);
+        if second.exists() {
+            return;
+        }
+    }
+    panic!("40 SENDs of 15 KB did not fill the group's first segment");
+}
+
+/// Waits (at most 5 s) until the relay has removed the segment `path` (it unlinks dead segments
+/// off the shard's thread).
+fn wait_removed(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} was not removed",
+            path.display()
+        );
+        common::sleep(Duration::from_millis(10));
+    }
+}
+
+/// CRC32C (Castagnoli, reflected 0x82F63B78), bit by bit: the `crc32c` crate is the journal
+/// crate's dependency, not one the tests can use.
+fn crc32c(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in data {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0x82F6_3B78
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+/// A segment's synced offset (`journal/FORMAT.md` "Sync slots"): of the slots at 512 and 1024,
+/// the valid one (count not 0, CRC32C right: of its first 16 bytes, and from format version 3 on
+/// of its flags at 20..24 too) with the higher count; 4096 when neither is valid.
+fn synced_end(segment: &[u8]) -> usize {
+    assert_eq!(crc32c(b"123456789"), 0xE306_9283, "the CRC32C check value");
+    let version = u32::from_le_bytes(segment[8..12].try_into().unwrap());
+    let slot = |at: usize| {
+        let s = &segment[at..at + 24];
+        let count = u64::from_le_bytes(s[0..8].try_into().unwrap());
+        let end = u64::from_le_bytes(s[8..16].try_into().unwrap());
+        let crc = u32::from_le_bytes(s[16..20].try_into().unwrap());
+        let covered = if version >= 3 {
+            [&s[..16], &s[20..24]].concat()
+        } else {
+            s[..16].to_vec()
+        };
+        (count != 0 && crc == crc32c(&covered)).then_some((count, end))
+    };
+    [slot(512), slot(1024)]
+        .into_iter()
+        .flatten()
+        .max()
+        .map_or(4096, |(_, end)| end as usize)
+}
+
+/// Waits (at most 10 s) until every segment of the group of `rid` is synced to the end of its
+/// records: everything the relay answered there is durable.
+fn wait_synced(dir: &Path, rid: &[u8]) {
+    let group = dir.join("journal").join(format!("g{:02}", group_of(rid)));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let behind: Vec<PathBuf> = all_segments(dir)
+            .into_iter()
+            .filter(|p| p.starts_with(&group))
+            .filter(|p| {
+                let bytes = std::fs::read(p).expect("segment");
+                synced_end(&bytes) < records_end(&bytes)
+            })
+            .collect();
+        if behind.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never synced: {behind:?}");
+        common::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A power loss after the relay was killed: of every segment, only what its sync slot calls
+/// durable reached the disk; the records area past its synced offset reads as zeros again.
+fn lose_what_was_not_synced(dir: &Path) {
+    for p in all_segments(dir) {
+        let mut bytes = std::fs::read(&p).expect("segment");
+        let from = synced_end(&bytes).min(bytes.len());
+        if bytes[from..].iter().any(|b| *b != 0) {
+            bytes[from..].fill(0);
+            std::fs::write(&p, &bytes).expect("write");
+        }
+    }
+}
+
+/// A relay on the journal store, one shard, synced as `fsync` says.
+fn journal_relay(fsync: &str) -> Relay {
+    Relay::start_with(RelayOptions {
+        cores: 1,
+        extra_args: ["--store", "journal", "--fsync", fsync]
+            .map(String::from)
+            .to_vec(),
+    })
+}
+
+/// A full replay keeps a message whose queue's record was rewritten after it. F and Q share a
+/// group; F's unfetched messages fill the group's first segment, then Q gets m1 and an NKEY (a
+/// record of Q after m1, in segment 2), and DEL F leaves segment 1 dead, so it is removed. After
+/// a SIGKILL the replay starts at segment 2, where m1 comes before any record of Q: SUB Q
+/// delivers m1.
+#[test]
+fn a_full_replay_keeps_a_message_whose_queue_record_was_rewritten_after_it() {
+    let mut r = journal_relay("every-batch");
+    let dir = r.dir.path().to_path_buf();
+    let q = {
+        let mut c = r.client();
+        let (f, q) = two_of_one_group(&mut c);
+        fill_first_segment(&mut c, &f, &dir);
+        send_ok(&mut c, &q, None, b"m1");
+        nkey(&mut c, &q);
+        assert_eq!(
+            signed(&mut c, f.key(), f.rid(), Command::Del),
+            BrokerMsg::Ok,
+            "DEL F"
+        );
+        wait_removed(&segment_n(&dir, q.rid(), 1));
+        q
+    };
+    r.kill();
+    r.restart();
+    let mut c = r.client();
+    let m = sub_with_msg(&mut c, &q);
+    assert_eq!(m.msg.body(), Some(&b"m1"[..]), "m1 is delivered");
+}
+
+/// Retiring a dead segment waits until the record that made it dead is durable. F and Q share a
+/// group; Q is secured (KEY), F's unfetched messages fill the first segment, Q gets m1 (in
+/// segment 2), F is deleted, and everything is synced; then Q's NKEY (its record in segment 2)
+/// leaves segment 1 dead, and once it is removed the relay is killed, and the power fails:
+/// what was not synced is lost. At the next start Q, created and synced long before, is there
+/// with m1: SUB Q answers SOK and delivers it.
+#[test]
+fn a_dead_segment_is_removed_only_after_the_record_that_made_it_dead_is_durable() {
+    let mut r = journal_relay("interval-ms 3000");
+    let dir = r.dir.path().to_path_buf();
+    let q = {
+        let mut c = r.client();
+        let (f, q) = two_of_one_group(&mut c);
+        let sender = auth_key(KeyAlg::Ed25519);
+        assert_eq!(
+            signed(&mut c, q.key(), q.rid(), Command::Key(sender.public_key())),
+            BrokerMsg::Ok,
+            "KEY Q"
+        );
+        fill_first_segment(&mut c, &f, &dir);
+        send_ok(&mut c, &q, Some(&sender), b"m1");
+        assert_eq!(
+            signed(&mut c, f.key(), f.rid(), Command::Del),
+            BrokerMsg::Ok,
+            "DEL F"
+        );
+        // Synced by the interval (within 3 s); the next sync is then 3 s away, long after the
+        // NKEY and the kill below.
+        wait_synced(&dir, q.rid());
+        nkey(&mut c, &q);
+        wait_removed(&segment_n(&dir, q.rid(), 1));
+        q
+    };
+    r.kill();
+    lose_what_was_not_synced(&dir);
+    r.restart();
+    let mut c = r.client();
+    let m = sub_with_msg(&mut c, &q);
+    assert_eq!(m.msg.body(), Some(&b"m1"[..]), "m1 as it was synced");
 }

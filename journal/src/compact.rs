@@ -25,7 +25,7 @@ use std::sync::Arc;
 use crate::error::{JournalError, Warning};
 use crate::format::{
     align, record_crc, RecordHeader, SegmentHeader, Slot, FORMAT_VERSION, HEADER_LEN,
-    MIN_SEGMENT_SIZE, RECORD_HEADER_LEN, SEGMENT_COMPACTED,
+    MIN_SEGMENT_SIZE, RECORD_HEADER_LEN, SEGMENT_COMPACTED, SLOT_FIRST, SLOT_SUCCESSOR,
 };
 use crate::fs::{is_no_space, Fs, FsFile, OsFs};
 use crate::segment::{preallocate, random_u32, segment_file_name, sync_dir, Segment};
@@ -62,6 +62,16 @@ pub struct Compacted<F: Fs = OsFs> {
     pub bytes_after: u64,
     /// Steps after the rename that failed (the compaction stands; open cleans up).
     pub warnings: Vec<Warning>,
+}
+
+/// The sync slot of a compacted segment: durable to its end, the group's first segment, and
+/// followed by the segment after the prefix it replaces.
+fn compacted_slot(end: u64) -> Slot {
+    Slot {
+        count: 1,
+        synced_end: end,
+        flags: SLOT_FIRST | SLOT_SUCCESSOR,
+    }
 }
 
 impl<F: Fs> CompactJob<F> {
@@ -141,7 +151,7 @@ impl<F: Fs> CompactJob<F> {
             }
         }
         let bytes_before = self.sources.iter().map(|s| s.len).sum();
-        let segment = Segment::map(&self.fs, path, file, header, len, end, 1)?;
+        let segment = Segment::map(&self.fs, path, file, header, len, compacted_slot(end))?;
         segment.written_end.store(end, Ordering::Release);
         Ok(Compacted {
             upto,
@@ -211,6 +221,8 @@ impl<F: Fs> CompactJob<F> {
                 len: payload.len() as u32,
                 seq: header.first_seq + i as u64,
                 kind: *kind,
+                // Each kept record stands alone: the change it was part of is complete.
+                flags: 0,
                 prev_crc,
                 writer,
                 crc: 0,
@@ -236,15 +248,13 @@ impl<F: Fs> CompactJob<F> {
             .map_err(io("write header"))?;
         file.write_all_at(&buf, HEADER_LEN)
             .map_err(io("write records"))?;
+        let slot = compacted_slot(end);
         let none = Slot {
             count: 0,
             synced_end: 0,
+            flags: 0,
         };
-        let slot = Slot {
-            count: 1,
-            synced_end: end,
-        };
-        file.write_all_at(&slot.encode(), none.next_at() as u64)
+        file.write_all_at(&slot.encode(header.version), none.next_at() as u64)
             .map_err(io("write sync slot"))?;
         file.sync_all().map_err(io("fsync"))?;
         Ok((file, moved))

@@ -100,6 +100,10 @@ pub enum JournalError {
     /// `remove_segment` on a segment the journal does not have.
     #[error("no segment {0}")]
     NoSuchSegment(u64),
+    /// `remove_segment` on a segment that is not the group's oldest: segments go oldest first,
+    /// so that the numbers of those left have no gap.
+    #[error("segment {0} is not the oldest segment; segments are removed oldest first")]
+    NotOldest(u64),
     /// An earlier sync failed; after a failed msync/fdatasync the kernel may have dropped the
     /// dirty pages, so nothing written since can be called durable. Reopen the journal.
     #[error("an earlier sync failed ({0}); the journal must be reopened")]

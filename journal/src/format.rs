@@ -9,8 +9,21 @@ use std::path::Path;
 /// The first 8 bytes of every segment file.
 pub const SEGMENT_MAGIC: [u8; 8] = *b"SMPJSEG\0";
 /// The on-disk format version this crate writes. Version 2 added the header flags (compaction);
-/// version 1 segments (flags always zero) are read as they are.
-pub const FORMAT_VERSION: u32 = 2;
+/// version 3 the sync slots' flags ([`SLOT_FIRST`], [`SLOT_SUCCESSOR`]) and the records' flag
+/// ([`RECORD_CONTINUES`]). Segments of versions 1 and 2 (no such flags) are read as they are.
+pub const FORMAT_VERSION: u32 = 3;
+
+/// Sync slot flag (version 3): no segment before this one belongs to the group any more (they
+/// were removed as dead, or never existed); the group's records start here.
+pub const SLOT_FIRST: u32 = 1;
+/// Sync slot flag (version 3): the segment after this one was made and its name is durable; a
+/// journal whose last segment says so has lost a segment.
+pub const SLOT_SUCCESSOR: u32 = 2;
+
+/// Record flag (version 3): the next record belongs to the same change. A change's records are
+/// replayed whole or not at all: open cuts a journal whose last valid record says more follow
+/// back to that change's first record.
+pub const RECORD_CONTINUES: u16 = 1;
 
 /// The oldest format version this crate reads.
 pub const OLDEST_READ_VERSION: u32 = 1;
@@ -226,40 +239,59 @@ impl SegmentHeader {
     }
 }
 
-/// One sync slot: "records up to `synced_end` are durable". Two slots are kept and written
-/// alternately; the valid one with the higher `count` counts.
+/// One sync slot: "records up to `synced_end` are durable", and (version 3) what the segment
+/// says of its neighbours. Two slots are kept and written alternately; the valid one with the
+/// higher `count` counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Slot {
     pub count: u64,
     pub synced_end: u64,
+    /// [`SLOT_FIRST`], [`SLOT_SUCCESSOR`]; always 0 in a segment of version 1 or 2.
+    pub flags: u32,
+}
+
+/// The CRC of a slot: of its count and offset, and in version 3 of its flags too.
+fn slot_crc(b: &[u8], version: u32) -> u32 {
+    let c = crc32c::crc32c(&b[..16]);
+    if version >= 3 {
+        crc32c::crc32c_append(c, &b[20..24])
+    } else {
+        c
+    }
 }
 
 impl Slot {
-    pub fn encode(&self) -> [u8; SLOT_LEN] {
+    /// The slot's bytes in a segment of format `version` (flags are written from version 3 on).
+    pub fn encode(&self, version: u32) -> [u8; SLOT_LEN] {
         let mut b = [0u8; SLOT_LEN];
         b[0..8].copy_from_slice(&self.count.to_le_bytes());
         b[8..16].copy_from_slice(&self.synced_end.to_le_bytes());
-        let crc = crc32c::crc32c(&b[..16]);
+        if version >= 3 {
+            b[20..24].copy_from_slice(&self.flags.to_le_bytes());
+        }
+        let crc = slot_crc(&b, version);
         b[16..20].copy_from_slice(&crc.to_le_bytes());
         b
     }
 
-    fn decode(b: &[u8]) -> Option<Slot> {
+    fn decode(b: &[u8], version: u32) -> Option<Slot> {
         let count = u64_at(b, 0);
-        if count == 0 || crc32c::crc32c(&b[..16]) != u32_at(b, 16) {
+        if count == 0 || slot_crc(b, version) != u32_at(b, 16) {
             return None;
         }
         Some(Slot {
             count,
             synced_end: u64_at(b, 8),
+            flags: if version >= 3 { u32_at(b, 20) } else { 0 },
         })
     }
 
-    /// The current slot of a header page (at least `SLOT_AT[1] + SLOT_LEN` bytes); a segment that
-    /// was never synced has none, and counts as synced up to `HEADER_LEN`.
-    pub fn current(header_page: &[u8]) -> Slot {
-        let a = Slot::decode(&header_page[SLOT_AT[0]..SLOT_AT[0] + SLOT_LEN]);
-        let b = Slot::decode(&header_page[SLOT_AT[1]..SLOT_AT[1] + SLOT_LEN]);
+    /// The current slot of a header page (at least `SLOT_AT[1] + SLOT_LEN` bytes) of a segment of
+    /// format `version`; a segment that was never synced has none, and counts as synced up to
+    /// `HEADER_LEN`.
+    pub fn current(header_page: &[u8], version: u32) -> Slot {
+        let a = Slot::decode(&header_page[SLOT_AT[0]..SLOT_AT[0] + SLOT_LEN], version);
+        let b = Slot::decode(&header_page[SLOT_AT[1]..SLOT_AT[1] + SLOT_LEN], version);
         match (a, b) {
             (Some(a), Some(b)) => {
                 if a.count >= b.count {
@@ -272,6 +304,7 @@ impl Slot {
             (None, None) => Slot {
                 count: 0,
                 synced_end: HEADER_LEN,
+                flags: 0,
             },
         }
     }
@@ -603,6 +636,8 @@ pub(crate) struct RecordHeader {
     pub len: u32,
     pub seq: u64,
     pub kind: u16,
+    /// [`RECORD_CONTINUES`] or 0 (version 3; zero before).
+    pub flags: u16,
     pub prev_crc: u32,
     /// Chosen at random by each open of the journal (see `FORMAT.md`, "Records").
     pub writer: u32,
@@ -618,6 +653,7 @@ impl RecordHeader {
         b[4..8].copy_from_slice(&self.len.to_le_bytes());
         b[8..16].copy_from_slice(&self.seq.to_le_bytes());
         b[16..18].copy_from_slice(&self.kind.to_le_bytes());
+        b[18..20].copy_from_slice(&self.flags.to_le_bytes());
         b[20..24].copy_from_slice(&self.prev_crc.to_le_bytes());
         b[24..28].copy_from_slice(&self.writer.to_le_bytes());
         b
@@ -628,15 +664,18 @@ impl RecordHeader {
             len: u32_at(b, 4),
             seq: u64_at(b, 8),
             kind: u16_at(b, 16),
+            flags: u16_at(b, 18),
             prev_crc: u32_at(b, 20),
             writer: u32_at(b, 24),
             crc: u32_at(b, 28),
         }
     }
 
-    /// Bytes 18..20 are reserved and must be zero in this version.
-    pub fn reserved_zero(b: &[u8]) -> bool {
-        b[18..20] == [0, 0]
+    /// Whether the flags (bytes 18..20) are ones a segment of format `version` may hold: none
+    /// before version 3, [`RECORD_CONTINUES`] from it on.
+    pub fn flags_known(b: &[u8], version: u32) -> bool {
+        let flags = u16_at(b, 18);
+        flags == 0 || (version >= 3 && flags & !RECORD_CONTINUES == 0)
     }
 }
 

@@ -12,8 +12,8 @@ use crate::checkpoint::{
 use crate::compact::{CompactJob, Compacted};
 use crate::error::{JournalError, Warning};
 use crate::format::{
-    record_crc, Kind, Record, RecordHeader, HEADER_LEN, MIN_SEGMENT_SIZE, RECORD_ALIGN,
-    RECORD_HEADER_LEN,
+    record_crc, Kind, Record, RecordHeader, SegmentHeader, HEADER_LEN, MIN_SEGMENT_SIZE,
+    RECORD_ALIGN, RECORD_CONTINUES, RECORD_HEADER_LEN, SLOT_FIRST, SLOT_SUCCESSOR,
 };
 use crate::fs::{Fs, FsFile, OsFs};
 use crate::scan::{scan, SliceSource};
@@ -330,6 +330,89 @@ fn later_synced<F: Fs>(fs: &F, dir: &Path, ids: &[u64]) -> Result<Option<PathBuf
     Ok(None)
 }
 
+/// What the segment files of a group must be before any is read (`journal/FORMAT.md`,
+/// "Recovery"): numbered without a gap; the first one the group's first (its first sequence
+/// number is 1, it is compacted, or its sync slot says segments before it were removed); the
+/// last one not followed by a segment its sync slot says was made (`last_final`: unless open
+/// just removed the segments after it). Slot flags exist from format version 3: older segments
+/// are taken as they are. Anything else means segment files were deleted or lost: the file to
+/// name and why.
+pub(crate) fn segment_list_problem(
+    segs: &[(u64, &SegmentHeader, &crate::format::Slot)],
+    last_final: bool,
+) -> Option<(u64, String)> {
+    for w in segs.windows(2) {
+        let (a, b) = (w[0].0, w[1].0);
+        if b != a + 1 {
+            let missing = if b == a + 2 {
+                crate::segment_file_name(a + 1)
+            } else {
+                format!(
+                    "{} to {}",
+                    crate::segment_file_name(a + 1),
+                    crate::segment_file_name(b - 1)
+                )
+            };
+            return Some((b, format!("segments before it are missing ({missing})")));
+        }
+    }
+    if let Some(&(first, h, slot)) = segs.first() {
+        let is_first = h.first_seq == 1
+            || h.flags & crate::format::SEGMENT_COMPACTED != 0
+            || slot.flags & SLOT_FIRST != 0
+            || h.version < 3;
+        if !is_first {
+            return Some((
+                first,
+                format!(
+                    "the segments before it are missing: its first record is number {}, and \
+                     none of the group's segments was removed as dead to make it the first",
+                    h.first_seq
+                ),
+            ));
+        }
+    }
+    match segs.last() {
+        Some(&(last, _, slot)) if last_final && slot.flags & SLOT_SUCCESSOR != 0 => Some((
+            last,
+            format!(
+                "the segment after it, {}, is missing (it was made, and its records are lost)",
+                crate::segment_file_name(last + 1)
+            ),
+        )),
+        _ => None,
+    }
+}
+
+/// [`segment_list_problem`] of the segment files `ids` of a group directory, as damage.
+fn check_segment_list<F: Fs>(
+    fs: &F,
+    dir: &Path,
+    ids: &[u64],
+    last_final: bool,
+) -> Result<(), JournalError> {
+    let path_of = |id: u64| dir.join(crate::segment_file_name(id));
+    let mut found = Vec::with_capacity(ids.len());
+    for &id in ids {
+        let path = path_of(id);
+        let file = fs
+            .open(&path, false)
+            .map_err(|e| JournalError::io(&path, "open", e))?;
+        let (h, slot, _) = read_header(&file, &path)?;
+        found.push((id, h, slot));
+    }
+    let list: Vec<_> = found.iter().map(|(id, h, s)| (*id, h, s)).collect();
+    match segment_list_problem(&list, last_final) {
+        Some((id, reason)) => Err(JournalError::Damage {
+            file: path_of(id),
+            offset: 0,
+            synced: 0,
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Whether segment `next` (the one after segment `id`) exists, is numbered `id + 1` and starts
 /// with sequence number `next_seq`: the segments follow on without a record missing.
 pub(crate) fn next_follows<F: Fs>(
@@ -462,6 +545,7 @@ impl<F: Fs> Journal<F> {
             report.warnings[first].message =
                 "removed: segment creation never finished (crash while rotating)".into();
         }
+        let cut_at_open = first_unfinished.is_some();
 
         // Segments a compacted one replaced, left by a compaction interrupted after its rename.
         let replaced = replaced_ids(fs, &dir, &ids)?;
@@ -475,6 +559,8 @@ impl<F: Fs> Journal<F> {
             }
             ids.drain(..replaced.len());
         }
+
+        check_segment_list(fs, &dir, &ids, !cut_at_open)?;
 
         let plan = match load {
             Some(load) => Self::checkpoint_plan(fs, root, &dir, group, &ids, &mut report, load)?,
@@ -504,12 +590,11 @@ impl<F: Fs> Journal<F> {
                     reason: format!("impossible synced offset {} in the header", slot.synced_end),
                 });
             }
-            // Sequence numbers go on from segment to segment; a segment removed as dead leaves
-            // a gap in the file numbers, and may leave one in the sequence numbers.
+            // Sequence numbers go on from segment to segment (`check_segment_list` found the
+            // segment numbers consecutive).
             let follows = match segments.values().next_back() {
                 None => true,
-                Some(prev) if prev.id + 1 == id => header.first_seq == next_seq,
-                Some(_) => header.first_seq >= next_seq,
+                Some(_) => header.first_seq == next_seq,
             };
             if !follows {
                 // Records of the previous segment are missing (lost with a crash) or this segment
@@ -533,17 +618,12 @@ impl<F: Fs> Journal<F> {
                     w.message = format!("{reason}; {}", w.message);
                 }
                 ids.truncate(i);
+                if let Some(prev) = segments.values().next_back() {
+                    prev.write_slot(prev.synced_end.load(Ordering::Relaxed), 0, SLOT_SUCCESSOR)?;
+                }
                 break;
             }
-            let seg = Segment::map(
-                fs,
-                path.clone(),
-                file,
-                header,
-                len,
-                slot.synced_end,
-                slot.count,
-            )?;
+            let seg = Segment::map(fs, path.clone(), file, header, len, slot)?;
             // SAFETY: the segment was just mapped and nothing else has it: no sync handle exists
             // yet and the group lock keeps other journals out.
             let bytes = unsafe { seg.whole() };
@@ -621,10 +701,20 @@ impl<F: Fs> Journal<F> {
                 let rest = ids[i..].to_vec();
                 remove_files(fs, &dir, &rest, &mut report)?;
                 ids.truncate(i);
+                // The segments after it are gone: it is the last.
+                seg.write_slot(slot.synced_end, 0, SLOT_SUCCESSOR)?;
                 break;
             }
             // Zeros: the end of this segment's records. A later segment must follow on (checked
             // by sequence number on the next turn).
+        }
+
+        // The last segment is the one appended to: none follows it (open may have removed the
+        // ones that did, unfinished or cut).
+        if let Some(last) = segments.values().next_back() {
+            if last.slot_flags() & SLOT_SUCCESSOR != 0 {
+                last.write_slot(last.synced_end.load(Ordering::Relaxed), 0, SLOT_SUCCESSOR)?;
+            }
         }
 
         // The files kept count in the budget, over its cap or not (see `SpaceBudget`); from here
@@ -768,8 +858,37 @@ impl<F: Fs> Journal<F> {
         rec: &Record<'_>,
         priority: Priority,
     ) -> Result<Appended, JournalError> {
-        rec.check_ids()?;
-        let need = rec.stored_len();
+        let mut done = None;
+        self.append_change(std::slice::from_ref(rec), priority, |a| done = Some(a))?;
+        Ok(done.expect("one record appended"))
+    }
+
+    /// Appends the records of one change (`journal/FORMAT.md`, "Records": each but the last
+    /// says the next belongs to the same change), in one segment: a replay applies all of them
+    /// or, when a crash cut the change short, none. Returns each record's [`Appended`]; the
+    /// last one's `end` makes the change durable. Errors as [`Journal::append_with`]; nothing is
+    /// appended on an error.
+    pub fn append_batch(
+        &mut self,
+        recs: &[Record<'_>],
+        priority: Priority,
+    ) -> Result<Vec<Appended>, JournalError> {
+        let mut out = Vec::with_capacity(recs.len());
+        self.append_change(recs, priority, |a| out.push(a))?;
+        Ok(out)
+    }
+
+    fn append_change(
+        &mut self,
+        recs: &[Record<'_>],
+        priority: Priority,
+        mut appended: impl FnMut(Appended),
+    ) -> Result<(), JournalError> {
+        let mut need = 0;
+        for rec in recs {
+            rec.check_ids()?;
+            need += rec.stored_len();
+        }
         let max = self.opts.limit(self.opts.segment_size, priority) - HEADER_LEN;
         if need > max {
             return Err(JournalError::TooLarge {
@@ -782,46 +901,56 @@ impl<F: Fs> Journal<F> {
             self.rotate(need)?;
             at = HEADER_LEN;
         }
-        let seg = &self.active;
+        let seg = self.active.clone();
         assert!(
             at + need <= self.opts.limit(seg.len, priority),
-            "a new segment is made large enough for the record that needs it"
+            "a new segment is made large enough for the change that needs it"
         );
-        let payload_len = rec.payload_len();
-        let hdr = RecordHeader {
-            len: payload_len as u32,
-            seq: self.next_seq,
-            kind: rec.kind() as u16,
-            prev_crc: self.last_crc,
-            writer: self.writer,
-            crc: 0,
-        };
-        // SAFETY: we are the appender (`&mut self`), `at` is the segment's `written_end` and
-        // `at + need <= len` (checked above, or a fresh segment with `need <= len - HEADER_LEN`);
-        // the slice is dropped before `written_end` moves.
-        let dst = unsafe { seg.tail_mut(at, need) };
-        let h = RECORD_HEADER_LEN as usize;
-        dst[..h].copy_from_slice(&hdr.encode_without_crc());
-        rec.encode_payload(&mut dst[h..h + payload_len]);
-        dst[h + payload_len..].fill(0);
-        let crc = record_crc(&dst[..h], &dst[h..h + payload_len]);
-        dst[28..32].copy_from_slice(&crc.to_le_bytes());
-        let end = at + need;
-        seg.written_end.store(end, Ordering::Release);
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        self.last_crc = crc;
-        Ok(Appended {
-            loc: Location {
-                segment: seg.id,
-                offset: at,
-            },
-            seq,
-            end: SyncPoint {
-                segment: seg.id,
-                offset: end,
-            },
-        })
+        for (i, rec) in recs.iter().enumerate() {
+            let len = rec.stored_len();
+            let payload_len = rec.payload_len();
+            let hdr = RecordHeader {
+                len: payload_len as u32,
+                seq: self.next_seq,
+                kind: rec.kind() as u16,
+                flags: if i + 1 < recs.len() {
+                    RECORD_CONTINUES
+                } else {
+                    0
+                },
+                prev_crc: self.last_crc,
+                writer: self.writer,
+                crc: 0,
+            };
+            // SAFETY: we are the appender (`&mut self`), `at` is at or after the segment's
+            // `written_end` and `at + len <= len of the segment` (checked above, or a fresh
+            // segment with room for the whole change); the slice is dropped before
+            // `written_end` moves.
+            let dst = unsafe { seg.tail_mut(at, len) };
+            let h = RECORD_HEADER_LEN as usize;
+            dst[..h].copy_from_slice(&hdr.encode_without_crc());
+            rec.encode_payload(&mut dst[h..h + payload_len]);
+            dst[h + payload_len..].fill(0);
+            let crc = record_crc(&dst[..h], &dst[h..h + payload_len]);
+            dst[28..32].copy_from_slice(&crc.to_le_bytes());
+            appended(Appended {
+                loc: Location {
+                    segment: seg.id,
+                    offset: at,
+                },
+                seq: self.next_seq,
+                end: SyncPoint {
+                    segment: seg.id,
+                    offset: at + len,
+                },
+            });
+            self.next_seq += 1;
+            self.last_crc = crc;
+            at += len;
+        }
+        // Published once: a sync never sees part of a change.
+        seg.written_end.store(at, Ordering::Release);
+        Ok(())
     }
 
     /// A new active segment, twice the size of the last (up to `segment_size`) and large enough
@@ -887,8 +1016,9 @@ impl<F: Fs> Journal<F> {
             .collect()
     }
 
-    /// Removes a segment whose records the caller no longer needs (every queue, message and
-    /// notification in it was deleted or rewritten later). Never the active segment. When the
+    /// Removes the group's oldest segment, whose records the caller no longer needs (every
+    /// queue, message and notification in it was deleted or rewritten later). Never the active
+    /// segment. When the
     /// returned [`Retired`] is dropped, the group is synced up to what was appended before this
     /// call, then the file is unlinked (a sync handle still syncing it keeps its mapping until
     /// done) and the directory fsynced. Records in it must not be read afterwards
@@ -900,10 +1030,13 @@ impl<F: Fs> Journal<F> {
         if self.compacting_upto.is_some_and(|u| id <= u) {
             return Err(JournalError::Compacting(id));
         }
-        let seg = self
-            .segments
-            .remove(&id)
-            .ok_or(JournalError::NoSuchSegment(id))?;
+        if !self.segments.contains_key(&id) {
+            return Err(JournalError::NoSuchSegment(id));
+        }
+        if self.segments.keys().next() != Some(&id) {
+            return Err(JournalError::NotOldest(id));
+        }
+        let seg = self.segments.remove(&id).expect("checked");
         // It stays among the segments to sync: until its file is gone, a crash may leave it
         // beside the later segments, whose records must follow its own (the sequence numbers
         // go on from one segment to the next). The file goes when the returned `Retired` is
@@ -919,6 +1052,7 @@ impl<F: Fs> Journal<F> {
             fs: self.opts.fs.clone(),
             after: self.written(),
             sync: self.sync_handle(),
+            first_after: self.segments.values().next().cloned(),
         })
     }
 }
@@ -1132,6 +1266,7 @@ impl<F: Fs> Journal<F> {
             fs: self.opts.fs.clone(),
             after: self.written(),
             sync: self.sync_handle(),
+            first_after: None,
         };
         for id in gone {
             if let Some(s) = self.segments.remove(&id) {
@@ -1174,12 +1309,23 @@ pub struct Retired<F: Fs = OsFs> {
     /// The group's written point when the segments were let go of.
     after: SyncPoint,
     sync: SyncHandle<F>,
+    /// The segment that is the group's first once these are gone (it says so before they go).
+    first_after: Option<Arc<Segment<F>>>,
 }
 
 impl<F: Fs> Drop for Retired<F> {
     fn drop(&mut self) {
-        if !self.unlink.is_empty() && self.sync.sync_to(self.after).is_err() {
-            self.unlink.clear();
+        if !self.unlink.is_empty() {
+            let ready = self
+                .sync
+                .sync_to(self.after)
+                .and_then(|_| match &self.first_after {
+                    Some(f) => self.sync.mark_first(f),
+                    None => Ok(()),
+                });
+            if ready.is_err() {
+                self.unlink.clear();
+            }
         }
         let mut removed = false;
         for p in &self.unlink {
@@ -1332,6 +1478,19 @@ impl<F: Fs> SyncHandle<F> {
         segs: &[Arc<Segment<F>>],
         upto: SyncPoint,
     ) -> Result<(), JournalError> {
+        // The segments' names (and, the first time, the group directory's) are made durable
+        // first: before anything in a segment is called durable, and before a segment says that
+        // the one after it was made.
+        let newest = lock(&self.shared.unsynced).last().map_or(0, |s| s.id);
+        if newest > st.dir_synced_upto {
+            sync_dir(&self.shared.fs, &self.shared.dir)?;
+            if st.dir_synced_upto == 0 {
+                if let Some(parent) = self.shared.dir.parent() {
+                    sync_dir(&self.shared.fs, parent)?;
+                }
+            }
+            st.dir_synced_upto = newest;
+        }
         for s in segs {
             let written = s.written_end.load(Ordering::Acquire);
             let end = if s.id < upto.segment {
@@ -1343,27 +1502,33 @@ impl<F: Fs> SyncHandle<F> {
             // A segment's first sync writes its header page and length even with no record to
             // sync: a crash must not leave an earlier segment unfinished beside a later one.
             let first = s.slot_count.load(Ordering::Relaxed) == 0;
-            if end <= synced && !first {
+            // A segment followed by one whose name is durable says so (format version 3).
+            let successor = s.id < st.dir_synced_upto
+                && s.header.version >= 3
+                && s.slot_flags() & SLOT_SUCCESSOR == 0;
+            if end <= synced && !first && !successor {
                 continue;
             }
             let end = end.max(synced);
             if end > synced {
                 s.sync_range(synced, end)?;
             }
-            if s.id > st.dir_synced_upto {
-                // The segment's name (and, the first time, the group directory's) must be
-                // durable before anything in it is called durable.
-                sync_dir(&self.shared.fs, &self.shared.dir)?;
-                if st.dir_synced_upto == 0 {
-                    if let Some(parent) = self.shared.dir.parent() {
-                        sync_dir(&self.shared.fs, parent)?;
-                    }
-                }
-                st.dir_synced_upto = segs.last().map_or(s.id, |l| l.id);
-            }
-            s.write_slot(end)?;
+            s.write_slot(end, if successor { SLOT_SUCCESSOR } else { 0 }, 0)?;
         }
         Ok(())
+    }
+
+    /// Says durably, in its sync slot, that `seg` is now the group's first segment: the ones
+    /// before it are about to be removed as dead.
+    fn mark_first(&self, seg: &Segment<F>) -> Result<(), JournalError> {
+        let st = lock(&self.shared.sync_lock);
+        if let Some(e) = &st.failed {
+            return Err(JournalError::SyncFailed(e.clone()));
+        }
+        if seg.header.version < 3 || seg.slot_flags() & SLOT_FIRST != 0 {
+            return Ok(());
+        }
+        seg.write_slot(seg.synced_end.load(Ordering::Acquire), SLOT_FIRST, 0)
     }
 
     /// Makes everything appended so far durable.

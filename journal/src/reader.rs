@@ -47,6 +47,9 @@ pub struct SegmentReport {
     /// Valid records per kind.
     pub by_kind: BTreeMap<Kind, u64>,
     pub stop: SegmentEnd,
+    /// The segment's fixed header and its sync slot as read.
+    pub(crate) header: crate::format::SegmentHeader,
+    pub(crate) slot: crate::format::Slot,
 }
 
 /// Reads one segment file (which must belong to `group`), calling `f` with every valid record in
@@ -108,6 +111,8 @@ fn read_open_segment<T: FsFile>(
         last_seq: end.last_seq,
         by_kind,
         stop,
+        header,
+        slot,
     })
 }
 
@@ -268,6 +273,25 @@ pub fn read_group_on<F: Fs>(
         rep.file_bytes += s.len;
         rep.record_bytes += s.end - HEADER_LEN;
         rep.segments.push(s);
+    }
+    // Segment files missing (`Journal::open`'s rule): a gap, the first one not the group's
+    // first, the last one followed by one that is gone. A running relay may have made the next
+    // segment since the directory was listed: then the last one's word is true.
+    let list: Vec<_> = rep
+        .segments
+        .iter()
+        .map(|s| (s.id, &s.header, &s.slot))
+        .collect();
+    if let Some((id, reason)) = crate::journal::segment_list_problem(&list, cuts.is_empty()) {
+        let last = rep.segments.last().map(|s| s.id);
+        let made_since =
+            Some(id) == last && fs.open(&dir.join(segment_file_name(id + 1)), false).is_ok();
+        if !made_since {
+            rep.damage.push(format!(
+                "{}: {reason}",
+                dir.join(segment_file_name(id)).display()
+            ));
+        }
     }
     // A cut loses the segments from `from` on: damage if one of them has durable records.
     for (from, msg) in cuts {

@@ -151,8 +151,10 @@ pub fn repair_on<F: Fs>(
         let next = Slot {
             count: slot.count + 1,
             synced_end: bad.offset.min(slot.synced_end).max(HEADER_LEN),
+            // The segments after it are set aside: it is the last.
+            flags: slot.flags & !crate::format::SLOT_SUCCESSOR,
         };
-        file.write_all_at(&next.encode(), slot.next_at() as u64)
+        file.write_all_at(&next.encode(header.version), slot.next_at() as u64)
             .map_err(|e| JournalError::io(&path, "pwrite", e))?;
         file.sync_data()
             .map_err(|e| JournalError::io(&path, "fdatasync", e))?;

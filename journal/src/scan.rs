@@ -4,8 +4,8 @@ use std::path::Path;
 
 use crate::error::JournalError;
 use crate::format::{
-    align, record_crc, Kind, Record, RecordHeader, SegmentHeader, HEADER_LEN, RECORD_HEADER_LEN,
-    RECORD_MAGIC,
+    align, record_crc, Kind, Record, RecordHeader, SegmentHeader, HEADER_LEN, RECORD_CONTINUES,
+    RECORD_HEADER_LEN, RECORD_MAGIC,
 };
 use crate::fs::FsFile;
 use crate::Location;
@@ -105,9 +105,11 @@ fn all_zero<S: Source>(src: &mut S, off: u64) -> Result<bool, JournalError> {
 }
 
 /// Scans a segment's records from the first, calling `f` with each valid one, and stops at the
-/// first byte that is not a valid record following the previous one. Errors are I/O, an unknown
-/// kind (never a torn tail) and `f`'s refusals; everything else is a [`Bad`] stop for the caller
-/// to call a clean end, a torn tail or damage.
+/// first byte that is not a valid record following the previous one. A change written as several
+/// records (each but its last with [`RECORD_CONTINUES`]) reaches `f` only once its last record is
+/// read: a scan that stops inside one stops at its first record instead, as if none of it were
+/// there. Errors are I/O, an unknown kind (never a torn tail) and `f`'s refusals; everything else
+/// is a [`Bad`] stop for the caller to call a clean end, a torn tail or damage.
 pub(crate) fn scan<S: Source>(
     src: &mut S,
     path: &Path,
@@ -124,96 +126,188 @@ pub(crate) fn scan<S: Source>(
         bad: None,
     };
     let mut expect_seq = hdr.first_seq;
+    let mut prev_crc = hdr.chain_seed;
+    // The first record of a change whose last record is not read yet.
+    let mut open_change: Option<u64> = None;
     loop {
-        if off + RECORD_HEADER_LEN > len {
-            return Ok(out);
+        let stop = match next_record(src, path, hdr, off, expect_seq, prev_crc)? {
+            Next::Record {
+                seq,
+                crc,
+                flags,
+                end,
+            } => {
+                expect_seq = seq + 1;
+                prev_crc = crc;
+                if flags & RECORD_CONTINUES != 0 {
+                    open_change.get_or_insert(off);
+                    off = end;
+                    continue;
+                }
+                // A whole change: deliver its records.
+                let from = open_change.take().unwrap_or(off);
+                let mut at = from;
+                while at < end {
+                    let Next::Record { end: e, .. } = deliver(src, path, hdr, at, &mut f)? else {
+                        unreachable!("a record read once reads again");
+                    };
+                    out.records += 1;
+                    at = e;
+                }
+                out.last_seq = Some(seq);
+                out.last_crc = crc;
+                off = end;
+                out.end = off.min(len);
+                continue;
+            }
+            Next::Stop(bad) => bad,
+            Next::EndOfFile => None,
+        };
+        if let Some(start) = open_change {
+            // The scan ends inside a change: it is cut whole.
+            out.bad = Some(Bad {
+                offset: start,
+                reason: match &stop {
+                    Some(b) => format!("a change whose last records are missing ({})", b.reason),
+                    None => "a change whose last records are missing".into(),
+                },
+                zero: false,
+            });
+        } else {
+            out.bad = stop;
         }
-        let hb: [u8; RECORD_HEADER_LEN as usize] = src
-            .bytes(off, RECORD_HEADER_LEN as usize)?
-            .try_into()
-            .unwrap();
-        let stop = |reason: String, zero: bool| Bad {
+        return Ok(out);
+    }
+}
+
+/// What [`next_record`] found at an offset.
+enum Next {
+    Record {
+        seq: u64,
+        crc: u32,
+        flags: u16,
+        /// Where the next record starts.
+        end: u64,
+    },
+    Stop(Option<Bad>),
+    EndOfFile,
+}
+
+/// The record at `off` if it is valid and follows the one before (sequence number, chain CRC).
+fn next_record<S: Source>(
+    src: &mut S,
+    path: &Path,
+    hdr: &SegmentHeader,
+    off: u64,
+    expect_seq: u64,
+    prev_crc: u32,
+) -> Result<Next, JournalError> {
+    let len = src.len();
+    if off + RECORD_HEADER_LEN > len {
+        return Ok(Next::EndOfFile);
+    }
+    let hb: [u8; RECORD_HEADER_LEN as usize] = src
+        .bytes(off, RECORD_HEADER_LEN as usize)?
+        .try_into()
+        .unwrap();
+    let stop = |reason: String, zero: bool| {
+        Ok(Next::Stop(Some(Bad {
             offset: off,
             reason,
             zero,
+        })))
+    };
+    if hb[0..4] != RECORD_MAGIC {
+        let zero = all_zero(src, off)?;
+        let reason = if zero {
+            "zero bytes: end of records".to_string()
+        } else {
+            "no record magic".to_string()
         };
-        if hb[0..4] != RECORD_MAGIC {
-            let zero = all_zero(src, off)?;
-            let reason = if zero {
-                "zero bytes: end of records".to_string()
-            } else {
-                "no record magic".to_string()
-            };
-            out.bad = Some(stop(reason, zero));
-            return Ok(out);
-        }
-        let h = RecordHeader::decode(&hb);
-        if !RecordHeader::reserved_zero(&hb) {
-            out.bad = Some(stop("reserved header bytes are not zero".into(), false));
-            return Ok(out);
-        }
-        let total = RECORD_HEADER_LEN + h.len as u64;
-        if off + total > len {
-            out.bad = Some(stop(
-                format!(
-                    "impossible length {} (the segment ends {} bytes after the header)",
-                    h.len,
-                    len - off - RECORD_HEADER_LEN
-                ),
-                false,
-            ));
-            return Ok(out);
-        }
-        let all = src.bytes(off, total as usize)?;
-        let payload = &all[RECORD_HEADER_LEN as usize..];
-        if record_crc(&hb, payload) != h.crc {
-            out.bad = Some(stop("CRC mismatch".into(), false));
-            return Ok(out);
-        }
-        if h.prev_crc != out.last_crc {
-            out.bad = Some(stop(
-                "does not follow the previous record (chain CRC differs): left from an earlier \
-                 write"
-                    .into(),
-                false,
-            ));
-            return Ok(out);
-        }
-        if h.seq != expect_seq {
-            out.bad = Some(stop(
-                format!("sequence number {}, expected {expect_seq}", h.seq),
-                false,
-            ));
-            return Ok(out);
-        }
-        let Some(kind) = Kind::from_u16(h.kind) else {
-            return Err(JournalError::UnknownKind {
-                file: path.to_path_buf(),
-                offset: off,
-                kind: h.kind,
-            });
-        };
-        let rec = match Record::decode(kind, payload) {
-            Ok(r) => r,
-            Err(reason) => {
-                out.bad = Some(stop(reason, false));
-                return Ok(out);
-            }
-        };
-        let loc = Location {
-            segment: hdr.segment,
-            offset: off,
-        };
-        f(loc, h.seq, rec).map_err(|reason| JournalError::Replay {
+        return stop(reason, zero);
+    }
+    let h = RecordHeader::decode(&hb);
+    if !RecordHeader::flags_known(&hb, hdr.version) {
+        return stop("reserved header bytes are not zero".into(), false);
+    }
+    let total = RECORD_HEADER_LEN + h.len as u64;
+    if off + total > len {
+        return stop(
+            format!(
+                "impossible length {} (the segment ends {} bytes after the header)",
+                h.len,
+                len - off - RECORD_HEADER_LEN
+            ),
+            false,
+        );
+    }
+    let all = src.bytes(off, total as usize)?;
+    let payload = &all[RECORD_HEADER_LEN as usize..];
+    if record_crc(&hb, payload) != h.crc {
+        return stop("CRC mismatch".into(), false);
+    }
+    if h.prev_crc != prev_crc {
+        return stop(
+            "does not follow the previous record (chain CRC differs): left from an earlier write"
+                .into(),
+            false,
+        );
+    }
+    if h.seq != expect_seq {
+        return stop(
+            format!("sequence number {}, expected {expect_seq}", h.seq),
+            false,
+        );
+    }
+    let Some(kind) = Kind::from_u16(h.kind) else {
+        return Err(JournalError::UnknownKind {
             file: path.to_path_buf(),
             offset: off,
-            reason,
-        })?;
-        out.records += 1;
-        out.last_seq = Some(h.seq);
-        out.last_crc = h.crc;
-        expect_seq = h.seq + 1;
-        off += align(total);
-        out.end = off.min(len);
+            kind: h.kind,
+        });
+    };
+    if let Err(reason) = Record::decode(kind, payload) {
+        return stop(reason, false);
     }
+    Ok(Next::Record {
+        seq: h.seq,
+        crc: h.crc,
+        flags: h.flags,
+        end: off + align(total),
+    })
+}
+
+/// Reads the record at `off` again (it was checked) and gives it to `f`.
+fn deliver<S: Source>(
+    src: &mut S,
+    path: &Path,
+    hdr: &SegmentHeader,
+    off: u64,
+    f: &mut impl FnMut(Location, u64, Record<'_>) -> Result<(), String>,
+) -> Result<Next, JournalError> {
+    let hb: [u8; RECORD_HEADER_LEN as usize] = src
+        .bytes(off, RECORD_HEADER_LEN as usize)?
+        .try_into()
+        .unwrap();
+    let h = RecordHeader::decode(&hb);
+    let total = RECORD_HEADER_LEN + h.len as u64;
+    let all = src.bytes(off, total as usize)?;
+    let payload = &all[RECORD_HEADER_LEN as usize..];
+    let kind = Kind::from_u16(h.kind).expect("checked");
+    let rec = Record::decode(kind, payload).expect("checked");
+    let loc = Location {
+        segment: hdr.segment,
+        offset: off,
+    };
+    f(loc, h.seq, rec).map_err(|reason| JournalError::Replay {
+        file: path.to_path_buf(),
+        offset: off,
+        reason,
+    })?;
+    Ok(Next::Record {
+        seq: h.seq,
+        crc: h.crc,
+        flags: h.flags,
+        end: off + align(total),
+    })
 }

@@ -1,7 +1,7 @@
 //! One segment file: created preallocated, mapped `MAP_SHARED`, never truncated.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::error::JournalError;
 use crate::format::{
@@ -135,8 +135,9 @@ pub(crate) struct Segment<F: Fs> {
     pub written_end: AtomicU64,
     /// End of the records made durable (the current sync slot's value).
     pub synced_end: AtomicU64,
-    /// The count of the current sync slot; written under the sync lock only.
+    /// The count and flags of the current sync slot; written under the sync lock only.
     pub slot_count: AtomicU64,
+    slot_flags: AtomicU32,
     _file: F::File,
 }
 
@@ -187,7 +188,18 @@ impl<F: Fs> Segment<F> {
             let _ = fs.remove_file(&tmp);
             return Err(e);
         }
-        Segment::map(fs, path, file, header, len, HEADER_LEN, 0)
+        Segment::map(
+            fs,
+            path,
+            file,
+            header,
+            len,
+            Slot {
+                count: 0,
+                synced_end: HEADER_LEN,
+                flags: 0,
+            },
+        )
     }
 
     /// Maps an existing segment file whose header was checked.
@@ -197,8 +209,7 @@ impl<F: Fs> Segment<F> {
         file: F::File,
         header: SegmentHeader,
         len: u64,
-        synced_end: u64,
-        slot_count: u64,
+        slot: Slot,
     ) -> Result<Segment<F>, JournalError> {
         // The mapping's soundness (the file is never truncated or resized while mapped, and
         // only this group's journal maps it) is argued at `OsFs::map`.
@@ -212,8 +223,9 @@ impl<F: Fs> Segment<F> {
             len,
             map,
             written_end: AtomicU64::new(HEADER_LEN),
-            synced_end: AtomicU64::new(synced_end),
-            slot_count: AtomicU64::new(slot_count),
+            synced_end: AtomicU64::new(slot.synced_end),
+            slot_count: AtomicU64::new(slot.count),
+            slot_flags: AtomicU32::new(slot.flags),
             _file: file,
         })
     }
@@ -344,19 +356,28 @@ impl<F: Fs> Segment<F> {
             .map_err(|e| JournalError::io(&self.path, "msync", e))
     }
 
-    /// Writes the next sync slot saying "durable up to `end`" and msyncs the header page. Called
-    /// under the journal's sync lock, after the records up to `end` were msynced.
-    pub fn write_slot(&self, end: u64) -> Result<(), JournalError> {
+    /// Writes the next sync slot saying "durable up to `end`", with the slot flags so far, `set`
+    /// added and `clear` taken away (version 3 segments; older ones have none), and msyncs the
+    /// header page. Called under the journal's sync lock (or at open, before any sync handle),
+    /// after the records up to `end` were msynced.
+    pub fn write_slot(&self, end: u64, set: u32, clear: u32) -> Result<(), JournalError> {
         let cur = Slot {
             count: self.slot_count.load(Ordering::Relaxed),
             synced_end: 0,
+            flags: 0,
+        };
+        let flags = if self.header.version >= 3 {
+            (self.slot_flags.load(Ordering::Relaxed) | set) & !clear
+        } else {
+            0
         };
         let next = Slot {
             count: cur.count + 1,
             synced_end: end,
+            flags,
         };
         let at = cur.next_at();
-        let bytes = next.encode();
+        let bytes = next.encode(self.header.version);
         // SAFETY: the slot lies inside the header page (`at + SLOT_LEN <= HEADER_LEN`), which no
         // one else in this process reads or writes after open: the appender and readers touch
         // only bytes from `HEADER_LEN` on, and slot writes are serialized by the sync lock.
@@ -367,8 +388,14 @@ impl<F: Fs> Segment<F> {
             .flush(0, HEADER_LEN as usize)
             .map_err(|e| JournalError::io(&self.path, "msync header", e))?;
         self.slot_count.store(next.count, Ordering::Relaxed);
+        self.slot_flags.store(flags, Ordering::Relaxed);
         self.synced_end.store(end, Ordering::Release);
         Ok(())
+    }
+
+    /// The flags of the current sync slot.
+    pub fn slot_flags(&self) -> u32 {
+        self.slot_flags.load(Ordering::Relaxed)
     }
 }
 
@@ -389,5 +416,6 @@ pub(crate) fn read_header<T: FsFile>(
     file.read_exact_at(&mut page, 0)
         .map_err(|e| JournalError::io(path, "pread", e))?;
     let header = SegmentHeader::decode(&page, path)?;
-    Ok((header, Slot::current(&page), len))
+    let slot = Slot::current(&page, header.version);
+    Ok((header, slot, len))
 }

@@ -346,10 +346,10 @@ fn a_header_of_another_partitioning_or_group_is_an_error_naming_the_file() {
     assert!(e.to_string().contains("group 2"), "{e}");
 
     // A newer format version.
-    patch_header(&path, 8, &3u32.to_le_bytes());
+    patch_header(&path, 8, &4u32.to_le_bytes());
     let e = open_collect(t.path(), 2, &o).err().unwrap();
     assert!(matches!(e, JournalError::Header { .. }), "{e}");
-    assert!(e.to_string().contains("version 3"), "{e}");
+    assert!(e.to_string().contains("version 4"), "{e}");
     // Version 1 (no header flags) is read; a version 1 header with flags is not.
     write_at(&path, 0, &orig);
     patch_header(&path, 8, &1u32.to_le_bytes());
@@ -437,9 +437,13 @@ fn dead_segments_can_be_removed_but_never_the_active_one() {
         j.remove_segment(999),
         Err(JournalError::NoSuchSegment(999))
     ));
-    // The first and a middle one.
+    // Oldest first, never one in the middle (the numbers of the segments left have no gap).
+    assert!(matches!(
+        j.remove_segment(3),
+        Err(JournalError::NotOldest(3))
+    ));
     j.remove_segment(1).unwrap();
-    j.remove_segment(3).unwrap();
+    j.remove_segment(2).unwrap();
     assert!(!segs[0].path.exists());
     assert!(matches!(
         j.read(a[0].loc),
@@ -450,7 +454,7 @@ fn dead_segments_can_be_removed_but_never_the_active_one() {
     let kept: Vec<_> = a
         .iter()
         .enumerate()
-        .filter(|(_, x)| x.loc.segment != 1 && x.loc.segment != 3)
+        .filter(|(_, x)| x.loc.segment > 2)
         .map(|(i, _)| Gen::text(i as u64, 900))
         .collect();
     let (mut j, rep, got) = open_collect(t.path(), 4, &o).unwrap();
