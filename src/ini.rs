@@ -19,6 +19,7 @@
 //! | | `expire_ntfs_hours` | notification TTL in hours (default 24) |
 //! | | `prometheus_interval` | seconds between rewrites of the metrics file; absent = no file |
 //! | | `journal_max_size` | the most bytes the journal store's segment files may take (K, M, G, T suffixes; at least 16M); absent = no cap |
+//! | | `journal_checkpoint_bytes` | bytes of records after which a journal group takes a checkpoint while the relay runs: the most a start after a crash replays per group (default 16M; 1M to 1G) |
 //! | | `enable`, `restore_messages` | what the memory store keeps over a restart (off: nothing; no messages) |
 //! | | `expire_messages_on_start` | accepted as `on` (what this relay always does) |
 //! | | `log_stats` | `on`/`off` (default `off`): the daily statistics file and the statistics backup |
@@ -65,6 +66,10 @@ pub const MIN_JOURNAL_MAX_SIZE: u64 =
     smp_journal::JOURNAL_GROUPS as u64 * smp_journal::DEFAULT_INITIAL_SEGMENT_SIZE;
 /// The largest journal size cap accepted (1 PiB), far above any disk, so sums cannot overflow.
 pub const MAX_JOURNAL_MAX_SIZE: u64 = 1 << 50;
+/// Bounds of `[STORE_LOG] journal_checkpoint_bytes`: below 1 MiB a busy group would checkpoint
+/// all the time; above 1 GiB a start after a crash would replay that much per group.
+pub const MIN_JOURNAL_CHECKPOINT_BYTES: u64 = 1 << 20;
+pub const MAX_JOURNAL_CHECKPOINT_BYTES: u64 = 1 << 30;
 
 pub use crate::settings::StartOptions;
 
@@ -584,12 +589,34 @@ pub fn seconds(value: &str) -> Result<Duration, String> {
 /// optionally followed by K, M, G or T (powers of 1024), from `MIN_JOURNAL_MAX_SIZE` to
 /// `MAX_JOURNAL_MAX_SIZE`.
 pub fn size_bytes(value: &str) -> Result<u64, String> {
+    size_within(value, MIN_JOURNAL_MAX_SIZE, MAX_JOURNAL_MAX_SIZE, "4G")
+}
+
+/// A size in bytes as [`size_bytes`], from `MIN_JOURNAL_CHECKPOINT_BYTES` to
+/// `MAX_JOURNAL_CHECKPOINT_BYTES` (`[STORE_LOG] journal_checkpoint_bytes`, `start
+/// --journal-checkpoint-bytes`).
+pub fn checkpoint_bytes(value: &str) -> Result<u64, String> {
+    size_within(
+        value,
+        MIN_JOURNAL_CHECKPOINT_BYTES,
+        MAX_JOURNAL_CHECKPOINT_BYTES,
+        "16M",
+    )
+}
+
+fn size_within(value: &str, min: u64, max: u64, example: &str) -> Result<u64, String> {
+    let unit = |n: u64| match n {
+        n if n >= 1 << 40 && n % (1 << 40) == 0 => format!("{}T", n >> 40),
+        n if n >= 1 << 30 && n % (1 << 30) == 0 => format!("{}G", n >> 30),
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{}M", n >> 20),
+        n => n.to_string(),
+    };
     let expected = || {
         format!(
-            "expected a size from {}M to {}T: a whole number of bytes, or one with K, M, G or T \
-             (powers of 1024), e.g. 4G",
-            MIN_JOURNAL_MAX_SIZE >> 20,
-            MAX_JOURNAL_MAX_SIZE >> 40
+            "expected a size from {} to {}: a whole number of bytes, or one with K, M, G or T \
+             (powers of 1024), e.g. {example}",
+            unit(min),
+            unit(max)
         )
     };
     let v = value.trim();
@@ -613,7 +640,7 @@ pub fn size_bytes(value: &str) -> Result<u64, String> {
         .parse::<u64>()
         .ok()
         .and_then(|n| n.checked_mul(1 << shift))
-        .filter(|n| (MIN_JOURNAL_MAX_SIZE..=MAX_JOURNAL_MAX_SIZE).contains(n))
+        .filter(|n| (min..=max).contains(n))
         .ok_or_else(expected)
 }
 
@@ -740,6 +767,7 @@ mod tests {
                 "port" => "5223",
                 "socks_proxy" | "metrics_listen" => "127.0.0.1:9050",
                 "journal_max_size" => "4G",
+                "journal_checkpoint_bytes" => "16M",
                 _ => "7",
             };
             let mut c = IniConfig::default();
@@ -830,6 +858,7 @@ mod tests {
                 restore_messages: Some(true),
                 durability: None,
                 journal_max_size: None,
+                journal_checkpoint_bytes: None,
                 database: None,
                 db_schema: None,
                 db_pool_size: None,

@@ -409,6 +409,9 @@ snapshot! {
     store_peek_first_many_calls,
     store_writes,
     store_deletes,
+    /// Journal groups whose sync failed, and changes refused since (`store/journal/sync.rs`).
+    store_sync_failures,
+    store_sync_refused,
     /// Gauge: queues in the store.
     queue_count,
     /// Gauge: messages in the store (quota markers included).
@@ -497,6 +500,8 @@ impl MetricsSnapshot {
             store_peek_first_calls: store.peek_first,
             store_peek_first_many_calls: store.peek_first_many,
             store_writes: store.writes,
+            store_sync_failures: store.sync_failures,
+            store_sync_refused: store.sync_refused,
             store_deletes: store.deletes,
             ..MetricsSnapshot::default()
         }
@@ -1359,7 +1364,7 @@ pub fn render(s: &MetricsSnapshot, x: &Extra, now_ms: u64) -> String {
 }
 
 /// This relay's own families (`smprelay_…`), after the reference's.
-fn relay_families(s: &MetricsSnapshot) -> [(&'static str, Kind, &'static str, u64); 10] {
+fn relay_families(s: &MetricsSnapshot) -> [(&'static str, Kind, &'static str, u64); 12] {
     use Kind::Counter;
     [
         (
@@ -1421,6 +1426,18 @@ fn relay_families(s: &MetricsSnapshot) -> [(&'static str, Kind, &'static str, u6
             Counter,
             "Store deletions (messages and queues).",
             s.store_deletes,
+        ),
+        (
+            "smprelay_store_sync_failures_total",
+            Counter,
+            "Journal groups whose sync failed: they take no change until the relay restarts.",
+            s.store_sync_failures,
+        ),
+        (
+            "smprelay_store_sync_refused_total",
+            Counter,
+            "Changes refused because their journal group's sync had failed.",
+            s.store_sync_refused,
         ),
     ]
 }
@@ -1877,6 +1894,8 @@ mod tests {
             ..OwnerStats::default()
         };
         let store = StoreCounters {
+            sync_failures: 0,
+            sync_refused: 0,
             peek_first: 1,
             peek_first_many: 2,
             writes: 0,

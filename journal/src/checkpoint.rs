@@ -56,6 +56,9 @@ pub struct CheckpointBase<F: Fs = OsFs> {
     pub(crate) dir: PathBuf,
     pub(crate) group: u32,
     pub(crate) at: CheckpointPoint,
+    /// Every record up to here is durable before the file is written: the point itself, or
+    /// where the caller finished its snapshot ([`crate::Journal::checkpoint_seal`]).
+    pub(crate) durable_upto: SyncPoint,
     pub(crate) sync: SyncHandle<F>,
 }
 
@@ -73,10 +76,11 @@ impl<F: Fs> CheckpointBase<F> {
         self.at.point
     }
 
-    /// Makes every record up to the point durable, then writes the checkpoint file (temporary
-    /// name, fsync, rename, directory fsync). Blocks on I/O: run it off the appending thread.
+    /// Makes every record up to the point (or up to where the snapshot was finished, if it was
+    /// sealed) durable, then writes the checkpoint file (temporary name, fsync, rename,
+    /// directory fsync). Blocks on I/O: run it off the appending thread.
     pub fn write(self, blob: &[u8]) -> Result<(), JournalError> {
-        self.sync.sync_to(self.at.point)?;
+        self.sync.sync_to(self.durable_upto)?;
         let mut b = Vec::with_capacity(blob.len() + 128);
         b.extend_from_slice(&MAGIC);
         put_u32(&mut b, VERSION);
@@ -213,6 +217,23 @@ pub(crate) fn remove_checkpoint<F: Fs>(fs: &F, dir: &Path) -> Result<bool, Journ
 
 /// Why a checkpoint does not fit the segments on disk, if it does not: `found` is each segment
 /// on disk (after leftovers were removed) with its header and synced end.
+/// Segments a checkpoint saw that are missing now although they cannot have been removed as
+/// dead: later than the last segment on disk (segments go oldest first, and the last one is the
+/// one appended to). Their records are lost: `found` as for [`stale_reason`].
+pub(crate) fn lost_segments(at: &CheckpointPoint, found: &[(u64, u64, u64, u32, u64)]) -> Vec<u64> {
+    let last_on_disk = found.last().map_or(0, |f| f.0);
+    let mut lost: Vec<u64> = at
+        .segments
+        .iter()
+        .map(|s| s.id)
+        .chain(std::iter::once(at.point.segment))
+        .filter(|&id| id > last_on_disk)
+        .collect();
+    lost.sort_unstable();
+    lost.dedup();
+    lost
+}
+
 pub(crate) fn stale_reason(
     at: &CheckpointPoint,
     found: &[(u64, u64, u64, u32, u64)],

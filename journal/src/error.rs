@@ -41,11 +41,13 @@ pub enum JournalError {
     #[error("{file}: segment does not match this journal: {what}")]
     Mismatch { file: PathBuf, what: String },
     /// A record the journal had made durable cannot be read: the file was damaged after the
-    /// sync. Opening stops here; `smp-journal repair` (the [`crate::repair`] function) cuts the
-    /// journal at this point.
+    /// sync; or segment files are missing. Opening stops here; `smp-journal repair`
+    /// (the [`crate::repair`] function) cuts the journal at this point, or accepts a missing
+    /// first or last segment.
     #[error(
         "{file}: damaged record at offset {offset}, before the synced offset {synced}: {reason}; \
-         run `smp-journal repair` to cut the journal there (records from this one on are lost)"
+         run `smp-journal repair`: it cuts the journal there (records from this one on are \
+         lost), or accepts a missing first or last segment, and says what is lost"
     )]
     Damage {
         file: PathBuf,

@@ -223,9 +223,15 @@ impl SegmentHeader {
             )));
         }
         if self.segment_len != file_len {
+            let what = if file_len < self.segment_len {
+                "it was cut short (files are never truncated): `smp-journal repair` extends it \
+                 with zeros and cuts the journal where its records end"
+            } else {
+                "files are never grown: was it copied? `smp-journal repair` does not change it; \
+                 move it away if it is not this segment"
+            };
             return Err(mismatch(format!(
-                "the header says {} bytes, the file has {file_len} (files are never truncated or \
-                 grown: was it copied or cut?)",
+                "the header says {} bytes, the file has {file_len}: {what}",
                 self.segment_len
             )));
         }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::checkpoint::{
@@ -189,6 +189,8 @@ struct Shared<F: Fs> {
     unsynced: Mutex<Vec<Arc<Segment<F>>>>,
     /// Serializes syncs; held across msyncs (the appender never takes it).
     sync_lock: Mutex<SyncState>,
+    /// Set with `SyncState::failed`, readable without the sync lock.
+    sync_failed: AtomicBool,
     /// The durable point, readable without the sync lock.
     synced_segment: AtomicU64,
     synced_offset: AtomicU64,
@@ -547,14 +549,15 @@ impl<F: Fs> Journal<F> {
         }
         let cut_at_open = first_unfinished.is_some();
 
-        // Segments a compacted one replaced, left by a compaction interrupted after its rename.
+        // Segments before the group's first, left by a compaction interrupted after its rename or
+        // by a removal of dead segments that failed.
         let replaced = replaced_ids(fs, &dir, &ids)?;
         if !replaced.is_empty() {
             let first = report.warnings.len();
             remove_files(fs, &dir, &replaced, &mut report)?;
             for w in &mut report.warnings[first..] {
-                w.message = "removed: a compacted segment replaces it (a compaction was \
-                             interrupted before it removed it)"
+                w.message = "removed: a later segment is the group's first (a compaction or a \
+                             removal of dead segments was interrupted before it removed it)"
                     .into();
             }
             ids.drain(..replaced.len());
@@ -780,6 +783,7 @@ impl<F: Fs> Journal<F> {
                 failed: None,
                 dir_synced_upto: 0,
             }),
+            sync_failed: AtomicBool::new(false),
             synced_segment: AtomicU64::new(synced.segment),
             synced_offset: AtomicU64::new(synced.offset),
             _lock: lock_file,
@@ -822,6 +826,14 @@ impl<F: Fs> Journal<F> {
             segment: self.active.id,
             offset: self.active.written_end.load(Ordering::Relaxed),
         }
+    }
+
+    /// Whether a sync of this journal failed. After a failed msync or fsync a later success
+    /// proves nothing (the system may have dropped the pages it could not write), so what was
+    /// appended since the last durable point may or may not be on the disk: the caller should
+    /// append nothing more and answer nothing as durable until the journal is opened again.
+    pub fn sync_failed(&self) -> bool {
+        self.shared.sync_failed.load(Ordering::Acquire)
     }
 
     /// The durable point: records ending at or before it survive a crash.
@@ -1085,6 +1097,19 @@ impl<F: Fs> Journal<F> {
             };
             found.push((id, h.first_seq, h.segment_len, h.flags, slot.synced_end));
         }
+        let lost = crate::checkpoint::lost_segments(&cp.at, &found);
+        if let Some(&first) = lost.first() {
+            return Err(JournalError::Damage {
+                file: cp.path.clone(),
+                offset: 0,
+                synced: 0,
+                reason: format!(
+                    "it covers {}, which is missing: the records in it are lost (the relay \
+                     served them)",
+                    crate::segment_file_name(first)
+                ),
+            });
+        }
         if let Some(reason) = stale_reason(&cp.at, &found) {
             report.warnings.push(Warning {
                 file: cp.path.clone(),
@@ -1113,20 +1138,35 @@ impl<F: Fs> Journal<F> {
             group: self.group,
             at: CheckpointPoint {
                 point,
-                segments: self
-                    .segments
-                    .values()
-                    .map(|s| SeenSegment {
-                        id: s.id,
-                        first_seq: s.header.first_seq,
-                        len: s.len,
-                        flags: s.header.flags,
-                        end: s.written_end.load(Ordering::Relaxed),
-                    })
-                    .collect(),
+                segments: self.seen_segments(),
             },
+            durable_upto: point,
             sync: self.sync_handle(),
         }
+    }
+
+    /// For a snapshot made in steps while records were appended (a fuzzy checkpoint, as
+    /// `journal/FORMAT.md` "Checkpoints" describes): the snapshot of each part was taken at some
+    /// moment between `base`'s point and now, so replay still starts at the point (the caller's
+    /// replay must take records whose effect the snapshot holds already), but the checkpoint may
+    /// be used only while every record appended up to now is on the disk as it is now. Call it
+    /// when the snapshot is complete, before [`CheckpointBase::write`].
+    pub fn checkpoint_seal(&self, base: &mut CheckpointBase<F>) {
+        base.at.segments = self.seen_segments();
+        base.durable_upto = self.written();
+    }
+
+    fn seen_segments(&self) -> Vec<SeenSegment> {
+        self.segments
+            .values()
+            .map(|s| SeenSegment {
+                id: s.id,
+                first_seq: s.header.first_seq,
+                len: s.len,
+                flags: s.header.flags,
+                end: s.written_end.load(Ordering::Relaxed),
+            })
+            .collect()
     }
 }
 
@@ -1440,6 +1480,7 @@ impl<F: Fs> SyncHandle<F> {
             Ok(()) => {}
             Err(e) => {
                 st.failed = Some(e.to_string());
+                self.shared.sync_failed.store(true, Ordering::Release);
                 return Err(e);
             }
         }

@@ -42,10 +42,15 @@
 //!
 //! - [`reader::list_groups`], [`reader::read_group`], [`reader::read_segment`]: `pread` only, no
 //!   mapping, no lock, so they run beside a running relay; they verify every record's CRC and
-//!   report per segment and group counts, damage (by [`Journal::open`]'s rules) and warnings
-//!   (torn tails, which open would cut).
-//! - [`repair`]: cut a group at its first bad record (relay stopped), with a printable
-//!   [`RepairReport`].
+//!   report per segment and group counts, damage (by [`Journal::open`]'s rules: bad records,
+//!   segment files missing or cut short) and warnings (torn tails, which open would cut).
+//! - [`check`]: the consistency index over a group's records, by the relay's replay rules (what
+//!   a replay makes of queues, messages and notifications, and the records that contradict it);
+//!   the tool and the relay's storage fault simulator both use it.
+//! - [`repair`]: give every damage a way out (relay stopped): cut a group at its first bad
+//!   record, extend a segment file that was cut short, accept a missing first or last segment;
+//!   its printable [`RepairReport`] says what was dropped, per queue ([`QueueLoss`]) and
+//!   notifier ([`NotifierLoss`]).
 //!
 //! The crate's binary, `smp-journal` (`src/bin/smp-journal/`), is that tool: `stats`, `queues`,
 //! `show`, `verify` beside a running relay, `repair` with the data directory's lock (README,
@@ -67,6 +72,7 @@
 //! segments to the caller and replays only the records after it (`journal/FORMAT.md`,
 //! "Checkpoints").
 
+pub mod check;
 mod checkpoint;
 mod compact;
 mod error;
@@ -88,14 +94,14 @@ pub use compact::{CompactJob, Compacted};
 pub use error::{JournalError, Warning};
 pub use format::{
     Kind, MsgId, Record, SegmentHeader, FORMAT_VERSION, HEADER_LEN, MIN_SEGMENT_SIZE, RECORD_ALIGN,
-    RECORD_HEADER_LEN, RECORD_MAGIC, SEGMENT_COMPACTED, SEGMENT_MAGIC,
+    RECORD_HEADER_LEN, RECORD_MAGIC, SEGMENT_COMPACTED, SEGMENT_MAGIC, SLOT_FIRST, SLOT_SUCCESSOR,
 };
 pub use fs::{Fs, OsFs};
 pub use journal::{
     Appended, Journal, Moved, OpenReport, Options, Prefetch, Retired, SegmentInfo, SegmentSize,
     SyncHandle, DEFAULT_INITIAL_SEGMENT_SIZE, DEFAULT_SEGMENT_SIZE,
 };
-pub use repair::{repair, repair_on, RepairReport};
+pub use repair::{repair, repair_on, NotifierLoss, QueueLoss, RepairReport};
 pub use segment::{create_dir_durable, parse_segment_file_name, segment_file_name};
 pub use space::{Priority, SpaceBudget, DEFAULT_RELEASE_RESERVE, RESERVE_SHARE_DIVISOR};
 

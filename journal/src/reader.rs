@@ -74,7 +74,15 @@ fn read_open_segment<T: FsFile>(
 ) -> Result<SegmentReport, JournalError> {
     let (header, slot, len) = read_header(&file, path)?;
     let id = header.segment;
-    header.check(path, group, id, len)?;
+    // A file shorter than its header says lost its end (someone cut it): its records up to
+    // there are read, and it is damage. Any other disagreement is not a segment of this journal.
+    let truncated = len < header.segment_len;
+    header.check(
+        path,
+        group,
+        id,
+        if truncated { header.segment_len } else { len },
+    )?;
     let mut by_kind = BTreeMap::new();
     let end = scan(
         &mut PreadSource::new(file, path, len),
@@ -86,6 +94,15 @@ fn read_open_segment<T: FsFile>(
         },
     )?;
     let stop = match end.bad {
+        _ if truncated => SegmentEnd::Damage {
+            offset: end.bad.as_ref().map_or(end.end, |b| b.offset),
+            reason: format!(
+                "the file has {len} bytes, its header says {}: it was cut short, and the \
+                 records from here on are lost (`smp-journal repair` extends it with zeros and \
+                 cuts the journal here)",
+                header.segment_len
+            ),
+        },
         None => SegmentEnd::Full,
         Some(b) if b.offset < slot.synced_end => SegmentEnd::Damage {
             offset: b.offset,
@@ -116,6 +133,29 @@ fn read_open_segment<T: FsFile>(
     })
 }
 
+impl SegmentReport {
+    /// The segment's fixed header.
+    pub fn header(&self) -> &crate::format::SegmentHeader {
+        &self.header
+    }
+
+    /// The flags of its sync slot in force: [`crate::SLOT_FIRST`], [`crate::SLOT_SUCCESSOR`]
+    /// (always 0 in a segment of format version 1 or 2).
+    pub fn slot_flags(&self) -> u32 {
+        self.slot.flags
+    }
+
+    /// Whether the group's records may start here with the records before them gone: its first
+    /// sequence number is past 1, it is compacted, or its sync slot says it is the group's first
+    /// (segments before it were removed as dead). As the group's first segment, it makes the
+    /// group trimmed ([`GroupReport::trimmed`]).
+    pub fn starts_later(&self) -> bool {
+        self.first_seq > 1
+            || self.header.flags & SEGMENT_COMPACTED != 0
+            || self.slot.flags & crate::format::SLOT_FIRST != 0
+    }
+}
+
 /// One group as the reader found it.
 #[derive(Debug, Clone)]
 pub struct GroupReport {
@@ -138,10 +178,22 @@ pub struct GroupReport {
     pub warnings: Vec<String>,
 }
 
+impl GroupReport {
+    /// Whether the group's history starts later than its records do ("trimmed"): its first
+    /// segment [starts later](SegmentReport::starts_later). Its records may then refer to queues
+    /// and messages whose older records are gone (`crate::check`); a group without segments is
+    /// not trimmed.
+    pub fn trimmed(&self) -> bool {
+        self.segments.first().is_some_and(|s| s.starts_later())
+    }
+}
+
 /// Reads every segment of `group` under `root` in order, calling `f` with each valid record, and
 /// checks that sequence numbers go on from one segment to the next. Segment files that cannot
-/// be read at all (bad header) are listed as damage and skipped; a segment removed while the
-/// group is read (a running relay dropping a dead segment) is skipped.
+/// be read at all (bad header, another journal's, longer than its header says) are listed as
+/// damage and skipped; a file shorter than its header says is read up to its end and is damage
+/// there; a segment removed while the group is read (a running relay dropping a dead segment) is
+/// skipped.
 ///
 /// Damage and warnings follow `Journal::open`'s rules (`journal/FORMAT.md`, "Recovery"): a bad
 /// record before a segment's synced offset is damage; a bad record past it (a torn tail), or
@@ -195,10 +247,14 @@ pub fn read_group_on<F: Fs>(
             Err(e) => return Err(JournalError::io(&path, "open", e)),
         }
     }
-    let compacted = files.iter().rposition(|(_, path, file)| {
-        read_header(file, path).is_ok_and(|(h, _, _)| h.flags & SEGMENT_COMPACTED != 0)
+    // Files before the group's first segment (a compacted one, or one whose sync slot says the
+    // segments before it were removed as dead) are leftovers that open removes: not read.
+    let first = files.iter().rposition(|(_, path, file)| {
+        read_header(file, path).is_ok_and(|(h, slot, _)| {
+            h.flags & SEGMENT_COMPACTED != 0 || slot.flags & crate::format::SLOT_FIRST != 0
+        })
     });
-    if let Some(i) = compacted {
+    if let Some(i) = first {
         files.drain(..i);
     }
     for (id, path, file) in files {

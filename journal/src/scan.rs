@@ -1,11 +1,12 @@
-//! The one record scanner, used over a mapping (open, repair) and over `pread` (the reader).
+//! The one record scanner, used over a mapping (open, repair) and over `pread` (the reader); and
+//! a lenient one that reads past bad records, for `repair`'s account of what it dropped.
 
 use std::path::Path;
 
 use crate::error::JournalError;
 use crate::format::{
-    align, record_crc, Kind, Record, RecordHeader, SegmentHeader, HEADER_LEN, RECORD_CONTINUES,
-    RECORD_HEADER_LEN, RECORD_MAGIC,
+    align, record_crc, Kind, Record, RecordHeader, SegmentHeader, HEADER_LEN, RECORD_ALIGN,
+    RECORD_CONTINUES, RECORD_HEADER_LEN, RECORD_MAGIC,
 };
 use crate::fs::FsFile;
 use crate::Location;
@@ -310,4 +311,43 @@ fn deliver<S: Source>(
         flags: h.flags,
         end: off + align(total),
     })
+}
+
+/// Finds records leniently from `from` (a multiple of 8) to the end of the segment, calling `f`
+/// with each one's offset: wherever the record magic, a length that fits, the record CRC, a known
+/// kind and a readable payload hold, stepping 8 bytes otherwise. Chain CRCs, sequence numbers and
+/// changes are ignored, so it reads past a bad record: for saying what a cut dropped
+/// (`repair`), never for replaying.
+pub(crate) fn scan_lenient<S: Source>(
+    src: &mut S,
+    from: u64,
+    mut f: impl FnMut(u64, Record<'_>),
+) -> Result<(), JournalError> {
+    let len = src.len();
+    let mut off = align(from.max(HEADER_LEN));
+    while off + RECORD_HEADER_LEN <= len {
+        let hb: [u8; RECORD_HEADER_LEN as usize] = src
+            .bytes(off, RECORD_HEADER_LEN as usize)?
+            .try_into()
+            .unwrap();
+        let h = RecordHeader::decode(&hb);
+        let total = RECORD_HEADER_LEN + h.len as u64;
+        if hb[0..4] != RECORD_MAGIC || off + total > len {
+            off += RECORD_ALIGN;
+            continue;
+        }
+        let all = src.bytes(off, total as usize)?;
+        let payload = &all[RECORD_HEADER_LEN as usize..];
+        let rec = Kind::from_u16(h.kind)
+            .filter(|_| record_crc(&hb, payload) == h.crc)
+            .and_then(|kind| Record::decode(kind, payload).ok());
+        match rec {
+            Some(rec) => {
+                f(off, rec);
+                off += align(total);
+            }
+            None => off += RECORD_ALIGN,
+        }
+    }
+    Ok(())
 }

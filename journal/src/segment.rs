@@ -36,9 +36,11 @@ pub(crate) fn list_segment_ids<F: Fs>(fs: &F, dir: &Path) -> Result<Vec<u64>, Jo
     Ok(ids)
 }
 
-/// The segments of `ids` (ascending) that a compacted segment replaced: every one numbered below
-/// the highest segment whose header has the `SEGMENT_COMPACTED` flag. Such files are left over
-/// from a compaction interrupted between its rename and its removals; they are not read.
+/// The segments of `ids` (ascending) that are no longer the group's: every one numbered below the
+/// highest segment that is the group's first, by its header (`SEGMENT_COMPACTED`: a compacted
+/// segment replaces the ones before it) or its sync slot (`SLOT_FIRST`: the ones before it were
+/// removed as dead). Such files are left over from a compaction interrupted between its rename
+/// and its removals, or from a removal that failed; they are not read.
 pub(crate) fn replaced_ids<F: Fs>(
     fs: &F,
     dir: &Path,
@@ -51,8 +53,10 @@ pub(crate) fn replaced_ids<F: Fs>(
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => return Err(JournalError::io(&path, "open", e)),
         };
-        if let Ok((h, _, _)) = read_header(&file, &path) {
-            if h.flags & crate::format::SEGMENT_COMPACTED != 0 {
+        if let Ok((h, slot, _)) = read_header(&file, &path) {
+            if h.flags & crate::format::SEGMENT_COMPACTED != 0
+                || slot.flags & crate::format::SLOT_FIRST != 0
+            {
                 return Ok(ids[..i].to_vec());
             }
         }

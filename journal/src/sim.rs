@@ -466,6 +466,11 @@ impl SimFs {
         self.st().faults.insert(k, fault);
     }
 
+    /// Drops the faults planned and not reached yet.
+    pub fn clear_faults(&self) {
+        self.st().faults.clear();
+    }
+
     /// Whether the planned crash happened.
     pub fn crashed(&self) -> bool {
         self.st().dead

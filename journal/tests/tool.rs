@@ -525,7 +525,20 @@ fn records_that_contradict_each_other_are_reported() {
         "{}",
         o.stdout
     );
-    assert!(o.stdout.contains("DAMAGE: 3 "), "{}", o.stdout);
+    // The orphan stays parked to the end, as in the relay's replay, which drops it.
+    assert!(
+        has(
+            &orphan,
+            group_of(&ghost),
+            &format!(
+                "1 message(s) of queue {}, which has no record: the relay drops them",
+                b64(&ghost)
+            )
+        ),
+        "{}",
+        o.stdout
+    );
+    assert!(o.stdout.contains("DAMAGE: 4 "), "{}", o.stdout);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -657,4 +670,801 @@ fn verify_stays_clean_while_another_process_appends_and_syncs() {
         "{:#}",
         v["total"]
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Missing and cut-short segments: verify names them, repair gives them a way out
+
+/// `n` recipient IDs (salt `salt`) of group `g`.
+fn ids_in_group(salt: u64, g: u32, n: usize) -> Vec<[u8; 24]> {
+    (0..)
+        .map(|k| id24(salt, k))
+        .filter(|id| group_of(id) == g)
+        .take(n)
+        .collect()
+}
+
+/// Every segment file of a group directory (`.cut` ones too) with its bytes.
+fn snapshot(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("seg-"))
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// The repair of an already repaired group changes nothing, by the tool or the library.
+fn assert_repair_is_idempotent(data_dir: &Path, g: u32) {
+    let dir = group_dir(&data_dir.join("journal"), g);
+    let before = snapshot(&dir);
+    let o = run(data_dir, &["repair"]);
+    assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+    assert!(
+        o.stdout.contains("0 repaired, 0 still damaged\n"),
+        "{}",
+        o.stdout
+    );
+    let r = smp_journal::repair(&data_dir.join("journal"), g).unwrap();
+    assert!(!r.changed(), "{r}");
+    assert!(r.to_string().contains("no damage found"), "{r}");
+    assert_eq!(snapshot(&dir), before, "a second repair changed files");
+}
+
+/// Records replayed by `Journal::open` of group `g`: (sequence number, kind name, ID).
+fn replayed(data_dir: &Path, g: u32) -> Vec<(u64, &'static str, Vec<u8>)> {
+    let mut got = Vec::new();
+    Journal::open(
+        &data_dir.join("journal"),
+        g,
+        &Options::default(),
+        |_, seq, rec| {
+            got.push((
+                seq,
+                rec.kind().name(),
+                rec.id().unwrap_or_default().to_vec(),
+            ));
+            Ok(())
+        },
+    )
+    .unwrap();
+    got
+}
+
+/// Bytes of a queue record that fits an empty 32 KiB segment before its reserve, but not one
+/// that holds 2 KiB of records already.
+const BIG: usize = 23_900;
+
+/// Two queues of one group whose first segment is dead once the second is written when `dead`
+/// (their creates are overwritten by updates, their messages there deleted), and holds live
+/// messages of queue A otherwise. Returns the group, the queue IDs and the records of segment 2.
+fn build_two_segments(data_dir: &Path, dead: bool) -> (u32, [u8; 24], [u8; 24], u64) {
+    let mut w = Writer::new(data_dir, 32 << 10);
+    let a = id24(1, 0);
+    let g = group_of(&a);
+    let b = ids_in_group(1, g, 2)[1];
+    create(&mut w, &a);
+    create(&mut w, &b);
+    let (a0, a1) = (id24(2, 0), id24(2, 1));
+    send(&mut w, &a, &a0, now(), 0, &[1u8; 1000]);
+    send(&mut w, &a, &a1, now(), 0, &[1u8; 1000]);
+    // A queue record too large for the rest of segment 1: it starts segment 2.
+    let big = vec![9u8; BIG];
+    let up = w.append(&Record::QueueUpdate {
+        recipient_id: &a,
+        data: &big,
+    });
+    assert_eq!(up.loc.segment, 2);
+    let mut seg2 = 1;
+    w.append(&Record::QueueUpdate {
+        recipient_id: &b,
+        data: b"queue record, updated",
+    });
+    seg2 += 1;
+    for k in 2..4 {
+        send(&mut w, &a, &id24(2, k), now(), 0, &[1u8; 100]);
+        seg2 += 1;
+    }
+    send(&mut w, &b, &id24(2, 10), now(), 0, &[1u8; 100]);
+    seg2 += 1;
+    if dead {
+        for m in [&a0, &a1] {
+            w.append(&Record::MsgDelete {
+                recipient_id: &a,
+                msg_id: m,
+            });
+            seg2 += 1;
+        }
+    }
+    w.sync_all();
+    if dead {
+        // As the relay does once every record in it is dead.
+        let retired = w.journal(g).remove_segment(1).unwrap();
+        drop(retired);
+    }
+    drop(w);
+    (g, a, b, seg2)
+}
+
+#[test]
+fn a_first_segment_removed_as_dead_verifies_clean_and_one_deleted_by_hand_is_repaired() {
+    // Removed as dead by the journal: the group is trimmed, and its records say nothing wrong.
+    let t = TempDir::new("retired");
+    let (g, _, _, seg2) = build_two_segments(t.path(), true);
+    let dir = group_dir(&t.journal(), g);
+    assert!(!dir.join(segment_file_name(1)).exists());
+    let o = run(t.path(), &["verify"]);
+    assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+    assert_eq!(
+        o.stdout,
+        format!(
+            "clean: 1 groups, {seg2} records checked under {}\n",
+            t.journal().display()
+        )
+    );
+    let v = json(&run(t.path(), &["stats", "--json"]));
+    assert_eq!(v["total"]["queues"], 2, "{v:#}");
+    assert_eq!(v["total"]["messages"], 3, "{v:#}");
+
+    // The same shape, but segment 1 deleted by hand while its messages were live.
+    let t = TempDir::new("first-deleted");
+    let (g, a, b, seg2) = build_two_segments(t.path(), false);
+    let dir = group_dir(&t.journal(), g);
+    std::fs::remove_file(dir.join(segment_file_name(1))).unwrap();
+    let seg2_path = dir.join(segment_file_name(2));
+    let o = run(t.path(), &["verify"]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let damage = format!(
+        "damage: {}: the segments before it are missing: its first record is number 5, and none \
+         of the group's segments was removed as dead to make it the first",
+        seg2_path.display()
+    );
+    assert_eq!(
+        o.stdout.lines().next(),
+        Some(damage.as_str()),
+        "{}",
+        o.stdout
+    );
+    assert!(o.stdout.contains("\nDAMAGE: 1 "), "{}", o.stdout);
+    let e = Journal::open(&t.journal(), g, &Options::default(), |_, _, _| Ok(()))
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("smp-journal repair"), "{e}");
+
+    let o = run(t.path(), &["repair"]);
+    assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+    let history = "its older records are missing: messages it held then, if any, are lost (how \
+                   many is not known)";
+    let mut queues = [a, b];
+    queues.sort();
+    let mut want = vec![
+        damage.clone(),
+        format!("group {g}: {seg2} records kept, none cut"),
+        format!(
+            "group {g}: {}: the segments before it are missing: its first record is number 5, \
+             and none of the group's segments was removed as dead to make it the first; marked \
+             as the group's first segment: the records before it are lost, and what they were \
+             is not known",
+            seg2_path.display()
+        ),
+    ];
+    want.extend(
+        queues
+            .iter()
+            .map(|q| format!("queue {}: {history}", b64(q))),
+    );
+    want.push("1 groups checked, 1 repaired, 0 still damaged".into());
+    assert_eq!(o.stdout.lines().collect::<Vec<_>>(), want, "{}", o.stdout);
+
+    let o = run(t.path(), &["verify"]);
+    assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+    assert!(
+        o.stdout
+            .starts_with(&format!("clean: 1 groups, {seg2} records")),
+        "{}",
+        o.stdout
+    );
+    let got = replayed(t.path(), g);
+    assert_eq!(got.len() as u64, seg2);
+    assert_eq!(got[0].0, 5);
+    assert_eq!((got[0].1, got[0].2.as_slice()), ("queue-update", &a[..]));
+    assert_repair_is_idempotent(t.path(), g);
+}
+
+#[test]
+fn a_first_segment_deleted_with_a_queue_record_leaves_its_later_messages_to_be_dropped() {
+    // Queue C's create is in segment 1, one message of it in segment 2: with segment 1 gone,
+    // the relay parks that message for a queue record that never comes, and drops it.
+    let t = TempDir::new("first-deleted-orphan");
+    let mut w = Writer::new(t.path(), 32 << 10);
+    let c = id24(1, 0);
+    let g = group_of(&c);
+    create(&mut w, &c);
+    send(&mut w, &c, &id24(2, 9), now(), 0, &[1u8; 1000]);
+    let big = vec![9u8; BIG];
+    let other = ids_in_group(1, g, 2)[1];
+    let r = w.append(&Record::QueueCreate {
+        recipient_id: &other,
+        data: &big,
+    });
+    assert_eq!(r.loc.segment, 2);
+    let m = send(&mut w, &c, &id24(2, 0), now(), 0, b"hello");
+    w.sync_all();
+    drop(w);
+    let dir = group_dir(&t.journal(), g);
+    std::fs::remove_file(dir.join(segment_file_name(1))).unwrap();
+
+    let o = run(t.path(), &["repair"]);
+    assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+    let line = format!(
+        "queue {}: 1 message(s) lost with its queue's record (the relay drops messages of a \
+         queue that has no record)",
+        b64(&c)
+    );
+    assert!(o.stdout.lines().any(|l| l == line), "{}", o.stdout);
+    assert!(
+        o.stdout.ends_with(
+            "1 groups checked, 1 repaired, 0 still damaged\nnote: 1 inconsistent record(s) left \
+             (see `smp-journal verify`); repair changes damaged bytes and segment files only, \
+             never records that contradict each other\n"
+        ),
+        "{}",
+        o.stdout
+    );
+    // No damage is left; the message the relay drops stays an inconsistency until the relay
+    // removes its segment.
+    let o = run(t.path(), &["verify"]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let lines: Vec<&str> = o.stdout.lines().collect();
+    assert_eq!(
+        lines[0],
+        format!(
+            "inconsistent: {}: record at offset {}: 1 message(s) of queue {}, which has no \
+             record: the relay drops them",
+            dir.join(segment_file_name(2)).display(),
+            m.loc.offset,
+            b64(&c)
+        )
+    );
+    assert_eq!(lines.len(), 2, "{}", o.stdout);
+    assert!(lines[1].starts_with("DAMAGE: 1 "), "{}", o.stdout);
+    assert_eq!(replayed(t.path(), g).len(), 2);
+    assert_repair_is_idempotent(t.path(), g);
+}
+
+#[test]
+fn a_deleted_last_segment_is_damage_and_repair_makes_the_one_before_it_the_last() {
+    let t = TempDir::new("last-deleted");
+    let mut w = Writer::new(t.path(), 32 << 10);
+    let a = id24(1, 0);
+    let g = group_of(&a);
+    create(&mut w, &a);
+    let mut kept = 1;
+    let mut k = 0;
+    loop {
+        let s = send(&mut w, &a, &id24(2, k), now(), 0, &[3u8; 1000]);
+        k += 1;
+        if s.loc.segment == 2 {
+            break;
+        }
+        kept += 1;
+    }
+    for j in 0..5 {
+        send(&mut w, &a, &id24(3, j), now(), 0, &[3u8; 1000]);
+    }
+    w.sync_all();
+    drop(w);
+    let dir = group_dir(&t.journal(), g);
+    let (seg1, seg2) = (
+        dir.join(segment_file_name(1)),
+        dir.join(segment_file_name(2)),
+    );
+    std::fs::remove_file(&seg2).unwrap();
+
+    let o = run(t.path(), &["verify"]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let damage = format!(
+        "damage: {}: the segment after it, seg-000000002.jnl, is missing (it was made, and its \
+         records are lost)",
+        seg1.display()
+    );
+    assert_eq!(
+        o.stdout.lines().collect::<Vec<_>>()[..1],
+        [damage.as_str()],
+        "{}",
+        o.stdout
+    );
+    assert!(o.stdout.contains("\nDAMAGE: 1 "), "{}", o.stdout);
+
+    let o = run(t.path(), &["repair"]);
+    assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+    assert_eq!(
+        o.stdout.lines().collect::<Vec<_>>(),
+        [
+            damage,
+            format!("group {g}: {kept} records kept, none cut"),
+            format!(
+                "group {g}: {} is missing (the segment before it says it was made): its records \
+                 are lost, and what they were is not known; the segment before it is now the last",
+                seg2.display()
+            ),
+            "1 groups checked, 1 repaired, 0 still damaged".into(),
+        ],
+        "{}",
+        o.stdout
+    );
+    let o = run(t.path(), &["verify"]);
+    assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+    assert!(
+        o.stdout
+            .starts_with(&format!("clean: 1 groups, {kept} records")),
+        "{}",
+        o.stdout
+    );
+    assert_eq!(replayed(t.path(), g).len(), kept);
+    assert_repair_is_idempotent(t.path(), g);
+}
+
+#[test]
+fn a_segment_cut_short_is_extended_and_the_journal_cut_where_its_records_end() {
+    let t = TempDir::new("truncated");
+    let mut w = Writer::new(t.path(), 256 << 10);
+    let a = id24(1, 0);
+    let g = group_of(&a);
+    let others = ids_in_group(1, g, 3);
+    let (b, c) = (others[1], others[2]);
+    let n = id24(4, 0);
+    let mut log: Vec<Appended> = Vec::new();
+    log.push(create(&mut w, &a));
+    log.push(create(&mut w, &b));
+    for k in 0..2 {
+        log.push(send(&mut w, &b, &id24(5, k), now(), 0, &[2u8; 100]));
+    }
+    for k in 0..2 {
+        log.push(w.append_to(
+            g,
+            &Record::NtfAppend {
+                notifier_id: &n,
+                data: &[k],
+            },
+        ));
+    }
+    // Messages of A until segment 2 begins.
+    let mut k = 0;
+    loop {
+        let s = send(&mut w, &a, &id24(2, k), now(), 0, &[1u8; 1000]);
+        log.push(s);
+        k += 1;
+        if s.loc.segment == 2 {
+            break;
+        }
+    }
+    // In segment 2: 4 more messages of A, the first message of A acknowledged, A's record
+    // changed, B deleted, C created with 3 messages, A's notifier cleared and given a new one.
+    for j in 0..4 {
+        send(&mut w, &a, &id24(3, j), now(), 0, &[1u8; 1000]);
+    }
+    w.append(&Record::MsgDelete {
+        recipient_id: &a,
+        msg_id: &id24(2, 0),
+    });
+    w.append(&Record::QueueUpdate {
+        recipient_id: &a,
+        data: b"queue record, updated",
+    });
+    w.append(&Record::QueueDelete { recipient_id: &b });
+    create(&mut w, &c);
+    for j in 0..3 {
+        send(&mut w, &c, &id24(6, j), now(), 0, b"c");
+    }
+    w.append_to(g, &Record::NtfClear { notifier_id: &n });
+    w.append_to(
+        g,
+        &Record::NtfAppend {
+            notifier_id: &n,
+            data: &[9],
+        },
+    );
+    w.sync_all();
+    drop(w);
+
+    let dir = group_dir(&t.journal(), g);
+    let seg1 = dir.join(segment_file_name(1));
+    let seg2 = dir.join(segment_file_name(2));
+    let synced = log
+        .iter()
+        .rev()
+        .find(|a| a.loc.segment == 1)
+        .unwrap()
+        .end
+        .offset;
+    OpenOptions::new()
+        .write(true)
+        .open(&seg1)
+        .unwrap()
+        .set_len(100_000)
+        .unwrap();
+    // The records wholly before the cut-off end are kept; the one across it is where the cut is.
+    let kept: Vec<&Appended> = log
+        .iter()
+        .take_while(|a| a.end.segment == 1 && a.end.offset <= 100_000)
+        .collect();
+    let cut_at = log[kept.len()].loc.offset;
+
+    let o = run(t.path(), &["verify"]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let damage = format!(
+        "damage: {}: damaged at offset {cut_at}: the file has 100000 bytes, its header says \
+         262144: it was cut short, and the records from here on are lost (`smp-journal repair` \
+         extends it with zeros and cuts the journal here)",
+        seg1.display()
+    );
+    assert_eq!(
+        o.stdout.lines().next(),
+        Some(damage.as_str()),
+        "{}",
+        o.stdout
+    );
+    assert!(o.stdout.contains("\nDAMAGE: 1 "), "{}", o.stdout);
+    let e = Journal::open(&t.journal(), g, &Options::default(), |_, _, _| Ok(()))
+        .err()
+        .unwrap();
+    assert!(
+        e.to_string()
+            .contains("the header says 262144 bytes, the file has 100000"),
+        "{e}"
+    );
+
+    let o = run(t.path(), &["repair"]);
+    assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+    let lines: Vec<&str> = o.stdout.lines().collect();
+    assert_eq!(lines[0], damage);
+    assert!(
+        lines[1].starts_with(&format!(
+            "group {g}: cut {} at offset {cut_at} (the file was cut short at 100000; damage \
+             before the synced offset {synced}: ",
+            seg1.display()
+        )),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        lines[1].ends_with(&format!(
+            "{} records kept, everything from that offset on is gone; later segment set aside \
+             as {}.cut (inspect or delete it)",
+            kept.len(),
+            seg2.display()
+        )),
+        "{}",
+        o.stdout
+    );
+    assert_eq!(
+        lines[2],
+        format!(
+            "group {g}: {} was cut short to 100000 bytes (its header says 262144): extended \
+             back with zeros",
+            seg1.display()
+        )
+    );
+    assert_eq!(
+        lines[3],
+        format!(
+            "group {g}: {}: the records from offset {cut_at} on were cut off with the file's \
+             end (at 100000): what they were is not known",
+            seg1.display()
+        )
+    );
+    // Segment 2: the message of A that began it, 4 more, the delete, the update, the delete of
+    // B, C's create and messages, the notifier's clear and append.
+    assert_eq!(
+        lines[4],
+        format!("group {g}: 14 record(s) dropped past the cut; what they meant:")
+    );
+    let mut per_queue = vec![
+        (
+            a,
+            format!(
+                "queue {}: 5 message(s) lost, 1 acknowledged message(s) may be delivered \
+                 again, its later record changes are lost",
+                b64(&a)
+            ),
+        ),
+        (
+            b,
+            format!(
+                "queue {}: its deletion is lost: the queue is back with 2 message(s)",
+                b64(&b)
+            ),
+        ),
+        (
+            c,
+            format!(
+                "queue {}: created after the cut, the queue is lost, 3 message(s) lost",
+                b64(&c)
+            ),
+        ),
+    ];
+    per_queue.sort();
+    let mut want: Vec<String> = per_queue.into_iter().map(|(_, l)| l).collect();
+    want.push(format!(
+        "notifier {}: 1 notification(s) lost, 2 deleted notification(s) come back",
+        b64(&n)
+    ));
+    want.push("1 groups checked, 1 repaired, 0 still damaged".into());
+    assert_eq!(lines[5..], want, "{}", o.stdout);
+    assert_eq!(std::fs::metadata(&seg1).unwrap().len(), 262_144);
+
+    let o = run(t.path(), &["verify"]);
+    assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+    assert!(
+        o.stdout
+            .starts_with(&format!("clean: 1 groups, {} records", kept.len())),
+        "{}",
+        o.stdout
+    );
+    let got = replayed(t.path(), g);
+    let want: Vec<u64> = kept.iter().map(|a| a.seq).collect();
+    assert_eq!(got.iter().map(|r| r.0).collect::<Vec<_>>(), want);
+    assert_repair_is_idempotent(t.path(), g);
+}
+
+#[test]
+fn a_segment_longer_than_its_header_says_is_not_repaired() {
+    let t = TempDir::new("longer");
+    let mut w = Writer::new(t.path(), 32 << 10);
+    let a = id24(1, 0);
+    let g = group_of(&a);
+    create(&mut w, &a);
+    w.sync_all();
+    drop(w);
+    let seg1 = group_dir(&t.journal(), g).join(segment_file_name(1));
+    OpenOptions::new()
+        .write(true)
+        .open(&seg1)
+        .unwrap()
+        .set_len(40 << 10)
+        .unwrap();
+    let o = run(t.path(), &["verify"]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    assert!(
+        o.stdout.contains(&format!(
+            "damage: {}: segment does not match this journal: the header says 32768 bytes, the \
+             file has 40960",
+            seg1.display()
+        )),
+        "{}",
+        o.stdout
+    );
+    let o = run(t.path(), &["repair"]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    assert!(
+        o.stdout.contains(&format!(
+            "group {g:02}: not repaired: {}: segment does not match this journal: the header \
+             says 32768 bytes, the file has 40960: files are never grown",
+            seg1.display()
+        )),
+        "{}",
+        o.stdout
+    );
+    assert_eq!(std::fs::metadata(&seg1).unwrap().len(), 40 << 10);
+}
+
+#[test]
+fn repair_of_a_flipped_byte_says_per_queue_what_the_cut_dropped() {
+    let t = TempDir::new("flip-report");
+    let mut w = Writer::new(t.path(), 64 << 10);
+    let a = id24(1, 0);
+    let g = group_of(&a);
+    let b = ids_in_group(1, g, 2)[1];
+    create(&mut w, &a);
+    let sent: Vec<Appended> = (0..10)
+        .map(|k| send(&mut w, &a, &id24(2, k), now(), 0, &[7u8; 100]))
+        .collect();
+    // Past message 5, whose byte is flipped below: message 6, the acknowledgement of message
+    // 1 (before the cut), message 7, queue B with one message; then messages of A until
+    // segment 2 begins.
+    send(&mut w, &a, &id24(3, 6), now(), 0, &[7u8; 100]);
+    w.append(&Record::MsgDelete {
+        recipient_id: &a,
+        msg_id: &id24(2, 1),
+    });
+    send(&mut w, &a, &id24(3, 7), now(), 0, &[7u8; 100]);
+    create(&mut w, &b);
+    send(&mut w, &b, &id24(4, 0), now(), 0, b"b");
+    let mut filler = 0;
+    loop {
+        let s = send(&mut w, &a, &id24(5, filler), now(), 0, &[7u8; 1000]);
+        filler += 1;
+        if s.loc.segment == 2 {
+            break;
+        }
+    }
+    // Segment 2: message 2 acknowledged (before the cut), message 6 too (after it), A's record
+    // changed, one more message of B.
+    for m in [id24(2, 2), id24(3, 6)] {
+        w.append(&Record::MsgDelete {
+            recipient_id: &a,
+            msg_id: &m,
+        });
+    }
+    w.append(&Record::QueueUpdate {
+        recipient_id: &a,
+        data: b"queue record, updated",
+    });
+    send(&mut w, &b, &id24(4, 1), now(), 0, b"b");
+    w.sync_all();
+    drop(w);
+
+    let seg1 = seg_path(t.path(), &sent[5], g);
+    let seg2 = group_dir(&t.journal(), g).join(segment_file_name(2));
+    let off = sent[5].loc.offset;
+    flip_byte(&seg1, off + 60);
+    let o = run(t.path(), &["verify"]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    assert!(
+        o.stdout.starts_with(&format!(
+            "damage: {}: damaged at offset {off}: ",
+            seg1.display()
+        )),
+        "{}",
+        o.stdout
+    );
+
+    let o = run(t.path(), &["repair"]);
+    assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+    let lines: Vec<&str> = o.stdout.lines().collect();
+    assert!(
+        lines[1].starts_with(&format!(
+            "group {g}: cut {} at offset {off} (damage before the synced offset",
+            seg1.display()
+        )),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        lines[1].contains(
+            "; 6 records kept, everything from that offset on is gone; later segment set aside"
+        ),
+        "{}",
+        o.stdout
+    );
+    assert_eq!(
+        lines[2],
+        format!(
+            "group {g}: {}: the record at offset {off} cannot be read (CRC mismatch): what it \
+             was is not known",
+            seg1.display()
+        )
+    );
+    // Found past the cut: messages 6 to 9 of the first ten, the 5 records after them, the
+    // fillers and the 4 records of segment 2. Lost of A: messages 6 to 9, the other message 7
+    // and the fillers (the other message 6 was acknowledged after the cut too); back: messages
+    // 1 and 2.
+    let dropped = 4 + 5 + filler + 4;
+    assert_eq!(
+        lines[3],
+        format!("group {g}: {dropped} record(s) dropped past the cut; what they meant:")
+    );
+    let mut per_queue = vec![
+        (
+            a,
+            format!(
+                "queue {}: {} message(s) lost, 2 acknowledged message(s) may be delivered \
+                 again, its later record changes are lost",
+                b64(&a),
+                5 + filler
+            ),
+        ),
+        (
+            b,
+            format!(
+                "queue {}: created after the cut, the queue is lost, 2 message(s) lost",
+                b64(&b)
+            ),
+        ),
+    ];
+    per_queue.sort();
+    let mut want: Vec<String> = per_queue.into_iter().map(|(_, l)| l).collect();
+    want.push("1 groups checked, 1 repaired, 0 still damaged".into());
+    assert_eq!(lines[4..], want, "{}", o.stdout);
+    assert!(!seg2.exists());
+
+    let o = run(t.path(), &["verify"]);
+    assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+    assert!(
+        o.stdout.starts_with("clean: 1 groups, 6 records"),
+        "{}",
+        o.stdout
+    );
+    let got = replayed(t.path(), g);
+    assert_eq!(
+        got.iter().map(|r| r.0).collect::<Vec<_>>(),
+        (1..=6).collect::<Vec<u64>>()
+    );
+    assert_repair_is_idempotent(t.path(), g);
+}
+
+#[test]
+fn a_gap_in_the_segment_numbers_is_cut_and_what_followed_it_reported() {
+    let t = TempDir::new("gap");
+    let mut w = Writer::new(t.path(), 32 << 10);
+    let a = id24(1, 0);
+    let g = group_of(&a);
+    create(&mut w, &a);
+    let mut log = Vec::new();
+    let mut k = 0;
+    // Segments 1 and 2 full of messages of A, then segment 3: the acknowledgement of A's first
+    // message and two more messages.
+    loop {
+        let s = send(&mut w, &a, &id24(2, k), now(), 0, &[1u8; 1000]);
+        k += 1;
+        if s.loc.segment == 3 {
+            break;
+        }
+        log.push(s);
+    }
+    w.append(&Record::MsgDelete {
+        recipient_id: &a,
+        msg_id: &id24(2, 0),
+    });
+    send(&mut w, &a, &id24(3, 0), now(), 0, b"x");
+    w.sync_all();
+    drop(w);
+    let kept = 1 + log.iter().filter(|s| s.loc.segment == 1).count();
+    let dir = group_dir(&t.journal(), g);
+    let (seg2, seg3) = (
+        dir.join(segment_file_name(2)),
+        dir.join(segment_file_name(3)),
+    );
+    std::fs::remove_file(&seg2).unwrap();
+
+    let o = run(t.path(), &["verify"]);
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    let damage = format!(
+        "damage: {}: segments before it are missing (seg-000000002.jnl)",
+        seg3.display()
+    );
+    assert_eq!(
+        o.stdout.lines().next(),
+        Some(damage.as_str()),
+        "{}",
+        o.stdout
+    );
+
+    let o = run(t.path(), &["repair"]);
+    assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+    assert_eq!(
+        o.stdout.lines().collect::<Vec<_>>(),
+        [
+            damage,
+            format!(
+                "group {g}: cut {} at offset 4096 (segments before it are missing \
+                 (seg-000000002.jnl)); {kept} records kept, everything from that offset on is \
+                 gone; later segment set aside as {}.cut (inspect or delete it)",
+                seg3.display(),
+                seg3.display()
+            ),
+            format!(
+                "group {g}: {}: missing, its records are lost, and what they were is not known",
+                seg2.display()
+            ),
+            format!("group {g}: 3 record(s) dropped past the cut; what they meant:"),
+            format!(
+                "queue {}: 2 message(s) lost, 1 acknowledged message(s) may be delivered again",
+                b64(&a)
+            ),
+            "1 groups checked, 1 repaired, 0 still damaged".into(),
+        ],
+        "{}",
+        o.stdout
+    );
+    let o = run(t.path(), &["verify"]);
+    assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+    assert_eq!(replayed(t.path(), g).len(), kept);
+    assert_repair_is_idempotent(t.path(), g);
 }

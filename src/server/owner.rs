@@ -167,6 +167,9 @@ pub struct Turn {
     pub trailing: Vec<Group>,
     /// Queues changed in this turn: a SUB later in the turn must read their head again.
     pub touched: HashSet<EntityId>,
+    /// A change of this turn has an unknown outcome (its journal sync failed): nothing of the
+    /// turn is answered and the connection is closed, as a crash would do (§5).
+    pub close: bool,
 }
 
 impl<S: QueueStore + MessageStore> Owner<S> {

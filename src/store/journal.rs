@@ -4,36 +4,34 @@
 //!
 //! Every change is a record appended to its queue's group journal before the call returns, so a
 //! killed relay loses nothing it answered: the record is in the page cache. When it is on the disk
-//! depends on the durability setting ([`Durability`]): after every batch of changes (the change's
-//! call waits for the sync, which a sync thread runs for all changes waiting then: group commit),
-//! every N milliseconds (the default, 50), or when the system writes the pages back. An OS crash or
-//! power loss may lose what was not synced yet.
+//! depends on the durability setting ([`Durability`], `sync.rs`): after every batch of changes
+//! (the change's call waits for the sync, which a sync thread runs for all changes waiting then:
+//! group commit), every N milliseconds (the default, 50), or when the system writes the pages
+//! back. An OS crash or power loss may lose what was not synced yet; a failed sync stops the
+//! group from taking changes (`sync.rs`).
 //!
-//! In memory: each queue's record and, per message, its ID, time, flags and where its record is
-//! ([`MsgEntry`]); bodies stay in the mapping and are read (and their CRC checked) when a head is
-//! peeked. At start each group loads its checkpoint (written at a clean stop) and replays the records
-//! after it, or replays everything when there is none that fits (`journal/checkpoint.rs`).
+//! In memory (`index.rs`): each queue's record and, per message, its ID, time, flags and where its
+//! record is; bodies stay in the mapping and are read (and their CRC checked) when a head is
+//! peeked. At start each group loads its latest checkpoint and replays the records after it, or
+//! replays everything when there is none that fits (`checkpoint.rs`); checkpoints are taken while
+//! the relay runs, so that the replay after a crash stays short, and at a clean stop.
 //!
 //! Space: a segment is removed once it and every older segment of its group hold no live record
-//! (a queue's latest record, a message not deleted, a stored notification); delete records in a
-//! segment only ever kill records of the same or older segments, so removing the oldest segments
-//! first never brings anything back. Oldest segments that hold mostly dead bytes are compacted in
-//! the background (`journal/compaction.rs`). When the
-//! journal cannot grow (a full disk, or the cap of `start --journal-max-size`), records that end
-//! or shrink state go on in the active segment's reserve (`priority_of`) and the others answer
-//! `ERR STORE` ([`NO_SPACE`], [`SIZE_CAP`]) with nothing recorded.
+//! (a queue's latest record, a message not deleted, a stored notification), after the records
+//! that made them dead are durable; the state is a function of the records left, whichever were
+//! removed (`index.rs`). Oldest segments that hold mostly dead bytes are compacted in the
+//! background (`compaction.rs`). When the journal cannot grow (a full disk, or the cap of `start
+//! --journal-max-size`), records that end or shrink state go on in the active segment's reserve
+//! (`index::priority_of`) and the others answer `ERR STORE` ([`NO_SPACE`], [`SIZE_CAP`]) with
+//! nothing recorded.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::hash::{BuildHasherDefault, DefaultHasher};
 use std::path::PathBuf;
-use std::rc::Rc;
-use std::sync::Arc;
 use std::time::Duration;
 
-use smp_journal::{
-    Fs, Journal, JournalError, Location, Options, OsFs, Priority, Record, SyncHandle, SyncPoint,
-};
+use smp_journal::{Fs, Journal, JournalError, Options, OsFs, Priority, Record, SyncPoint};
 
 use super::codec::{decode_ntf, decode_rec, encode_ntf, encode_rec};
 use super::memory::MAX_NTFS_PER_NOTIFIER;
@@ -45,13 +43,17 @@ use crate::protocol::encoding::Reader;
 
 mod checkpoint;
 mod compaction;
+mod index;
 mod prefetch;
 mod runner;
 #[cfg(test)]
 mod sim;
-use compaction::Compaction;
+mod sync;
+pub use index::SYNC_FAILED;
+use index::{Data, Group};
 use prefetch::Prefetcher;
 pub(crate) use runner::Runner;
+use sync::Syncer;
 
 /// The store's maps hash with fixed keys: their keys are IDs the relay drew at random (no client
 /// chooses them), and a fixed order of iteration makes the same calls write the same records in
@@ -116,52 +118,17 @@ pub const DEFAULT_DURABILITY: Durability = Durability::Interval(Duration::from_m
 const FLAG_NOTIFICATION: u8 = 1;
 const FLAG_QUOTA: u8 = 2;
 
-/// A message as the index keeps it.
-#[derive(Debug, Clone, Copy)]
-struct MsgEntry {
-    msg_id: MsgId,
-    ts: i64,
-    flags: u8,
-    /// Bytes of its record in the journal.
-    len: u32,
-    loc: Location,
-}
+/// A group takes a checkpoint once its records since the last one reach this many bytes
+/// (`start --journal-checkpoint-bytes`, ini `[STORE_LOG] journal_checkpoint_bytes`): the most a
+/// start after a crash replays per group, beyond the checkpoint it loads.
+pub const DEFAULT_CHECKPOINT_BYTES: u64 = 16 << 20;
 
-impl MsgEntry {
-    fn is_quota(&self) -> bool {
-        self.flags & FLAG_QUOTA != 0
-    }
-}
+/// Queues (or notification lists) a checkpoint writes per record appended while it is taken.
+pub(crate) const CHECKPOINT_STEP: usize = 64;
 
-struct QueueEntry {
-    rec: QueueRec,
-    /// Its partition group (known at replay, so that reads need not hash the ID again).
-    group: u8,
-    /// The record that holds `rec` (its latest create or update), and its bytes.
-    rec_loc: Location,
-    rec_len: u32,
-    msgs: VecDeque<MsgEntry>,
-    /// As the memory store's: false once a quota marker was written, until the queue is empty.
-    can_write: bool,
-}
-
-// A group number fits `QueueEntry::group`.
-const _: () = assert!(smp_journal::JOURNAL_GROUPS <= 256);
-
-struct NtfEntry {
-    ntf: MsgNtf,
-    loc: Location,
-    len: u32,
-}
-
-/// Bytes of live records per segment of one group's journal (a record takes at least its
-/// 32-byte header, so a segment with no live bytes holds no live record).
-#[derive(Default)]
-struct Live(BTreeMap<u64, u64>);
-
-/// The journal store's sizes and thresholds. The relay uses [`Tuning::default`]; the storage
-/// fault simulator makes them small, so that a few kilobytes of records exercise rotation,
-/// retirement, compaction and checkpoints.
+/// The journal store's sizes and thresholds. The relay uses [`Tuning::default`] (with the
+/// checkpoint setting); the storage fault simulator makes them small, so that a few kilobytes of
+/// records exercise rotation, retirement, compaction and checkpoints.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Tuning {
     pub segment_size: u64,
@@ -178,6 +145,10 @@ pub(crate) struct Tuning {
     pub compact_scan_step: usize,
     /// Records appended before a compaction that failed is tried again.
     pub compact_retry_after: u64,
+    /// `checkpoint.rs`: bytes of records after which a group takes a checkpoint…
+    pub checkpoint_bytes: u64,
+    /// …writing this many queues per record appended meanwhile.
+    pub checkpoint_step: usize,
 }
 
 impl Default for Tuning {
@@ -191,71 +162,8 @@ impl Default for Tuning {
             compact_max_live_bytes: compaction::COMPACT_MAX_LIVE_BYTES,
             compact_scan_step: compaction::COMPACT_SCAN_STEP,
             compact_retry_after: compaction::COMPACT_RETRY_AFTER,
-        }
-    }
-}
-
-struct Data<F: Fs> {
-    /// The compaction under way, if any (first, so that it is dropped, and its thread joined,
-    /// before the journals' locks go).
-    compaction: Option<Compaction<F>>,
-    tuning: Tuning,
-    runner: Runner,
-    /// Records to append before a failed compaction is tried again.
-    compaction_backoff: u64,
-    /// Head records whose pages were brought into memory off the shard.
-    prefetched: u64,
-    /// Groups opened from their checkpoint.
-    checkpoints_loaded: usize,
-    /// Segments let go of as dead, and compactions installed, since open.
-    segments_retired: u64,
-    compactions: u64,
-    /// The store's background thread, for segments to let go of off the shard.
-    background: Option<flume::Sender<prefetch::Job<F>>>,
-    /// Where each group's journal ended at open: a group still there at a clean close needs no
-    /// new checkpoint.
-    ended_at_open: Map<u32, SyncPoint>,
-    queues: Map<EntityId, QueueEntry>,
-    ntfs: Map<EntityId, VecDeque<NtfEntry>>,
-    journals: Map<u32, Journal<F>>,
-    live: Map<u32, Live>,
-    /// Notifier ID → the group of its queue, where its notifications are recorded.
-    notifiers: Map<EntityId, u32>,
-    /// At open: messages replayed before any record of their queue (whose older records were
-    /// retired or compacted away), waiting for the queue's record that follows them.
-    parked: Map<EntityId, VecDeque<MsgEntry>>,
-    /// At open: notifications replayed before the record that gave their notifier to a queue.
-    parked_ntfs: Map<EntityId, VecDeque<NtfEntry>>,
-    /// Groups whose journal could not grow, with the segment that was active then: logged once,
-    /// and again when an append goes to a later segment.
-    full_groups: Map<u32, u64>,
-    total_messages: usize,
-    counters: StoreCounters,
-}
-
-impl<F: Fs> Data<F> {
-    fn new(tuning: Tuning, runner: Runner) -> Self {
-        Data {
-            compaction: None,
-            tuning,
-            runner,
-            compaction_backoff: 0,
-            prefetched: 0,
-            checkpoints_loaded: 0,
-            segments_retired: 0,
-            compactions: 0,
-            background: None,
-            ended_at_open: Map::default(),
-            queues: Map::default(),
-            ntfs: Map::default(),
-            journals: Map::default(),
-            live: Map::default(),
-            notifiers: Map::default(),
-            parked: Map::default(),
-            parked_ntfs: Map::default(),
-            full_groups: Map::default(),
-            total_messages: 0,
-            counters: StoreCounters::default(),
+            checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
+            checkpoint_step: CHECKPOINT_STEP,
         }
     }
 }
@@ -280,367 +188,6 @@ fn failed(e: JournalError) -> StoreError {
     }
 }
 
-/// How a record may use its segment (`journal/FORMAT.md`, "Space"): records that end or shrink
-/// state go on in the segment's reserve when the journal cannot grow, so that on a full disk ACK,
-/// DEL, the daily queue-record touch of SUB and the other queue updates keep working while SEND
-/// (messages, notifications) and NEW (queue records) answer `ERR STORE`.
-fn priority_of(rec: &Record<'_>) -> Priority {
-    match rec {
-        Record::QueueUpdate { .. }
-        | Record::QueueDelete { .. }
-        | Record::MsgDelete { .. }
-        | Record::NtfDelete { .. }
-        | Record::NtfClear { .. } => Priority::Release,
-        Record::QueueCreate { .. }
-        | Record::MsgAppend { .. }
-        | Record::NtfAppend { .. }
-        | Record::Checkpoint { .. } => Priority::Ordinary,
-    }
-}
-
-impl Live {
-    fn add(&mut self, segment: u64, bytes: u32) {
-        *self.0.entry(segment).or_insert(0) += u64::from(bytes);
-    }
-
-    fn sub(&mut self, segment: u64, bytes: u32) {
-        if let Some(e) = self.0.get_mut(&segment) {
-            *e = e.saturating_sub(u64::from(bytes));
-        }
-    }
-
-    fn bytes(&self, segment: u64) -> u64 {
-        self.0.get(&segment).copied().unwrap_or(0)
-    }
-}
-
-impl<F: Fs> Data<F> {
-    fn live(&mut self, g: u32) -> &mut Live {
-        self.live.entry(g).or_default()
-    }
-
-    /// Appends `rec` to the journal of group `g`. When the journal cannot grow, the operator is
-    /// told once (and again once it grew).
-    fn append(
-        &mut self,
-        g: u32,
-        rec: &Record<'_>,
-        priority: Priority,
-    ) -> Result<(Location, SyncPoint), StoreError> {
-        let j = self
-            .journals
-            .get_mut(&g)
-            .ok_or_else(|| StoreError::Failed(format!("group {g} is not this shard's")))?;
-        let active = j.written().segment;
-        match j.append_with(rec, priority) {
-            Ok(a) => {
-                if self.full_groups.get(&g).is_some_and(|&s| a.loc.segment > s) {
-                    self.full_groups.remove(&g);
-                    tracing::info!(group = g, "the journal has room again");
-                }
-                Ok((a.loc, a.end))
-            }
-            Err(e) => {
-                if e.is_out_of_space() && self.full_groups.insert(g, active).is_none() {
-                    tracing::warn!(
-                        group = g,
-                        error = %e,
-                        "the journal cannot grow: SEND and NEW answer ERR STORE, deletes use the \
-                         segment's reserve until that is full; free disk space or raise \
-                         --journal-max-size"
-                    );
-                }
-                Err(failed(e))
-            }
-        }
-    }
-
-    /// Appends `rec` to group `g` and applies it to the index exactly as the replay at start does,
-    /// so that what a restart rebuilds is what was served. Returns the point that makes it durable.
-    fn record(&mut self, g: u32, rec: &Record<'_>) -> Result<SyncPoint, StoreError> {
-        self.record_with(g, rec, priority_of(rec))
-    }
-
-    /// As `record`, with the priority given instead of the record kind's.
-    fn record_with(
-        &mut self,
-        g: u32,
-        rec: &Record<'_>,
-        priority: Priority,
-    ) -> Result<SyncPoint, StoreError> {
-        let (loc, end) = self.append(g, rec, priority)?;
-        self.replay(g, loc, *rec)
-            .map_err(|e| StoreError::Failed(format!("journal: {e}")))?;
-        self.compaction_step();
-        Ok(end)
-    }
-
-    /// Removes the oldest segments of group `g` while they hold no live record (never the active
-    /// one).
-    fn release_dead_segments(&mut self, g: u32) {
-        let Some(j) = self.journals.get_mut(&g) else {
-            return;
-        };
-        let live = self.live.entry(g).or_default();
-        let dead: Vec<u64> = j
-            .segment_sizes()
-            .take_while(|s| !s.active && live.bytes(s.id) == 0)
-            .map(|s| s.id)
-            .collect();
-        let mut retired = Vec::new();
-        for id in dead {
-            match j.remove_segment(id) {
-                Ok(r) => retired.push(r),
-                Err(_) => break,
-            }
-            self.segments_retired += 1;
-            live.0.remove(&id);
-        }
-        for r in retired {
-            self.retire(r);
-        }
-        self.consider_compaction(g);
-    }
-
-    /// Replays one record of group `g` into the index.
-    fn replay(&mut self, g: u32, loc: Location, rec: Record<'_>) -> Result<(), String> {
-        let len = rec.stored_len() as u32;
-        match rec {
-            Record::QueueCreate { recipient_id, data }
-            | Record::QueueUpdate { recipient_id, data } => {
-                let rec = decode_queue_record(data)?;
-                if rec.recipient_id != recipient_id {
-                    return Err("a queue record under another recipient ID".into());
-                }
-                let old_nid = self
-                    .queues
-                    .get(recipient_id)
-                    .and_then(|q| q.rec.notifier.as_ref().map(|n| n.notifier_id.clone()));
-                let new_nid = rec.notifier.as_ref().map(|n| &n.notifier_id);
-                if let Some(old) = old_nid.filter(|o| Some(o) != new_nid) {
-                    // A replaced or removed notifier's notifications go with it.
-                    self.notifiers.remove(&old);
-                    self.clear_ntfs(g, &old);
-                }
-                if let Some(n) = &rec.notifier {
-                    self.notifiers.insert(n.notifier_id.clone(), g);
-                    if let Some(parked) = self.parked_ntfs.remove(&n.notifier_id) {
-                        for e in parked {
-                            self.push_ntf(g, &n.notifier_id, e.ntf, e.loc, e.len);
-                        }
-                    }
-                }
-                match self.queues.get_mut(recipient_id) {
-                    Some(q) => {
-                        let (old, old_len) = (q.rec_loc.segment, q.rec_len);
-                        q.rec = rec;
-                        q.rec_loc = loc;
-                        q.rec_len = len;
-                        self.live(g).sub(old, old_len);
-                    }
-                    None => {
-                        let msgs = self.parked.remove(recipient_id).unwrap_or_default();
-                        let can_write = msgs.back().is_none_or(|m| !m.is_quota());
-                        self.total_messages += msgs.len();
-                        for m in &msgs {
-                            self.live(g).add(m.loc.segment, m.len);
-                        }
-                        self.queues.insert(
-                            recipient_id.to_vec(),
-                            QueueEntry {
-                                rec,
-                                group: g as u8,
-                                rec_loc: loc,
-                                rec_len: len,
-                                msgs,
-                                can_write,
-                            },
-                        );
-                    }
-                }
-                self.live(g).add(loc.segment, len);
-            }
-            Record::QueueDelete { recipient_id } => {
-                self.parked.remove(recipient_id);
-                self.forget_queue(g, recipient_id)
-            }
-            Record::MsgAppend {
-                recipient_id,
-                msg_id,
-                ts,
-                flags,
-                ..
-            } => {
-                let Some(q) = self.queues.get_mut(recipient_id) else {
-                    self.parked
-                        .entry(recipient_id.to_vec())
-                        .or_default()
-                        .push_back(MsgEntry {
-                            msg_id: *msg_id,
-                            ts,
-                            flags,
-                            len,
-                            loc,
-                        });
-                    return Ok(());
-                };
-                q.msgs.push_back(MsgEntry {
-                    msg_id: *msg_id,
-                    ts,
-                    flags,
-                    len,
-                    loc,
-                });
-                q.can_write = flags & FLAG_QUOTA == 0;
-                self.total_messages += 1;
-                self.live(g).add(loc.segment, len);
-            }
-            Record::MsgDelete {
-                recipient_id,
-                msg_id,
-            } => {
-                if let Some(p) = self.parked.get_mut(recipient_id) {
-                    p.retain(|m| &m.msg_id != msg_id);
-                }
-                self.remove_msg(g, recipient_id, msg_id);
-            }
-            Record::NtfAppend { notifier_id, data } => {
-                let ntf = decode_notification(data)?;
-                if self.notifiers.contains_key(notifier_id) {
-                    self.push_ntf(g, notifier_id, ntf, loc, len);
-                } else {
-                    self.parked_ntfs
-                        .entry(notifier_id.to_vec())
-                        .or_default()
-                        .push_back(NtfEntry { ntf, loc, len });
-                }
-            }
-            Record::NtfDelete {
-                notifier_id,
-                msg_id,
-            } => {
-                if let Some(p) = self.parked_ntfs.get_mut(notifier_id) {
-                    p.retain(|n| &n.ntf.msg_id != msg_id);
-                }
-                self.remove_ntf(g, notifier_id, msg_id)
-            }
-            Record::NtfClear { notifier_id } => {
-                self.parked_ntfs.remove(notifier_id);
-                self.clear_ntfs(g, notifier_id);
-            }
-            Record::Checkpoint { .. } => {}
-        }
-        Ok(())
-    }
-
-    fn forget_queue(&mut self, g: u32, rid: &[u8]) {
-        let Some(q) = self.queues.remove(rid) else {
-            return;
-        };
-        self.total_messages -= q.msgs.len();
-        let live = self.live(g);
-        live.sub(q.rec_loc.segment, q.rec_len);
-        for m in &q.msgs {
-            live.sub(m.loc.segment, m.len);
-        }
-        if let Some(n) = &q.rec.notifier {
-            self.notifiers.remove(&n.notifier_id);
-            self.clear_ntfs(g, &n.notifier_id.clone());
-        }
-    }
-
-    /// Removes message `msg_id` of queue `rid` from the index (normally its head).
-    fn remove_msg(&mut self, g: u32, rid: &[u8], msg_id: &MsgId) -> Option<MsgEntry> {
-        let q = self.queues.get_mut(rid)?;
-        let i = q.msgs.iter().position(|m| &m.msg_id == msg_id)?;
-        let m = q.msgs.remove(i)?;
-        if q.msgs.is_empty() {
-            q.can_write = true;
-        }
-        self.total_messages -= 1;
-        self.live(g).sub(m.loc.segment, m.len);
-        Some(m)
-    }
-
-    fn push_ntf(&mut self, g: u32, nid: &[u8], ntf: MsgNtf, loc: Location, len: u32) {
-        let list = self.ntfs.entry(nid.to_vec()).or_default();
-        let dropped = if list.len() >= MAX_NTFS_PER_NOTIFIER {
-            list.pop_front()
-        } else {
-            None
-        };
-        list.push_back(NtfEntry { ntf, loc, len });
-        let live = self.live(g);
-        live.add(loc.segment, len);
-        if let Some(d) = dropped {
-            live.sub(d.loc.segment, d.len);
-        }
-    }
-
-    fn remove_ntf(&mut self, g: u32, nid: &[u8], msg_id: &MsgId) {
-        let Some(list) = self.ntfs.get_mut(nid) else {
-            return;
-        };
-        let Some(i) = list.iter().position(|n| &n.ntf.msg_id == msg_id) else {
-            return;
-        };
-        let n = list.remove(i);
-        if list.is_empty() {
-            self.ntfs.remove(nid);
-        }
-        if let Some(n) = n {
-            self.live(g).sub(n.loc.segment, n.len);
-        }
-    }
-
-    fn clear_ntfs(&mut self, g: u32, nid: &[u8]) -> usize {
-        let Some(list) = self.ntfs.remove(nid) else {
-            return 0;
-        };
-        let live = self.live(g);
-        for n in &list {
-            live.sub(n.loc.segment, n.len);
-        }
-        list.len()
-    }
-
-    /// The message at the head of `rid`, its body read from the journal.
-    fn head(&self, rid: &[u8]) -> Result<Option<Message>, StoreError> {
-        let Some(q) = self.queues.get(rid) else {
-            return Ok(None);
-        };
-        let Some(m) = q.msgs.front() else {
-            return Ok(None);
-        };
-        self.message(u32::from(q.group), m).map(Some)
-    }
-
-    /// Message `m` of a queue of group `g`.
-    fn message(&self, g: u32, m: &MsgEntry) -> Result<Message, StoreError> {
-        if m.is_quota() {
-            return Ok(Message::Quota {
-                msg_id: m.msg_id,
-                ts: m.ts,
-            });
-        }
-        let j = self
-            .journals
-            .get(&g)
-            .ok_or_else(|| StoreError::Failed(format!("group {g} is not this shard's")))?;
-        match j.read(m.loc).map_err(failed)? {
-            (_, Record::MsgAppend { body, .. }) => Ok(Message::Message {
-                msg_id: m.msg_id,
-                ts: m.ts,
-                notification: m.flags & FLAG_NOTIFICATION != 0,
-                body: Rc::from(body),
-            }),
-            _ => Err(StoreError::Failed(
-                "journal: a message's record is not a message".into(),
-            )),
-        }
-    }
-}
-
 /// A message's flags and body as its `MsgAppend` record holds them.
 fn flags_and_body(m: &Message) -> (u8, &[u8]) {
     match m {
@@ -648,159 +195,6 @@ fn flags_and_body(m: &Message) -> (u8, &[u8]) {
             notification, body, ..
         } => (if *notification { FLAG_NOTIFICATION } else { 0 }, &body[..]),
         Message::Quota { .. } => (FLAG_QUOTA, &[]),
-    }
-}
-
-/// The shard's sync thread (none for `Never`; none either when the store's work is run by hand,
-/// which syncs inline: every batch in `wait`, every interval in `tick`).
-struct Syncer<F: Fs> {
-    durability: Durability,
-    tx: Option<flume::Sender<SyncReq>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    /// The handles, when there is no thread.
-    inline: Option<Map<u32, SyncHandle<F>>>,
-}
-
-enum SyncReq {
-    /// Sync group `.0` to `.1`, then answer.
-    To(u32, SyncPoint, flume::Sender<Result<(), String>>),
-    Stop,
-}
-
-impl<F: Fs> Syncer<F> {
-    fn start(durability: Durability, handles: Vec<(u32, SyncHandle<F>)>, runner: &Runner) -> Self {
-        if durability == Durability::Never || runner.is_manual() {
-            return Syncer {
-                durability,
-                tx: None,
-                thread: None,
-                inline: runner.is_manual().then(|| handles.into_iter().collect()),
-            };
-        }
-        let (tx, rx) = flume::unbounded::<SyncReq>();
-        let handles: Arc<Map<u32, SyncHandle<F>>> = Arc::new(handles.into_iter().collect());
-        let thread = std::thread::Builder::new()
-            .name("journal-sync".into())
-            .spawn(move || sync_thread(durability, &handles, &rx))
-            .ok();
-        Syncer {
-            durability,
-            tx: Some(tx),
-            thread,
-            inline: None,
-        }
-    }
-
-    /// What the sync thread does each interval, when there is no thread.
-    #[cfg(test)]
-    fn tick(&self) {
-        if let (Durability::Interval(_), Some(handles)) = (self.durability, &self.inline) {
-            for (g, h) in handles {
-                if let Err(e) = h.sync_all() {
-                    tracing::warn!(group = g, error = %e, "journal sync failed");
-                }
-            }
-        }
-    }
-
-    /// Waits until group `g` is durable up to `upto` (only with `EveryBatch`).
-    async fn wait(&self, g: u32, upto: SyncPoint) -> Result<(), StoreError> {
-        if self.durability != Durability::EveryBatch {
-            return Ok(());
-        }
-        if let Some(h) = self.inline.as_ref().and_then(|hs| hs.get(&g)) {
-            return h
-                .sync_to(upto)
-                .map(|_| ())
-                .map_err(|e| StoreError::Failed(format!("journal sync: {e}")));
-        }
-        let Some(tx) = &self.tx else {
-            return Ok(());
-        };
-        let (done_tx, done_rx) = flume::bounded(1);
-        tx.send(SyncReq::To(g, upto, done_tx))
-            .map_err(|_| StoreError::Failed("journal: the sync thread stopped".into()))?;
-        match done_rx.recv_async().await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(StoreError::Failed(format!("journal sync: {e}"))),
-            Err(_) => Err(StoreError::Failed(
-                "journal: the sync thread stopped".into(),
-            )),
-        }
-    }
-
-    fn stop(&mut self) {
-        if let Some(tx) = self.tx.take() {
-            let _ = tx.send(SyncReq::Stop);
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl<F: Fs> Drop for Syncer<F> {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-/// Every-batch: takes every waiting request, syncs each group once to the furthest point asked,
-/// answers them all (group commit). Interval: syncs every group each period.
-fn sync_thread<F: Fs>(
-    durability: Durability,
-    handles: &Map<u32, SyncHandle<F>>,
-    rx: &flume::Receiver<SyncReq>,
-) {
-    let sync_all = || {
-        for (g, h) in handles {
-            if let Err(e) = h.sync_all() {
-                tracing::warn!(group = g, error = %e, "journal sync failed");
-            }
-        }
-    };
-    loop {
-        let first = match durability {
-            Durability::Interval(every) => match rx.recv_timeout(every) {
-                Ok(r) => r,
-                Err(flume::RecvTimeoutError::Timeout) => {
-                    sync_all();
-                    continue;
-                }
-                Err(flume::RecvTimeoutError::Disconnected) => SyncReq::Stop,
-            },
-            _ => rx.recv().unwrap_or(SyncReq::Stop),
-        };
-        let mut reqs = vec![first];
-        reqs.extend(rx.try_iter());
-        let mut stop = false;
-        let mut furthest: Map<u32, SyncPoint> = Map::default();
-        let mut waiting = Vec::new();
-        for r in reqs {
-            match r {
-                SyncReq::To(g, p, done) => {
-                    let f = furthest.entry(g).or_default();
-                    *f = (*f).max(p);
-                    waiting.push((g, done));
-                }
-                SyncReq::Stop => stop = true,
-            }
-        }
-        let mut results: Map<u32, Result<(), String>> = Map::default();
-        for (g, p) in furthest {
-            let r = match handles.get(&g) {
-                Some(h) => h.sync_to(p).map(|_| ()).map_err(|e| e.to_string()),
-                None => Err(format!("group {g} has no journal here")),
-            };
-            results.insert(g, r);
-        }
-        for (g, done) in waiting {
-            let _ = done.send(results.get(&g).cloned().unwrap_or(Ok(())));
-        }
-        if stop {
-            sync_all();
-            return;
-        }
     }
 }
 
@@ -817,15 +211,11 @@ impl JournalStore {
         now: i64,
         durability: Durability,
     ) -> Result<Self, String> {
-        JournalStore::open_on(
-            OsFs,
-            s,
-            groups,
-            now,
-            durability,
-            Tuning::default(),
-            Runner::Threads,
-        )
+        let tuning = Tuning {
+            checkpoint_bytes: s.journal_checkpoint_bytes,
+            ..Tuning::default()
+        };
+        JournalStore::open_on(OsFs, s, groups, now, durability, tuning, Runner::Threads)
     }
 }
 
@@ -854,31 +244,47 @@ impl<F: Fs> JournalStore<F> {
         let mut data = Data::new(tuning, runner.clone());
         let mut handles = Vec::new();
         for &g in groups {
+            data.groups.insert(g, Group::default());
             // Both callbacks build `data`: the checkpoint's (if one is used) first.
             let cell = RefCell::new(&mut data);
-            let (journal, report) = Journal::open_from_checkpoint(
+            let opened = Journal::open_from_checkpoint(
                 &root,
                 g,
                 &opts,
                 |cp| cell.borrow_mut().load_checkpoint(g, &cp.blob),
                 |loc, _seq, rec| cell.borrow_mut().replay(g, loc, rec),
-            )
-            .map_err(|e| e.to_string())?;
+            );
+            let (journal, report) = opened.map_err(|e| e.to_string())?;
             for w in &report.warnings {
                 tracing::warn!("{w}");
             }
+            // What is still parked has no queue: its queue's records were all dead.
+            data.parked.clear();
+            data.parked_ntfs.clear();
             // An empty group, or one opened from a checkpoint at its end, is already as cheap
             // to open as it gets.
             let empty = report.records == 0 && report.checkpoint.is_none();
+            let checkpoint_bytes = data.tuning.checkpoint_bytes;
+            let grp = data.group_mut(g);
             if empty || report.checkpoint == Some(report.written) {
-                data.ended_at_open.insert(g, report.written);
+                grp.ended_at_open = Some(report.written);
             }
+            // The records replayed after the checkpoint count towards the next one.
+            grp.since_checkpoint = if report.checkpoint.is_some() || report.records == 0 {
+                0
+            } else {
+                checkpoint_bytes
+            };
             handles.push((g, journal.sync_handle()));
             data.journals.insert(g, journal);
+            data.check_locations(g).map_err(|e| {
+                format!(
+                    "{}: {e}; the journal lost records it had served: run `smp-journal repair`, \
+                     which removes the checkpoint that refers to them",
+                    smp_journal::group_dir(&root, g).display()
+                )
+            })?;
         }
-        // What is still parked has no queue: its queue's records were all dead.
-        data.parked.clear();
-        data.parked_ntfs.clear();
         let prefetcher = Prefetcher::start(&runner);
         data.background = prefetcher.sender();
         let store = JournalStore {
@@ -906,30 +312,35 @@ impl<F: Fs> JournalStore<F> {
         }
         Ok(store)
     }
+
+    /// What the store did since open (for the tests).
+    #[cfg(test)]
+    pub(crate) fn activity(&self) -> index::Activity {
+        self.data.borrow().activity.clone()
+    }
 }
 
 impl<F: Fs> QueueStore for JournalStore<F> {
     fn with_queue<R>(&self, recipient_id: &[u8], f: impl FnOnce(&QueueRec) -> R) -> Option<R> {
-        self.data
-            .borrow()
-            .queues
-            .get(recipient_id)
-            .map(|q| f(&q.rec))
+        self.data.borrow().queue(recipient_id).map(|q| f(&q.rec))
     }
 
     fn for_each_queue(&self, f: &mut dyn FnMut(&QueueRec)) {
-        self.data.borrow().queues.values().for_each(|q| f(&q.rec));
+        let d = self.data.borrow();
+        for grp in d.groups.values() {
+            grp.queues.values().for_each(|q| f(&q.rec));
+        }
     }
 
     fn queue_count(&self) -> usize {
-        self.data.borrow().queues.len()
+        self.data.borrow().queue_count()
     }
 
     async fn create(&self, rec: QueueRec) -> Result<(), StoreError> {
         let g = group_of(&rec.recipient_id);
         let end = {
             let mut d = self.data.borrow_mut();
-            if d.queues.contains_key(&rec.recipient_id) {
+            if d.queue(&rec.recipient_id).is_some() {
                 return Err(StoreError::Duplicate);
             }
             let bytes = encode_queue_record(&rec);
@@ -948,7 +359,7 @@ impl<F: Fs> QueueStore for JournalStore<F> {
         let g = group_of(&rec.recipient_id);
         let end = {
             let mut d = self.data.borrow_mut();
-            if !d.queues.contains_key(&rec.recipient_id) {
+            if d.queue(&rec.recipient_id).is_none() {
                 return Err(StoreError::NotFound);
             }
             let bytes = encode_queue_record(&rec);
@@ -969,7 +380,7 @@ impl<F: Fs> QueueStore for JournalStore<F> {
         let g = group_of(recipient_id);
         let (rec, end) = {
             let mut d = self.data.borrow_mut();
-            let Some(rec) = d.queues.get(recipient_id).map(|q| q.rec.clone()) else {
+            let Some(rec) = d.queue(recipient_id).map(|q| q.rec.clone()) else {
                 return Err(StoreError::NotFound);
             };
             let end = d.record(g, &Record::QueueDelete { recipient_id })?;
@@ -992,9 +403,9 @@ impl<F: Fs> MessageStore for JournalStore<F> {
         let (outcome, end) = {
             let mut d = self.data.borrow_mut();
             d.counters.writes += 1;
-            let q = d.queues.get(recipient_id).ok_or(StoreError::NotFound)?;
+            let q = d.queue(recipient_id).ok_or(StoreError::NotFound)?;
             let was_empty = q.msgs.is_empty();
-            if !(q.can_write || was_empty) {
+            if !(q.can_write() || was_empty) {
                 return Ok(WriteOutcome::Full);
             }
             // Over the quota the message becomes the marker, with its ID and time.
@@ -1077,7 +488,7 @@ impl<F: Fs> MessageStore for JournalStore<F> {
 
     fn size(&self, recipient_id: &[u8]) -> usize {
         let d = self.data.borrow();
-        d.queues.get(recipient_id).map_or(0, |q| q.msgs.len())
+        d.queue(recipient_id).map_or(0, |q| q.msgs.len())
     }
 
     fn total_messages(&self) -> usize {
@@ -1085,24 +496,31 @@ impl<F: Fs> MessageStore for JournalStore<F> {
     }
 
     fn expiry_candidates(&self) -> Vec<EntityId> {
-        self.data.borrow().queues.keys().cloned().collect()
+        let d = self.data.borrow();
+        d.groups
+            .values()
+            .flat_map(|grp| grp.queues.keys().cloned())
+            .collect()
     }
 
     async fn expire_all(&self, older_than: i64) -> Result<usize, StoreError> {
         let mut n = 0;
-        let mut ends: Map<u32, SyncPoint> = Map::default();
+        let mut ends: Vec<(u32, SyncPoint)> = Vec::new();
         {
             let mut d = self.data.borrow_mut();
-            // In the order of their IDs: the records of one call go in a defined order.
-            let mut rids: Vec<EntityId> = d.queues.keys().cloned().collect();
-            rids.sort_unstable();
-            for rid in rids {
-                let g = group_of(&rid);
-                let (k, end) = d.expire_queue(g, &rid, older_than)?;
-                n += k;
-                if let Some(e) = end {
-                    let f = ends.entry(g).or_default();
-                    *f = (*f).max(e);
+            // Group by group, each in the order of its queues' IDs: the records of one call go
+            // in a defined order.
+            let groups: Vec<u32> = d.groups.keys().copied().collect();
+            for g in groups {
+                let rids: Vec<EntityId> = d.groups[&g].queues.keys().cloned().collect();
+                let mut last = None;
+                for rid in rids {
+                    let (k, end) = d.expire_queue(g, &rid, older_than)?;
+                    n += k;
+                    last = end.or(last);
+                }
+                if let Some(e) = last {
+                    ends.push((g, e));
                 }
             }
         }
@@ -1140,7 +558,8 @@ impl<F: Fs> MessageStore for JournalStore<F> {
         };
         let (part, more, end) = {
             let mut d = self.data.borrow_mut();
-            let taken: Vec<MsgNtf> = match d.ntfs.get(notifier_id) {
+            let list = d.groups.get(&g).and_then(|grp| grp.ntfs.get(notifier_id));
+            let taken: Vec<MsgNtf> = match list {
                 Some(list) => list.iter().take(max).map(|n| n.ntf.clone()).collect(),
                 None => return Ok((Vec::new(), false)),
             };
@@ -1154,7 +573,11 @@ impl<F: Fs> MessageStore for JournalStore<F> {
                     },
                 )?);
             }
-            let more = d.ntfs.get(notifier_id).is_some_and(|l| !l.is_empty());
+            let more = d
+                .groups
+                .get(&g)
+                .and_then(|grp| grp.ntfs.get(notifier_id))
+                .is_some_and(|l| !l.is_empty());
             d.release_dead_segments(g);
             (taken, more, end)
         };
@@ -1169,29 +592,23 @@ impl<F: Fs> MessageStore for JournalStore<F> {
             return Ok(());
         };
         // Returned notifications go ahead of those stored since: the list is written again in
-        // its new order (returns are rare: a connection closed with NMSGs unwritten).
+        // its new order (returns are rare: a connection closed with NMSGs unwritten), as one
+        // change, so that a crash keeps the old list or the new one, never an empty one.
         let end = {
             let mut d = self.data.borrow_mut();
             let mut list: Vec<MsgNtf> = ntfs;
-            if let Some(kept) = d.ntfs.get(notifier_id) {
+            if let Some(kept) = d.groups.get(&g).and_then(|grp| grp.ntfs.get(notifier_id)) {
                 list.extend(kept.iter().map(|n| n.ntf.clone()));
             }
-            // Ordinary, not the reserve: the clear is the start of a rewrite, whose appends would
-            // fail after it when the journal cannot grow.
-            let mut end =
-                d.record_with(g, &Record::NtfClear { notifier_id }, Priority::Ordinary)?;
             let skip = list.len().saturating_sub(MAX_NTFS_PER_NOTIFIER);
-            for n in list.into_iter().skip(skip) {
-                let bytes = encode_notification(&n);
-                end = d.record(
-                    g,
-                    &Record::NtfAppend {
-                        notifier_id,
-                        data: &bytes,
-                    },
-                )?;
-            }
-            end
+            let bytes: Vec<Vec<u8>> = list.iter().skip(skip).map(encode_notification).collect();
+            let mut recs = vec![Record::NtfClear { notifier_id }];
+            recs.extend(bytes.iter().map(|b| Record::NtfAppend {
+                notifier_id,
+                data: b,
+            }));
+            // Ordinary, not the reserve: the change grows the journal.
+            d.record_change(g, &recs, Priority::Ordinary)?
         };
         self.syncer.wait(g, end).await
     }
@@ -1202,10 +619,14 @@ impl<F: Fs> MessageStore for JournalStore<F> {
         };
         let (n, end) = {
             let mut d = self.data.borrow_mut();
-            if !d.ntfs.contains_key(notifier_id) {
+            let n = d
+                .groups
+                .get(&g)
+                .and_then(|grp| grp.ntfs.get(notifier_id))
+                .map_or(0, VecDeque::len);
+            if n == 0 {
                 return Ok(0);
             }
-            let n = d.ntfs.get(notifier_id).map_or(0, VecDeque::len);
             let end = d.record(g, &Record::NtfClear { notifier_id })?;
             d.release_dead_segments(g);
             (n, end)
@@ -1215,13 +636,19 @@ impl<F: Fs> MessageStore for JournalStore<F> {
     }
 
     fn ntf_count(&self) -> usize {
-        self.data.borrow().ntfs.values().map(|l| l.len()).sum()
+        let d = self.data.borrow();
+        d.groups
+            .values()
+            .flat_map(|grp| grp.ntfs.values())
+            .map(VecDeque::len)
+            .sum()
     }
 
     fn ntf_ids(&self) -> Vec<EntityId> {
         let d = self.data.borrow();
-        d.ntfs
-            .iter()
+        d.groups
+            .values()
+            .flat_map(|grp| grp.ntfs.iter())
             .filter(|(_, l)| !l.is_empty())
             .map(|(id, _)| id.clone())
             .collect()
@@ -1229,34 +656,35 @@ impl<F: Fs> MessageStore for JournalStore<F> {
 
     async fn expire_ntfs(&self, older_than: i64) -> Result<usize, StoreError> {
         let mut n = 0;
-        let mut ends: Map<u32, SyncPoint> = Map::default();
+        let mut ends: Vec<(u32, SyncPoint)> = Vec::new();
         {
             let mut d = self.data.borrow_mut();
-            let mut old: Vec<(EntityId, MsgId)> = d
-                .ntfs
-                .iter()
-                .flat_map(|(nid, l)| {
-                    l.iter()
-                        .filter(|e| e.ntf.ts < older_than)
-                        .map(|e| (nid.clone(), e.ntf.msg_id))
-                })
-                .collect();
-            // By notifier ID, each notifier's oldest first: a defined order.
-            old.sort_by(|a, b| a.0.cmp(&b.0));
-            for (nid, msg_id) in old {
-                let Some(g) = notifier_group_in(&d, &nid) else {
-                    continue;
-                };
-                let e = d.record(
-                    g,
-                    &Record::NtfDelete {
-                        notifier_id: &nid,
-                        msg_id: &msg_id,
-                    },
-                )?;
-                n += 1;
-                let f = ends.entry(g).or_default();
-                *f = (*f).max(e);
+            let groups: Vec<u32> = d.groups.keys().copied().collect();
+            for g in groups {
+                // By notifier ID, each notifier's oldest first: a defined order.
+                let old: Vec<(EntityId, MsgId)> = d.groups[&g]
+                    .ntfs
+                    .iter()
+                    .flat_map(|(nid, l)| {
+                        l.iter()
+                            .filter(|e| e.ntf.ts < older_than)
+                            .map(|e| (nid.clone(), e.ntf.msg_id))
+                    })
+                    .collect();
+                let mut last = None;
+                for (nid, msg_id) in old {
+                    last = Some(d.record(
+                        g,
+                        &Record::NtfDelete {
+                            notifier_id: &nid,
+                            msg_id: &msg_id,
+                        },
+                    )?);
+                    n += 1;
+                }
+                if let Some(e) = last {
+                    ends.push((g, e));
+                }
             }
         }
         for (g, end) in ends {
@@ -1267,17 +695,21 @@ impl<F: Fs> MessageStore for JournalStore<F> {
 
     async fn messages(&self, recipient_id: &[u8]) -> Result<Vec<Message>, StoreError> {
         let d = self.data.borrow();
-        let Some(q) = d.queues.get(recipient_id) else {
+        let Some(q) = d.queue(recipient_id) else {
             return Ok(Vec::new());
         };
-        let g = u32::from(q.group);
+        let g = group_of(recipient_id);
         q.msgs.iter().map(|m| d.message(g, m)).collect()
     }
 
     async fn ntfs(&self, notifier_id: &[u8]) -> Result<Vec<MsgNtf>, StoreError> {
         let d = self.data.borrow();
-        Ok(d.ntfs
-            .get(notifier_id)
+        let Some(&g) = d.notifiers.get(notifier_id) else {
+            return Ok(Vec::new());
+        };
+        Ok(d.groups
+            .get(&g)
+            .and_then(|grp| grp.ntfs.get(notifier_id))
             .map(|l| l.iter().map(|n| n.ntf.clone()).collect())
             .unwrap_or_default())
     }
@@ -1287,15 +719,11 @@ impl<F: Fs> MessageStore for JournalStore<F> {
     }
 }
 
-/// The group whose journal holds a notifier's notifications: its queue's. Notifications of a
-/// notifier no queue of this store has are not kept.
-fn notifier_group_in<F: Fs>(d: &Data<F>, nid: &[u8]) -> Option<u32> {
-    d.notifiers.get(nid).copied()
-}
-
 impl<F: Fs> JournalStore<F> {
+    /// The group whose journal holds a notifier's notifications: its queue's. Notifications of a
+    /// notifier no queue of this store has are not kept.
     fn notifier_group(&self, nid: &[u8]) -> Option<u32> {
-        notifier_group_in(&self.data.borrow(), nid)
+        self.data.borrow().notifiers.get(nid).copied()
     }
 
     /// Deletes the head of `rid` if it is `msg_id`; with `peek`, also returns the new head.
@@ -1309,7 +737,7 @@ impl<F: Fs> JournalStore<F> {
         let (deleted, end) = {
             let mut d = self.data.borrow_mut();
             d.counters.deletes += 1;
-            let head = d.queues.get(rid).and_then(|q| q.msgs.front()).copied();
+            let head = d.queue(rid).and_then(|q| q.msgs.front()).copied();
             let mut deleted = None;
             let mut end = None;
             if let Some(h) = head.filter(|h| &h.msg_id == msg_id) {
@@ -1338,37 +766,6 @@ impl<F: Fs> JournalStore<F> {
             self.syncer.wait(g, end).await?;
         }
         Ok((deleted, next))
-    }
-}
-
-impl<F: Fs> Data<F> {
-    /// Deletes the expired head messages of `rid` (never the quota marker); returns how many, and
-    /// the point that makes the deletions durable.
-    fn expire_queue(
-        &mut self,
-        g: u32,
-        rid: &[u8],
-        older_than: i64,
-    ) -> Result<(usize, Option<SyncPoint>), StoreError> {
-        let mut n = 0;
-        let mut end = None;
-        while let Some(h) = self.queues.get(rid).and_then(|q| q.msgs.front()).copied() {
-            if h.is_quota() || h.ts >= older_than {
-                break;
-            }
-            end = Some(self.record(
-                g,
-                &Record::MsgDelete {
-                    recipient_id: rid,
-                    msg_id: &h.msg_id,
-                },
-            )?);
-            n += 1;
-        }
-        if n > 0 {
-            self.release_dead_segments(g);
-        }
-        Ok((n, end))
     }
 }
 
@@ -1463,22 +860,24 @@ impl ShardStore for JournalStore {
 impl<F: Fs> JournalStore<F> {
     /// A clean stop: everything synced, a checkpoint per changed group.
     pub(crate) fn close_groups(mut self) -> Result<(), String> {
-        self.data.borrow_mut().finish_compaction();
-        self.data.borrow_mut().background = None;
+        {
+            let mut d = self.data.borrow_mut();
+            d.finish_compaction();
+            d.finish_checkpoints();
+            d.background = None;
+        }
         self.prefetcher.stop();
         // The sync thread syncs everything before it ends.
         self.syncer.stop();
         // Each group's checkpoint (which syncs its journal first), so that the next start loads
         // the state instead of replaying the journal.
         let d = self.data.borrow();
-        let mut blobs = d.checkpoint_blobs();
         for (g, j) in &d.journals {
-            if d.ended_at_open.get(g) == Some(&j.written()) {
+            if d.groups.get(g).and_then(|grp| grp.ended_at_open) == Some(j.written()) {
                 continue;
             }
-            let blob = blobs.remove(g).unwrap_or_default();
             j.checkpoint_base()
-                .write(&blob)
+                .write(&d.checkpoint_blob(*g))
                 .map_err(|e| format!("journal checkpoint: {e}"))?;
         }
         Ok(())
@@ -1487,8 +886,9 @@ impl<F: Fs> JournalStore<F> {
     /// The first queue record `matches`, searched over every queue (offline tools only).
     fn find_rec(&self, matches: impl Fn(&QueueRec) -> bool) -> Option<QueueRec> {
         let d = self.data.borrow();
-        d.queues
+        d.groups
             .values()
+            .flat_map(|grp| grp.queues.values())
             .map(|q| &q.rec)
             .find(|r| matches(r))
             .cloned()
@@ -1500,6 +900,7 @@ pub(super) mod tests {
     use super::*;
     use crate::store::memory::tests::{msg, ntf, rec};
     use futures_lite::future::block_on;
+    use std::rc::Rc;
 
     pub(super) struct TempDir(PathBuf);
     impl Drop for TempDir {
@@ -1524,6 +925,7 @@ pub(super) mod tests {
             test_delay: None,
             durability: Durability::EveryBatch,
             journal_budget: None,
+            journal_checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
             postgres: None,
         }
     }
@@ -1571,7 +973,7 @@ pub(super) mod tests {
         let st = JournalStore::open(&s, &all(), 0).unwrap();
         let used: std::collections::HashSet<u32> = [group_of(&a), group_of(&b)].into();
         assert_eq!(
-            st.data.borrow().checkpoints_loaded,
+            st.activity().checkpoints_loaded as usize,
             used.len(),
             "a clean close left a checkpoint per group with records"
         );
@@ -1598,7 +1000,7 @@ pub(super) mod tests {
         block_on(st.delete(&a)).unwrap();
         drop(st);
         let st = JournalStore::open(&s, &all(), 0).unwrap();
-        assert_eq!(st.data.borrow().checkpoints_loaded, used.len());
+        assert_eq!(st.activity().checkpoints_loaded as usize, used.len());
         assert_eq!(
             st.queue_count(),
             1,

@@ -750,6 +750,8 @@ pub(crate) mod tests {
         assert_eq!(
             s.counters(),
             StoreCounters {
+                sync_failures: 0,
+                sync_refused: 0,
                 peek_first: 0,
                 peek_first_many: 1,
                 writes: 3,
@@ -777,6 +779,8 @@ pub(crate) mod tests {
         assert_eq!(
             s.counters(),
             StoreCounters {
+                sync_failures: 0,
+                sync_refused: 0,
                 peek_first: 2,
                 peek_first_many: 0,
                 writes: 5,

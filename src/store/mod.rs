@@ -166,6 +166,10 @@ pub struct MsgNtf {
     pub enc_meta: Vec<u8>,
 }
 
+/// What `store_error` makes of [`StoreError::Uncertain`] for the command code: a refusal that is
+/// never sent (the owner closes the request's connection instead, `server/commands/mod.rs`).
+pub const OUTCOME_UNKNOWN: &str = "outcome unknown";
+
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum StoreError {
     /// A sender, link or notifier ID (or the recipient ID) is taken.
@@ -176,6 +180,11 @@ pub enum StoreError {
     /// The store could not do it; the text reaches clients as `ERR STORE <text>`.
     #[error("store: {0}")]
     Failed(String),
+    /// The store may or may not have done it: the change was made, and whether it will survive
+    /// a crash is unknown (the journal's sync of it failed). Not answered: the request's
+    /// connection is closed, as a crash would do (`server/commands/mod.rs`).
+    #[error("store: outcome unknown: {0}")]
+    Uncertain(String),
 }
 
 /// Calls made into a store, counted by the store itself at its entry points
@@ -187,6 +196,9 @@ pub struct StoreCounters {
     pub peek_first_many: u64,
     pub writes: u64,
     pub deletes: u64,
+    /// Journal groups whose sync failed, and changes refused since (`journal/sync.rs`).
+    pub sync_failures: u64,
+    pub sync_refused: u64,
 }
 
 // Stores live on one shard and their futures never cross threads, so the `Send` bounds that
@@ -462,6 +474,9 @@ pub struct StoreSettings {
     /// The cap on the journal store's segment files, one budget shared by every shard's groups
     /// (`start --journal-max-size`); `None`: no cap but the disk's size.
     pub journal_budget: Option<smp_journal::SpaceBudget>,
+    /// Bytes of records after which a journal group takes a checkpoint while the relay runs
+    /// (`start --journal-checkpoint-bytes`): the most a start after a crash replays per group.
+    pub journal_checkpoint_bytes: u64,
     /// The PostgreSQL store's database (`start --database`, `--schema`, `--pool-size`).
     pub postgres: Option<postgres::PgConfig>,
 }

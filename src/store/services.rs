@@ -98,6 +98,7 @@ impl Services {
                 test_delay: None,
                 durability: super::journal::DEFAULT_DURABILITY,
                 journal_budget: None,
+                journal_checkpoint_bytes: crate::store::journal::DEFAULT_CHECKPOINT_BYTES,
                 postgres: None,
             },
         )

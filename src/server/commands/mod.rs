@@ -74,6 +74,15 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         // is still its subscription's outstanding one is sent (I4: an ACKed message never again).
         turn.sub_msgs
             .retain(|(_, d)| self.is_outstanding(session.conn, d));
+        if turn.close {
+            tracing::warn!(
+                "a change's outcome is unknown (its journal sync failed): its connection is \
+                 closed without an answer"
+            );
+            self.mesh
+                .send(session.conn.shard, ShardMsg::Close { conn: session.conn });
+            return;
+        }
         let groups = pack_turn(turn);
         self.mesh.send(
             session.conn.shard,
@@ -99,6 +108,12 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         let fwd = req.forward.take();
         let exec_session = fwd.as_ref().map_or(session, |f| &f.inner);
         let (entity, msg) = self.execute(exec_session, req, head, turn).await;
+        if matches!(&msg, BrokerMsg::Err(ErrorType::Store(s)) if s == crate::store::OUTCOME_UNKNOWN)
+        {
+            // The store made the change and cannot say whether it will survive a crash: no
+            // answer, the connection is closed (`Turn::close`), as a crash would do.
+            turn.close = true;
+        }
         match fwd {
             Some(f) => forward::respond(session, &f, &corr_id, &entity, &msg),
             None => encode(session, &corr_id, &entity, &msg),
@@ -153,6 +168,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             turn.sub_msgs.extend(t.sub_msgs);
             turn.pushes.extend(t.pushes);
             turn.trailing.extend(t.trailing);
+            turn.close |= t.close;
         }
         turn.responses = answers;
         turn
@@ -409,6 +425,10 @@ pub(crate) fn store_error(e: crate::store::StoreError) -> ErrorType {
     match e {
         crate::store::StoreError::Duplicate | crate::store::StoreError::NotFound => ErrorType::Auth,
         crate::store::StoreError::Failed(s) => ErrorType::Store(s),
+        // Never sent: the request's turn closes the connection instead (`Owner::process`).
+        crate::store::StoreError::Uncertain(_) => {
+            ErrorType::Store(crate::store::OUTCOME_UNKNOWN.into())
+        }
     }
 }
 

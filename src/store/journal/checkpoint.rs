@@ -1,27 +1,40 @@
 //! The journal store's checkpoints (`docs/ARCHITECTURE.md` §5, `journal/FORMAT.md`
-//! "Checkpoints"): at a clean stop each group's part of the index is written as the blob of the
-//! group's checkpoint, so that the next start loads it and replays only what was appended after
-//! (nothing, after a clean stop; the records since, after a crash that followed one). A
-//! checkpoint whose segments were compacted or cut since is not used: the whole group is
-//! replayed, as without one.
+//! "Checkpoints"): a group's part of the index written as the blob of the group's checkpoint, so
+//! that a start loads it and replays only the records after its point.
 //!
-//! The blob (big-endian, `protocol/encoding.rs` primitives): a version byte, then the queues
-//! (recipient ID, queue record in the `store/codec.rs` encoding, the record's location and bytes,
-//! whether the queue can take messages, and its messages: ID, time, flags, record bytes and
-//! location), then the notification lists (notifier ID, each notification in the codec encoding
-//! with its record's location and bytes).
+//! - *While running*, once a group has taken [`Tuning::checkpoint_bytes`] of records since its
+//!   last checkpoint, the shard takes a new one in bounded steps ([`Tuning::checkpoint_step`]
+//!   queues or notification lists per appended record), walking the group's queues by ID while
+//!   they change: the point is where the walk began, and each queue is written as it is when the
+//!   walk reaches it, so the snapshot holds some changes after the point; the replay from the
+//!   point meets those again and takes them as already there (`index.rs`). When the walk is done
+//!   the checkpoint is sealed (everything appended up to then must be durable for it to be
+//!   used) and written off the shard. So the replay after a crash is bounded by the setting, not
+//!   by the history since the last clean stop.
+//! - *At a clean stop* every group changed since open gets a checkpoint at its end.
+//!
+//! A checkpoint whose segments were compacted or cut since is not used: the whole group is
+//! replayed, as without one; a compaction therefore asks for the next checkpoint of its group
+//! at once, and its installation waits while that group's walk is under way (it moves records).
+//!
+//! The blob (big-endian, `protocol/encoding.rs` primitives): a version byte (2), the number of
+//! queues, each queue (recipient ID, queue record in the `store/codec.rs` encoding, the record's
+//! location and bytes, its messages: ID, time, flags, location and record bytes), then the number
+//! of notification lists, each (notifier ID, each notification in the codec encoding with its
+//! record's location and bytes). Version 1 had a flag per queue after the record's location,
+//! which is read and ignored (it is the last message's quota flag).
 
 use std::collections::VecDeque;
+use std::ops::Bound;
 
-use smp_journal::{Fs, Location};
+use smp_journal::{CheckpointBase, Fs, JournalError, Location};
 
-use super::{
-    decode_notification, decode_queue_record, encode_notification, encode_queue_record, Data,
-    EntityId, Map, MsgEntry, NtfEntry, QueueEntry,
-};
-use crate::protocol::encoding::{put_bool, put_int64, put_word32, DResult, Reader};
+use super::index::{Data, MsgEntry, NtfEntry, QueueEntry};
+use super::{decode_notification, decode_queue_record, encode_notification, encode_queue_record};
+use crate::protocol::encoding::{put_int64, put_word32, DResult, Reader};
+use crate::store::EntityId;
 
-const BLOB_VERSION: u8 = 1;
+const BLOB_VERSION: u8 = 2;
 
 fn put_id(out: &mut Vec<u8>, id: &[u8]) {
     out.push(id.len() as u8);
@@ -55,64 +68,217 @@ fn loc(r: &mut Reader<'_>) -> DResult<(Location, u32)> {
     Ok((Location { segment, offset }, r.word32()?))
 }
 
+fn put_queue(out: &mut Vec<u8>, rid: &[u8], q: &QueueEntry) {
+    put_id(out, rid);
+    put_bytes(out, &encode_queue_record(&q.rec));
+    put_loc(out, q.rec_loc, q.rec_len);
+    put_word32(out, q.msgs.len() as u32);
+    for m in &q.msgs {
+        out.extend_from_slice(&m.msg_id);
+        put_int64(out, m.ts);
+        out.push(m.flags);
+        put_loc(out, m.loc, m.len);
+    }
+}
+
+fn put_ntfs(out: &mut Vec<u8>, nid: &[u8], list: &VecDeque<NtfEntry>) {
+    put_id(out, nid);
+    put_word32(out, list.len() as u32);
+    for e in list {
+        put_bytes(out, &encode_notification(&e.ntf));
+        put_loc(out, e.loc, e.len);
+    }
+}
+
+/// A blob being written: the queues part and the notifications part, with their counts.
+#[derive(Default)]
+struct Blob {
+    queues: u32,
+    queue_bytes: Vec<u8>,
+    lists: u32,
+    list_bytes: Vec<u8>,
+}
+
+impl Blob {
+    fn finish(self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.queue_bytes.len() + self.list_bytes.len() + 9);
+        out.push(BLOB_VERSION);
+        put_word32(&mut out, self.queues);
+        out.extend_from_slice(&self.queue_bytes);
+        put_word32(&mut out, self.lists);
+        out.extend_from_slice(&self.list_bytes);
+        out
+    }
+}
+
+/// Where the walk of a checkpoint is.
+enum Walk {
+    /// Queues after this ID (all, at first).
+    Queues(Option<EntityId>),
+    /// Notification lists after this notifier ID.
+    Lists(Option<EntityId>),
+}
+
+/// A checkpoint of one group being taken while the relay runs.
+pub(super) struct Checkpointing<F: Fs> {
+    pub g: u32,
+    base: CheckpointBase<F>,
+    walk: Walk,
+    blob: Blob,
+}
+
+/// A checkpoint being written off the shard.
+pub(super) struct Writing {
+    pub g: u32,
+    done: flume::Receiver<Result<(), JournalError>>,
+}
+
 impl<F: Fs> Data<F> {
-    /// The blob of every group of this store: its queues, messages and notifications.
-    pub(super) fn checkpoint_blobs(&self) -> Map<u32, Vec<u8>> {
-        let mut queues: Map<u32, (u32, Vec<u8>)> = Map::default();
-        for (rid, q) in &self.queues {
-            let (n, out) = queues.entry(u32::from(q.group)).or_default();
-            *n += 1;
-            put_id(out, rid);
-            put_bytes(out, &encode_queue_record(&q.rec));
-            put_loc(out, q.rec_loc, q.rec_len);
-            put_bool(out, q.can_write);
-            put_word32(out, q.msgs.len() as u32);
-            for m in &q.msgs {
-                out.extend_from_slice(&m.msg_id);
-                put_int64(out, m.ts);
-                out.push(m.flags);
-                put_loc(out, m.loc, m.len);
+    /// The blob of group `g` as it is now, in one go (at a clean stop).
+    pub fn checkpoint_blob(&self, g: u32) -> Vec<u8> {
+        let mut blob = Blob::default();
+        if let Some(grp) = self.groups.get(&g) {
+            for (rid, q) in &grp.queues {
+                blob.queues += 1;
+                put_queue(&mut blob.queue_bytes, rid, q);
+            }
+            for (nid, list) in &grp.ntfs {
+                blob.lists += 1;
+                put_ntfs(&mut blob.list_bytes, nid, list);
             }
         }
-        let mut ntfs: Map<u32, (u32, Vec<u8>)> = Map::default();
-        for (nid, list) in &self.ntfs {
-            let Some(&g) = self.notifiers.get(nid) else {
-                continue;
-            };
-            let (n, out) = ntfs.entry(g).or_default();
-            *n += 1;
-            put_id(out, nid);
-            put_word32(out, list.len() as u32);
-            for e in list {
-                put_bytes(out, &encode_notification(&e.ntf));
-                put_loc(out, e.loc, e.len);
+        blob.finish()
+    }
+
+    /// One bounded step of the store's checkpoints, after a change of group `changed`: the write
+    /// of the last one looked at, the walk under way advanced, or a new one begun for `changed`
+    /// when it has taken [`super::Tuning::checkpoint_bytes`] since its last.
+    pub fn checkpoint_step(&mut self, changed: u32) {
+        if let Some(w) = &self.checkpoint_writing {
+            match w.done.try_recv() {
+                Ok(r) => {
+                    let g = w.g;
+                    self.checkpoint_writing = None;
+                    match r {
+                        Ok(()) => self.activity.checkpoints_written += 1,
+                        Err(e) => {
+                            tracing::warn!(group = g, error = %e, "journal checkpoint not written");
+                        }
+                    }
+                }
+                Err(flume::TryRecvError::Empty) => return,
+                Err(flume::TryRecvError::Disconnected) => self.checkpoint_writing = None,
             }
         }
-        self.journals
-            .keys()
-            .map(|&g| {
-                let mut blob = vec![BLOB_VERSION];
-                let (nq, q) = queues.remove(&g).unwrap_or_default();
-                put_word32(&mut blob, nq);
-                blob.extend_from_slice(&q);
-                let (nn, n) = ntfs.remove(&g).unwrap_or_default();
-                put_word32(&mut blob, nn);
-                blob.extend_from_slice(&n);
-                (g, blob)
-            })
-            .collect()
+        if self.checkpoint.is_some() {
+            self.walk_step();
+            return;
+        }
+        let (Some(j), Some(grp)) = (self.journals.get(&changed), self.groups.get_mut(&changed))
+        else {
+            return;
+        };
+        if grp.since_checkpoint < self.tuning.checkpoint_bytes || j.sync_failed() {
+            return;
+        }
+        grp.since_checkpoint = 0;
+        self.checkpoint = Some(Checkpointing {
+            g: changed,
+            base: j.checkpoint_base(),
+            walk: Walk::Queues(None),
+            blob: Blob::default(),
+        });
+    }
+
+    fn walk_step(&mut self) {
+        let Some(mut c) = self.checkpoint.take() else {
+            return;
+        };
+        let Some(grp) = self.groups.get(&c.g) else {
+            return;
+        };
+        let step = self.tuning.checkpoint_step;
+        let after = |a: &Option<EntityId>| match a {
+            Some(id) => Bound::Excluded(id.clone()),
+            None => Bound::Unbounded,
+        };
+        match &c.walk {
+            Walk::Queues(a) => {
+                let mut last = None;
+                for (rid, q) in grp.queues.range((after(a), Bound::Unbounded)).take(step) {
+                    c.blob.queues += 1;
+                    put_queue(&mut c.blob.queue_bytes, rid, q);
+                    last = Some(rid.clone());
+                }
+                c.walk = match last {
+                    Some(rid) => Walk::Queues(Some(rid)),
+                    None => Walk::Lists(None),
+                };
+            }
+            Walk::Lists(a) => {
+                let mut last = None;
+                for (nid, list) in grp.ntfs.range((after(a), Bound::Unbounded)).take(step) {
+                    c.blob.lists += 1;
+                    put_ntfs(&mut c.blob.list_bytes, nid, list);
+                    last = Some(nid.clone());
+                }
+                match last {
+                    Some(nid) => c.walk = Walk::Lists(Some(nid)),
+                    None => return self.seal(c),
+                }
+            }
+        }
+        self.checkpoint = Some(c);
+    }
+
+    /// The walk is done: seal the checkpoint and write it off the shard.
+    fn seal(&mut self, c: Checkpointing<F>) {
+        let Checkpointing {
+            g, mut base, blob, ..
+        } = c;
+        let Some(j) = self.journals.get(&g) else {
+            return;
+        };
+        j.checkpoint_seal(&mut base);
+        let blob = blob.finish();
+        let (tx, rx) = flume::bounded(1);
+        let spawned = self.runner.spawn("journal-checkpoint", move || {
+            let _ = tx.send(base.write(&blob));
+        });
+        match spawned {
+            Ok(_) => self.checkpoint_writing = Some(Writing { g, done: rx }),
+            Err(e) => tracing::warn!(group = g, error = %e, "journal checkpoint not written"),
+        }
+    }
+
+    /// Waits for the checkpoint being written, if any, and drops a walk under way (at close).
+    pub fn finish_checkpoints(&mut self) {
+        self.checkpoint = None;
+        if let Some(w) = self.checkpoint_writing.take() {
+            if let Ok(Err(e)) = w.done.recv() {
+                tracing::warn!(group = w.g, error = %e, "journal checkpoint not written");
+            }
+        }
+    }
+
+    /// Whether the walk of a checkpoint of group `g` is under way (a compaction of the group
+    /// waits to install: it moves the records the walk refers to).
+    pub fn walking(&self, g: u32) -> bool {
+        self.checkpoint.as_ref().is_some_and(|c| c.g == g)
     }
 
     /// Loads the blob of group `g` (before its records after the checkpoint are replayed).
-    pub(super) fn load_checkpoint(&mut self, g: u32, blob: &[u8]) -> Result<(), String> {
+    pub fn load_checkpoint(&mut self, g: u32, blob: &[u8]) -> Result<(), String> {
         let bad = |what: &str| format!("checkpoint of group {g}: bad {what}");
         let mut r = Reader::new(blob);
-        if r.byte().map_err(|_| bad("version"))? != BLOB_VERSION {
+        let version = r.byte().map_err(|_| bad("version"))?;
+        if version != 1 && version != BLOB_VERSION {
             return Err(bad("version"));
         }
         let nq = r.word32().map_err(|_| bad("queue count"))?;
         for _ in 0..nq {
-            self.load_queue(g, &mut r).map_err(|_| bad("queue"))??;
+            self.load_queue(g, &mut r, version)
+                .map_err(|_| bad("queue"))??;
         }
         let nn = r.word32().map_err(|_| bad("notifier count"))?;
         for _ in 0..nn {
@@ -122,18 +288,25 @@ impl<F: Fs> Data<F> {
         if !r.is_empty() {
             return Err(bad("end (trailing bytes)"));
         }
-        self.checkpoints_loaded += 1;
+        self.activity.checkpoints_loaded += 1;
         Ok(())
     }
 
-    fn load_queue(&mut self, g: u32, r: &mut Reader<'_>) -> DResult<Result<(), String>> {
+    fn load_queue(
+        &mut self,
+        g: u32,
+        r: &mut Reader<'_>,
+        version: u8,
+    ) -> DResult<Result<(), String>> {
         let rid: EntityId = id(r)?.to_vec();
         let rec = match decode_queue_record(bytes(r)?) {
             Ok(rec) => rec,
             Err(e) => return Ok(Err(e)),
         };
         let (rec_loc, rec_len) = loc(r)?;
-        let can_write = r.bool()?;
+        if version == 1 {
+            r.bool()?;
+        }
         let n = r.word32()? as usize;
         let mut msgs = VecDeque::with_capacity(n.min(1 << 16));
         for _ in 0..n {
@@ -152,21 +325,19 @@ impl<F: Fs> Data<F> {
         if let Some(n) = &rec.notifier {
             self.notifiers.insert(n.notifier_id.clone(), g);
         }
-        let live = self.live(g);
-        live.add(rec_loc.segment, rec_len);
-        for m in &msgs {
-            live.add(m.loc.segment, m.len);
-        }
         self.total_messages += msgs.len();
-        self.queues.insert(
+        let grp = self.group_mut(g);
+        grp.live.add(rec_loc.segment, rec_len);
+        for m in &msgs {
+            grp.live.add(m.loc.segment, m.len);
+        }
+        grp.queues.insert(
             rid,
             QueueEntry {
                 rec,
-                group: g as u8,
                 rec_loc,
                 rec_len,
                 msgs,
-                can_write,
             },
         );
         Ok(Ok(()))
@@ -184,11 +355,11 @@ impl<F: Fs> Data<F> {
             let (loc, len) = loc(r)?;
             list.push_back(NtfEntry { ntf, loc, len });
         }
-        let live = self.live(g);
+        let grp = self.group_mut(g);
         for e in &list {
-            live.add(e.loc.segment, e.len);
+            grp.live.add(e.loc.segment, e.len);
         }
-        self.ntfs.insert(nid, list);
+        grp.ntfs.insert(nid, list);
         Ok(Ok(()))
     }
 }

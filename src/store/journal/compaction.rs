@@ -24,7 +24,8 @@ use std::thread::JoinHandle;
 
 use smp_journal::{Compacted, Fs, JournalError, Location, Record, HEADER_LEN};
 
-use super::{Data, EntityId, Map};
+use super::index::{Data, Group};
+use super::{EntityId, Map};
 
 /// A group's oldest segments are compacted once they take at least this much disk…
 pub(super) const COMPACT_MIN_BYTES: u64 = 8 << 20;
@@ -76,23 +77,24 @@ impl<F: Fs> Drop for Compaction<F> {
     }
 }
 
-/// Whether the record at `loc` is live in the index, and how to find it again.
-fn kept<F: Fs>(d: &Data<F>, loc: Location, rec: &Record<'_>) -> Option<Kept> {
+/// Whether the record at `loc` is live in the index of its group, and how to find it again.
+/// Messages and notifications are kept in the order of their records' locations.
+fn kept(grp: &Group, loc: Location, rec: &Record<'_>) -> Option<Kept> {
     match *rec {
-        Record::QueueCreate { recipient_id, .. } | Record::QueueUpdate { recipient_id, .. } => d
+        Record::QueueCreate { recipient_id, .. } | Record::QueueUpdate { recipient_id, .. } => grp
             .queues
             .get(recipient_id)
             .filter(|q| q.rec_loc == loc)
             .map(|_| Kept::Queue(recipient_id.to_vec())),
-        Record::MsgAppend { recipient_id, .. } => d
+        Record::MsgAppend { recipient_id, .. } => grp
             .queues
             .get(recipient_id)
-            .filter(|q| q.msgs.iter().any(|m| m.loc == loc))
+            .filter(|q| q.msgs.binary_search_by(|m| m.loc.cmp(&loc)).is_ok())
             .map(|_| Kept::Msg(recipient_id.to_vec())),
-        Record::NtfAppend { notifier_id, .. } => d
+        Record::NtfAppend { notifier_id, .. } => grp
             .ntfs
             .get(notifier_id)
-            .filter(|l| l.iter().any(|n| n.loc == loc))
+            .filter(|l| l.binary_search_by(|n| n.loc.cmp(&loc)).is_ok())
             .map(|_| Kept::Ntf(notifier_id.to_vec())),
         _ => None,
     }
@@ -111,7 +113,8 @@ impl<F: Fs> Data<F> {
             t.compact_live_share,
             t.compact_max_live_bytes,
         );
-        let (Some(j), Some(live)) = (self.journals.get(&g), self.live.get(&g)) else {
+        let (Some(j), Some(live)) = (self.journals.get(&g), self.groups.get(&g).map(|x| &x.live))
+        else {
             return;
         };
         let (mut disk, mut kept, mut upto) = (0u64, 0u64, None);
@@ -152,6 +155,8 @@ impl<F: Fs> Data<F> {
         let g = c.g;
         let result = match c.phase {
             Phase::Scanning { segment, offset } => self.scan_step(segment, offset),
+            // A checkpoint's walk of the group refers to the records' places: it ends first.
+            Phase::Writing { .. } if self.walking(g) => Ok(()),
             Phase::Writing { .. } => self.install_if_done(),
         };
         if let Err(e) = result {
@@ -168,13 +173,15 @@ impl<F: Fs> Data<F> {
         let c = self.compaction.as_ref().expect("a compaction is under way");
         let (g, upto) = (c.g, c.upto);
         let j = &self.journals[&g];
+        let empty = Group::default();
+        let grp = self.groups.get(&g).unwrap_or(&empty);
         let mut found = Vec::new();
         let next = j.scan_segment(
             segment,
             offset,
             self.tuning.compact_scan_step,
             |loc, rec| {
-                if let Some(k) = kept(self, loc, &rec) {
+                if let Some(k) = kept(grp, loc, &rec) {
                     found.push((loc, k));
                 }
             },
@@ -265,8 +272,10 @@ impl<F: Fs> Data<F> {
             .get_mut(&c.g)
             .expect("the compacted group is this shard's");
         let (moved, retired) = j.install_compaction(done)?;
-        self.compactions += 1;
+        self.activity.compactions += 1;
         self.retire(retired);
+        let checkpoint_bytes = self.tuning.checkpoint_bytes;
+        let grp = self.group_mut(c.g);
         // Old locations to new ones. Each entry is looked at once: a new location can equal
         // the old location of another record of the same segment number.
         let moved: Map<Location, Location> = moved.into_iter().collect();
@@ -283,13 +292,13 @@ impl<F: Fs> Data<F> {
         for (_, k) in &c.keep {
             match k {
                 Kept::Queue(rid) => {
-                    if let Some(q) = self.queues.get_mut(rid) {
+                    if let Some(q) = grp.queues.get_mut(rid) {
                         moved_one(&mut q.rec_loc, q.rec_len);
                     }
                 }
                 Kept::Msg(rid) => {
                     if msg_queues.insert(rid) {
-                        if let Some(q) = self.queues.get_mut(rid) {
+                        if let Some(q) = grp.queues.get_mut(rid) {
                             for m in q.msgs.iter_mut() {
                                 moved_one(&mut m.loc, m.len);
                             }
@@ -298,7 +307,7 @@ impl<F: Fs> Data<F> {
                 }
                 Kept::Ntf(nid) => {
                     if notifiers.insert(nid) {
-                        if let Some(l) = self.ntfs.get_mut(nid) {
+                        if let Some(l) = grp.ntfs.get_mut(nid) {
                             for n in l.iter_mut() {
                                 moved_one(&mut n.loc, n.len);
                             }
@@ -307,9 +316,10 @@ impl<F: Fs> Data<F> {
                 }
             }
         }
-        let live = self.live(c.g);
-        live.0.retain(|&id, _| id > c.upto);
-        live.0.insert(c.upto, bytes);
+        grp.live.0.retain(|&id, _| id > c.upto);
+        grp.live.0.insert(c.upto, bytes);
+        // The group's checkpoint covers segments that are gone now: the next one comes soon.
+        grp.since_checkpoint = grp.since_checkpoint.max(checkpoint_bytes);
         tracing::info!(
             group = c.g,
             upto = c.upto,

@@ -10,7 +10,9 @@ use std::thread::JoinHandle;
 
 use smp_journal::{Fs, Location, Prefetch, Retired};
 
-use super::{Data, JournalStore, Map, Runner};
+use super::index::Data;
+use super::{JournalStore, Map, Runner};
+use crate::store::group_of;
 
 /// Prefetch jobs waiting for the thread at most; a batch that finds the queue full waits.
 pub(super) const PREFETCH_QUEUE: usize = 64;
@@ -110,12 +112,13 @@ impl<F: Fs> Data<F> {
     fn cold_heads(&self, rids: &[&[u8]]) -> Prefetch<F> {
         let mut by_group: Map<u32, Vec<(Location, u64)>> = Map::default();
         for rid in rids {
-            let Some(q) = self.queues.get(*rid) else {
+            let g = group_of(rid);
+            let Some(q) = self.groups.get(&g).and_then(|grp| grp.queues.get(*rid)) else {
                 continue;
             };
             match q.msgs.front() {
                 Some(m) if !m.is_quota() => by_group
-                    .entry(u32::from(q.group))
+                    .entry(g)
                     .or_default()
                     .push((m.loc, u64::from(m.len))),
                 _ => {}
@@ -138,7 +141,7 @@ impl<F: Fs> JournalStore<F> {
         if p.is_empty() {
             return;
         }
-        self.data.borrow_mut().prefetched += p.len() as u64;
+        self.data.borrow_mut().activity.prefetched += p.len() as u64;
         self.prefetcher.run(p).await;
     }
 }
@@ -207,7 +210,11 @@ mod tests {
             }
         }
         let d = st.data.borrow();
-        assert_eq!(d.prefetched, rids.len() as u64, "read off the shard first");
+        assert_eq!(
+            d.activity.prefetched,
+            rids.len() as u64,
+            "read off the shard first"
+        );
         assert!(d.cold_heads(&ids).is_empty(), "and in memory now");
     }
 }

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use futures_lite::future::block_on;
-use smp_journal::sim::{CrashMode, SimFs};
+use smp_journal::sim::{CrashMode, Fault, SimFs};
 use smp_journal::Fs;
 
 use super::runner::Manual;
@@ -51,6 +51,8 @@ fn small_tuning() -> Tuning {
         compact_max_live_bytes: 12 << 10,
         compact_scan_step: 8,
         compact_retry_after: 20,
+        checkpoint_bytes: 6 << 10,
+        checkpoint_step: 2,
     }
 }
 
@@ -126,6 +128,8 @@ enum Change {
     NtfAdd(EntityId, MsgNtf),
     NtfDel(EntityId, MsgId),
     NtfClear(EntityId),
+    /// A notifier's list written again whole (returned notifications ahead of the rest).
+    NtfList(EntityId, Vec<MsgNtf>),
 }
 
 impl State {
@@ -194,6 +198,14 @@ impl State {
             }
             Change::NtfClear(nid) => {
                 self.ntfs.remove(nid);
+            }
+            Change::NtfList(nid, list) => {
+                if list.is_empty() {
+                    self.ntfs.remove(nid);
+                } else {
+                    self.ntfs
+                        .insert(nid.clone(), list.iter().cloned().collect());
+                }
             }
         }
     }
@@ -278,6 +290,28 @@ pub(crate) struct Coverage {
     pub segments_retired: u64,
     pub compactions: u64,
     pub checkpoints_loaded: u64,
+    pub checkpoints_written: u64,
+    /// Calls answered with an unknown outcome (their sync failed), and refused after a fault.
+    pub uncertain: u64,
+    pub refused: u64,
+    pub faults: u64,
+}
+
+impl Coverage {
+    fn add(&mut self, c: &Coverage) {
+        self.seeds += c.seeds;
+        self.ops += c.ops;
+        self.crashes += c.crashes;
+        self.clean_restarts += c.clean_restarts;
+        self.changes_lost_allowed += c.changes_lost_allowed;
+        self.segments_retired += c.segments_retired;
+        self.compactions += c.compactions;
+        self.checkpoints_loaded += c.checkpoints_loaded;
+        self.checkpoints_written += c.checkpoints_written;
+        self.uncertain += c.uncertain;
+        self.refused += c.refused;
+        self.faults += c.faults;
+    }
 }
 
 struct Sim {
@@ -298,6 +332,8 @@ struct Sim {
     cov: Coverage,
     /// A crash is planned and has not happened yet.
     crash_planned: bool,
+    /// Faults planned so far (a call refused or of unknown outcome is expected only after one).
+    faults: u64,
     now_ts: i64,
 }
 
@@ -310,6 +346,7 @@ fn settings() -> StoreSettings {
         test_delay: None,
         durability: Durability::Never,
         journal_budget: None,
+        journal_checkpoint_bytes: crate::store::journal::DEFAULT_CHECKPOINT_BYTES,
         postgres: None,
     }
 }
@@ -397,6 +434,7 @@ impl Sim {
             trace: Vec::new(),
             cov: Coverage::default(),
             crash_planned: false,
+            faults: 0,
             now_ts: 1_000_000,
         }
     }
@@ -455,13 +493,17 @@ impl Sim {
     /// Counts what the store did before it goes.
     fn harvest(&mut self) {
         if let Some(st) = &self.store {
-            let d = st.data.borrow();
-            self.cov.segments_retired += d.segments_retired;
-            self.cov.compactions += d.compactions;
+            let a = st.activity();
+            self.cov.segments_retired += a.segments_retired;
+            self.cov.compactions += a.compactions;
+            self.cov.checkpoints_written += a.checkpoints_written;
+            self.cov.checkpoints_loaded += a.checkpoints_loaded;
         }
     }
 
     fn open(&mut self) -> Result<(), Failure> {
+        // A restarted relay reads its files with no fault pending.
+        self.fs.clear_faults();
         self.manual = Manual::default();
         match JournalStore::open_on(
             self.fs.clone(),
@@ -473,7 +515,6 @@ impl Sim {
             Runner::Manual(self.manual.clone()),
         ) {
             Ok(st) => {
-                self.cov.checkpoints_loaded += st.data.borrow().checkpoints_loaded as u64;
                 self.store = Some(st);
                 Ok(())
             }
@@ -586,9 +627,85 @@ impl Sim {
         self.fail(format!("{what}: unexpected {r:?}"))
     }
 
+    /// The prefix of `changes` (in record order) that the store applied before it refused the
+    /// rest: the one whose state every group it touches holds now.
+    fn applied_prefix(&self, changes: &[(u32, Change)]) -> Result<usize, Failure> {
+        let groups: BTreeSet<u32> = changes.iter().map(|c| c.0).collect();
+        let mut got = BTreeMap::new();
+        for &g in &groups {
+            got.insert(g, self.store_state(g).map_err(|e| self.fail(e))?);
+        }
+        for k in (0..=changes.len()).rev() {
+            let fits = groups.iter().all(|&g| {
+                let mut s = self.models[&g].now.clone();
+                for (cg, c) in &changes[..k] {
+                    if *cg == g {
+                        s.apply(c);
+                    }
+                }
+                Self::comparable(&s) == got[&g]
+            });
+            if fits {
+                return Ok(k);
+            }
+        }
+        Err(self.fail(format!(
+            "a refused call left a state no prefix of its changes makes: {:?}",
+            changes
+                .iter()
+                .map(|c| change_text(&c.1))
+                .collect::<Vec<_>>()
+        )))
+    }
+
+    /// Takes the outcome of a store call whose changes (in record order) are `changes` and whose
+    /// answer `ok` checks: answered, its changes are in the model (and durable with every-batch
+    /// syncing); the disk crashed under it, or its own sync failed (`StoreError::Uncertain`),
+    /// they are in the model but not required; refused after a fault of the disk, the ones it
+    /// applied before the refusal are.
+    fn settle<T: std::fmt::Debug>(
+        &mut self,
+        what: &str,
+        r: Result<T, StoreError>,
+        ok: impl FnOnce(&T) -> bool,
+        changes: Vec<(u32, Change)>,
+    ) -> Result<Option<T>, Failure> {
+        let groups: BTreeSet<u32> = changes.iter().map(|c| c.0).collect();
+        match r {
+            Ok(v) if ok(&v) => {
+                for (g, c) in changes {
+                    self.model(g).push(c);
+                }
+                for g in groups {
+                    self.answered(g);
+                }
+                Ok(Some(v))
+            }
+            Err(_) if self.crashed() => {
+                for (g, c) in changes {
+                    self.model(g).push(c);
+                }
+                Ok(None)
+            }
+            Err(e @ (StoreError::Uncertain(_) | StoreError::Failed(_))) if self.faults > 0 => {
+                match e {
+                    StoreError::Uncertain(_) => self.cov.uncertain += 1,
+                    _ => self.cov.refused += 1,
+                }
+                // A call of several changes stops at the first that fails.
+                let k = self.applied_prefix(&changes)?;
+                for (g, c) in changes.into_iter().take(k) {
+                    self.model(g).push(c);
+                }
+                Ok(None)
+            }
+            r => Err(self.unexpected(what, r)),
+        }
+    }
+
     // -----------------------------------------------------------------------------------------
-    // Operations. Each returns Ok(()) when it ran (or the disk crashed under it), Err on a
-    // divergence from the model.
+    // Operations. Each returns Ok(()) when it ran (or the disk crashed or failed under it), Err
+    // on a divergence from the model.
 
     fn op_create(&mut self) -> Result<(), Failure> {
         let gi = self.rng.below(self.groups.len() as u64) as usize;
@@ -610,19 +727,14 @@ impl Sim {
         let exists = self.queue(&rid).is_some();
         self.note(format!("create {} exists={exists}", short(&rid)));
         let r = block_on(self.store().create(rec.clone()));
-        match (exists, r) {
-            (true, Err(StoreError::Duplicate)) => Ok(()),
-            (false, Ok(())) => {
-                self.model(g).push(Change::Queue(rec));
-                self.answered(g);
-                Ok(())
-            }
-            (false, Err(_)) if self.crashed() => {
-                self.model(g).push(Change::Queue(rec));
-                Ok(())
-            }
-            (_, r) => Err(self.unexpected("create", r)),
+        if exists {
+            return match r {
+                Err(StoreError::Duplicate) => Ok(()),
+                r => Err(self.unexpected("create of an existing queue", r)),
+            };
         }
+        self.settle("create", r, |_| true, vec![(g, Change::Queue(rec))])?;
+        Ok(())
     }
 
     /// A record change as the relay makes them: keys, status, the daily touch, a notifier added,
@@ -664,26 +776,23 @@ impl Sim {
         }
         self.note(format!("update {} kind {what}", short(&rid)));
         let r = block_on(self.store().update(rec.clone()));
-        match r {
-            Ok(()) => {
-                self.model(g).push(Change::Queue(rec.clone()));
-                self.answered(g);
-            }
-            Err(_) if self.crashed() => {
-                self.model(g).push(Change::Queue(rec));
-                return Ok(());
-            }
-            r => return Err(self.unexpected("update", r)),
+        if self
+            .settle("update", r, |_| true, vec![(g, Change::Queue(rec.clone()))])?
+            .is_none()
+        {
+            return Ok(());
         }
-        // A replaced or removed notifier's notifications go (NKEY, NDEL).
+        // A replaced or removed notifier's notifications went with the record: the relay's
+        // delete of them (NKEY, NDEL) finds nothing left.
         let new_nid = rec.notifier.as_ref().map(|n| n.notifier_id.clone());
         if let Some(old) = old_nid.filter(|o| Some(o) != new_nid.as_ref()) {
-            // The record change dropped them already: nothing is left to delete.
-            match block_on(self.store().delete_ntfs(&old)) {
-                Ok(0) => {}
-                Err(_) if self.crashed() => {}
-                r => return Err(self.unexpected("delete_ntfs after a notifier change", r)),
-            }
+            let r = block_on(self.store().delete_ntfs(&old));
+            self.settle(
+                "delete_ntfs after a notifier change",
+                r,
+                |n| *n == 0,
+                vec![],
+            )?;
         }
         Ok(())
     }
@@ -714,26 +823,12 @@ impl Sim {
             rec.updated_at = Some(at);
             done.push(rec);
         }
-        match r {
-            Ok(recs) if recs == done => {
-                for rec in done {
-                    let g = group_of(&rec.recipient_id);
-                    self.model(g).push(Change::Queue(rec));
-                    self.answered(g);
-                }
-                Ok(())
-            }
-            Err(_) if self.crashed() => {
-                // Some of them were written: which ones is the recovery's to show. The first
-                // ones were answered (synced) already; being ambiguous, none is required.
-                for rec in done {
-                    let g = group_of(&rec.recipient_id);
-                    self.model(g).push(Change::Queue(rec));
-                }
-                Ok(())
-            }
-            r => Err(self.unexpected("associate_many", r)),
-        }
+        let changes = done
+            .iter()
+            .map(|rec| (group_of(&rec.recipient_id), Change::Queue(rec.clone())))
+            .collect();
+        self.settle("associate_many", r, |recs| recs == &done, changes)?;
+        Ok(())
     }
 
     fn op_delete(&mut self) -> Result<(), Failure> {
@@ -743,18 +838,14 @@ impl Sim {
         let g = group_of(&rid);
         self.note(format!("delete {}", short(&rid)));
         let want = self.queue(&rid).expect("exists").rec.clone();
-        match block_on(self.store().delete(&rid)) {
-            Ok(rec) if rec == want => {
-                self.model(g).push(Change::Delete(rid));
-                self.answered(g);
-                Ok(())
-            }
-            Err(_) if self.crashed() => {
-                self.model(g).push(Change::Delete(rid));
-                Ok(())
-            }
-            r => Err(self.unexpected("delete", r)),
-        }
+        let r = block_on(self.store().delete(&rid));
+        self.settle(
+            "delete",
+            r,
+            |rec| rec == &want,
+            vec![(g, Change::Delete(rid))],
+        )?;
+        Ok(())
     }
 
     fn op_send(&mut self) -> Result<(), Failure> {
@@ -792,20 +883,16 @@ impl Sim {
             "send {} {len} bytes quota {quota}: {expect:?}",
             short(&rid)
         ));
-        match block_on(self.store().write(&rid, msg.clone(), quota)) {
-            Ok(got) if got == expect => {
-                if let Some(m) = change {
-                    self.model(g).push(Change::Append(rid.clone(), m));
-                }
-                self.answered(g);
-            }
-            Err(_) if self.crashed() => {
-                if let Some(m) = change {
-                    self.model(g).push(Change::Append(rid, m));
-                }
-                return Ok(());
-            }
-            r => return Err(self.unexpected("write", r)),
+        let r = block_on(self.store().write(&rid, msg.clone(), quota));
+        let changes = change
+            .into_iter()
+            .map(|m| (g, Change::Append(rid.clone(), m)))
+            .collect();
+        if self
+            .settle("write", r, |got| *got == expect, changes)?
+            .is_none()
+        {
+            return Ok(());
         }
         // A SEND flagged for notification stores one for the queue's notifier.
         let nid = self
@@ -829,22 +916,14 @@ impl Sim {
         };
         let live = self.models[&g].now.notifier_exists(&nid);
         self.note(format!("add_ntf {} live={live}", short(&nid)));
-        match block_on(self.store().add_ntf(&nid, ntf.clone())) {
-            Ok(()) => {
-                if live {
-                    self.model(g).push(Change::NtfAdd(nid, ntf));
-                    self.answered(g);
-                }
-                Ok(())
-            }
-            Err(_) if self.crashed() => {
-                if live {
-                    self.model(g).push(Change::NtfAdd(nid, ntf));
-                }
-                Ok(())
-            }
-            r => Err(self.unexpected("add_ntf", r)),
-        }
+        let r = block_on(self.store().add_ntf(&nid, ntf.clone()));
+        let changes = if live {
+            vec![(g, Change::NtfAdd(nid, ntf))]
+        } else {
+            vec![]
+        };
+        self.settle("add_ntf", r, |_| true, changes)?;
+        Ok(())
     }
 
     fn some_nid(&mut self) -> Option<EntityId> {
@@ -884,26 +963,23 @@ impl Sim {
         let more = list.len() > max;
         self.note(format!("take_ntfs {} max {max}", short(&nid)));
         let r = block_on(self.store().take_ntfs(&nid, max));
-        match r {
-            Ok((got, m)) if got == taken && m == more => {
-                for n in taken {
-                    self.model(g).push(Change::NtfDel(nid.clone(), n.msg_id));
-                }
-                self.answered(g);
-                // Sometimes the connection cannot take them, and they go back.
-                if !got.is_empty() && self.rng.chance(30) {
-                    return self.return_ntfs(nid, got);
-                }
-                Ok(())
+        let changes = taken
+            .iter()
+            .map(|n| (g, Change::NtfDel(nid.clone(), n.msg_id)))
+            .collect();
+        let got = self.settle(
+            "take_ntfs",
+            r,
+            |(got, m)| got == &taken && *m == more,
+            changes,
+        )?;
+        // Sometimes the connection cannot take them, and they go back.
+        if let Some((got, _)) = got {
+            if !got.is_empty() && self.rng.chance(30) {
+                return self.return_ntfs(nid, got);
             }
-            Err(_) if self.crashed() => {
-                for n in taken {
-                    self.model(g).push(Change::NtfDel(nid.clone(), n.msg_id));
-                }
-                Ok(())
-            }
-            r => Err(self.unexpected("take_ntfs", r)),
         }
+        Ok(())
     }
 
     fn return_ntfs(&mut self, nid: EntityId, back: Vec<MsgNtf>) -> Result<(), Failure> {
@@ -913,27 +989,17 @@ impl Sim {
             list.extend(kept.iter().cloned());
         }
         let skip = list.len().saturating_sub(MAX_NTFS_PER_NOTIFIER);
-        let mut changes = vec![Change::NtfClear(nid.clone())];
-        for n in list.into_iter().skip(skip) {
-            changes.push(Change::NtfAdd(nid.clone(), n));
-        }
+        let list: Vec<MsgNtf> = list.into_iter().skip(skip).collect();
         self.note(format!("return_ntfs {} {}", short(&nid), back.len()));
-        match block_on(self.store().return_ntfs(&nid, back)) {
-            Ok(()) => {
-                for c in changes {
-                    self.model(g).push(c);
-                }
-                self.answered(g);
-                Ok(())
-            }
-            Err(_) if self.crashed() => {
-                for c in changes {
-                    self.model(g).push(c);
-                }
-                Ok(())
-            }
-            r => Err(self.unexpected("return_ntfs", r)),
-        }
+        let r = block_on(self.store().return_ntfs(&nid, back));
+        // One change: the list as a whole, or as it was.
+        self.settle(
+            "return_ntfs",
+            r,
+            |_| true,
+            vec![(g, Change::NtfList(nid, list))],
+        )?;
+        Ok(())
     }
 
     fn op_delete_ntfs(&mut self) -> Result<(), Failure> {
@@ -943,22 +1009,14 @@ impl Sim {
         let g = self.group_of_nid(&nid).expect("known");
         let had = self.models[&g].now.ntfs.get(&nid).map_or(0, VecDeque::len);
         self.note(format!("delete_ntfs {}", short(&nid)));
-        match block_on(self.store().delete_ntfs(&nid)) {
-            Ok(n) if n == had => {
-                if had > 0 {
-                    self.model(g).push(Change::NtfClear(nid));
-                }
-                self.answered(g);
-                Ok(())
-            }
-            Err(_) if self.crashed() => {
-                if had > 0 {
-                    self.model(g).push(Change::NtfClear(nid));
-                }
-                Ok(())
-            }
-            r => Err(self.unexpected("delete_ntfs", r)),
-        }
+        let r = block_on(self.store().delete_ntfs(&nid));
+        let changes = if had > 0 {
+            vec![(g, Change::NtfClear(nid))]
+        } else {
+            vec![]
+        };
+        self.settle("delete_ntfs", r, |n| *n == had, changes)?;
+        Ok(())
     }
 
     fn op_ack(&mut self) -> Result<(), Failure> {
@@ -992,22 +1050,18 @@ impl Sim {
             (true, true) => second.as_ref().map(to_message),
             (true, false) => head.as_ref().map(to_message),
         };
-        match r {
-            Ok((d, n)) if d == want_del && n == want_next => {
-                if hit {
-                    self.model(g).push(Change::DelMsg(rid, id));
-                }
-                self.answered(g);
-                Ok(())
-            }
-            Err(_) if self.crashed() => {
-                if hit {
-                    self.model(g).push(Change::DelMsg(rid, id));
-                }
-                Ok(())
-            }
-            r => Err(self.unexpected("try_del", r)),
-        }
+        let changes = if hit {
+            vec![(g, Change::DelMsg(rid, id))]
+        } else {
+            vec![]
+        };
+        self.settle(
+            "try_del",
+            r,
+            |(d, n)| *d == want_del && *n == want_next,
+            changes,
+        )?;
+        Ok(())
     }
 
     fn op_expire(&mut self) -> Result<(), Failure> {
@@ -1040,25 +1094,9 @@ impl Sim {
                 None => return Ok(()),
             }
         };
-        match r {
-            Ok(n) if n == changes.len() => {
-                let gs: BTreeSet<u32> = changes.iter().map(|c| c.0).collect();
-                for (g, c) in changes {
-                    self.model(g).push(c);
-                }
-                for g in gs {
-                    self.answered(g);
-                }
-                Ok(())
-            }
-            Err(_) if self.crashed() => {
-                for (g, c) in changes {
-                    self.model(g).push(c);
-                }
-                Ok(())
-            }
-            r => Err(self.unexpected("expire", r)),
-        }
+        let n = changes.len();
+        self.settle("expire", r, |got| *got == n, changes)?;
+        Ok(())
     }
 
     fn op_expire_ntfs(&mut self) -> Result<(), Failure> {
@@ -1074,25 +1112,25 @@ impl Sim {
             }
         }
         self.note(format!("expire_ntfs n={}", changes.len()));
-        match block_on(self.store().expire_ntfs(older)) {
-            Ok(n) if n == changes.len() => {
-                let gs: BTreeSet<u32> = changes.iter().map(|c| c.0).collect();
-                for (g, c) in changes {
-                    self.model(g).push(c);
-                }
-                for g in gs {
-                    self.answered(g);
-                }
-                Ok(())
-            }
-            Err(_) if self.crashed() => {
-                for (g, c) in changes {
-                    self.model(g).push(c);
-                }
-                Ok(())
-            }
-            r => Err(self.unexpected("expire_ntfs", r)),
-        }
+        let r = block_on(self.store().expire_ntfs(older));
+        let n = changes.len();
+        self.settle("expire_ntfs", r, |got| *got == n, changes)?;
+        Ok(())
+    }
+
+    /// A call of the disk fails: an msync, fsync or directory sync with `EIO` (a failed sync:
+    /// its group takes no change until the relay restarts), or a file creation or allocation
+    /// with `ENOSPC` (a full disk: nothing appended).
+    fn op_fault(&mut self) {
+        let at = self.fs.ops() + self.rng.below(12);
+        let fault = if self.rng.chance(50) {
+            Fault::Io
+        } else {
+            Fault::NoSpace
+        };
+        self.note(format!("fault planned at op {at} ({fault:?})"));
+        self.fs.fail_at(at, fault);
+        self.faults += 1;
     }
 
     /// One background job (a compaction written, segments removed, a checkpoint), as a thread
@@ -1111,8 +1149,20 @@ impl Sim {
             self.note("interval sync".into());
             self.store().syncer.tick();
             if !self.crashed() {
-                for m in self.models.values_mut() {
-                    m.all_durable();
+                // What a sync that worked covers is durable; a group whose sync failed keeps
+                // nothing more than before.
+                let failed: Vec<u32> = {
+                    let d = self.store().data.borrow();
+                    d.journals
+                        .iter()
+                        .filter(|(_, j)| j.sync_failed())
+                        .map(|(g, _)| *g)
+                        .collect()
+                };
+                for (g, m) in self.models.iter_mut() {
+                    if !failed.contains(g) {
+                        m.all_durable();
+                    }
                 }
             }
         }
@@ -1128,7 +1178,16 @@ impl Sim {
             if self.crashed() {
                 return Ok(());
             }
-            return Err(self.fail(format!("clean close: {e}")));
+            if self.faults == 0 {
+                return Err(self.fail(format!("clean close: {e}")));
+            }
+            // A stop that could not sync everything (a failed sync): the next start reads
+            // what is on the disk.
+            self.note(format!("clean close failed ({e}): power loss"));
+            let mode = self.crash_mode();
+            self.fs.crash_at(self.fs.ops(), mode);
+            let _ = self.fs.power_loss(mode);
+            return Ok(());
         }
         if self.crashed() {
             return Ok(());
@@ -1144,13 +1203,17 @@ impl Sim {
         self.check_now()
     }
 
-    fn op_plan_crash(&mut self) {
-        let at = self.fs.ops() + self.rng.below(40);
-        let mode = match self.rng.below(3) {
+    fn crash_mode(&mut self) -> CrashMode {
+        match self.rng.below(3) {
             0 => CrashMode::Durable,
             1 => CrashMode::SomeUnsynced,
             _ => CrashMode::Torn,
-        };
+        }
+    }
+
+    fn op_plan_crash(&mut self) {
+        let at = self.fs.ops() + self.rng.below(40);
+        let mode = self.crash_mode();
         self.note(format!("crash planned at op {at} ({mode:?})"));
         self.fs.crash_at(at, mode);
         self.crash_planned = true;
@@ -1219,16 +1282,17 @@ impl Sim {
         self.check_disk()
     }
 
-    /// What the inspection reader says of the recovered journals: no damage.
+    /// What `smp-journal verify` says of the recovered journals (the crate's reader and its
+    /// consistency index, `smp_journal::check`): no damage, no records contradicting each other.
     fn check_disk(&self) -> Result<(), Failure> {
         let root = Path::new(DATA_DIR).join(super::JOURNAL_STORE_DIR);
         for &g in &self.groups {
-            let rep = smp_journal::reader::read_group_on(&self.fs, &root, g, |_, _, _| Ok(()))
+            let (rep, index) = smp_journal::check::check_group_on(&self.fs, &root, g, None)
                 .map_err(|e| self.fail(format!("reading group {g}: {e}")))?;
-            if !rep.damage.is_empty() {
+            if !rep.damage.is_empty() || index.issue_count > 0 {
                 return Err(self.fail(format!(
-                    "group {g}: the reader finds damage after recovery: {:?}",
-                    rep.damage
+                    "group {g}: verify finds damage after recovery: {:?} {:?}",
+                    rep.damage, index.issues
                 )));
             }
         }
@@ -1254,6 +1318,10 @@ impl Sim {
                 71..=82 => self.op_background(),
                 83..=91 => self.op_tick(),
                 92..=93 => self.op_clean_restart(),
+                94 if self.seed % 4 == 3 => {
+                    self.op_fault();
+                    Ok(())
+                }
                 _ => {
                     if !self.crash_planned {
                         self.op_plan_crash();
@@ -1272,16 +1340,13 @@ impl Sim {
         // The end: a crash now, whatever was planned.
         if !self.crashed() {
             self.note("power loss at the end".into());
-            let mode = match self.rng.below(3) {
-                0 => CrashMode::Durable,
-                1 => CrashMode::SomeUnsynced,
-                _ => CrashMode::Torn,
-            };
+            let mode = self.crash_mode();
             self.fs.crash_at(self.fs.ops(), mode);
             let _ = self.fs.power_loss(mode);
         }
         self.recover()?;
         self.cov.seeds = 1;
+        self.cov.faults = self.faults;
         Ok(self.cov)
     }
 }
@@ -1295,6 +1360,7 @@ fn change_text(c: &Change) -> String {
         Change::NtfAdd(n, x) => format!("ntf+ {} {}", short(n), short(&x.msg_id)),
         Change::NtfDel(n, x) => format!("ntf- {} {}", short(n), short(x)),
         Change::NtfClear(n) => format!("ntf0 {}", short(n)),
+        Change::NtfList(n, l) => format!("ntf= {} {}", short(n), l.len()),
     }
 }
 
@@ -1379,16 +1445,7 @@ mod tests {
                     let mut failures = Vec::new();
                     for s in ss {
                         match run_seed(s, 300) {
-                            Ok(c) => {
-                                cov.seeds += c.seeds;
-                                cov.ops += c.ops;
-                                cov.crashes += c.crashes;
-                                cov.clean_restarts += c.clean_restarts;
-                                cov.changes_lost_allowed += c.changes_lost_allowed;
-                                cov.checkpoints_loaded += c.checkpoints_loaded;
-                                cov.segments_retired += c.segments_retired;
-                                cov.compactions += c.compactions;
-                            }
+                            Ok(c) => cov.add(&c),
                             Err(f) => failures.push(f),
                         }
                     }
@@ -1400,14 +1457,7 @@ mod tests {
         let mut failures = Vec::new();
         for h in handles {
             let (c, f) = h.join().expect("a simulation thread");
-            cov.seeds += c.seeds;
-            cov.ops += c.ops;
-            cov.crashes += c.crashes;
-            cov.clean_restarts += c.clean_restarts;
-            cov.changes_lost_allowed += c.changes_lost_allowed;
-            cov.checkpoints_loaded += c.checkpoints_loaded;
-            cov.segments_retired += c.segments_retired;
-            cov.compactions += c.compactions;
+            cov.add(&c);
             failures.extend(f);
         }
         eprintln!("{cov:?}");
@@ -1429,6 +1479,116 @@ mod tests {
                     60
                 })..]
                     .join("\n")
+            );
+        }
+        // The runs reached what they are for: crashes of every kind, faults, segments removed
+        // and compacted, checkpoints taken and loaded, changes lost as their mode allows.
+        let n = cov.seeds;
+        if n >= 1000 {
+            for (what, got, at_least) in [
+                ("crashes", cov.crashes, n),
+                ("clean restarts", cov.clean_restarts, n),
+                ("segments retired", cov.segments_retired, n),
+                ("compactions", cov.compactions, n / 10),
+                ("checkpoints written", cov.checkpoints_written, n),
+                ("checkpoints loaded", cov.checkpoints_loaded, n),
+                ("changes lost as allowed", cov.changes_lost_allowed, n),
+                ("faults", cov.faults, n / 10),
+                ("uncertain outcomes", cov.uncertain, n / 100),
+                ("refusals after a fault", cov.refused, n / 10),
+            ] {
+                assert!(got >= at_least, "{what}: {got} in {n} seeds");
+            }
+        }
+    }
+
+    /// A failed msync: with every-batch syncing the change whose own sync failed has an unknown
+    /// outcome (`StoreError::Uncertain`, never answered), and the group refuses every later
+    /// change before applying anything; with interval syncing the group refuses too once the
+    /// sync thread saw the failure. Other groups go on. After a restart the store holds what the
+    /// disk holds, and the group takes changes again.
+    #[test]
+    fn a_failed_sync_leaves_its_change_uncertain_and_its_group_refusing_changes() {
+        for durability in [
+            Durability::EveryBatch,
+            Durability::Interval(std::time::Duration::from_millis(50)),
+        ] {
+            let fs = SimFs::new(7);
+            fs.create_dir_all(Path::new(DATA_DIR)).unwrap();
+            fs.sync_dir(Path::new("/sim")).unwrap();
+            fs.sync_dir(Path::new("/")).unwrap();
+            let manual = Manual::default();
+            let open = |fs: &SimFs, manual: &Manual| {
+                JournalStore::open_on(
+                    fs.clone(),
+                    &settings(),
+                    &[3, 9],
+                    0,
+                    durability,
+                    small_tuning(),
+                    Runner::Manual(manual.clone()),
+                )
+                .unwrap()
+            };
+            let st = open(&fs, &manual);
+            let mut rng = Rng(1);
+            let mut rid_in = |g: u32| loop {
+                let id = rng.id().to_vec();
+                if group_of(&id) == g {
+                    return id;
+                }
+            };
+            let (a, b) = (rid_in(3), rid_in(9));
+            let msg = |n: u8| Message::Message {
+                msg_id: [n; 24],
+                ts: 1,
+                notification: false,
+                body: Rc::from(&[n; 100][..]),
+            };
+            block_on(st.create(crate::store::memory::tests::rec(&a))).unwrap();
+            block_on(st.create(crate::store::memory::tests::rec(&b))).unwrap();
+            st.syncer.tick();
+            // The next call of the disk (the msync of the record that follows) fails.
+            fs.fail_at(fs.ops(), Fault::Io);
+            let r = block_on(st.write(&a, msg(1), 10));
+            match durability {
+                Durability::EveryBatch => {
+                    assert!(matches!(r, Err(StoreError::Uncertain(_))), "{r:?}");
+                }
+                _ => {
+                    assert_eq!(r, Ok(WriteOutcome::Written { was_empty: true }));
+                    st.syncer.tick();
+                }
+            }
+            assert_eq!(st.size(&a), 1, "the change was made");
+            let refused = block_on(st.write(&a, msg(2), 10));
+            assert_eq!(
+                refused,
+                Err(StoreError::Failed(super::super::SYNC_FAILED.into()))
+            );
+            assert_eq!(st.size(&a), 1, "a refused change is not applied");
+            assert!(
+                block_on(st.try_del(&a, &[1; 24])).is_err(),
+                "deletes are refused too"
+            );
+            assert_eq!(st.size(&a), 1);
+            assert_eq!(
+                block_on(st.write(&b, msg(3), 10)),
+                Ok(WriteOutcome::Written { was_empty: true }),
+                "the other group goes on"
+            );
+            assert_eq!(st.counters().sync_failures, 1);
+            assert_eq!(st.counters().sync_refused, 2);
+            // A restart reads what the disk has: the queues, and the message or not.
+            let image = fs.power_loss(CrashMode::SomeUnsynced);
+            manual.run_all();
+            drop(st);
+            let st = open(&image, &Manual::default());
+            assert!(st.contains(&a) && st.contains(&b));
+            assert!(st.size(&a) <= 1);
+            assert!(
+                block_on(st.write(&a, msg(4), 10)).is_ok(),
+                "the group takes changes again"
             );
         }
     }

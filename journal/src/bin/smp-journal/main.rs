@@ -7,10 +7,11 @@
 //! synced offset a torn tail (a warning), never damage. `repair` and `compact` take the data
 //! directory's lock, so they refuse while a relay runs there.
 //!
+//! What the records say (queues, messages, notifications, records that contradict each other) is
+//! `smp_journal::check`'s index, by the relay's replay rules; `repair` is `smp_journal::repair`.
+//!
 //! Exit codes: 0 done (for `verify`: clean), 1 damage or inconsistent records found (or the queue
 //! `show` asks for has no record), 2 usage or I/O error (and `compact`, not written yet).
-
-mod index;
 
 use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Write};
@@ -23,10 +24,9 @@ use base64::engine::DecodePaddingMode;
 use base64::Engine;
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::{json, Value};
+use smp_journal::check::{self, b64, Index, MAX_ISSUES};
 use smp_journal::reader::{self, GroupReport, SegmentEnd};
 use smp_journal::{group_of, partition_of, Kind, Location, HEADER_LEN};
-
-use index::{Index, MAX_ISSUES};
 
 #[derive(Parser)]
 #[command(
@@ -85,7 +85,9 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Cut every damaged group at its first bad record (the relay must be stopped).
+    /// Repair every damaged group (the relay must be stopped): cut it at its first bad record
+    /// or missing segment, extend a segment file that was cut short, accept a missing first or
+    /// last segment; says what was lost, per queue and notifier.
     Repair,
     /// Say how journals are compacted: by the relay, in the background (nothing is changed).
     Compact,
@@ -133,11 +135,6 @@ fn main() -> ExitCode {
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
-
-/// An ID as the relay prints IDs: base64url with padding.
-pub(crate) fn b64(id: &[u8]) -> String {
-    URL_SAFE.encode(id)
-}
 
 /// Base64url with or without padding, as the relay's command line takes IDs.
 fn b64_decode(text: &str) -> Option<Vec<u8>> {
@@ -188,11 +185,7 @@ struct Group {
 }
 
 fn read_group(root: &Path, g: u32, want: Option<(Vec<u8>, bool)>) -> Result<Group, Fail> {
-    let mut index = Index::new(g, smp_journal::group_dir(root, g), want);
-    let report = reader::read_group(root, g, |loc, seq, rec| {
-        index.record(loc, seq, &rec);
-        Ok(())
-    })?;
+    let (report, index) = check::check_group(root, g, want)?;
     Ok(Group { report, index })
 }
 
@@ -557,7 +550,7 @@ fn queues(root: &Path, progress: &Progress, as_json: bool) -> Result<u8, Fail> {
     let mut lines = Vec::new();
     let mut items = Vec::new();
     each_group(root, progress, |g| {
-        let mut qs: Vec<(String, &index::Queue)> =
+        let mut qs: Vec<(String, &check::Queue)> =
             g.index.queues.iter().map(|(id, q)| (b64(id), q)).collect();
         qs.sort_by(|a, b| a.0.cmp(&b.0));
         for (id, q) in qs {
@@ -748,8 +741,9 @@ fn verify(root: &Path, progress: &Progress, as_json: bool) -> Result<u8, Fail> {
             writeln!(
                 out,
                 "DAMAGE: {bad} damaged or inconsistent record(s) in {n} groups ({records} records \
-                 read) under {}{tail}; stop the relay and run `smp-journal repair` to cut damaged \
-                 groups at their first bad record",
+                 read) under {}{tail}; stop the relay and run `smp-journal repair` to repair \
+                 damaged groups (it cuts them at their first bad record or missing segment and \
+                 says what that loses)",
                 root.display()
             )?;
         }
@@ -810,8 +804,8 @@ fn repair(cli: &Cli, root: &Path, progress: &Progress) -> Result<u8, Fail> {
     for (i, &g) in gs.iter().enumerate() {
         progress.step(i, gs.len());
         let grp = read_group(root, g, None)?;
-        inconsistent += grp.index.issue_count;
         if grp.report.damage.is_empty() {
+            inconsistent += grp.index.issue_count;
             continue;
         }
         progress.clear();
@@ -821,18 +815,20 @@ fn repair(cli: &Cli, root: &Path, progress: &Progress) -> Result<u8, Fail> {
         match smp_journal::repair(root, g) {
             Ok(rep) => {
                 writeln!(out, "{rep}")?;
-                let after = reader::read_group(root, g, |_, _, _| Ok(()))?;
-                if after.damage.is_empty() {
+                let after = read_group(root, g, None)?;
+                inconsistent += after.index.issue_count;
+                if after.report.damage.is_empty() {
                     repaired += 1;
                 } else {
                     failed += 1;
-                    for d in &after.damage {
+                    for d in &after.report.damage {
                         writeln!(out, "still damaged: {d}")?;
                     }
                 }
             }
             Err(e) => {
                 failed += 1;
+                inconsistent += grp.index.issue_count;
                 writeln!(out, "group {g:02}: not repaired: {e}")?;
             }
         }
@@ -846,8 +842,9 @@ fn repair(cli: &Cli, root: &Path, progress: &Progress) -> Result<u8, Fail> {
     if inconsistent > 0 {
         writeln!(
             out,
-            "note: {inconsistent} inconsistent record(s) before repair (see `smp-journal \
-             verify`); repair cuts damaged bytes only and does not change them"
+            "note: {inconsistent} inconsistent record(s) left (see `smp-journal verify`); repair \
+             changes damaged bytes and segment files only, never records that contradict each \
+             other"
         )?;
     }
     Ok(if failed == 0 { 0 } else { 1 })
