@@ -344,3 +344,276 @@ fn a_dead_segment_is_removed_only_after_the_record_that_made_it_dead_is_durable(
     let m = sub_with_msg(&mut c, &q);
     assert_eq!(m.msg.body(), Some(&b"m1"[..]), "m1 as it was synced");
 }
+
+/// Every message of `q`, by GET and ACK, until GET finds none.
+fn drain(c: &mut Client, q: &Queue) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        match signed(c, q.key(), q.rid(), Command::Get) {
+            BrokerMsg::Ok => return out,
+            m @ BrokerMsg::Msg { .. } => {
+                let rm = msg_of(q, m);
+                out.push(rm.msg.body().expect("a message").to_vec());
+                assert_eq!(ack(c, q, &rm.msg_id), BrokerMsg::Ok, "ACK after GET");
+            }
+            other => panic!("GET answered {other:?}"),
+        }
+    }
+}
+
+/// `smp-journal ARGS` on the relay's data directory.
+fn tool(dir: &Path, args: &[&str]) -> std::process::Output {
+    let d = dir.to_str().expect("utf-8");
+    std::process::Command::new(smp_journal())
+        .args(["--data-dir", d, "--quiet"])
+        .args(args)
+        .output()
+        .expect("smp-journal")
+}
+
+fn text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Numbered 15 KB bodies: message `i` of a scenario.
+fn body(i: usize) -> Vec<u8> {
+    let mut b = vec![b'a' + (i % 26) as u8; 15_000];
+    b[..8].copy_from_slice(&(i as u64).to_be_bytes());
+    b
+}
+
+/// A queue whose unfetched messages fill its group's first segment and go on into the second
+/// (`n2` of them there), and a clean stop: the group's checkpoint covers both segments. Returns
+/// the queue and how many messages went to the first segment.
+fn two_segments_of_messages(r: &mut Relay, n2: usize) -> (Queue, usize) {
+    let dir = r.dir.path().to_path_buf();
+    let mut c = r.client();
+    let q = create_only(&mut c);
+    let second = segment_n(&dir, q.rid(), 2);
+    let mut sent = 0;
+    while !second.exists() {
+        send_ok(&mut c, &q, None, &body(sent));
+        sent += 1;
+        assert!(sent < 40, "40 SENDs did not fill the first segment");
+    }
+    // The SEND that opened segment 2 is in it.
+    let in_first = sent - 1;
+    for i in 0..n2.saturating_sub(1) {
+        send_ok(&mut c, &q, None, &body(sent + i));
+    }
+    drop(c);
+    assert!(r.stop().success(), "clean stop");
+    (q, in_first)
+}
+
+/// A deleted last segment is not served in silence. The relay stopped cleanly with a queue's
+/// messages in two segments; the second file is deleted. `smp-journal verify` reports the missing
+/// segment; start refuses, naming it, `smp-journal repair` and the queue whose messages the
+/// group's checkpoint placed there; after `repair` (which says what it accepted) verify is clean
+/// and the relay serves the messages of the first segment, in order.
+#[test]
+fn a_deleted_last_segment_stops_the_start_naming_the_queue_until_repaired() {
+    let mut r = journal_relay("every-batch");
+    let dir = r.dir.path().to_path_buf();
+    let (q, in_first) = two_segments_of_messages(&mut r, 3);
+    let second = segment_n(&dir, q.rid(), 2);
+    std::fs::remove_file(&second).expect("delete the last segment");
+
+    let verify = tool(&dir, &["verify"]);
+    assert_eq!(verify.status.code(), Some(1), "{}", text(&verify));
+    assert!(
+        text(&verify).contains("seg-000000002.jnl"),
+        "{}",
+        text(&verify)
+    );
+    let out = r.failed_start(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the start is refused:\n{err}");
+    for want in [
+        "seg-000000002.jnl",
+        "smp-journal repair",
+        &smp_relay::crypto::hash::b64url(q.rid()),
+    ] {
+        assert!(err.contains(want), "names {want}:\n{err}");
+    }
+    let repair = tool(&dir, &["repair"]);
+    assert!(repair.status.success(), "{}", text(&repair));
+    assert!(
+        text(&repair).contains("seg-000000002.jnl"),
+        "{}",
+        text(&repair)
+    );
+    let verify = tool(&dir, &["verify"]);
+    assert_eq!(verify.status.code(), Some(0), "{}", text(&verify));
+    r.restart_with(&[]);
+    let mut c = r.client();
+    let want: Vec<Vec<u8>> = (0..in_first).map(body).collect();
+    assert_eq!(drain(&mut c, &q), want, "the first segment's messages");
+}
+
+/// A deleted first segment is not served in silence either. Queue Q's record is in the group's
+/// first segment, another queue's messages fill it, and Q's messages follow in the second; the
+/// relay stops cleanly and the first file is deleted. Start refuses, naming the missing segments
+/// and Q; `smp-journal repair` accepts the loss and names Q; then the relay starts, and Q, whose
+/// record is lost, answers AUTH (its messages are dropped with it) rather than an error per try.
+#[test]
+fn a_deleted_first_segment_stops_the_start_naming_its_queues_until_repaired() {
+    let mut r = journal_relay("every-batch");
+    let dir = r.dir.path().to_path_buf();
+    let q = {
+        let mut c = r.client();
+        let (q, f) = two_of_one_group(&mut c);
+        fill_first_segment(&mut c, &f, &dir);
+        send_ok(&mut c, &q, None, b"q1");
+        send_ok(&mut c, &q, None, b"q2");
+        q
+    };
+    assert!(r.stop().success(), "clean stop");
+    std::fs::remove_file(segment_n(&dir, q.rid(), 1)).expect("delete the first segment");
+
+    let out = r.failed_start(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the start is refused:\n{err}");
+    for want in [
+        "segments before it are missing",
+        "smp-journal repair",
+        &smp_relay::crypto::hash::b64url(q.rid()),
+    ] {
+        assert!(err.contains(want), "names {want}:\n{err}");
+    }
+    let repair = tool(&dir, &["repair"]);
+    assert!(repair.status.success(), "{}", text(&repair));
+    assert!(
+        text(&repair).contains(&smp_relay::crypto::hash::b64url(q.rid())),
+        "repair names the queue that lost its record:\n{}",
+        text(&repair)
+    );
+    r.restart_with(&[]);
+    let mut c = r.client();
+    assert_eq!(signed(&mut c, q.key(), q.rid(), Command::Sub), ERR_AUTH);
+}
+
+/// A segment cut short has a way out. The relay stopped cleanly with a queue's messages in its
+/// group's first segment (and one in the second); the first file is cut to 100,000 bytes.
+/// Verify and start name the file and both lengths; `smp-journal repair` extends it and cuts the
+/// journal where its records end, reporting the queue's lost messages; then verify is clean, the
+/// relay starts and serves the messages before the cut, in order.
+#[test]
+fn a_truncated_segment_is_repaired_and_the_messages_before_the_cut_served() {
+    let mut r = journal_relay("every-batch");
+    let dir = r.dir.path().to_path_buf();
+    let (q, _) = two_segments_of_messages(&mut r, 1);
+    let first = segment_n(&dir, q.rid(), 1);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&first)
+        .expect("first segment");
+    f.set_len(100_000).expect("truncate");
+    drop(f);
+
+    let verify = tool(&dir, &["verify"]);
+    assert_eq!(verify.status.code(), Some(1), "{}", text(&verify));
+    assert!(
+        text(&verify).contains("100000") && text(&verify).contains("262144"),
+        "both lengths:\n{}",
+        text(&verify)
+    );
+    let out = r.failed_start(&[]);
+    assert!(!out.status.success(), "the start is refused");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&first.display().to_string()),
+        "names the file:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let repair = tool(&dir, &["repair"]);
+    assert!(repair.status.success(), "{}", text(&repair));
+    assert!(
+        text(&repair).contains(&smp_relay::crypto::hash::b64url(q.rid())),
+        "repair names the queue that lost messages:\n{}",
+        text(&repair)
+    );
+    let verify = tool(&dir, &["verify"]);
+    assert_eq!(verify.status.code(), Some(0), "{}", text(&verify));
+    r.restart_with(&[]);
+    let mut c = r.client();
+    let got = drain(&mut c, &q);
+    // 15 KB records from offset 4096 on: those wholly within 100,000 bytes.
+    assert!(!got.is_empty() && got.len() < 7, "{} messages", got.len());
+    let want: Vec<Vec<u8>> = (0..got.len()).map(body).collect();
+    assert_eq!(got, want, "the messages before the cut, in order");
+}
+
+/// One bad byte: `repair` cuts the group there (a record after a gap in the chain cannot be
+/// trusted) and says, per queue, what the cut dropped: the record it could not read, the messages
+/// sent after it, and the acknowledged ones that come back. Then the relay serves exactly that.
+#[test]
+fn repair_of_a_bad_byte_names_per_queue_what_it_dropped() {
+    let mut r = journal_relay("every-batch");
+    let dir = r.dir.path().to_path_buf();
+    let (q, p) = {
+        let mut c = r.client();
+        let (q, p) = two_of_one_group(&mut c);
+        for i in 0..4 {
+            send_ok(&mut c, &q, None, &body(i));
+        }
+        // Q's first message is acknowledged after the bad byte (below): the cut brings it back.
+        for i in 0..3 {
+            send_ok(&mut c, &p, None, &body(10 + i));
+        }
+        let m = sub_with_msg(&mut c, &q);
+        assert!(
+            matches!(ack(&mut c, &q, &m.msg_id), BrokerMsg::Msg { .. }),
+            "ACK of a subscribed queue answers with its next message"
+        );
+        (q, p)
+    };
+    assert!(r.stop().success(), "clean stop");
+    let seg = segment_n(&dir, q.rid(), 1);
+    let mut bytes = std::fs::read(&seg).expect("segment");
+    // A byte of P's first message: the records from there on are cut.
+    let at = bytes
+        .windows(body(10).len())
+        .position(|w| w == &body(10)[..])
+        .expect("P's first message is in the segment");
+    bytes[at + 100] ^= 1;
+    std::fs::write(&seg, &bytes).expect("write");
+
+    let repair = tool(&dir, &["repair"]);
+    let out = text(&repair);
+    assert!(repair.status.success(), "{out}");
+    let line = |rid: &[u8]| {
+        let id = smp_relay::crypto::hash::b64url(rid);
+        out.lines()
+            .find(|l| l.contains(&id))
+            .unwrap_or_else(|| panic!("no line for queue {id}:\n{out}"))
+            .to_string()
+    };
+    // The record with the bad byte cannot be read (what it was is not known); the two after it
+    // are P's.
+    assert!(
+        out.contains("cannot be read") && line(p.rid()).contains("2 message(s) lost"),
+        "P's messages after the bad byte:\n{out}"
+    );
+    assert!(
+        line(q.rid()).contains("1 acknowledged message(s) may be delivered again"),
+        "Q's acknowledged message comes back:\n{out}"
+    );
+    assert_eq!(tool(&dir, &["verify"]).status.code(), Some(0));
+    r.restart_with(&[]);
+    let mut c = r.client();
+    let want: Vec<Vec<u8>> = (0..4).map(body).collect();
+    assert_eq!(
+        drain(&mut c, &q),
+        want,
+        "Q's messages, the acknowledged one back"
+    );
+    assert_eq!(
+        drain(&mut c, &p),
+        Vec::<Vec<u8>>::new(),
+        "P's messages are gone"
+    );
+}

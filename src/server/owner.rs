@@ -1450,6 +1450,82 @@ mod tests {
         assert!(!json.contains("qiSub"), "{json}");
     }
 
+    /// A SEND whose journal sync failed (every-batch) has an unknown outcome: the message is in
+    /// the store, and may or may not survive a crash. Nothing of its block is answered and the
+    /// connection is closed, as a crash would do; the queue's next change, from another
+    /// connection, is refused before anything is applied.
+    #[test]
+    fn a_change_of_unknown_outcome_is_not_answered_and_its_connection_is_closed() {
+        use crate::store::journal::{Durability, JournalStore, Manual, Runner, Tuning};
+        use smp_journal::sim::{Fault, SimFs};
+        use smp_journal::Fs;
+        let fs = SimFs::new(3);
+        fs.create_dir_all(std::path::Path::new("/relay")).unwrap();
+        let settings = crate::store::StoreSettings {
+            data_dir: "/relay".into(),
+            keep: crate::store::Keep::ALL,
+            message_ttl_secs: i64::MAX,
+            ntf_ttl_secs: i64::MAX,
+            test_delay: None,
+            durability: Durability::EveryBatch,
+            journal_budget: None,
+            journal_checkpoint_bytes: crate::store::journal::DEFAULT_CHECKPOINT_BYTES,
+            postgres: None,
+        };
+        let rid = vec![90u8; 24];
+        let store = JournalStore::open_on(
+            fs.clone(),
+            &settings,
+            &[crate::store::group_of(&rid)],
+            0,
+            Durability::EveryBatch,
+            Tuning::default(),
+            Runner::Manual(Manual::default()),
+        )
+        .unwrap();
+        let (mesh, inboxes) = Mesh::new(1);
+        let o = Owner::new(
+            0,
+            store,
+            Directory::new(),
+            mesh,
+            Rc::new(Settings::default()),
+        );
+        let k = SigningKey::from_bytes(&[1; 32]);
+        // Touched today already: the SEND appends its message and nothing else.
+        let today = crate::server::commands::now_secs() / 86400 * 86400;
+        let q = QueueRec {
+            updated_at: Some(today),
+            ..queue(&rid, pk(&k))
+        };
+        block_on(o.store.create(q)).unwrap();
+
+        // The msync of the SEND's record fails.
+        fs.fail_at(fs.ops(), Fault::Io);
+        block_on(o.process(
+            session_on(1),
+            1,
+            vec![send_req(&session_on(1), &rid, false)],
+        ));
+        let out: Vec<ShardMsg> = inboxes[0].try_iter().collect();
+        assert_eq!(out.iter().map(what).collect::<Vec<_>>(), ["Close"]);
+        assert!(matches!(&out[0], ShardMsg::Close { conn } if conn.id == 1));
+        assert_eq!(o.store.size(&rid), 1, "the message is in the store");
+
+        block_on(o.process(
+            session_on(2),
+            1,
+            vec![send_req(&session_on(2), &rid, false)],
+        ));
+        assert_eq!(
+            decoded(&only_reply(&inboxes[0], 2)),
+            [BrokerMsg::Err(ErrorType::Store(
+                crate::store::journal::SYNC_FAILED.into()
+            ))]
+        );
+        assert_eq!(o.store.size(&rid), 1, "nothing applied");
+    }
+
     /// Guards item 5: an ACK of a MSG the connection dropped unsent (`undelivered`) is NO_MSG and
     /// deletes nothing; the same ACK for a MSG it did send deletes it.
     #[test]

@@ -52,6 +52,8 @@ mod sync;
 pub use index::SYNC_FAILED;
 use index::{Data, Group};
 use prefetch::Prefetcher;
+#[cfg(test)]
+pub(crate) use runner::Manual;
 pub(crate) use runner::Runner;
 use sync::Syncer;
 
@@ -188,6 +190,29 @@ fn failed(e: JournalError) -> StoreError {
     }
 }
 
+/// Why a group does not open, and, for damage, what was lost with it as far as the group's
+/// checkpoint knows (queues and message counts), so that the operator learns it before
+/// `smp-journal repair` cuts it away.
+fn lost_report<F: Fs>(fs: &F, root: &std::path::Path, g: u32, e: JournalError) -> String {
+    // A bad record at an offset loses what follows it (repair cuts there); a damage named at a
+    // segment's start (offset 0: missing segments) loses what was in the missing files.
+    let damage = match &e {
+        JournalError::Damage { file, offset, .. } => file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(smp_journal::parse_segment_file_name)
+            .filter(|_| *offset >= smp_journal::HEADER_LEN)
+            .map(|s| (s, *offset)),
+        _ => return e.to_string(),
+    };
+    match checkpoint::lost_by_checkpoint(fs, root, g, damage) {
+        Some(lost) => format!("{e}; {lost}"),
+        None => format!(
+            "{e}; what the lost records held is not known (no checkpoint of the group names it)"
+        ),
+    }
+}
+
 /// A message's flags and body as its `MsgAppend` record holds them.
 fn flags_and_body(m: &Message) -> (u8, &[u8]) {
     match m {
@@ -254,7 +279,7 @@ impl<F: Fs> JournalStore<F> {
                 |cp| cell.borrow_mut().load_checkpoint(g, &cp.blob),
                 |loc, _seq, rec| cell.borrow_mut().replay(g, loc, rec),
             );
-            let (journal, report) = opened.map_err(|e| e.to_string())?;
+            let (journal, report) = opened.map_err(|e| lost_report(&opts.fs, &root, g, e))?;
             for w in &report.warnings {
                 tracing::warn!("{w}");
             }

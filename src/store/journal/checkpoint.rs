@@ -363,3 +363,60 @@ impl<F: Fs> Data<F> {
         Ok(Ok(()))
     }
 }
+
+/// What the checkpoint of group `g` says was lost with damage found at open (`damage`: the
+/// segment file and offset named, from which on records are not read; records in segments no
+/// longer on disk are lost too): the queues whose record, messages or notifications were there,
+/// for the operator. `None` when there is no checkpoint to tell, or it names nothing there.
+pub(super) fn lost_by_checkpoint<F: Fs>(
+    fs: &F,
+    root: &std::path::Path,
+    g: u32,
+    damage: Option<(u64, u64)>,
+) -> Option<String> {
+    let (cp, _) = smp_journal::read_checkpoint(fs, root, g).ok()?;
+    let cp = cp?;
+    let on_disk: std::collections::BTreeSet<u64> = fs
+        .list(&smp_journal::group_dir(root, g))
+        .ok()?
+        .iter()
+        .filter_map(|n| smp_journal::parse_segment_file_name(n))
+        .collect();
+    let lost = |loc: Location| {
+        !on_disk.contains(&loc.segment)
+            || damage.is_some_and(|(s, off)| (loc.segment, loc.offset) >= (s, off))
+    };
+    let mut d: Data<F> = Data::new(super::Tuning::default(), super::Runner::default());
+    d.load_checkpoint(g, &cp.blob).ok()?;
+    let grp = d.groups.get(&g)?;
+    let mut lines = Vec::new();
+    for (rid, q) in &grp.queues {
+        let msgs = q.msgs.iter().filter(|m| lost(m.loc)).count();
+        let rec = lost(q.rec_loc);
+        if rec || msgs > 0 {
+            lines.push(format!(
+                "queue {}: {}{msgs} message(s)",
+                crate::crypto::hash::b64url(rid),
+                if rec { "its record, " } else { "" }
+            ));
+        }
+    }
+    let ntfs = grp.ntfs.values().flatten().filter(|n| lost(n.loc)).count();
+    if ntfs > 0 {
+        lines.push(format!("{ntfs} notification(s)"));
+    }
+    if lines.is_empty() {
+        return None;
+    }
+    const SHOWN: usize = 20;
+    let more = lines.len().saturating_sub(SHOWN);
+    lines.truncate(SHOWN);
+    if more > 0 {
+        lines.push(format!("and {more} more queue(s)"));
+    }
+    Some(format!(
+        "the group's checkpoint of {} names what was there: {}",
+        smp_journal::segment_file_name(cp.at.point.segment),
+        lines.join("; ")
+    ))
+}
