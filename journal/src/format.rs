@@ -10,7 +10,7 @@ use std::path::Path;
 pub const SEGMENT_MAGIC: [u8; 8] = *b"SMPJSEG\0";
 /// The on-disk format version this crate writes. Version 2 added the header flags (compaction);
 /// version 3 the sync slots' flags ([`SLOT_FIRST`], [`SLOT_SUCCESSOR`]) and the records' flag
-/// ([`RECORD_CONTINUES`]). Segments of versions 1 and 2 (no such flags) are read as they are.
+/// (`RECORD_CONTINUES`). Segments of versions 1 and 2 (no such flags) are read as they are.
 pub const FORMAT_VERSION: u32 = 3;
 
 /// Sync slot flag (version 3): no segment before this one belongs to the group any more (they

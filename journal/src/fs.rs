@@ -1,6 +1,6 @@
 //! The storage seam: every file-system call the journal makes goes through [`Fs`], so that a test
 //! can replace the disk with one that loses unsynced writes, tears pages and fails calls
-//! ([`crate::sim::SimFs`], the storage fault simulator). The relay uses [`OsFs`], the real calls;
+//! (`sim::SimFs`, the storage fault simulator, feature `sim`). The relay uses [`OsFs`], the real calls;
 //! the journal's types take the file system as a generic parameter that defaults to it, so the
 //! seam costs nothing in the release build (one implementation, monomorphized).
 //!

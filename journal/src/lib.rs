@@ -70,7 +70,17 @@
 //! state at that point) gives a [`CheckpointBase`] whose `write` syncs and writes the group's
 //! checkpoint file; [`Journal::open_from_checkpoint`] gives a checkpoint that still fits the
 //! segments to the caller and replays only the records after it (`journal/FORMAT.md`,
-//! "Checkpoints").
+//! "Checkpoints"). A snapshot taken in steps while records are appended is sealed with
+//! [`Journal::checkpoint_seal`] before it is written.
+//!
+//! # Durability and its proof
+//!
+//! Segments are removed ([`Journal::remove_segment`], oldest first) and compactions installed
+//! only after the records that made their contents dead are durable ([`Retired`], [`CompactJob`]).
+//! A failed sync makes the journal refuse every later one ([`Journal::sync_failed`]). Every
+//! file-system call goes through [`fs::Fs`]: the relay uses [`OsFs`]; tests use `sim::SimFs`
+//! (feature `sim`), a disk in memory that crashes at any call, keeping exactly what was synced,
+//! any part of the rest, or torn pages, and fails chosen calls.
 
 pub mod check;
 mod checkpoint;
