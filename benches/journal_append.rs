@@ -124,7 +124,7 @@ fn run(root: &std::path::Path, cfg: Config, tag: usize) -> RunResult {
         test_delay: None,
         durability: cfg.durability,
         journal_budget: None,
-        journal_checkpoint_bytes: smp_relay::store::journal::DEFAULT_CHECKPOINT_BYTES,
+        journal_checkpoint_records: smp_relay::store::journal::DEFAULT_CHECKPOINT_RECORDS,
         postgres: None,
     };
     let groups = groups_of_shard(0, SHARDS);

@@ -1014,7 +1014,7 @@ fn offline_settings(data_dir: &Path) -> StoreSettings {
         durability: smp_relay::store::journal::Durability::Never,
         // No cap: `store import` fills a stopped relay's store, whose own start applies the cap.
         journal_budget: None,
-        journal_checkpoint_bytes: smp_relay::store::journal::DEFAULT_CHECKPOINT_BYTES,
+        journal_checkpoint_records: smp_relay::store::journal::DEFAULT_CHECKPOINT_RECORDS,
         // The database the last start used (`postgres-store/connection`).
         postgres: smp_relay::store::postgres::remembered_config(data_dir),
     }

@@ -112,9 +112,9 @@ pub struct StartConfig {
     /// The cap on the bytes of the journal store's segment files (`start --journal-max-size`);
     /// `None`: no cap.
     pub journal_max_size: Option<u64>,
-    /// Bytes of records after which a journal group takes a checkpoint while the relay runs
-    /// (`start --journal-checkpoint-bytes`).
-    pub journal_checkpoint_bytes: u64,
+    /// Records after which a journal group takes a checkpoint while the relay runs (`start
+    /// --journal-checkpoint-records`).
+    pub journal_checkpoint_records: u64,
     /// The PostgreSQL store's database, schema and pool (`start --database`, …).
     pub postgres: crate::store::postgres::PgConfig,
     /// Test hook: shard `.0` fails its start in the way `.1` names (failed-start tests).

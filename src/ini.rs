@@ -19,7 +19,7 @@
 //! | | `expire_ntfs_hours` | notification TTL in hours (default 24) |
 //! | | `prometheus_interval` | seconds between rewrites of the metrics file; absent = no file |
 //! | | `journal_max_size` | the most bytes the journal store's segment files may take (K, M, G, T suffixes; at least 16M); absent = no cap |
-//! | | `journal_checkpoint_bytes` | bytes of records after which a journal group takes a checkpoint while the relay runs: the most a start after a crash replays per group (default 16M; 1M to 1G) |
+//! | | `journal_checkpoint_records` | records after which a journal group takes a checkpoint while the relay runs: the most a start after a crash replays per group (default 10000; 1000 to 100000000) |
 //! | | `enable`, `restore_messages` | what the memory store keeps over a restart (off: nothing; no messages) |
 //! | | `expire_messages_on_start` | accepted as `on` (what this relay always does) |
 //! | | `log_stats` | `on`/`off` (default `off`): the daily statistics file and the statistics backup |
@@ -66,10 +66,11 @@ pub const MIN_JOURNAL_MAX_SIZE: u64 =
     smp_journal::JOURNAL_GROUPS as u64 * smp_journal::DEFAULT_INITIAL_SEGMENT_SIZE;
 /// The largest journal size cap accepted (1 PiB), far above any disk, so sums cannot overflow.
 pub const MAX_JOURNAL_MAX_SIZE: u64 = 1 << 50;
-/// Bounds of `[STORE_LOG] journal_checkpoint_bytes`: below 1 MiB a busy group would checkpoint
-/// all the time; above 1 GiB a start after a crash would replay that much per group.
-pub const MIN_JOURNAL_CHECKPOINT_BYTES: u64 = 1 << 20;
-pub const MAX_JOURNAL_CHECKPOINT_BYTES: u64 = 1 << 30;
+/// Bounds of `[STORE_LOG] journal_checkpoint_records`: below a thousand records a busy group would
+/// write its checkpoint all the time; above 100 million a start after a crash would replay that
+/// many per group.
+pub const MIN_JOURNAL_CHECKPOINT_RECORDS: u64 = 1_000;
+pub const MAX_JOURNAL_CHECKPOINT_RECORDS: u64 = 100_000_000;
 
 pub use crate::settings::StartOptions;
 
@@ -592,16 +593,21 @@ pub fn size_bytes(value: &str) -> Result<u64, String> {
     size_within(value, MIN_JOURNAL_MAX_SIZE, MAX_JOURNAL_MAX_SIZE, "4G")
 }
 
-/// A size in bytes as [`size_bytes`], from `MIN_JOURNAL_CHECKPOINT_BYTES` to
-/// `MAX_JOURNAL_CHECKPOINT_BYTES` (`[STORE_LOG] journal_checkpoint_bytes`, `start
-/// --journal-checkpoint-bytes`).
-pub fn checkpoint_bytes(value: &str) -> Result<u64, String> {
-    size_within(
-        value,
-        MIN_JOURNAL_CHECKPOINT_BYTES,
-        MAX_JOURNAL_CHECKPOINT_BYTES,
-        "16M",
-    )
+/// Records per journal group between checkpoints (`[STORE_LOG] journal_checkpoint_records`,
+/// `start --journal-checkpoint-records`): a whole number from `MIN_JOURNAL_CHECKPOINT_RECORDS` to
+/// `MAX_JOURNAL_CHECKPOINT_RECORDS`.
+pub fn checkpoint_records(value: &str) -> Result<u64, String> {
+    value
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|n| (MIN_JOURNAL_CHECKPOINT_RECORDS..=MAX_JOURNAL_CHECKPOINT_RECORDS).contains(n))
+        .ok_or_else(|| {
+            format!(
+                "expected a whole number of records from {MIN_JOURNAL_CHECKPOINT_RECORDS} to \
+                 {MAX_JOURNAL_CHECKPOINT_RECORDS}"
+            )
+        })
 }
 
 fn size_within(value: &str, min: u64, max: u64, example: &str) -> Result<u64, String> {
@@ -767,7 +773,7 @@ mod tests {
                 "port" => "5223",
                 "socks_proxy" | "metrics_listen" => "127.0.0.1:9050",
                 "journal_max_size" => "4G",
-                "journal_checkpoint_bytes" => "16M",
+                "journal_checkpoint_records" => "20000",
                 _ => "7",
             };
             let mut c = IniConfig::default();
@@ -858,7 +864,7 @@ mod tests {
                 restore_messages: Some(true),
                 durability: None,
                 journal_max_size: None,
-                journal_checkpoint_bytes: None,
+                journal_checkpoint_records: None,
                 database: None,
                 db_schema: None,
                 db_pool_size: None,

@@ -167,15 +167,14 @@ start_settings! {
         ini: "STORE_LOG" "journal_max_size" => ini::size_bytes,
         flag: (long, value_name = "BYTES", value_parser = ini::size_bytes),
     }
-    /// Bytes of records after which a journal group takes a checkpoint while the relay runs, in
-    /// the background: the most a start after a crash replays per group beyond the checkpoint it
-    /// loads. BYTES, or with a suffix K, M or G (powers of 1024), 1M to 1G (ini `[STORE_LOG]
-    /// journal_checkpoint_bytes`).
-    journal_checkpoint_bytes: u64 {
-        set: |c, v| c.journal_checkpoint_bytes = v,
-        default: Some(crate::store::journal::DEFAULT_CHECKPOINT_BYTES) => "16M".to_string(),
-        ini: "STORE_LOG" "journal_checkpoint_bytes" => ini::checkpoint_bytes,
-        flag: (long, value_name = "BYTES", value_parser = ini::checkpoint_bytes),
+    /// Records after which a journal group takes a checkpoint while the relay runs, in the
+    /// background: the most a start after a crash replays per group beyond the checkpoint it
+    /// loads, 1000 to 100000000 (ini `[STORE_LOG] journal_checkpoint_records`).
+    journal_checkpoint_records: u64 {
+        set: |c, v| c.journal_checkpoint_records = v,
+        default: Some(crate::store::journal::DEFAULT_CHECKPOINT_RECORDS) => "10000".to_string(),
+        ini: "STORE_LOG" "journal_checkpoint_records" => ini::checkpoint_records,
+        flag: (long, value_name = "N", value_parser = ini::checkpoint_records),
     }
     /// The PostgreSQL store's database: a libpq connection string, key-value or URL; without a
     /// host, the socket in /var/run/postgresql (ini `[STORE_LOG] db_connection`).
@@ -615,7 +614,7 @@ impl StartConfig {
             store: crate::store::StoreKind::default(),
             durability: crate::store::journal::DEFAULT_DURABILITY,
             journal_max_size: None,
-            journal_checkpoint_bytes: crate::store::journal::DEFAULT_CHECKPOINT_BYTES,
+            journal_checkpoint_records: crate::store::journal::DEFAULT_CHECKPOINT_RECORDS,
             postgres: crate::store::postgres::PgConfig::default(),
             test_fail_start: None,
             test_clock_control: None,
@@ -799,7 +798,7 @@ mod tests {
             ("new_queues", "[default: on]"),
             ("metrics_interval", "[default: no metrics file]"),
             ("journal_max_size", "[default: no cap]"),
-            ("journal_checkpoint_bytes", "[default: 16M]"),
+            ("journal_checkpoint_records", "[default: 10000]"),
         ] {
             let h = help(id).unwrap_or_else(|| panic!("{id} has a help"));
             assert!(h.ends_with(&format!(" {default}")), "{id}: {h}");

@@ -17,7 +17,9 @@ use crate::format::{
 };
 use crate::fs::{Fs, FsFile, OsFs};
 use crate::scan::{scan, SliceSource};
-use crate::segment::{list_segment_ids, read_header, replaced_ids, sync_dir, Segment};
+use crate::segment::{
+    list_segment_ids, read_header, replaced_ids, rewrite_slot, sync_dir, Segment,
+};
 use crate::space::{
     reserve_of, Priority, SpaceBudget, DEFAULT_RELEASE_RESERVE, RESERVE_SHARE_DIVISOR,
 };
@@ -553,6 +555,7 @@ impl<F: Fs> Journal<F> {
         // by a removal of dead segments that failed.
         let replaced = replaced_ids(fs, &dir, &ids)?;
         if !replaced.is_empty() {
+            rewrite_slot(fs, &dir.join(crate::segment_file_name(ids[replaced.len()])))?;
             let first = report.warnings.len();
             remove_files(fs, &dir, &replaced, &mut report)?;
             for w in &mut report.warnings[first..] {

@@ -33,7 +33,9 @@ use crate::format::{
 use crate::fs::{Fs, FsFile, OsFs};
 use crate::journal::{open_dir, segment_list_problem};
 use crate::scan::{scan, scan_lenient, PreadSource, ZERO_WINDOW};
-use crate::segment::{list_segment_ids, preallocate, read_header, replaced_ids, sync_dir};
+use crate::segment::{
+    list_segment_ids, preallocate, read_header, replaced_ids, rewrite_slot, sync_dir,
+};
 use crate::segment_file_name;
 
 /// What the records a repair dropped meant for one queue (recipient ID), judged against the
@@ -356,6 +358,9 @@ pub fn repair_on<F: Fs>(fs: &F, root: &Path, group: u32) -> Result<RepairReport,
     let mut ids = list_segment_ids(fs, &dir)?;
     // Leftovers of an interrupted compaction are not part of the journal (open removes them too).
     let replaced = replaced_ids(fs, &dir, &ids)?;
+    if !replaced.is_empty() {
+        rewrite_slot(fs, &dir.join(segment_file_name(ids[replaced.len()])))?;
+    }
     for &id in &replaced {
         let path = dir.join(segment_file_name(id));
         fs.remove_file(&path)

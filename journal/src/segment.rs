@@ -64,6 +64,25 @@ pub(crate) fn replaced_ids<F: Fs>(
     Ok(Vec::new())
 }
 
+/// Makes the current sync slot of the segment at `path` durable, by writing it again in the next
+/// slot and fsyncing the file. Its flags may be ones whose write-back failed (the page cache
+/// holds them, a power loss would not): the open that trusts them before it removes files must
+/// make them durable first.
+pub(crate) fn rewrite_slot<F: Fs>(fs: &F, path: &Path) -> Result<(), JournalError> {
+    let file = fs
+        .open(path, true)
+        .map_err(|e| JournalError::io(path, "open", e))?;
+    let (h, slot, _) = read_header(&file, path)?;
+    let next = crate::format::Slot {
+        count: slot.count + 1,
+        ..slot
+    };
+    file.write_all_at(&next.encode(h.version), slot.next_at() as u64)
+        .map_err(|e| JournalError::io(path, "pwrite", e))?;
+    file.sync_all()
+        .map_err(|e| JournalError::io(path, "fsync", e))
+}
+
 /// fsyncs a directory, so that file creations, renames and removals in it are durable.
 pub(crate) fn sync_dir<F: Fs>(fs: &F, dir: &Path) -> Result<(), JournalError> {
     fs.sync_dir(dir)

@@ -96,8 +96,10 @@ struct Inode {
     len: usize,
     /// What a power loss keeps: its length is the durable length.
     durable: Vec<u8>,
-    /// Pages whose write-back failed: never written to `durable` again.
-    lost: BTreeSet<u64>,
+    /// Pages whose write-back failed, with their bytes then: as with Linux, which marks such a
+    /// page clean, they are not written to `durable` again until the process writes the page
+    /// anew (here: until its bytes differ from these).
+    lost: BTreeMap<u64, Vec<u8>>,
     mapped: bool,
 }
 
@@ -112,6 +114,8 @@ struct State {
     dead: bool,
     locks: BTreeSet<PathBuf>,
     rng: u64,
+    /// The calls so far, named, when a test asked for them ([`SimFs::log_calls`]).
+    calls: Option<Vec<String>>,
 }
 
 // SAFETY: the raw pointers in `Inode` point to allocations owned by the `State` (freed in its
@@ -163,7 +167,7 @@ impl Inode {
             cap: 0,
             len: 0,
             durable: Vec::new(),
-            lost: BTreeSet::new(),
+            lost: BTreeMap::new(),
             mapped: false,
         }
     }
@@ -205,7 +209,22 @@ impl Inode {
         self.len = len;
     }
 
-    /// Writes `[from, to)` (and the length) to the durable copy, except lost pages.
+    /// Whether `page` is one whose write-back failed and that nothing wrote since: the page
+    /// cache holds it as clean, so no flush writes it.
+    fn still_lost(&self, page: u64) -> bool {
+        self.lost
+            .get(&page)
+            .is_some_and(|then| *then == self.page_bytes(page))
+    }
+
+    /// The bytes of `page` as the process sees them.
+    fn page_bytes(&self, page: u64) -> Vec<u8> {
+        let from = ((page * PAGE) as usize).min(self.len);
+        let n = (PAGE as usize).min(self.len - from);
+        self.bytes(from, n).to_vec()
+    }
+
+    /// Writes `[from, to)` (and the length) to the durable copy, except pages still lost.
     fn persist(&mut self, from: usize, to: usize) {
         let to = to.min(self.len);
         self.durable.resize(self.len, 0);
@@ -213,7 +232,8 @@ impl Inode {
         while p < to {
             let page = p as u64 / PAGE;
             let end = (((page + 1) * PAGE) as usize).min(to);
-            if !self.lost.contains(&page) {
+            if !self.still_lost(page) {
+                self.lost.remove(&page);
                 let src = self.bytes(p, end - p).to_vec();
                 self.durable[p..end].copy_from_slice(&src);
             }
@@ -221,8 +241,8 @@ impl Inode {
         }
     }
 
-    /// A failed write-back of `[from, to)`: each page is written or not, and the ones not
-    /// written are lost for good.
+    /// A failed write-back of `[from, to)`: each page is written or not, and every one is lost
+    /// until the process writes it again.
     fn fail_persist(&mut self, from: usize, to: usize, rng: &mut u64) {
         let to = to.min(self.len);
         let mut p = from / PAGE as usize * PAGE as usize;
@@ -232,7 +252,8 @@ impl Inode {
             if splitmix(rng) % 2 == 0 {
                 self.persist(p.max(from), end);
             }
-            self.lost.insert(page);
+            let then = self.page_bytes(page);
+            self.lost.insert(page, then);
             p = end;
         }
     }
@@ -252,12 +273,16 @@ impl State {
             dead: false,
             locks: BTreeSet::new(),
             rng: seed,
+            calls: None,
         }
     }
 
     /// Counts a call that changes something or syncs; the planned crash or fault, if it is this
     /// call's.
-    fn op(&mut self) -> io::Result<Option<Fault>> {
+    fn op(&mut self, what: impl FnOnce() -> String) -> io::Result<Option<Fault>> {
+        if let Some(calls) = &mut self.calls {
+            calls.push(format!("{} {}", self.ops, what()));
+        }
         if self.dead {
             return Err(err(io::ErrorKind::Other, "the simulated disk crashed"));
         }
@@ -402,7 +427,7 @@ impl Inode {
                 let end = (p + PAGE as usize).min(len);
                 let page = p as u64 / PAGE;
                 let cur = self.bytes(p, end - p);
-                if !self.lost.contains(&page) && cur != &out[p..end] && splitmix(rng) % 2 == 0 {
+                if !self.still_lost(page) && cur != &out[p..end] && splitmix(rng) % 2 == 0 {
                     if mode == CrashMode::Torn && splitmix(rng) % 2 == 0 {
                         let mut s = p;
                         while s < end {
@@ -464,6 +489,16 @@ impl SimFs {
     /// Makes call `k` fail with `fault`.
     pub fn fail_at(&self, k: u64, fault: Fault) {
         self.st().faults.insert(k, fault);
+    }
+
+    /// Keeps the calls made from now on, named, for [`SimFs::calls`].
+    pub fn log_calls(&self) {
+        self.st().calls.get_or_insert_with(Vec::new);
+    }
+
+    /// The calls named since [`SimFs::log_calls`].
+    pub fn calls(&self) -> Vec<String> {
+        self.st().calls.clone().unwrap_or_default()
     }
 
     /// Drops the faults planned and not reached yet.
@@ -552,7 +587,7 @@ impl Fs for SimFs {
                 if st.lookup(&next).is_ok() {
                     return Err(err(io::ErrorKind::AlreadyExists, "a file is in the way"));
                 }
-                if st.op()? == Some(Fault::NoSpace) {
+                if st.op(|| format!("mkdir {}", next.display()))? == Some(Fault::NoSpace) {
                     return Err(io::Error::from_raw_os_error(libc::ENOSPC));
                 }
                 st.dirs.insert(next.clone(), Dir::default());
@@ -584,7 +619,7 @@ impl Fs for SimFs {
             if !st.dirs.contains_key(&dir) {
                 return Err(not_found());
             }
-            st.op()?;
+            st.op(|| format!("create {}", path.display()))?;
             let ino = st.inodes.len();
             st.inodes.push(Inode::new());
             st.change(&dir, vec![(name, Some(Entry::File(ino)))]);
@@ -619,11 +654,14 @@ impl Fs for SimFs {
         if !st.dirs.contains_key(&dir) {
             return Err(not_found());
         }
-        if st.op()? == Some(Fault::NoSpace) {
+        if st.op(|| format!("create_new {}", path.display()))? == Some(Fault::NoSpace) {
             return Err(io::Error::from_raw_os_error(libc::ENOSPC));
         }
         let ino = st.inodes.len();
         st.inodes.push(Inode::new());
+        if let Some(calls) = &mut st.calls {
+            calls.push(format!("  = ino {ino}"));
+        }
         st.change(&dir, vec![(name, Some(Entry::File(ino)))]);
         Ok(SimFile {
             fs: self.clone(),
@@ -639,7 +677,7 @@ impl Fs for SimFs {
         if !st.dirs.contains_key(&dir) {
             return Err(not_found());
         }
-        if st.op()? == Some(Fault::NoSpace) {
+        if st.op(|| format!("create {}", path.display()))? == Some(Fault::NoSpace) {
             return Err(io::Error::from_raw_os_error(libc::ENOSPC));
         }
         if let Ok(Entry::File(ino)) = st.lookup(&path) {
@@ -677,7 +715,10 @@ impl Fs for SimFs {
         let e = st.lookup(from)?;
         let (fd, fname) = State::split(&norm(from))?;
         let (td, tname) = State::split(&norm(to))?;
-        if st.op()?.is_some() {
+        if st
+            .op(|| format!("rename {} {}", from.display(), to.display()))?
+            .is_some()
+        {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         if fd == td {
@@ -693,7 +734,7 @@ impl Fs for SimFs {
         let mut st = self.st();
         st.file(path)?;
         let (dir, name) = State::split(&norm(path))?;
-        if st.op()?.is_some() {
+        if st.op(|| format!("unlink {}", path.display()))?.is_some() {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         st.change(&dir, vec![(name, None)]);
@@ -706,7 +747,7 @@ impl Fs for SimFs {
         if !st.dirs.contains_key(&dir) {
             return Err(not_found());
         }
-        if st.op()?.is_some() {
+        if st.op(|| format!("sync_dir {}", dir.display()))?.is_some() {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         let d = st.dirs.get_mut(&dir).expect("checked");
@@ -715,9 +756,12 @@ impl Fs for SimFs {
         Ok(())
     }
 
-    fn map(&self, file: &SimFile, _path: &Path, len: u64) -> io::Result<SimMap> {
+    fn map(&self, file: &SimFile, path: &Path, len: u64) -> io::Result<SimMap> {
         let mut st = self.st();
         st.check_alive()?;
+        if let Some(calls) = &mut st.calls {
+            calls.push(format!("  map {} = ino {}", path.display(), file.ino));
+        }
         let i = &mut st.inodes[file.ino];
         if (i.len as u64) < len {
             return Err(err(
@@ -765,7 +809,7 @@ impl FsFile for SimFile {
             return Err(err(io::ErrorKind::PermissionDenied, "opened read-only"));
         }
         let mut st = self.fs.st();
-        match st.op()? {
+        match st.op(|| format!("pwrite ino {} at {offset} len {}", self.ino, buf.len()))? {
             Some(Fault::NoSpace) => return Err(io::Error::from_raw_os_error(libc::ENOSPC)),
             Some(Fault::Io) => return Err(io::Error::from_raw_os_error(libc::EIO)),
             None => {}
@@ -776,7 +820,7 @@ impl FsFile for SimFile {
 
     fn allocate(&self, len: u64) -> io::Result<()> {
         let mut st = self.fs.st();
-        match st.op()? {
+        match st.op(|| format!("allocate ino {} {len}", self.ino))? {
             Some(Fault::NoSpace) => return Err(io::Error::from_raw_os_error(libc::ENOSPC)),
             Some(Fault::Io) => return Err(io::Error::from_raw_os_error(libc::EIO)),
             None => {}
@@ -787,7 +831,7 @@ impl FsFile for SimFile {
 
     fn sync_all(&self) -> io::Result<()> {
         let mut st = self.fs.st();
-        let fault = st.op()?;
+        let fault = st.op(|| format!("fsync ino {}", self.ino))?;
         let st = &mut *st;
         let i = &mut st.inodes[self.ino];
         let len = i.len;
@@ -835,7 +879,7 @@ impl FsMap for SimMap {
 
     fn flush(&self, from: usize, len: usize) -> io::Result<()> {
         let mut st = self.fs.st();
-        let fault = st.op()?;
+        let fault = st.op(|| format!("msync ino {} {from}+{len}", self.ino))?;
         let st = &mut *st;
         let i = &mut st.inodes[self.ino];
         if fault.is_some() {
@@ -914,7 +958,7 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_flush_leaves_pages_unwritable() {
+    fn a_failed_flush_loses_pages_until_they_are_written_again() {
         let fs = SimFs::new(3);
         fs.create_dir_all(Path::new("/d")).unwrap();
         fs.sync_dir(Path::new("/")).unwrap();
@@ -928,11 +972,19 @@ mod tests {
         fs.fail_at(fs.ops(), Fault::Io);
         assert!(m.flush(0, (3 * PAGE) as usize).is_err());
         m.flush(0, (3 * PAGE) as usize).unwrap();
+        // Written again, a lost page is dirty again and the next flush writes it.
+        // SAFETY: as above.
+        unsafe { std::ptr::write_bytes(m.ptr(), 9, PAGE as usize) };
+        m.flush(0, (3 * PAGE) as usize).unwrap();
         let img = fs.power_loss(CrashMode::Durable);
         let got = img.read(Path::new("/d/m")).unwrap();
         assert!(
-            got.contains(&0),
+            got[PAGE as usize..(3 * PAGE) as usize].contains(&0),
             "a later successful flush did not write what the failed one lost"
+        );
+        assert!(
+            got[..PAGE as usize].iter().all(|&b| b == 9),
+            "a flush after the page was written again did not write it"
         );
     }
 }

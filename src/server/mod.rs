@@ -72,7 +72,7 @@ pub fn store_settings(config: &StartConfig) -> StoreSettings {
         durability: config.durability,
         // Created here, once: the shards' settings are clones that share it.
         journal_budget: config.journal_max_size.map(smp_journal::SpaceBudget::new),
-        journal_checkpoint_bytes: config.journal_checkpoint_bytes,
+        journal_checkpoint_records: config.journal_checkpoint_records,
         postgres: Some(config.postgres.clone()),
     }
 }

@@ -1469,7 +1469,7 @@ mod tests {
             test_delay: None,
             durability: Durability::EveryBatch,
             journal_budget: None,
-            journal_checkpoint_bytes: crate::store::journal::DEFAULT_CHECKPOINT_BYTES,
+            journal_checkpoint_records: crate::store::journal::DEFAULT_CHECKPOINT_RECORDS,
             postgres: None,
         };
         let rid = vec![90u8; 24];

@@ -120,10 +120,14 @@ pub const DEFAULT_DURABILITY: Durability = Durability::Interval(Duration::from_m
 const FLAG_NOTIFICATION: u8 = 1;
 const FLAG_QUOTA: u8 = 2;
 
-/// A group takes a checkpoint once its records since the last one reach this many bytes
-/// (`start --journal-checkpoint-bytes`, ini `[STORE_LOG] journal_checkpoint_bytes`): the most a
-/// start after a crash replays per group, beyond the checkpoint it loads.
-pub const DEFAULT_CHECKPOINT_BYTES: u64 = 16 << 20;
+/// A group takes a checkpoint once it has taken this many records since its last one (`start
+/// --journal-checkpoint-records`, ini `[STORE_LOG] journal_checkpoint_records`): the most a start
+/// after a crash replays per group, beyond the checkpoint it loads.
+pub const DEFAULT_CHECKPOINT_RECORDS: u64 = 10_000;
+
+/// …or this many bytes of records, whichever comes first: large messages cost a replay their
+/// reading.
+pub const CHECKPOINT_BYTES: u64 = 64 << 20;
 
 /// Queues (or notification lists) a checkpoint writes per record appended while it is taken.
 pub(crate) const CHECKPOINT_STEP: usize = 64;
@@ -147,7 +151,8 @@ pub(crate) struct Tuning {
     pub compact_scan_step: usize,
     /// Records appended before a compaction that failed is tried again.
     pub compact_retry_after: u64,
-    /// `checkpoint.rs`: bytes of records after which a group takes a checkpoint…
+    /// `checkpoint.rs`: records, or bytes of records, after which a group takes a checkpoint…
+    pub checkpoint_records: u64,
     pub checkpoint_bytes: u64,
     /// …writing this many queues per record appended meanwhile.
     pub checkpoint_step: usize,
@@ -164,7 +169,8 @@ impl Default for Tuning {
             compact_max_live_bytes: compaction::COMPACT_MAX_LIVE_BYTES,
             compact_scan_step: compaction::COMPACT_SCAN_STEP,
             compact_retry_after: compaction::COMPACT_RETRY_AFTER,
-            checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
+            checkpoint_records: DEFAULT_CHECKPOINT_RECORDS,
+            checkpoint_bytes: CHECKPOINT_BYTES,
             checkpoint_step: CHECKPOINT_STEP,
         }
     }
@@ -237,7 +243,7 @@ impl JournalStore {
         durability: Durability,
     ) -> Result<Self, String> {
         let tuning = Tuning {
-            checkpoint_bytes: s.journal_checkpoint_bytes,
+            checkpoint_records: s.journal_checkpoint_records,
             ..Tuning::default()
         };
         JournalStore::open_on(OsFs, s, groups, now, durability, tuning, Runner::Threads)
@@ -268,16 +274,22 @@ impl<F: Fs> JournalStore<F> {
         };
         let mut data = Data::new(tuning, runner.clone());
         let mut handles = Vec::new();
+        let started = std::time::Instant::now();
+        let (mut opened_records, mut opened_from_checkpoint) = (0u64, 0usize);
         for &g in groups {
             data.groups.insert(g, Group::default());
             // Both callbacks build `data`: the checkpoint's (if one is used) first.
             let cell = RefCell::new(&mut data);
+            let mut replayed = index::Since::default();
             let opened = Journal::open_from_checkpoint(
                 &root,
                 g,
                 &opts,
                 |cp| cell.borrow_mut().load_checkpoint(g, &cp.blob),
-                |loc, _seq, rec| cell.borrow_mut().replay(g, loc, rec),
+                |loc, _seq, rec| {
+                    replayed.add(1, rec.stored_len());
+                    cell.borrow_mut().replay(g, loc, rec)
+                },
             );
             let (journal, report) = opened.map_err(|e| lost_report(&opts.fs, &root, g, e))?;
             for w in &report.warnings {
@@ -289,17 +301,18 @@ impl<F: Fs> JournalStore<F> {
             // An empty group, or one opened from a checkpoint at its end, is already as cheap
             // to open as it gets.
             let empty = report.records == 0 && report.checkpoint.is_none();
-            let checkpoint_bytes = data.tuning.checkpoint_bytes;
             let grp = data.group_mut(g);
             if empty || report.checkpoint == Some(report.written) {
                 grp.ended_at_open = Some(report.written);
             }
-            // The records replayed after the checkpoint count towards the next one.
-            grp.since_checkpoint = if report.checkpoint.is_some() || report.records == 0 {
-                0
-            } else {
-                checkpoint_bytes
-            };
+            // The records replayed after the checkpoint count towards the next one; a group
+            // replayed whole takes one at once.
+            grp.since_checkpoint = replayed;
+            if report.checkpoint.is_none() && report.records > 0 {
+                grp.since_checkpoint.force();
+            }
+            opened_records += report.records;
+            opened_from_checkpoint += usize::from(report.checkpoint.is_some());
             handles.push((g, journal.sync_handle()));
             data.journals.insert(g, journal);
             data.check_locations(g).map_err(|e| {
@@ -309,6 +322,29 @@ impl<F: Fs> JournalStore<F> {
                     smp_journal::group_dir(&root, g).display()
                 )
             })?;
+        }
+        // Said at info only when records were replayed past the checkpoints (after a crash, or
+        // a stop that wrote none): that is when the time of a start depends on history, and a
+        // tool opening a cleanly stopped store stays quiet.
+        let seconds = started.elapsed().as_secs_f64();
+        let queues = data.queue_count();
+        if opened_records > 0 {
+            tracing::info!(
+                groups = groups.len(),
+                from_checkpoints = opened_from_checkpoint,
+                records_replayed = opened_records,
+                queues,
+                seconds,
+                "journal store opened"
+            );
+        } else if !groups.is_empty() {
+            tracing::debug!(
+                groups = groups.len(),
+                from_checkpoints = opened_from_checkpoint,
+                queues,
+                seconds,
+                "journal store opened"
+            );
         }
         let prefetcher = Prefetcher::start(&runner);
         data.background = prefetcher.sender();
@@ -950,7 +986,7 @@ pub(super) mod tests {
             test_delay: None,
             durability: Durability::EveryBatch,
             journal_budget: None,
-            journal_checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
+            journal_checkpoint_records: DEFAULT_CHECKPOINT_RECORDS,
             postgres: None,
         }
     }

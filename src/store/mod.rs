@@ -474,9 +474,9 @@ pub struct StoreSettings {
     /// The cap on the journal store's segment files, one budget shared by every shard's groups
     /// (`start --journal-max-size`); `None`: no cap but the disk's size.
     pub journal_budget: Option<smp_journal::SpaceBudget>,
-    /// Bytes of records after which a journal group takes a checkpoint while the relay runs
-    /// (`start --journal-checkpoint-bytes`): the most a start after a crash replays per group.
-    pub journal_checkpoint_bytes: u64,
+    /// Records after which a journal group takes a checkpoint while the relay runs (`start
+    /// --journal-checkpoint-records`): the most a start after a crash replays per group.
+    pub journal_checkpoint_records: u64,
     /// The PostgreSQL store's database (`start --database`, `--schema`, `--pool-size`).
     pub postgres: Option<postgres::PgConfig>,
 }

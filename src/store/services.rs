@@ -98,7 +98,7 @@ impl Services {
                 test_delay: None,
                 durability: super::journal::DEFAULT_DURABILITY,
                 journal_budget: None,
-                journal_checkpoint_bytes: crate::store::journal::DEFAULT_CHECKPOINT_BYTES,
+                journal_checkpoint_records: crate::store::journal::DEFAULT_CHECKPOINT_RECORDS,
                 postgres: None,
             },
         )

@@ -2,8 +2,8 @@
 //! "Checkpoints"): a group's part of the index written as the blob of the group's checkpoint, so
 //! that a start loads it and replays only the records after its point.
 //!
-//! - *While running*, once a group has taken [`Tuning::checkpoint_bytes`] of records since its
-//!   last checkpoint, the shard takes a new one in bounded steps ([`Tuning::checkpoint_step`]
+//! - *While running*, once a group has taken [`Tuning::checkpoint_records`] records (or
+//!   [`Tuning::checkpoint_bytes`] of them) since its last checkpoint, the shard takes a new one in bounded steps ([`Tuning::checkpoint_step`]
 //!   queues or notification lists per appended record), walking the group's queues by ID while
 //!   they change: the point is where the walk began, and each queue is written as it is when the
 //!   walk reaches it, so the snapshot holds some changes after the point; the replay from the
@@ -152,7 +152,7 @@ impl<F: Fs> Data<F> {
 
     /// One bounded step of the store's checkpoints, after a change of group `changed`: the write
     /// of the last one looked at, the walk under way advanced, or a new one begun for `changed`
-    /// when it has taken [`super::Tuning::checkpoint_bytes`] since its last.
+    /// when it has taken [`super::Tuning::checkpoint_records`] records since its last.
     pub fn checkpoint_step(&mut self, changed: u32) {
         if let Some(w) = &self.checkpoint_writing {
             match w.done.try_recv() {
@@ -178,10 +178,10 @@ impl<F: Fs> Data<F> {
         else {
             return;
         };
-        if grp.since_checkpoint < self.tuning.checkpoint_bytes || j.sync_failed() {
+        if !grp.since_checkpoint.due(&self.tuning) || j.sync_failed() {
             return;
         }
-        grp.since_checkpoint = 0;
+        grp.since_checkpoint = Default::default();
         self.checkpoint = Some(Checkpointing {
             g: changed,
             base: j.checkpoint_base(),

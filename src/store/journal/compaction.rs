@@ -274,7 +274,6 @@ impl<F: Fs> Data<F> {
         let (moved, retired) = j.install_compaction(done)?;
         self.activity.compactions += 1;
         self.retire(retired);
-        let checkpoint_bytes = self.tuning.checkpoint_bytes;
         let grp = self.group_mut(c.g);
         // Old locations to new ones. Each entry is looked at once: a new location can equal
         // the old location of another record of the same segment number.
@@ -319,7 +318,7 @@ impl<F: Fs> Data<F> {
         grp.live.0.retain(|&id, _| id > c.upto);
         grp.live.0.insert(c.upto, bytes);
         // The group's checkpoint covers segments that are gone now: the next one comes soon.
-        grp.since_checkpoint = grp.since_checkpoint.max(checkpoint_bytes);
+        grp.since_checkpoint.force();
         tracing::info!(
             group = c.g,
             upto = c.upto,

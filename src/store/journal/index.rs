@@ -112,10 +112,34 @@ pub(super) struct Group {
     /// Where the journal ended at open, when the state came whole from a checkpoint there (or
     /// the group is empty): a clean stop with nothing appended since needs no new checkpoint.
     pub ended_at_open: Option<SyncPoint>,
-    /// Bytes appended since the last checkpoint of the group began.
-    pub since_checkpoint: u64,
+    /// Records appended since the last checkpoint of the group began.
+    pub since_checkpoint: Since,
     /// The group's sync failed: logged once.
     pub sync_failure_logged: bool,
+}
+
+/// Records, and their bytes, since a group's last checkpoint began.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Since {
+    pub records: u64,
+    pub bytes: u64,
+}
+
+impl Since {
+    pub fn add(&mut self, records: u64, bytes: u64) {
+        self.records += records;
+        self.bytes += bytes;
+    }
+
+    /// Whether a checkpoint is due (`Tuning::checkpoint_records`, `checkpoint_bytes`).
+    pub fn due(&self, t: &Tuning) -> bool {
+        self.records >= t.checkpoint_records || self.bytes >= t.checkpoint_bytes
+    }
+
+    /// Makes a checkpoint due at once (the last one is stale).
+    pub fn force(&mut self) {
+        self.records = u64::MAX / 2;
+    }
 }
 
 /// What the store did, for the metrics and the tests.
@@ -279,10 +303,12 @@ impl<F: Fs> Data<F> {
                     grp.full_at = None;
                     tracing::info!(group = g, "the journal has room again");
                 }
-                grp.since_checkpoint += done
-                    .iter()
-                    .map(|a| a.end.offset.saturating_sub(a.loc.offset))
-                    .sum::<u64>();
+                grp.since_checkpoint.add(
+                    done.len() as u64,
+                    done.iter()
+                        .map(|a| a.end.offset.saturating_sub(a.loc.offset))
+                        .sum(),
+                );
                 Ok(done.iter().map(|a| (a.loc, a.end)).collect())
             }
             Err(e) => {
@@ -365,7 +391,9 @@ impl<F: Fs> Data<F> {
                 self.set_record(g, rec, loc, len);
             }
             Record::QueueDelete { recipient_id } => {
-                self.parked.remove(recipient_id);
+                if !self.parked.is_empty() {
+                    self.parked.remove(recipient_id);
+                }
                 self.forget_queue(g, recipient_id);
             }
             Record::MsgAppend {
@@ -401,8 +429,10 @@ impl<F: Fs> Data<F> {
                 recipient_id,
                 msg_id,
             } => {
-                if let Some(p) = self.parked.get_mut(recipient_id) {
-                    p.retain(|m| &m.msg_id != msg_id);
+                if !self.parked.is_empty() {
+                    if let Some(p) = self.parked.get_mut(recipient_id) {
+                        p.retain(|m| &m.msg_id != msg_id);
+                    }
                 }
                 self.remove_msg(g, recipient_id, msg_id);
             }

@@ -51,6 +51,7 @@ fn small_tuning() -> Tuning {
         compact_max_live_bytes: 12 << 10,
         compact_scan_step: 8,
         compact_retry_after: 20,
+        checkpoint_records: 40,
         checkpoint_bytes: 6 << 10,
         checkpoint_step: 2,
     }
@@ -334,6 +335,8 @@ struct Sim {
     crash_planned: bool,
     /// Faults planned so far (a call refused or of unknown outcome is expected only after one).
     faults: u64,
+    /// The disk that crashed last, for the calls it saw (`SMP_RELAY_SIM_CALLS`).
+    crashed_fs: Option<SimFs>,
     now_ts: i64,
 }
 
@@ -346,7 +349,7 @@ fn settings() -> StoreSettings {
         test_delay: None,
         durability: Durability::Never,
         journal_budget: None,
-        journal_checkpoint_bytes: crate::store::journal::DEFAULT_CHECKPOINT_BYTES,
+        journal_checkpoint_records: crate::store::journal::DEFAULT_CHECKPOINT_RECORDS,
         postgres: None,
     }
 }
@@ -411,6 +414,9 @@ impl Sim {
             }
         }
         let fs = SimFs::new(seed);
+        if std::env::var_os("SMP_RELAY_SIM_CALLS").is_some() {
+            fs.log_calls();
+        }
         fs.create_dir_all(Path::new(DATA_DIR))
             .expect("simulated disk");
         fs.sync_dir(Path::new("/sim")).expect("simulated disk");
@@ -435,6 +441,7 @@ impl Sim {
             cov: Coverage::default(),
             crash_planned: false,
             faults: 0,
+            crashed_fs: None,
             now_ts: 1_000_000,
         }
     }
@@ -442,6 +449,13 @@ impl Sim {
     fn fail(&self, what: String) -> Failure {
         let mut trace = self.trace.clone();
         trace.push(self.describe_disk());
+        if let Some(before) = &self.crashed_fs {
+            let calls = before.calls();
+            trace.push(format!(
+                "the disk's last calls before the crash:\n{}",
+                calls[calls.len().saturating_sub(80)..].join("\n")
+            ));
+        }
         Failure {
             seed: self.seed,
             step: self.step,
@@ -473,8 +487,15 @@ impl Sim {
                     out.push(format!("  group {g}: damage {:?}", rep.damage));
                     for sg in &rep.segments {
                         out.push(format!(
-                            "   segment {} len {} first_seq {} synced {} end {} {:?}",
-                            sg.id, sg.len, sg.first_seq, sg.synced_end, sg.end, sg.stop
+                            "   segment {} len {} first_seq {} synced {} end {} {:?} flags {}/{}",
+                            sg.id,
+                            sg.len,
+                            sg.first_seq,
+                            sg.synced_end,
+                            sg.end,
+                            sg.stop,
+                            sg.header().flags,
+                            sg.slot_flags()
                         ));
                     }
                     out.extend(recs);
@@ -1228,7 +1249,11 @@ impl Sim {
         self.manual = Manual::default();
         self.harvest();
         drop(self.store.take());
-        self.fs = image;
+        let before = std::mem::replace(&mut self.fs, image);
+        self.crashed_fs = Some(before);
+        if std::env::var_os("SMP_RELAY_SIM_CALLS").is_some() {
+            self.fs.log_calls();
+        }
         self.crash_planned = false;
         self.open()?;
         for g in self.groups.clone() {
@@ -1417,6 +1442,14 @@ pub(crate) fn run_seed(seed: u64, steps: usize) -> Result<Coverage, Failure> {
 mod tests {
     use super::*;
 
+    /// Steps per seed: `SMP_RELAY_SIM_STEPS` (default 300).
+    fn steps() -> usize {
+        std::env::var("SMP_RELAY_SIM_STEPS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(300)
+    }
+
     /// Seeds to run: `SMP_RELAY_SIM_SEEDS` (default 10,000), from `SMP_RELAY_SIM_FIRST` (0).
     fn seeds() -> std::ops::Range<u64> {
         let n = std::env::var("SMP_RELAY_SIM_SEEDS")
@@ -1433,6 +1466,7 @@ mod tests {
     #[test]
     fn the_journal_keeps_every_durable_change_through_crashes_power_losses_and_faults() {
         let seeds = seeds();
+        let steps = steps();
         let threads = 2u64;
         let chunk: Vec<Vec<u64>> = (0..threads)
             .map(|t| seeds.clone().filter(|s| s % threads == t).collect())
@@ -1444,7 +1478,7 @@ mod tests {
                     let mut cov = Coverage::default();
                     let mut failures = Vec::new();
                     for s in ss {
-                        match run_seed(s, 300) {
+                        match run_seed(s, steps) {
                             Ok(c) => cov.add(&c),
                             Err(f) => failures.push(f),
                         }
