@@ -26,7 +26,7 @@
 //! nothing recorded.
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::hash::{BuildHasherDefault, DefaultHasher};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -49,8 +49,11 @@ mod runner;
 #[cfg(test)]
 mod sim;
 mod sync;
+use checkpoint::{Checkpointing, Writing};
+use compaction::Compaction;
 pub use index::SYNC_FAILED;
-use index::{Data, Group};
+use index::{Activity, Group, MsgEntry, NtfEntry};
+use prefetch::Job;
 use prefetch::Prefetcher;
 #[cfg(test)]
 pub(crate) use runner::Manual;
@@ -61,6 +64,36 @@ use sync::Syncer;
 /// chooses them), and a fixed order of iteration makes the same calls write the same records in
 /// the same order, which the storage fault simulator's seeds rely on.
 type Map<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<DefaultHasher>>;
+
+/// The store's state on its shard: the index of what the records say (`journal/index.rs`, which
+/// also holds its methods) and the work under way off the shard on its behalf (`checkpoint.rs`,
+/// `compaction.rs`, `prefetch.rs`). Declared here, above both, so that neither imports the other.
+struct Data<F: Fs> {
+    /// The compaction under way, if any (first, so that it is dropped, and its thread joined,
+    /// before the journals' locks go).
+    pub compaction: Option<Compaction<F>>,
+    /// The checkpoint being taken, if any, and the one being written.
+    pub checkpoint: Option<Checkpointing<F>>,
+    pub checkpoint_writing: Option<Writing>,
+    pub tuning: Tuning,
+    pub runner: Runner,
+    /// Records to append before a failed compaction is tried again.
+    pub compaction_backoff: u64,
+    pub activity: Activity,
+    /// The store's background thread, for segments to let go of off the shard.
+    pub background: Option<flume::Sender<Job<F>>>,
+    pub journals: BTreeMap<u32, Journal<F>>,
+    pub groups: BTreeMap<u32, Group>,
+    /// Notifier ID → the group of its queue, where its notifications are recorded.
+    pub notifiers: Map<EntityId, u32>,
+    /// At open: messages replayed before any record of their queue (whose older records were
+    /// removed as dead or compacted away), waiting for the queue's record that follows them.
+    pub parked: Map<EntityId, VecDeque<MsgEntry>>,
+    /// At open: notifications replayed before the record that gave their notifier to a queue.
+    pub parked_ntfs: Map<EntityId, VecDeque<NtfEntry>>,
+    pub total_messages: usize,
+    pub counters: StoreCounters,
+}
 
 /// Queue records and notifications in the journal: the memory store's encodings
 /// (`store/codec.rs`), each record's payload exactly one of them.

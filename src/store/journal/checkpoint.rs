@@ -29,7 +29,8 @@ use std::ops::Bound;
 
 use smp_journal::{CheckpointBase, Fs, JournalError, Location};
 
-use super::index::{Data, MsgEntry, NtfEntry, QueueEntry};
+use super::index::{MsgEntry, NtfEntry, QueueEntry};
+use super::Data;
 use super::{decode_notification, decode_queue_record, encode_notification, encode_queue_record};
 use crate::protocol::encoding::{put_int64, put_word32, DResult, Reader};
 use crate::store::EntityId;

@@ -24,7 +24,8 @@ use std::thread::JoinHandle;
 
 use smp_journal::{Compacted, Fs, JournalError, Location, Record, HEADER_LEN};
 
-use super::index::{Data, Group};
+use super::index::Group;
+use super::Data;
 use super::{EntityId, Map};
 
 /// A group's oldest segments are compacted once they take at least this much disk…

@@ -21,11 +21,8 @@ use std::rc::Rc;
 
 use smp_journal::{Fs, Journal, Location, Priority, Record, SyncPoint};
 
-use super::checkpoint::{Checkpointing, Writing};
-use super::compaction::Compaction;
-use super::prefetch::Job;
 use super::{
-    decode_notification, decode_queue_record, failed, Map, Runner, Tuning, FLAG_NOTIFICATION,
+    decode_notification, decode_queue_record, failed, Data, Map, Runner, Tuning, FLAG_NOTIFICATION,
     FLAG_QUOTA,
 };
 use crate::store::memory::MAX_NTFS_PER_NOTIFIER;
@@ -153,34 +150,6 @@ pub(crate) struct Activity {
     pub segments_retired: u64,
     pub compactions: u64,
     pub checkpoints_written: u64,
-}
-
-/// The store's state on its shard.
-pub(super) struct Data<F: Fs> {
-    /// The compaction under way, if any (first, so that it is dropped, and its thread joined,
-    /// before the journals' locks go).
-    pub compaction: Option<Compaction<F>>,
-    /// The checkpoint being taken, if any, and the one being written.
-    pub checkpoint: Option<Checkpointing<F>>,
-    pub checkpoint_writing: Option<Writing>,
-    pub tuning: Tuning,
-    pub runner: Runner,
-    /// Records to append before a failed compaction is tried again.
-    pub compaction_backoff: u64,
-    pub activity: Activity,
-    /// The store's background thread, for segments to let go of off the shard.
-    pub background: Option<flume::Sender<Job<F>>>,
-    pub journals: BTreeMap<u32, Journal<F>>,
-    pub groups: BTreeMap<u32, Group>,
-    /// Notifier ID → the group of its queue, where its notifications are recorded.
-    pub notifiers: Map<EntityId, u32>,
-    /// At open: messages replayed before any record of their queue (whose older records were
-    /// removed as dead or compacted away), waiting for the queue's record that follows them.
-    pub parked: Map<EntityId, VecDeque<MsgEntry>>,
-    /// At open: notifications replayed before the record that gave their notifier to a queue.
-    pub parked_ntfs: Map<EntityId, VecDeque<NtfEntry>>,
-    pub total_messages: usize,
-    pub counters: StoreCounters,
 }
 
 /// How a record may use its segment (`journal/FORMAT.md`, "Space"): records that end or shrink

@@ -10,8 +10,7 @@ use std::thread::JoinHandle;
 
 use smp_journal::{Fs, Location, Prefetch, Retired};
 
-use super::index::Data;
-use super::{JournalStore, Map, Runner};
+use super::{Data, JournalStore, Map, Runner};
 use crate::store::group_of;
 
 /// Prefetch jobs waiting for the thread at most; a batch that finds the queue full waits.
