@@ -1050,3 +1050,68 @@ fn a_bad_service_signature_in_a_block_is_found_and_the_rest_associate() {
     let (answer, _) = subs(&mut again, false, (29, hash));
     assert_eq!(answer, soks(29, hash));
 }
+
+/// A service connection that became the service's subscriber (by a SUB of a queue owned by one
+/// shard) is installed on every owner; when it closes, every owner forgets it, not only those it
+/// sent commands to. Otherwise a SEND to a queue of the service on the other shard subscribes the
+/// dead connection there (the subscription total never returns to 0), and the next connection's
+/// counts and deliveries start from that.
+#[test]
+fn a_closed_service_subscriber_is_forgotten_on_shards_it_never_touched() {
+    let relay = Relay::start_with(RelayOptions {
+        cores: 2,
+        ..RelayOptions::default()
+    });
+    let cert = ClientCert::self_signed().expect("certificate");
+    let mut rc = relay.client();
+    let owner = |q: &Queue| smp_relay::store::group_of(q.rid()) % 2;
+    let mut by_shard: [Option<Queue>; 2] = [None, None];
+    while by_shard.iter().any(Option::is_none) {
+        let q = create_only(&mut rc);
+        let s = owner(&q) as usize;
+        by_shard[s].get_or_insert(q);
+    }
+    let [Some(qa), Some(qb)] = by_shard else {
+        unreachable!()
+    };
+    // Both queues join the service.
+    {
+        let mut svc = service(&relay, &cert, ROLE_MESSAGING);
+        assert_eq!(service_sub(&mut svc, &qa), sok_service(&svc));
+        assert_eq!(service_sub(&mut svc, &qb), sok_service(&svc));
+    }
+    // The next connection subscribes only the queue of shard 0, then closes.
+    {
+        let mut svc = service(&relay, &cert, ROLE_MESSAGING);
+        assert_eq!(service_sub(&mut svc, &qa), sok_service(&svc));
+    }
+    relay.metrics_until("no subscription left", |m| {
+        m.get("simplex_smp_subscribtion_total") == Some(&0)
+    });
+    // A message for the queue of shard 1 finds no subscriber there.
+    let mut sc = relay.client();
+    send_ok(&mut sc, &qb, None, b"while nobody listens");
+    relay.metrics_until("no subscription after the SEND", |m| {
+        m.get("simplex_smp_subscribtion_total") == Some(&0)
+            && m.get("simplex_smp_subscribtion_services_total") == Some(&0)
+    });
+    // A new connection of the service is counted and served on both shards.
+    let mut svc = service(&relay, &cert, ROLE_MESSAGING);
+    let hash = ids_hash([qa.rid(), qb.rid()]);
+    let (answer, rest) = subs(&mut svc, false, (2, hash));
+    assert_eq!(answer, soks(2, hash));
+    let got = bodies(&[&qa, &qb], &rest);
+    assert_eq!(got.len(), 1, "the held message, once: {got:?}");
+    assert_eq!(got[qb.rid()], b"while nobody listens".to_vec());
+    assert_eq!(service_subs_total(&relay), 2);
+    // Messages to either shard's queue now go to it, each once.
+    for t in rest.iter().filter(|t| t.entity_id == qb.rid()) {
+        let m = smp_relay::client::queue::receive(&qb.secret, t).expect("a MSG");
+        assert_eq!(ack(&mut svc, &qb, &m.msg_id), BrokerMsg::Ok);
+    }
+    for q in [&qa, &qb] {
+        send_ok(&mut sc, q, None, b"to the new subscriber");
+        expect_body(&mut svc, q, b"to the new subscriber");
+    }
+    expect_nothing(&mut svc, "a second copy");
+}

@@ -284,9 +284,14 @@ async fn session(
     while let Some(Some(o)) = futures_lite::future::poll_once(out_rx.recv()).await {
         ctx.return_ntfs(o.groups);
     }
-    // Owners drop this connection's subscriptions; only shards it sent work to hold any.
+    // Owners drop this connection's subscriptions; only shards it sent work to hold any, but a
+    // service connection may have been made its service's subscriber on every owner
+    // (`ShardMsg::ServiceSwitch`, sent by the service's home shard), shards it never touched
+    // included. (A switch that reaches an owner after this `Closed` finds the connection gone
+    // from the directory's live services and installs nothing.)
+    let all = info.service.is_some();
     for shard in 0..ctx.mesh.shards() {
-        if touched.get() & (1u64 << (shard % 64)) != 0 {
+        if all || touched.get() & (1u64 << (shard % 64)) != 0 {
             ctx.mesh.send(shard, ShardMsg::Closed { conn });
         }
     }
