@@ -58,7 +58,7 @@ use prefetch::Prefetcher;
 #[cfg(test)]
 pub(crate) use runner::Manual;
 pub(crate) use runner::Runner;
-use sync::Syncer;
+pub(crate) use sync::Syncer;
 
 /// The store's maps hash with fixed keys: their keys are IDs the relay drew at random (no client
 /// chooses them), and a fixed order of iteration makes the same calls write the same records in
@@ -116,11 +116,11 @@ fn decoded<T>(
     Ok(x)
 }
 
-fn encode_queue_record(rec: &QueueRec) -> Vec<u8> {
+pub(crate) fn encode_queue_record(rec: &QueueRec) -> Vec<u8> {
     encoded(rec, encode_rec)
 }
 
-fn decode_queue_record(b: &[u8]) -> Result<QueueRec, String> {
+pub(crate) fn decode_queue_record(b: &[u8]) -> Result<QueueRec, String> {
     decoded(b, "queue record", decode_rec)
 }
 
@@ -221,7 +221,7 @@ pub const NO_SPACE: &str = "no space left for the journal";
 /// The same for the configured size cap (`start --journal-max-size`).
 pub const SIZE_CAP: &str = "journal size cap reached";
 
-fn failed(e: JournalError) -> StoreError {
+pub(crate) fn failed(e: JournalError) -> StoreError {
     match e {
         JournalError::NoSpace { .. } => StoreError::Failed(NO_SPACE.into()),
         JournalError::SizeCap { .. } => StoreError::Failed(SIZE_CAP.into()),

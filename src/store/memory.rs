@@ -9,6 +9,7 @@
 //! [`MAX_NTFS_PER_NOTIFIER`] (the oldest is dropped beyond it) and by their expiry.
 
 pub(crate) mod persist;
+pub(crate) mod queue_log;
 
 pub use persist::{
     group_file, group_files_present, set_aside_saved, set_status_offline, OfflineId, PersistError,
@@ -19,8 +20,8 @@ use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 
 use super::{
-    EntityId, Message, MessageStore, MsgId, MsgNtf, QueueData, QueueRec, QueueStore, StoreCounters,
-    StoreError, WriteOutcome,
+    group_of, EntityId, Message, MessageStore, MsgId, MsgNtf, QueueData, QueueRec, QueueStore,
+    StoreCounters, StoreError, WriteOutcome,
 };
 
 /// Notifications kept per notifier ID. The reference keeps them unbounded until their 24 h expiry;
@@ -56,6 +57,8 @@ impl Queue {
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     data: RefCell<MemoryData>,
+    /// The queue log, when the store keeps queues over a restart (`queue_log.rs`).
+    log: Option<queue_log::QueueLog>,
 }
 
 /// The memory store's data.
@@ -77,7 +80,61 @@ impl MemoryStore {
     fn from_data(data: MemoryData) -> Self {
         MemoryStore {
             data: RefCell::new(data),
+            log: None,
         }
+    }
+
+    /// Replaces the records of existing queues (a block's service associations): one log append
+    /// and one wait per group, not one per queue.
+    async fn update_many(&self, recs: Vec<QueueRec>) -> Result<Vec<QueueRec>, StoreError> {
+        let mut by_group: std::collections::BTreeMap<u32, Vec<QueueRec>> = Default::default();
+        for r in recs {
+            by_group
+                .entry(group_of(&r.recipient_id))
+                .or_default()
+                .push(r);
+        }
+        let mut waits = Vec::new();
+        let mut out = Vec::new();
+        for (g, recs) in by_group {
+            let bytes: Vec<Vec<u8>> = recs.iter().map(queue_log::encode).collect();
+            let records: Vec<_> = recs
+                .iter()
+                .zip(&bytes)
+                .map(|(r, b)| queue_log::change_record(r, b, false))
+                .collect();
+            if let Some(log) = &self.log {
+                waits.push((g, log.append(g, &records)?));
+            }
+            let mut data = self.data.borrow_mut();
+            for r in recs {
+                data.update(r.clone())?;
+                out.push(r);
+            }
+        }
+        if let Some(log) = &self.log {
+            for (g, end) in waits {
+                log.wait(g, end).await?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Appends a queue change to the log (if any) before `apply` changes the store, then waits
+    /// for it to be durable as `--fsync` says.
+    async fn logged<R>(
+        &self,
+        g: u32,
+        recs: &[smp_journal::Record<'_>],
+        apply: impl FnOnce(&mut MemoryData) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
+        let Some(log) = &self.log else {
+            return apply(&mut self.data.borrow_mut());
+        };
+        let end = log.append(g, recs)?;
+        let r = apply(&mut self.data.borrow_mut())?;
+        log.wait(g, end).await?;
+        Ok(r)
     }
 }
 
@@ -159,6 +216,18 @@ impl MemoryData {
         self.queues
             .insert(rec.recipient_id.clone(), Queue::new(rec));
         Ok(())
+    }
+
+    /// A queue record from the queue log: replaces the queue's record (keeping its messages), or
+    /// adds the queue.
+    pub(crate) fn put_record(&mut self, rec: QueueRec) {
+        match self.queues.get_mut(&rec.recipient_id) {
+            Some(q) => q.rec = rec,
+            None => {
+                self.queues
+                    .insert(rec.recipient_id.clone(), Queue::new(rec));
+            }
+        }
     }
 
     fn update(&mut self, rec: QueueRec) -> Result<(), StoreError> {
@@ -358,15 +427,61 @@ impl QueueStore for MemoryStore {
     }
 
     async fn create(&self, rec: QueueRec) -> Result<(), StoreError> {
-        self.data.borrow_mut().create(rec)
+        if self.data.borrow().queues.contains_key(&rec.recipient_id) {
+            return Err(StoreError::Duplicate);
+        }
+        let bytes = queue_log::encode(&rec);
+        let g = group_of(&rec.recipient_id);
+        let r = [queue_log::change_record(&rec, &bytes, true)];
+        self.logged(g, &r, |d| d.create(rec.clone())).await
     }
 
     async fn update(&self, rec: QueueRec) -> Result<(), StoreError> {
-        self.data.borrow_mut().update(rec)
+        if !self.data.borrow().queues.contains_key(&rec.recipient_id) {
+            return Err(StoreError::NotFound);
+        }
+        let bytes = queue_log::encode(&rec);
+        let g = group_of(&rec.recipient_id);
+        let r = [queue_log::change_record(&rec, &bytes, false)];
+        self.logged(g, &r, |d| d.update(rec.clone())).await
+    }
+
+    async fn associate_many(
+        &self,
+        ids: &[EntityId],
+        service: Option<&EntityId>,
+        updated_at: i64,
+    ) -> Result<Vec<QueueRec>, StoreError> {
+        let recs = ids.iter().filter_map(|rid| self.get(rid)).map(|mut q| {
+            q.rcv_service_id = service.cloned();
+            q.updated_at = Some(updated_at);
+            q
+        });
+        self.update_many(recs.collect()).await
+    }
+
+    async fn associate_notifiers_many(
+        &self,
+        ids: &[EntityId],
+        service: Option<&EntityId>,
+    ) -> Result<Vec<QueueRec>, StoreError> {
+        let recs = ids
+            .iter()
+            .filter_map(|rid| self.get(rid))
+            .filter_map(|mut q| {
+                q.notifier.as_mut()?.ntf_service_id = service.cloned();
+                Some(q)
+            });
+        self.update_many(recs.collect()).await
     }
 
     async fn delete(&self, recipient_id: &[u8]) -> Result<QueueRec, StoreError> {
-        self.data.borrow_mut().delete(recipient_id)
+        if !self.data.borrow().queues.contains_key(recipient_id) {
+            return Err(StoreError::NotFound);
+        }
+        let r = [smp_journal::Record::QueueDelete { recipient_id }];
+        self.logged(group_of(recipient_id), &r, |d| d.delete(recipient_id))
+            .await
     }
 }
 

@@ -12,8 +12,6 @@
 //! record is in the index and may or may not be on the disk, so it is not answered at all, and
 //! its connection is closed, as a crash would do (`server/commands/mod.rs`).
 
-use std::sync::Arc;
-
 use smp_journal::{Fs, SyncHandle, SyncPoint};
 
 use super::{Durability, Map, Runner};
@@ -21,17 +19,20 @@ use crate::store::StoreError;
 
 /// The shard's sync thread (none for `Never`; none either when the store's work is run by hand,
 /// which syncs inline: every batch in `wait`, every interval in `tick`).
-pub(super) struct Syncer<F: Fs> {
+pub(crate) struct Syncer<F: Fs> {
     durability: Durability,
-    tx: Option<flume::Sender<SyncReq>>,
+    tx: Option<flume::Sender<SyncReq<F>>>,
     thread: Option<std::thread::JoinHandle<()>>,
     /// The handles, when there is no thread.
     inline: Option<Map<u32, SyncHandle<F>>>,
 }
 
-enum SyncReq {
+enum SyncReq<F: Fs> {
     /// Sync group `.0` to `.1`, then answer.
     To(u32, SyncPoint, flume::Sender<Result<(), String>>),
+    /// A group opened after the start (the memory store's queue log opens each at its first
+    /// change).
+    Add(u32, SyncHandle<F>),
     Stop,
 }
 
@@ -54,11 +55,11 @@ impl<F: Fs> Syncer<F> {
                 inline: runner.is_manual().then(|| handles.into_iter().collect()),
             };
         }
-        let (tx, rx) = flume::unbounded::<SyncReq>();
-        let handles: Arc<Map<u32, SyncHandle<F>>> = Arc::new(handles.into_iter().collect());
+        let (tx, rx) = flume::unbounded::<SyncReq<F>>();
+        let handles: Map<u32, SyncHandle<F>> = handles.into_iter().collect();
         let thread = std::thread::Builder::new()
             .name("journal-sync".into())
-            .spawn(move || sync_thread(durability, &handles, &rx))
+            .spawn(move || sync_thread(durability, handles, &rx))
             .ok();
         Syncer {
             durability,
@@ -96,6 +97,14 @@ impl<F: Fs> Syncer<F> {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(uncertain(e)),
             Err(_) => Err(uncertain("the sync thread stopped")),
+        }
+    }
+
+    /// Syncs group `g` too from now on (with a sync thread; inline syncing is for tests of the
+    /// journal store, which opens every group at start).
+    pub fn add(&self, g: u32, handle: SyncHandle<F>) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(SyncReq::Add(g, handle));
         }
     }
 
@@ -142,8 +151,8 @@ fn sync_every_group<F: Fs>(
 /// answers them all (group commit). Interval: syncs every group each period.
 fn sync_thread<F: Fs>(
     durability: Durability,
-    handles: &Map<u32, SyncHandle<F>>,
-    rx: &flume::Receiver<SyncReq>,
+    mut handles: Map<u32, SyncHandle<F>>,
+    rx: &flume::Receiver<SyncReq<F>>,
 ) {
     let mut failed = std::collections::BTreeSet::new();
     loop {
@@ -151,7 +160,7 @@ fn sync_thread<F: Fs>(
             Durability::Interval(every) => match rx.recv_timeout(every) {
                 Ok(r) => r,
                 Err(flume::RecvTimeoutError::Timeout) => {
-                    sync_every_group(handles, &mut failed);
+                    sync_every_group(&handles, &mut failed);
                     continue;
                 }
                 Err(flume::RecvTimeoutError::Disconnected) => SyncReq::Stop,
@@ -170,6 +179,9 @@ fn sync_thread<F: Fs>(
                     *f = (*f).max(p);
                     waiting.push((g, done));
                 }
+                SyncReq::Add(g, h) => {
+                    handles.insert(g, h);
+                }
                 SyncReq::Stop => stop = true,
             }
         }
@@ -185,7 +197,7 @@ fn sync_thread<F: Fs>(
             let _ = done.send(results.get(&g).cloned().unwrap_or(Ok(())));
         }
         if stop {
-            sync_every_group(handles, &mut failed);
+            sync_every_group(&handles, &mut failed);
             return;
         }
     }

@@ -69,6 +69,8 @@ pub enum PersistError {
         saved: PathBuf,
         reason: String,
     },
+    #[error("{0}")]
+    QueueLog(String),
     #[error("partition group {0} does not exist (groups are 0..{PARTITION_GROUPS})")]
     NoSuchGroup(u32),
     #[error("no queue with {by} in the group files of {}; check the ID (base64url)", dir.display())]
@@ -116,6 +118,7 @@ pub fn backup_file(dir: &Path, group: u32) -> PathBuf {
 /// Whether any group file, or a `.bak` a start would load instead, is waiting to be loaded.
 pub fn group_files_present(dir: &Path) -> bool {
     (0..PARTITION_GROUPS).any(|g| group_file(dir, g).is_file() || backup_file(dir, g).is_file())
+        || !super::queue_log::logged_groups(dir).is_empty()
 }
 
 /// Renames every `group-NN.bin` in `dir` to `group-NN.bin.bak`, once a start has loaded them all
@@ -190,6 +193,9 @@ pub fn set_status_offline(
     by: OfflineId,
     status: QueueStatus,
 ) -> Result<EntityId, PersistError> {
+    // The queue changes since the last clean stop go into the files first.
+    let all: Vec<u32> = (0..PARTITION_GROUPS).collect();
+    super::queue_log::fold(dir, &all).map_err(PersistError::QueueLog)?;
     for group in 0..PARTITION_GROUPS {
         let path = group_file(dir, group);
         let Some((mut queues, _)) = read_group_or_backup(dir, group)? else {
@@ -333,6 +339,8 @@ impl MemoryStore {
                 store.insert_loaded(rec, msgs);
             }
         }
+        // The queue changes made since these files were written (`queue_log.rs`).
+        super::queue_log::apply_logs(dir, &groups, &mut store).map_err(PersistError::QueueLog)?;
         if !from_backup.is_empty() {
             let names = |f: fn(&Path, u32) -> PathBuf| {
                 from_backup
@@ -342,7 +350,7 @@ impl MemoryStore {
                     .join(", ")
             };
             tracing::warn!(
-                "{} missing: loaded {} instead. The relay did not save these groups at its last stop (it crashed, or the save failed), so they are as the clean stop before the start that loaded them saved them: queues created and messages sent since that start are lost, and messages acknowledged since may be delivered again",
+                "{} missing: loaded {} instead. The relay did not save these groups at its last stop (it crashed, or the save failed), so their messages are as the clean stop before the start that loaded them saved them: messages sent since that start are lost, and messages acknowledged since may be delivered again (queue changes are kept by the queue log, unless the store log is off)",
                 names(group_file),
                 names(backup_file)
             );
@@ -581,14 +589,23 @@ impl crate::store::ShardStore for MemoryStore {
             // `[STORE_LOG] enable = off`: every start begins empty, as the reference's.
             return Self::load(&dir, &[], None, now).map_err(|e| e.to_string());
         }
-        Self::load_with_ntf_ttl(
+        // The queue changes a crash left in the logs go into the group files first, so that a
+        // log holds the changes of one start only.
+        super::queue_log::fold(&dir, groups)?;
+        let mut store = Self::load_with_ntf_ttl(
             &dir,
             groups,
             Some(s.message_ttl_secs),
             Some(s.ntf_ttl_secs),
             now,
         )
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+        store.log = Some(super::queue_log::QueueLog::open(
+            &dir,
+            groups,
+            s.durability,
+        )?);
+        Ok(store)
     }
 
     fn all_opened(s: &crate::store::StoreSettings) -> Result<(), String> {
@@ -609,7 +626,11 @@ impl crate::store::ShardStore for MemoryStore {
         self.save(&store_dir(s), groups).map_err(|e| e.to_string())
     }
 
-    fn close(self, s: &crate::store::StoreSettings, groups: &[u32]) -> Result<(), String> {
+    fn close(mut self, s: &crate::store::StoreSettings, groups: &[u32]) -> Result<(), String> {
+        let log = self.log.take();
+        if let Some(log) = &log {
+            log.sync();
+        }
         {
             // What the configuration does not keep is not written: saving the rest of an emptied
             // group removes its file.
@@ -622,7 +643,15 @@ impl crate::store::ShardStore for MemoryStore {
                 data.ntfs.clear();
             }
         }
-        self.save(&store_dir(s), groups).map_err(|e| e.to_string())
+        self.save(&store_dir(s), groups)
+            .map_err(|e| e.to_string())?;
+        // The files now hold every change the logs did.
+        if let Some(log) = log {
+            log.close();
+            super::queue_log::reset(&store_dir(s), groups)
+                .map_err(|e| format!("{}: {e}", store_dir(s).display()))?;
+        }
+        Ok(())
     }
 
     fn find_offline(
