@@ -1461,17 +1461,7 @@ mod tests {
         use smp_journal::Fs;
         let fs = SimFs::new(3);
         fs.create_dir_all(std::path::Path::new("/relay")).unwrap();
-        let settings = crate::store::StoreSettings {
-            data_dir: "/relay".into(),
-            keep: crate::store::Keep::ALL,
-            message_ttl_secs: i64::MAX,
-            ntf_ttl_secs: i64::MAX,
-            test_delay: None,
-            durability: Durability::EveryBatch,
-            journal_budget: None,
-            journal_checkpoint_records: crate::store::journal::DEFAULT_CHECKPOINT_RECORDS,
-            postgres: None,
-        };
+        let settings = crate::store::StoreSettings::for_tests(std::path::Path::new("/relay"));
         let rid = vec![90u8; 24];
         let store = JournalStore::open_on(
             fs.clone(),

@@ -1011,17 +1011,7 @@ pub(super) mod tests {
     }
 
     pub(super) fn settings(dir: &TempDir) -> StoreSettings {
-        StoreSettings {
-            data_dir: dir.0.clone(),
-            keep: crate::store::Keep::ALL,
-            message_ttl_secs: i64::MAX,
-            ntf_ttl_secs: i64::MAX,
-            test_delay: None,
-            durability: Durability::EveryBatch,
-            journal_budget: None,
-            journal_checkpoint_records: DEFAULT_CHECKPOINT_RECORDS,
-            postgres: None,
-        }
+        StoreSettings::for_tests(&dir.0)
     }
 
     pub(super) fn all() -> Vec<u32> {

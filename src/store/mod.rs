@@ -498,6 +498,25 @@ impl Keep {
     };
 }
 
+#[cfg(test)]
+impl StoreSettings {
+    /// Everything kept, every change synced before its answer, no age limit: what the stores'
+    /// unit tests open with, on `data_dir`.
+    pub(crate) fn for_tests(data_dir: &std::path::Path) -> Self {
+        StoreSettings {
+            data_dir: data_dir.to_path_buf(),
+            keep: Keep::ALL,
+            message_ttl_secs: i64::MAX,
+            ntf_ttl_secs: i64::MAX,
+            test_delay: None,
+            durability: journal::Durability::EveryBatch,
+            journal_budget: None,
+            journal_checkpoint_records: journal::DEFAULT_CHECKPOINT_RECORDS,
+            postgres: None,
+        }
+    }
+}
+
 /// Every partition group, `0..PARTITION_GROUPS`: what the offline tools open.
 pub fn all_groups() -> Vec<u32> {
     (0..PARTITION_GROUPS).collect()

@@ -279,7 +279,7 @@ mod tests {
     use super::*;
     use crate::store::memory::tests::{msg, rec};
     use crate::store::{
-        all_groups, Keep, MessageStore, QueueStatus, QueueStore, ShardStore, StoreSettings,
+        all_groups, MessageStore, QueueStatus, QueueStore, ShardStore, StoreSettings,
     };
 
     fn temp(name: &str) -> PathBuf {
@@ -290,17 +290,7 @@ mod tests {
     }
 
     fn settings(dir: &Path) -> StoreSettings {
-        StoreSettings {
-            data_dir: dir.to_path_buf(),
-            keep: Keep::ALL,
-            message_ttl_secs: i64::MAX,
-            ntf_ttl_secs: i64::MAX,
-            test_delay: None,
-            durability: Durability::EveryBatch,
-            journal_budget: None,
-            journal_checkpoint_records: crate::store::journal::DEFAULT_CHECKPOINT_RECORDS,
-            postgres: None,
-        }
+        StoreSettings::for_tests(dir)
     }
 
     /// What a store serves, for comparisons: each queue's record and message count.
