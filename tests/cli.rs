@@ -775,3 +775,82 @@ fn start_raises_or_names_a_locked_memory_limit_below_what_io_uring_needs() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// The first port an unprivileged process may bind (`net.ipv4.ip_unprivileged_port_start`, 1024
+/// unless the host lowered it).
+fn unprivileged_port_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_unprivileged_port_start")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(1024)
+}
+
+/// A port below 1024 that an unprivileged user may not bind is refused for that reason, not
+/// reported as in use: `start --port P` as `nobody` names root and `CAP_NET_BIND_SERVICE`. CI
+/// runs as root, where the bind succeeds, so the relay runs as `nobody` (uid and gid 65534, no
+/// supplementary groups: root's capabilities go with the uid), from a copy of the binary in a
+/// directory any user can read, on a data directory owned by `nobody`.
+#[test]
+fn a_privileged_port_is_named_as_such_not_as_in_use() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    const NOBODY: u32 = 65534;
+    let start = unprivileged_port_start();
+    assert!(
+        start > 1,
+        "net.ipv4.ip_unprivileged_port_start is {start}: every port is unprivileged on this host, \
+         so the refusal this test checks cannot happen"
+    );
+    let root = unsafe { libc::geteuid() } == 0;
+    // A privileged port no one listens on (as root, one that binds); unprivileged, any is refused.
+    let port = (1..start)
+        .rev()
+        .find(|p| !root || std::net::TcpListener::bind(("0.0.0.0", *p)).is_ok())
+        .expect("a free privileged port");
+
+    let bin_dir = TempDir::new("cli-privileged-bin");
+    let bin = bin_dir.path().join("smp-relay");
+    std::fs::copy(common::BIN, &bin).expect("copy the binary");
+    std::fs::set_permissions(bin_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let data = TempDir::new("cli-privileged-data");
+    if root {
+        let c = std::ffi::CString::new(data.path().to_str().unwrap()).unwrap();
+        // SAFETY: chown(2) on a NUL-terminated path this test owns.
+        assert_eq!(unsafe { libc::chown(c.as_ptr(), NOBODY, NOBODY) }, 0);
+    }
+
+    let mut cmd = Command::new(&bin);
+    cmd.args(["--data-dir", data.path().to_str().unwrap()])
+        .args(["start", "--cores", "1", "--port", &port.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if root {
+        // SAFETY: setgroups, setgid and setuid are async-signal-safe and change only the child.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(NOBODY) != 0
+                    || libc::setuid(NOBODY) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let out = common::wait_output(cmd.spawn().expect("spawn"), common::COMMAND_TIMEOUT);
+    let stderr = common::strip_ansi(&text(&out.stderr));
+    assert!(!out.status.success(), "start must fail:\n{stderr}");
+    assert!(
+        !stderr.contains("in use"),
+        "nothing listens on port {port}; the refusal is a permission:\n{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("port {port} may not be listened on by this user"))
+            && stderr.contains("CAP_NET_BIND_SERVICE")
+            && stderr.contains("below 1024"),
+        "the cause named:\n{stderr}"
+    );
+}

@@ -446,13 +446,29 @@ impl Drop for Reporter {
 
 fn check_ports_free(ports: &[u16]) -> Result<(), StartError> {
     for port in ports {
-        listen::check_port_free(*port).map_err(|e| {
-            StartError::Setup(format!(
-                "port {port} is in use by another process ({e}); stop it or choose another --port"
-            ))
-        })?;
+        listen::check_port_free(*port).map_err(|e| StartError::Setup(port_refused(*port, &e)))?;
     }
     Ok(())
+}
+
+/// Why `port` cannot be listened on, and what to do: only `EADDRINUSE` means another process
+/// holds it; a port below 1024 refuses anyone without root or `CAP_NET_BIND_SERVICE` (`EACCES`),
+/// which `deploy/smp-relay.service` grants.
+fn port_refused(port: u16, e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::AddrInUse => {
+            format!(
+                "port {port} is in use by another process ({e}); stop it or choose another --port"
+            )
+        }
+        std::io::ErrorKind::PermissionDenied => format!(
+            "port {port} may not be listened on by this user ({e}): a port below 1024 needs root \
+             or the capability CAP_NET_BIND_SERVICE (deploy/smp-relay.service grants it with \
+             AmbientCapabilities=CAP_NET_BIND_SERVICE; by hand: sudo setcap \
+             cap_net_bind_service=+ep on the binary), or choose a --port of 1024 or more"
+        ),
+        _ => format!("cannot listen on port {port} ({e}); choose another --port"),
+    }
 }
 
 /// A WebSocket port that is an SMP port too is dropped from the WebSocket ports, as the
