@@ -156,3 +156,47 @@ fn the_readme_s_override_for_moving_from_smp_server_lets_the_relay_write_its_log
         service.read_write_paths
     );
 }
+
+/// A string continued on the next line with `\` drops the next line's indentation; one continued
+/// without it keeps every space (`the relay          goes on serving` in a log line).
+#[test]
+fn no_string_literal_carries_a_run_of_indentation() {
+    fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                rust_files(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    rust_files(&root.join("journal/src"), &mut files);
+    assert!(files.len() > 50, "the sources were found: {}", files.len());
+    let mut found = Vec::new();
+    for f in &files {
+        for (n, line) in std::fs::read_to_string(f).unwrap().lines().enumerate() {
+            // Words on both sides of 8 or more spaces inside a quoted text on one line.
+            let quoted = line.split('"').skip(1).step_by(2);
+            for q in quoted {
+                let run = q.match_indices("        ").any(|(i, _)| {
+                    let before = q[..i].chars().next_back();
+                    let after = q[i..].trim_start_matches(' ').chars().next();
+                    before.is_some_and(|c| c.is_alphabetic())
+                        && after.is_some_and(|c| c.is_alphabetic())
+                });
+                if run {
+                    found.push(format!("{}:{}: {}", f.display(), n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "runs of spaces in texts:\n{}",
+        found.join("\n")
+    );
+}

@@ -351,7 +351,8 @@ fn keep_lock(target: &Target, schema: &str, lock: Client, stop: &crossbeam_chann
                 Some(Err(e)) => tracing::warn!(
                     schema,
                     error = %describe(&e),
-                    "the database session holding the schema's advisory lock was lost; the relay                      goes on serving and takes the lock again"
+                    "the database session holding the schema's advisory lock was lost; the relay \
+                     goes on serving and takes the lock again"
                 ),
                 None => {}
             }
@@ -374,7 +375,8 @@ fn keep_lock(target: &Target, schema: &str, lock: Client, stop: &crossbeam_chann
             Ok(false) if !told_taken => {
                 tracing::error!(
                     schema,
-                    "another smp-relay took the schema's advisory lock while this relay's lock                      session was lost: two relays now write the schema; stop one of them"
+                    "another smp-relay took the schema's advisory lock while this relay's lock \
+                     session was lost: two relays now write the schema; stop one of them"
                 );
                 told_taken = true;
             }
