@@ -612,6 +612,14 @@ fn write_identity(
     }
     write_file(dir, config::INI_FILE, &ini, true)?;
     println!("{}", address(&fingerprint, password.as_deref(), host, port));
+    if let Some(cp) = control_port {
+        // The passwords are not printed (a terminal's scrollback and logs keep what is printed).
+        println!(
+            "control port: 127.0.0.1:{cp}; its admin and user passwords are in {} ([AUTH] \
+             control_port_admin_password, control_port_user_password)",
+            dir.join(config::INI_FILE).display()
+        );
+    }
     Ok(())
 }
 

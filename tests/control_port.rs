@@ -509,6 +509,21 @@ fn init_with_control_port_writes_its_passwords() {
     );
     assert_eq!(admin.len(), 24, "18 random bytes, base64url");
     assert_ne!(admin, user);
+    // It says where the passwords are, without printing them.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let ini_path = dir.path().join("smp-server.ini");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.contains(&format!("127.0.0.1:{port}"))
+                && l.contains("passwords are in")
+                && l.contains(ini_path.to_str().unwrap())),
+        "init names the control port and the file with its passwords:\n{stdout}"
+    );
+    assert!(
+        !stdout.contains(&admin) && !stdout.contains(&user),
+        "the passwords are not printed:\n{stdout}"
+    );
     let _relay = Relay::start_in(dir, RelayOptions::default());
     let mut c = Control::open(port);
     assert_eq!(c.one(&format!("auth {admin}")), "Current role is CPRAdmin");
