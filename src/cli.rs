@@ -552,7 +552,7 @@ fn init(
     no_password: bool,
     control_port: Option<u16>,
 ) -> Result<(), String> {
-    fs::create_dir_all(&dirs.data)
+    smp_relay::store::create_private_dir(&dirs.data)
         .map_err(|e| format!("cannot create {}: {e}", dirs.data.display()))?;
     let dir = dirs.config.as_path();
     let existing = init_files_present(dir);
@@ -563,7 +563,8 @@ fn init(
             existing.join(", ")
         ));
     }
-    fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    smp_relay::store::create_private_dir(dir)
+        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     // None of the files was there: on a failure (a full disk) every one written goes again, so
     // that the directory is not left half initialised, which neither `init` nor `start` accepts.
     write_identity(dir, host, port, no_password, control_port).inspect_err(|_| {
@@ -1187,7 +1188,7 @@ fn store_import(
             fs::File::open(input).map_err(|e| format!("cannot open {}: {e}", input.display()))?;
         Box::new(std::io::BufReader::new(f))
     };
-    fs::create_dir_all(data_dir)
+    smp_relay::store::create_private_dir(data_dir)
         .map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?;
     let reader = transfer::StreamReader::new(input).map_err(|e| e.to_string())?;
     let _lock = lock_stopped(data_dir, "import writes the store it opens at start")?;

@@ -854,3 +854,106 @@ fn a_privileged_port_is_named_as_such_not_as_in_use() {
         "the cause named:\n{stderr}"
     );
 }
+
+/// Every file under `dir` and `dir` itself with their modes (permission bits).
+fn modes_under(dir: &Path) -> Vec<(std::path::PathBuf, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = vec![(
+        dir.to_path_buf(),
+        std::fs::metadata(dir).unwrap().permissions().mode() & 0o777,
+    )];
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(modes_under(&p));
+        } else {
+            out.push((
+                p.clone(),
+                std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            ));
+        }
+    }
+    out
+}
+
+/// A queue record holds the queue's keys and DH secret, so a data directory the relay makes is
+/// its user's alone (0700), and so are the store's directories and files (0600); the keys were
+/// 0600 already. A directory someone else made readable is warned about at start.
+#[test]
+fn the_store_is_readable_by_the_relay_s_user_alone() {
+    let parent = TempDir::new("cli-modes");
+    let data = parent.path().join("data");
+    let out = run_cli(&data, &["init", "--no-password"]);
+    assert!(out.status.success(), "init: {}", text(&out.stderr));
+    let mode = |p: &Path| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    };
+    assert_eq!(mode(&data), 0o700, "init makes the data directory 0700");
+    // `start` on a directory that does not exist initialises it the same way.
+    let auto = parent.path().join("auto");
+    let port = common::free_port().to_string();
+    let child = Command::new(common::BIN)
+        .args([
+            "--data-dir",
+            auto.to_str().unwrap(),
+            "start",
+            "--cores",
+            "1",
+        ])
+        .args(["--port", &port])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let (mut child, log) =
+        smp_relay::load::proc::wait_listening(child, common::START_TIMEOUT).expect("listening");
+    assert_eq!(
+        mode(&auto),
+        0o700,
+        "start initialises the data directory 0700"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        !log.lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("may be read by other users")),
+        "no warning about a 0700 directory"
+    );
+
+    for store in ["journal", "memory"] {
+        // The harness's directories are 0755: the start warns, naming the fix.
+        let dir = TempDir::new("cli-modes-store");
+        common::init(dir.path());
+        let opts = common::RelayOptions {
+            extra_args: vec!["--store".into(), store.into()],
+            ..common::RelayOptions::default()
+        };
+        let mut relay = Relay::start_in(dir, opts);
+        let mut c = relay.client();
+        let q = support::create(&mut c);
+        support::send_ok(&mut c, &q, None, b"a message");
+        drop(c);
+        assert!(
+            relay.log_shows("may be read by other users (mode 0755)")
+                && relay.log_shows(&format!("chmod 700 {}", relay.dir.path().display())),
+            "{store}: start warns about a data directory others may read:\n{}",
+            relay.log_text()
+        );
+        assert!(relay.stop().success());
+        let store_dir = relay.dir.path().join(if store == "journal" {
+            "journal"
+        } else {
+            "memory-store"
+        });
+        let modes = modes_under(&store_dir);
+        assert!(modes.len() > 1, "{store}: files were written: {modes:?}");
+        for (p, m) in modes {
+            let want = if p.is_dir() { 0o700 } else { 0o600 };
+            assert_eq!(m, want, "{store}: {} is {m:04o}", p.display());
+        }
+    }
+}

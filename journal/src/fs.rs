@@ -12,10 +12,15 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::Path;
 
 use memmap2::{MmapOptions, MmapRaw};
+
+/// The journal's directories and files are its owner's alone: its records hold each queue's keys
+/// and DH secret (`docs/ARCHITECTURE.md` §5). A file that exists keeps its mode.
+pub const PRIVATE_DIR_MODE: u32 = 0o700;
+pub const PRIVATE_FILE_MODE: u32 = 0o600;
 
 /// A file system: the directory operations and the files the journal opens.
 pub trait Fs: Clone + Send + Sync + 'static {
@@ -98,7 +103,10 @@ impl Fs for OsFs {
     type Lock = File;
 
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        std::fs::create_dir_all(dir)
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(PRIVATE_DIR_MODE)
+            .create(dir)
     }
 
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
@@ -119,6 +127,7 @@ impl Fs for OsFs {
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(PRIVATE_FILE_MODE)
             .open(path)?;
         // SAFETY: plain syscall on a descriptor we own.
         let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
@@ -142,6 +151,7 @@ impl Fs for OsFs {
             .read(true)
             .write(true)
             .create_new(true)
+            .mode(PRIVATE_FILE_MODE)
             .open(path)
     }
 
@@ -150,6 +160,7 @@ impl Fs for OsFs {
             .write(true)
             .create(true)
             .truncate(true)
+            .mode(PRIVATE_FILE_MODE)
             .open(path)
     }
 

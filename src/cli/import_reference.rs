@@ -27,7 +27,7 @@ pub fn run(
             from.display()
         ));
     }
-    std::fs::create_dir_all(data_dir)
+    smp_relay::store::create_private_dir(data_dir)
         .map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?;
     let _lock = lock_stopped(data_dir, "import writes the store it opens at start")?;
     let data = reference::read_dir(from)?;

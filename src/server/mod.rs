@@ -110,6 +110,9 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
 
 fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
     let _lock = lock::lock_data_dir(&config.data_dir)?;
+    if let Some(warning) = open_to_others(&config.data_dir) {
+        tracing::warn!("{warning}");
+    }
     config
         .store
         .check_data_dir(&config.data_dir)
@@ -442,6 +445,22 @@ impl Drop for Reporter {
             let _ = self.tx.send(Report::Failed(self.shard, e));
         }
     }
+}
+
+/// A warning when users other than the relay's may read or enter `dir`: the store in it holds
+/// each queue's keys and DH secret. Directories the relay creates are 0700; one an operator made
+/// (or the reference's `/var/opt/simplex`) keeps its mode.
+fn open_to_others(dir: &std::path::Path) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dir).ok()?.permissions().mode() & 0o777;
+    (mode & 0o077 != 0).then(|| {
+        format!(
+            "{} may be read by other users (mode {mode:04o}), while its store holds each queue's \
+             keys: chmod 700 {}",
+            dir.display(),
+            dir.display()
+        )
+    })
 }
 
 fn check_ports_free(ports: &[u16]) -> Result<(), StartError> {

@@ -31,6 +31,25 @@ pub type EntityId = Vec<u8>;
 /// Message IDs are 24 bytes: they are also the nonce of the MSG body encryption.
 pub type MsgId = [u8; 24];
 
+/// Creates `dir` and the directories above it that are missing, readable by the relay's user
+/// alone: a store holds each queue's keys and DH secret. A directory that exists keeps its mode
+/// (`start` warns when others may read it).
+pub fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(smp_journal::fs::PRIVATE_DIR_MODE)
+        .create(dir)
+}
+
+/// A new file of a store: its owner's alone, as `create_private_dir`'s directories.
+pub fn private_file() -> std::fs::OpenOptions {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut o = std::fs::OpenOptions::new();
+    o.mode(smp_journal::fs::PRIVATE_FILE_MODE);
+    o
+}
+
 /// Fixed numbers that reach the disk (`docs/ARCHITECTURE.md` §1): partitions, their hash and their
 /// groups.
 pub const PARTITIONS: u32 = 4096;

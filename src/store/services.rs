@@ -286,7 +286,7 @@ pub(crate) fn decode_body(r: &mut Reader<'_>) -> DResult<ServiceRec> {
 }
 
 fn append(path: &Path, rec: &ServiceRec) -> Result<(), String> {
-    let mut f = OpenOptions::new()
+    let mut f = crate::store::private_file()
         .create(true)
         .append(true)
         .open(path)

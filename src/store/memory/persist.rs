@@ -434,7 +434,12 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), PersistError> {
         source,
     };
     let written = (|| {
-        let mut f = fs::File::create(&tmp).map_err(|e| io_err("create", e))?;
+        let mut f = crate::store::private_file()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .map_err(|e| io_err("create", e))?;
         f.write_all(bytes).map_err(|e| io_err("write", e))?;
         f.sync_all().map_err(|e| io_err("fsync", e))?;
         drop(f);
@@ -584,7 +589,8 @@ fn store_dir(s: &crate::store::StoreSettings) -> PathBuf {
 impl crate::store::ShardStore for MemoryStore {
     fn open(s: &crate::store::StoreSettings, groups: &[u32], now: i64) -> Result<Self, String> {
         let dir = store_dir(s);
-        fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        crate::store::create_private_dir(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         if !s.keep.queues {
             // `[STORE_LOG] enable = off`: every start begins empty, as the reference's.
             return Self::load(&dir, &[], None, now).map_err(|e| e.to_string());

@@ -75,7 +75,8 @@ pub fn load(
 /// Writes the notifications of one group (`by_notifier`), replacing its file (a temporary file,
 /// synced, then renamed).
 pub fn save(dir: &Path, group: u32, by_notifier: &[(EntityId, Vec<MsgNtf>)]) -> Result<(), String> {
-    fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    crate::store::create_private_dir(dir)
+        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let path = group_file(dir, group);
     if by_notifier.is_empty() {
         return match fs::remove_file(&path) {
@@ -110,7 +111,8 @@ pub const CONNECTION_FILE: &str = "connection";
 
 pub fn remember_connection(dir: &Path, conninfo: &str, schema: &str) -> Result<(), String> {
     use std::os::unix::fs::OpenOptionsExt;
-    fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    crate::store::create_private_dir(dir)
+        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let path = dir.join(CONNECTION_FILE);
     let write = || -> std::io::Result<()> {
         let mut f = fs::OpenOptions::new()
