@@ -365,6 +365,43 @@ fn the_size_cap_refuses_send_and_new_keeps_deletes_and_recovers_when_raised() {
     all_delivered(&relay, &gs);
 }
 
+/// The cap stops new segment files, not appends into the files already made: at the cap, NEW and
+/// small SENDs are answered OK while their group's active segment has room before its release
+/// reserve (a new relay's first segments: 224 KiB each), and a group's SENDs are refused once its
+/// own segment is full, while other groups' go on (README, `--journal-max-size`).
+#[test]
+fn at_the_size_cap_each_group_fills_the_segment_it_has_before_refusing() {
+    let cap = smp_relay::ini::MIN_JOURNAL_MAX_SIZE.to_string();
+    // A quota above the 128 messages of the default, for a segment's worth of small messages.
+    let relay = Relay::start_with(journal_store(&[
+        "--journal-max-size",
+        &cap,
+        "--quota",
+        "4000",
+    ]));
+    let mut c = relay.client();
+    // A queue in every group: NEWs at the cap.
+    let mut gs = Groups::create(&mut c);
+    let mut oks = 0;
+    loop {
+        match gs.send(&mut c, 0, 100) {
+            BrokerMsg::Ok => oks += 1,
+            BrokerMsg::Err(ErrorType::Store(e)) => {
+                assert_eq!(e, SIZE_CAP, "the refusal says why");
+                break;
+            }
+            other => panic!("SEND answered {other:?}"),
+        }
+        assert!(oks < 10_000, "SENDs never refused at the cap");
+    }
+    // 224 KiB before the reserve, a 100-byte message's record under 200 bytes.
+    assert!(oks > 1000, "{oks} SENDs of 100 bytes before the refusal");
+    for g in 1..PARTITION_GROUPS as usize {
+        assert_eq!(gs.send(&mut c, g, 100), BrokerMsg::Ok, "group {g} has room");
+    }
+    assert!(relay.log_shows("size cap"), "{}", relay.log_text());
+}
+
 /// `init` on a full disk fails saying so and leaves no half-written identity (which neither a
 /// second `init` nor `start` would accept); `start` on a disk without room for the journal's
 /// first segments fails naming the segment, instead of crashing later.
