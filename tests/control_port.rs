@@ -644,3 +644,61 @@ fn a_block_amid_sends_splits_them_cleanly() {
     assert_eq!(got, sent, "in the order answered");
     drop(rc);
 }
+
+/// Commands of a connection without a role are logged through the log limiter: a local process
+/// that sends thousands of them writes a line or two per interval, not two lines each (the
+/// reference's `ControlPort: …` warning and `Unauthorized control port command` error), and the
+/// lines held back are counted.
+#[test]
+fn a_flood_of_unauthorized_commands_writes_a_bounded_number_of_lines() {
+    const COMMANDS: u64 = 5000;
+    // One line per 100 ms instead of a second (a hidden test flag), so that the count of the last
+    // interval is written a tenth of a second after the flood.
+    const INTERVAL_MS: u64 = 100;
+    let opts = RelayOptions {
+        extra_args: vec!["--test-warning-interval-ms".into(), INTERVAL_MS.to_string()],
+        ..RelayOptions::default()
+    };
+    let (relay, port) = relay_with_control_on(None, opts);
+    let started = std::time::Instant::now();
+    let mut c = Control::open(port);
+    let writer = {
+        let mut w = c.w.try_clone().unwrap();
+        std::thread::spawn(move || {
+            for _ in 0..COMMANDS {
+                w.write_all(b"stats\n").unwrap();
+            }
+        })
+    };
+    for i in 0..COMMANDS {
+        assert_eq!(c.line(), "AUTH", "answer {i}");
+    }
+    writer.join().unwrap();
+    let counted = |what: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let (lines, counted) = relay.warnings(what);
+            if counted >= COMMANDS || std::time::Instant::now() > deadline {
+                return (lines as u64, counted);
+            }
+            common::sleep(Duration::from_millis(20));
+        }
+    };
+    let (command_lines, commands) = counted("ControlPort: ");
+    let (refusal_lines, refusals) = counted("Unauthorized control port command");
+    let elapsed = started.elapsed();
+    let intervals = elapsed.as_millis() as u64 / INTERVAL_MS;
+    assert_eq!(commands, COMMANDS, "every command is accounted for");
+    assert_eq!(refusals, COMMANDS, "every refusal is accounted for");
+    // One line an interval, and one for the count of the last.
+    for (what, lines) in [("command", command_lines), ("refusal", refusal_lines)] {
+        assert!(
+            lines <= intervals + 2,
+            "{lines} {what} lines for {COMMANDS} commands in {elapsed:?}"
+        );
+    }
+    // An operator's commands are logged each.
+    let mut admin = Control::auth(port, ADMIN);
+    admin.ask("sockets");
+    assert!(relay.log_shows("ControlPort: \"sockets\""));
+}

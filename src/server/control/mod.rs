@@ -25,6 +25,7 @@ use super::context::ShardContext;
 use super::directory::IdSpace;
 use super::router::ShardMsg;
 use crate::limits::{MAX_CONTROL_CONNECTIONS, MAX_CONTROL_LINE_BYTES};
+use crate::log_limit::{self, RateLimited};
 use crate::metrics::{MetricsSnapshot, ProxyStats};
 use crate::protocol::error::ErrorType;
 use crate::store::QueueStatus;
@@ -107,7 +108,7 @@ async fn connection(s: &mut TcpStream, port: &Port) -> std::io::Result<()> {
             let answer = match parse::parse(&line) {
                 Ok(ControlCommand::Quit) => return Ok(()),
                 Ok(cmd) => {
-                    log_command(&line, &cmd);
+                    log_command(&line, &cmd, role);
                     port.run(cmd, &mut role).await
                 }
                 Err(e) => Some(format!("error: {e}")),
@@ -143,14 +144,28 @@ async fn too_long(s: &mut TcpStream) -> std::io::Result<()> {
     s.write_all(text.as_bytes()).await
 }
 
+/// Commands of connections that have not authenticated, and commands refused for their role: a
+/// local process can send thousands a second, so their lines go through the log limiter
+/// (`log_limit`, at most one line of each kind a second, with the count of the others).
+static ANONYMOUS_COMMAND: RateLimited = RateLimited::new("ControlPort: commands without auth");
+static UNAUTHORIZED_COMMAND: RateLimited = RateLimited::new("Unauthorized control port command");
+
 /// Every command but `auth`, `help`, `quit` and the empty line goes to the log, as the reference
-/// logs them.
-fn log_command(line: &[u8], cmd: &ControlCommand) {
-    if !matches!(
+/// logs them; those of a connection without a role through the limiter.
+fn log_command(line: &[u8], cmd: &ControlCommand, role: Role) {
+    if matches!(
         cmd,
         ControlCommand::Auth(_) | ControlCommand::Help | ControlCommand::Skip
     ) {
-        tracing::warn!("ControlPort: {:?}", String::from_utf8_lossy(line));
+        return;
+    }
+    let line = String::from_utf8_lossy(line);
+    if role == Role::None {
+        log_limit::warn(&ANONYMOUS_COMMAND, |suppressed| {
+            tracing::warn!(suppressed, "ControlPort: {line:?}")
+        });
+    } else {
+        tracing::warn!("ControlPort: {line:?}");
     }
 }
 
@@ -163,7 +178,9 @@ impl Port {
         let admin = *role == Role::Admin;
         let needs = |allowed: bool| {
             if !allowed {
-                tracing::error!("Unauthorized control port command");
+                log_limit::warn(&UNAUTHORIZED_COMMAND, |suppressed| {
+                    tracing::error!(suppressed, "Unauthorized control port command")
+                });
             }
             allowed
         };
