@@ -457,6 +457,62 @@ fn metrics_are_served_over_http() {
     relay.assert_serves();
 }
 
+/// Sockets held open on `metrics_listen` without a request do not keep a scraper out: at the
+/// connection bound (8) the oldest of them is closed to serve the new one, so the scrape is
+/// answered at once while twelve idle sockets are held. `HEAD /metrics` is answered as `GET`,
+/// without the body.
+#[test]
+fn a_scrape_is_answered_while_idle_sockets_are_held_and_head_has_no_body() {
+    let port = free_port();
+    let relay = Relay::start_with(RelayOptions {
+        extra_args: vec![
+            "--metrics-interval".into(),
+            "3600".into(),
+            "--metrics-listen".into(),
+            format!("127.0.0.1:{port}"),
+        ],
+        ..RelayOptions::default()
+    });
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut idle: Vec<std::net::TcpStream> = (0..12)
+        .map(|_| std::net::TcpStream::connect(addr).expect("an idle socket"))
+        .collect();
+    let answer = http(addr, b"GET /metrics HTTP/1.1\r\nHost: relay\r\n\r\n");
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("an answer while idle sockets are held: {answer:?}"));
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert!(body.contains("\nsimplex_smp_queues_created "), "{body}");
+    // The oldest idle sockets made room: five of them (four for the idle ones beyond eight, one
+    // for the scrape) were closed.
+    // (They were closed before the scrape's connection was served, so their ends are in.)
+    let closed = idle
+        .iter_mut()
+        .filter_map(|s| {
+            s.set_nonblocking(true).unwrap();
+            let ended = match s.read(&mut [0u8; 1]) {
+                Ok(0) => true,
+                Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+                Ok(_) => panic!("an idle socket was sent something"),
+            };
+            ended.then_some(())
+        })
+        .count();
+    assert_eq!(closed, 5, "the five oldest idle sockets were closed");
+
+    let answer = http(addr, b"HEAD /metrics HTTP/1.1\r\nHost: relay\r\n\r\n");
+    let (head, body) = answer.split_once("\r\n\r\n").expect("a head");
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("a Content-Length: {head}"));
+    assert!(length > 1000, "the length of GET's body: {length}");
+    assert_eq!(body, "", "no body after HEAD's head");
+    relay.assert_serves();
+}
+
 /// A backup as the reference writes it (`tests/fixtures/reference-stats-backup.txt`) is restored:
 /// its counters go on, its active queues count, and its queue count is compared with the store's.
 #[test]

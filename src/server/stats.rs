@@ -268,10 +268,44 @@ pub fn bind_http(addr: SocketAddr) -> Result<TcpListener, String> {
         .map_err(|e| format!("cannot listen for metrics on {addr} ([RELAY] metrics_listen): {e}"))
 }
 
-/// Serves `GET /metrics` on its own threads, off the shards: each request asks shard 0 for a
-/// fresh round (as the metrics file's) and answers its text.
+/// Connections of the metrics endpoint that have not sent their whole request yet, oldest first:
+/// at the bound, the oldest of them is closed to serve a new one, so sockets held open without a
+/// request cannot keep a scraper out (a scraper sends its request as soon as it connects).
+#[derive(Default)]
+struct Idle {
+    next_id: u64,
+    waiting: std::collections::VecDeque<(u64, TcpStream)>,
+}
+
+impl Idle {
+    fn add(&mut self, stream: &TcpStream) -> Option<u64> {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.waiting.push_back((id, stream.try_clone().ok()?));
+        Some(id)
+    }
+
+    fn remove(&mut self, id: u64) {
+        self.waiting.retain(|(i, _)| *i != id);
+    }
+
+    /// Closes the oldest connection still waiting for its request; false when there is none.
+    fn close_oldest(&mut self) -> bool {
+        match self.waiting.pop_front() {
+            Some((_, s)) => {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Serves `GET /metrics` (and `HEAD`) on its own threads, off the shards: each request asks
+/// shard 0 for a fresh round (as the metrics file's) and answers its text.
 pub fn serve_http(listener: TcpListener, mesh: Mesh, shared: Arc<Shared>) {
     let active = Arc::new(AtomicUsize::new(0));
+    let idle = Arc::new(Mutex::new(Idle::default()));
     let spawned = std::thread::Builder::new()
         .name("metrics-http".into())
         .spawn(move || {
@@ -280,16 +314,26 @@ pub fn serve_http(listener: TcpListener, mesh: Mesh, shared: Arc<Shared>) {
                     std::thread::sleep(Duration::from_millis(50));
                     continue;
                 };
-                // Beyond the bound a connection is closed at once.
-                if active.fetch_add(1, Ordering::AcqRel) >= METRICS_HTTP_MAX_CONNECTIONS {
-                    active.fetch_sub(1, Ordering::AcqRel);
+                // At the bound, the oldest connection without a request makes room (its thread
+                // ends at once: its read fails); when every one is being answered, the new one
+                // is closed at once.
+                if active.load(Ordering::Acquire) >= METRICS_HTTP_MAX_CONNECTIONS
+                    && !lock(&idle).close_oldest()
+                {
                     continue;
                 }
-                let (mesh, shared, active) = (mesh.clone(), shared.clone(), active.clone());
+                active.fetch_add(1, Ordering::AcqRel);
+                let Some(id) = lock(&idle).add(&stream) else {
+                    active.fetch_sub(1, Ordering::AcqRel);
+                    continue;
+                };
+                let (mesh, shared) = (mesh.clone(), shared.clone());
+                let (active, idle) = (active.clone(), idle.clone());
                 let ok = std::thread::Builder::new()
                     .name("metrics-http-conn".into())
                     .spawn(move || {
-                        answer(stream, &mesh, &shared);
+                        answer(stream, &mesh, &shared, || lock(&idle).remove(id));
+                        lock(&idle).remove(id);
                         active.fetch_sub(1, Ordering::AcqRel);
                     });
                 if ok.is_err() {
@@ -306,6 +350,8 @@ pub fn serve_http(listener: TcpListener, mesh: Mesh, shared: Arc<Shared>) {
 #[derive(Debug, PartialEq, Eq)]
 pub enum HttpRequest {
     Metrics,
+    /// `HEAD /metrics`: the answer to `GET` without its body.
+    MetricsHead,
     NotFound,
     Bad,
 }
@@ -328,11 +374,13 @@ pub fn parse_request(head: &[u8]) -> HttpRequest {
     let path = target.split('?').next().unwrap_or(target);
     match (method, path) {
         ("GET", "/metrics") => HttpRequest::Metrics,
+        ("HEAD", "/metrics") => HttpRequest::MetricsHead,
         _ => HttpRequest::NotFound,
     }
 }
 
-fn answer(mut stream: TcpStream, mesh: &Mesh, shared: &Shared) {
+/// Reads one request and answers it; `head_read` runs once the whole request head is in.
+fn answer(mut stream: TcpStream, mesh: &Mesh, shared: &Shared, head_read: impl FnOnce()) {
     let _ = stream.set_read_timeout(Some(METRICS_HTTP_READ_TIMEOUT));
     let _ = stream.set_write_timeout(Some(METRICS_HTTP_READ_TIMEOUT));
     let mut head = Vec::with_capacity(512);
@@ -349,13 +397,14 @@ fn answer(mut stream: TcpStream, mesh: &Mesh, shared: &Shared) {
             Ok(n) => head.extend_from_slice(&buf[..n]),
         }
     };
+    head_read();
     let request = if complete {
         parse_request(&head)
     } else {
         HttpRequest::Bad
     };
     let (status, body) = match request {
-        HttpRequest::Metrics => {
+        HttpRequest::Metrics | HttpRequest::MetricsHead => {
             let fresh = lock(&shared.latest)
                 .0
                 .is_some_and(|at| at.elapsed() < METRICS_HTTP_FRESH);
@@ -369,11 +418,14 @@ fn answer(mut stream: TcpStream, mesh: &Mesh, shared: &Shared) {
         HttpRequest::NotFound => ("404 Not Found", String::new()),
         HttpRequest::Bad => ("400 Bad Request", String::new()),
     };
-    let response = format!(
+    let mut response = format!(
         "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
+    if request != HttpRequest::MetricsHead {
+        response.push_str(&body);
+    }
     let _ = stream.write_all(response.as_bytes());
     let _ = stream.flush();
 }
@@ -391,6 +443,10 @@ mod tests {
         assert_eq!(
             parse_request(b"GET /metrics?x=1 HTTP/1.0\r\n\r\n"),
             HttpRequest::Metrics
+        );
+        assert_eq!(
+            parse_request(b"HEAD /metrics HTTP/1.1\r\n\r\n"),
+            HttpRequest::MetricsHead
         );
         assert_eq!(
             parse_request(b"GET / HTTP/1.1\r\n\r\n"),
