@@ -1468,3 +1468,38 @@ fn a_gap_in_the_segment_numbers_is_cut_and_what_followed_it_reported() {
     assert_eq!(replayed(t.path(), g).len(), kept);
     assert_repair_is_idempotent(t.path(), g);
 }
+
+/// A reader that closes the tool's output (`smp-journal queues | head`) ends it quietly, as a Unix
+/// tool that SIGPIPE ends: no `Broken pipe` message, the status 128 + 13.
+#[test]
+fn a_closed_output_ends_the_tool_quietly() {
+    use std::os::fd::FromRawFd;
+    let t = TempDir::new("pipe");
+    build_sample(t.path());
+    for cmd in [
+        &["queues"][..],
+        &["stats"],
+        &["verify"],
+        &["queues", "--json"],
+    ] {
+        let mut fds = [0i32; 2];
+        // SAFETY: pipe(2) fills the two descriptors, each owned once below.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: fds[0] is the read end, open and owned by nothing else.
+        drop(unsafe { File::from_raw_fd(fds[0]) });
+        // SAFETY: fds[1] is the write end, open and owned by nothing else.
+        let write_end = unsafe { File::from_raw_fd(fds[1]) };
+        let o = tool()
+            .arg("--data-dir")
+            .arg(t.path())
+            .args(cmd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(write_end))
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(stderr, "", "{cmd:?}: nothing on stderr");
+        assert_eq!(o.status.code(), Some(141), "{cmd:?}: {:?}", o.status);
+    }
+}

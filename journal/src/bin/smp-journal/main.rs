@@ -99,12 +99,30 @@ enum BodyFormat {
     Base64,
 }
 
-/// An error that ends the command with exit code 2.
-struct Fail(String);
+/// What ends a command early.
+enum Fail {
+    /// An error: said on stderr, exit code 2.
+    Msg(String),
+    /// Standard output was closed by its reader (`smp-journal queues | head`): the command ends
+    /// quietly, with the status of a Unix tool that SIGPIPE ended (128 + 13). Rust ignores
+    /// SIGPIPE, so the write fails with `EPIPE` instead.
+    BrokenPipe,
+}
 
-impl<E: std::fmt::Display> From<E> for Fail {
+/// The exit status of a command whose output was closed (`Fail::BrokenPipe`).
+const BROKEN_PIPE_EXIT: u8 = 128 + libc::SIGPIPE as u8;
+
+impl<E: std::fmt::Display + 'static> From<E> for Fail {
     fn from(e: E) -> Fail {
-        Fail(e.to_string())
+        let any = &e as &dyn std::any::Any;
+        let kind = any
+            .downcast_ref::<std::io::Error>()
+            .map(std::io::Error::kind)
+            .or_else(|| any.downcast_ref::<serde_json::Error>()?.io_error_kind());
+        if kind == Some(std::io::ErrorKind::BrokenPipe) {
+            return Fail::BrokenPipe;
+        }
+        Fail::Msg(e.to_string())
     }
 }
 
@@ -126,10 +144,11 @@ fn main() -> ExitCode {
     progress.clear();
     match r {
         Ok(code) => ExitCode::from(code),
-        Err(Fail(msg)) => {
+        Err(Fail::Msg(msg)) => {
             eprintln!("smp-journal: {msg}");
             ExitCode::from(2)
         }
+        Err(Fail::BrokenPipe) => ExitCode::from(BROKEN_PIPE_EXIT),
     }
 }
 
@@ -170,7 +189,7 @@ impl Progress {
 
 fn groups(root: &Path) -> Result<Vec<u32>, Fail> {
     if !root.is_dir() {
-        return Err(Fail(format!(
+        return Err(Fail::Msg(format!(
             "no journal directory at {} (give --data-dir or --journal-dir)",
             root.display()
         )));
@@ -600,17 +619,21 @@ fn queues(root: &Path, progress: &Progress, as_json: bool) -> Result<u8, Fail> {
 fn show(root: &Path, queue_id: &str, bodies: Option<BodyFormat>) -> Result<u8, Fail> {
     let id = b64_decode(queue_id)
         .filter(|id| !id.is_empty() && id.len() <= 255)
-        .ok_or_else(|| Fail(format!("{queue_id:?} is not a base64url recipient ID")))?;
+        .ok_or_else(|| Fail::Msg(format!("{queue_id:?} is not a base64url recipient ID")))?;
     if !root.is_dir() {
-        return Err(Fail(format!("no journal directory at {}", root.display())));
+        return Err(Fail::Msg(format!(
+            "no journal directory at {}",
+            root.display()
+        )));
     }
     let g = group_of(&id);
     if !smp_journal::group_dir(root, g).is_dir() {
-        println!(
+        writeln!(
+            std::io::stdout(),
             "queue {}: group {g:02} has no journal directory under {}",
             b64(&id),
             root.display()
-        );
+        )?;
         return Ok(1);
     }
     let grp = read_group(root, g, Some((id.clone(), bodies.is_some())))?;
@@ -777,21 +800,21 @@ fn lock_data_dir(cli: &Cli, root: &Path) -> Result<Option<DataDirLock>, Fail> {
         .truncate(false)
         .write(true)
         .open(&path)
-        .map_err(|e| Fail(format!("cannot open the lock file {}: {e}", path.display())))?;
+        .map_err(|e| Fail::Msg(format!("cannot open the lock file {}: {e}", path.display())))?;
     // SAFETY: flock takes a file descriptor that `file` owns and keeps open for the call; it has
     // no memory-safety preconditions.
     let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     if rc != 0 {
         let err = std::io::Error::last_os_error();
         if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            return Err(Fail(format!(
+            return Err(Fail::Msg(format!(
                 "the data directory {} is locked ({} is held): a relay (or another smp-journal \
                  repair) is running there; stop it first",
                 dir.display(),
                 path.display()
             )));
         }
-        return Err(Fail(format!("flock {}: {err}", path.display())));
+        return Err(Fail::Msg(format!("flock {}: {err}", path.display())));
     }
     Ok(Some(DataDirLock { _file: file }))
 }
@@ -853,7 +876,7 @@ fn repair(cli: &Cli, root: &Path, progress: &Progress) -> Result<u8, Fail> {
 fn compact(cli: &Cli, root: &Path) -> Result<u8, Fail> {
     let _lock = lock_data_dir(cli, root)?;
     groups(root)?;
-    Err(Fail(
+    Err(Fail::Msg(
         "nothing was changed: journals are compacted by the relay while it runs, in the \
          background, because only the relay knows which records are still live (journal/FORMAT.md, \
          \"Compaction\"); start the relay and `smp-journal stats` shows the space it gives back"
