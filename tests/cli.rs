@@ -553,6 +553,17 @@ fn debug_logs_name_each_connection_and_the_stop_says_what_was_saved() {
     let q = support::create(&mut c);
     support::send_ok(&mut c, &q, None, b"kept over the stop");
     drop(c);
+    // The close is logged when the relay sees the socket end: wait for it before the stop, which
+    // may otherwise come first (the connection then ends with the relay, unlogged).
+    let closed = |l: &str| {
+        l.contains("peer=Some(127.0.0.1:")
+            && l.contains("connection")
+            && (l.contains("closed") || l.contains("ended"))
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !relay.log_text().lines().any(closed) && std::time::Instant::now() < deadline {
+        common::sleep(std::time::Duration::from_millis(20));
+    }
     let status = relay.stop();
     assert!(status.success(), "{status:?}");
     let log = relay.log_text();
@@ -562,12 +573,7 @@ fn debug_logs_name_each_connection_and_the_stop_says_what_was_saved() {
         .unwrap_or_else(|| panic!("no connection open line:\n{log}"));
     assert!(open.contains("peer=Some(127.0.0.1:"), "{open}");
     assert!(open.contains("version=20"), "{open}");
-    assert!(
-        log.lines().any(|l| l.contains("peer=Some(127.0.0.1:")
-            && l.contains("connection")
-            && (l.contains("closed") || l.contains("ended"))),
-        "{log}"
-    );
+    assert!(log.lines().any(closed), "{log}");
     assert!(log.contains("store holds 1 queues and 1 messages"), "{log}");
 }
 
@@ -925,8 +931,13 @@ fn the_store_is_readable_by_the_relay_s_user_alone() {
     );
 
     for store in ["journal", "memory"] {
-        // The harness's directories are 0755: the start warns, naming the fix.
+        // A data directory others may read: the start warns, naming the fix.
         let dir = TempDir::new("cli-modes-store");
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
         common::init(dir.path());
         let opts = common::RelayOptions {
             extra_args: vec!["--store".into(), store.into()],

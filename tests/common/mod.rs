@@ -60,6 +60,10 @@ impl TempDir {
             std::process::id()
         ));
         std::fs::create_dir_all(&path).expect("create temp dir");
+        // As an operator's data directory should be (`start` warns about one others can read).
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700))
+            .expect("chmod temp dir");
         TempDir(path)
     }
 
