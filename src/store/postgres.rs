@@ -184,6 +184,15 @@ pub const HOT_STATEMENTS: &[&str] = &[
     EXPIRE_MANY,
 ];
 
+/// What the look at a SEND whose connection was lost found.
+enum Lookup {
+    /// Written (the flag: it was the quota marker).
+    Found(bool),
+    Absent,
+    /// The session's server process would not end, so the write may still commit.
+    StillRunning(i32),
+}
+
 /// What a SEND's statement returned: (quota marker written, the queue was empty) if it wrote,
 /// and how many messages its expiry deleted.
 struct Written {
@@ -462,13 +471,11 @@ impl PostgresStore {
         let written = match written {
             Ok(w) => w,
             Err(e) if outcome_unknown(&e) => {
-                // Committed or not: the message ID says (it is unique per queue). What expired is
-                // not known: the cached count is dropped until a read tells.
-                if let Some(q) = self.data.borrow_mut().queues.get_mut(recipient_id) {
-                    if expire.is_some() {
-                        q.size = None;
-                    }
-                }
+                // Committed or not: the message ID says (it is unique per queue), once the session
+                // the write ran in has ended (`pool::settle`): until then a write blocked in it
+                // may still commit. Whatever the look finds, the cached count is dropped until a
+                // read tells (what expired is not known, and a write found later must not hide
+                // behind a count of 0 from SUB and GET).
                 let was_empty = self
                     .data
                     .borrow()
@@ -476,6 +483,10 @@ impl PostgresStore {
                     .get(recipient_id)
                     .and_then(|q| q.size)
                     == Some(0);
+                if let Some(q) = self.data.borrow_mut().queues.get_mut(recipient_id) {
+                    q.size = None;
+                }
+                let backend = pool::lost_backend(&e);
                 // The look-up may get a pooled connection that broke with the write's (every
                 // session terminated, the server restarted): each such one leaves the pool, so it
                 // is tried again, at most once per pooled connection and once more on a new one.
@@ -485,10 +496,16 @@ impl PostgresStore {
                     let found = self
                         .shared
                         .run("write_message, checking a broken write", move |c| {
+                            if let Some(pid) = backend {
+                                if !pool::settle(c, pid)? {
+                                    return Ok(Lookup::StillRunning(pid));
+                                }
+                            }
                             let st = c.stmt(FIND_MSG)?;
-                            Ok(c.client
-                                .query_opt(&st, &[&rid, &id])?
-                                .map(|r| r.get::<_, bool>(0)))
+                            Ok(match c.client.query_opt(&st, &[&rid, &id])? {
+                                Some(r) => Lookup::Found(r.get::<_, bool>(0)),
+                                None => Lookup::Absent,
+                            })
                         })
                         .await;
                     tries -= 1;
@@ -498,17 +515,18 @@ impl PostgresStore {
                     }
                 };
                 match found {
-                    Ok(Some(marker)) => Written {
+                    Ok(Lookup::Found(marker)) => Written {
                         outcome: Some((marker, was_empty)),
                         expired: 0,
                     },
-                    Ok(None) => return Err(e),
-                    Err(_) => {
-                        if let Some(q) = self.data.borrow_mut().queues.get_mut(recipient_id) {
-                            q.size = None;
-                        }
-                        return Err(e);
+                    Ok(Lookup::Absent) => return Err(e),
+                    Ok(Lookup::StillRunning(pid)) => {
+                        return Err(StoreError::Uncertain(format!(
+                            "the database session of a SEND was lost, and its server process \
+                             {pid} did not end when told to: the SEND may still be written"
+                        )))
                     }
+                    Err(_) => return Err(e),
                 }
             }
             Err(e) => return Err(e),

@@ -719,3 +719,179 @@ fn a_blocked_statement_ends_at_the_statement_timeout() {
     assert_eq!(ack(&mut rc, &q, &m.msg_id), BrokerMsg::Ok);
     expect_nothing(&mut rc, "after the ACK");
 }
+
+/// A Unix-socket proxy in front of the cluster's socket. [`Proxy::cut`] closes the relay's side of
+/// every connection open at that moment and keeps the server's side open, as a network that drops
+/// a connection does: the server process goes on with the statement it was given, unaware.
+struct Proxy {
+    dir: TempDir,
+    port: String,
+    open: Arc<std::sync::Mutex<Vec<(UnixStream, UnixStream)>>>,
+}
+
+use std::os::unix::net::{UnixListener, UnixStream};
+
+impl Proxy {
+    /// Listens beside nothing else in a directory of its own, forwarding to the server whose
+    /// conninfo is `real` (`host=<socket dir> port=<port> …`).
+    fn start(real: &str) -> Proxy {
+        let field = |k: &str| {
+            real.split_whitespace()
+                .find_map(|f| f.strip_prefix(k))
+                .unwrap_or_else(|| panic!("no {k} in {real}"))
+                .to_string()
+        };
+        let (host, port) = (field("host="), field("port="));
+        let target = format!("{host}/.s.PGSQL.{port}");
+        let dir = TempDir::new("pg-proxy");
+        let listener =
+            UnixListener::bind(dir.path().join(format!(".s.PGSQL.{port}"))).expect("bind");
+        let open: Arc<std::sync::Mutex<Vec<(UnixStream, UnixStream)>>> = Arc::default();
+        let kept = open.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(server) = UnixStream::connect(&target) else {
+                    continue;
+                };
+                let pipe = |mut from: UnixStream, mut to: UnixStream| {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                    });
+                };
+                pipe(client.try_clone().unwrap(), server.try_clone().unwrap());
+                pipe(server.try_clone().unwrap(), client.try_clone().unwrap());
+                kept.lock().unwrap().push((client, server));
+            }
+        });
+        Proxy { dir, port, open }
+    }
+
+    /// `real` with its host replaced by the proxy's directory.
+    fn conninfo(&self, real: &str) -> String {
+        real.split_whitespace()
+            .map(|f| {
+                if f.starts_with("host=") {
+                    format!("host={}", self.dir.path().display())
+                } else if f.starts_with("port=") {
+                    format!("port={}", self.port)
+                } else {
+                    f.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// Closes the client side of every connection open now; their server sides stay open.
+    fn cut(&self) -> usize {
+        let open = self.open.lock().unwrap();
+        for (client, _) in open.iter() {
+            let _ = client.shutdown(std::net::Shutdown::Both);
+        }
+        open.len()
+    }
+}
+
+/// A SEND whose database connection is lost while its statement waits on a row lock: the relay
+/// must not conclude "not written" while that statement may still commit (`pool::settle` ends
+/// the session's server process first), and must not trust the queue's cached count of 0 after
+/// such a loss. Before, the look found nothing, the client got `ERR STORE`, and when the lock went
+/// the write committed: a message the client was told failed (and would send again) reached the
+/// subscriber ahead of the next one.
+#[test]
+fn a_lost_connection_never_answers_a_send_that_later_commits() {
+    let cluster = common::pg_cluster();
+    let db = cluster.create_database().expect("a database");
+    let real = cluster.conninfo(&db);
+    let proxy = Proxy::start(&real);
+    let relay = relay_on(
+        &proxy.conninfo(&real),
+        &["--pool-size", "1", "--db-statement-timeout-secs", "120"],
+    );
+    let mut rc = relay.client();
+    let q = create(&mut rc);
+    let mut pg = cluster.client(&db).expect("a session");
+    let mut admin = cluster.client(&db).expect("a second session");
+    let mut tx = pg.transaction().expect("a transaction");
+    let locked = tx
+        .query(
+            "SELECT recipient_id FROM smp_server.msg_queues WHERE recipient_id = $1 FOR UPDATE",
+            &[&q.rid().to_vec()],
+        )
+        .expect("the queue's row locked");
+    assert_eq!(locked.len(), 1);
+
+    let (sid, addr, key_hash) = (q.sid().to_vec(), relay.addr, relay.key_hash);
+    let sender = std::thread::spawn(move || {
+        let mut sc = client_of(addr, key_hash);
+        let corr = new_corr_id();
+        let t = ClientTransmission::new(&corr, &sid, send_cmd(b"blocked"));
+        sc.send_batch(&[t]).expect("send");
+        // The answer, or none when the relay closes the connection (an uncertain outcome).
+        sc.recv_for(&corr).ok().map(|t| t.msg)
+    });
+    // The SEND's statement waits on the lock; then its connection is cut.
+    let deadline = Instant::now() + CLIENT_TIMEOUT;
+    let blocked_pid: i32 = loop {
+        let row = admin
+            .query_opt(
+                "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock'",
+                &[&db],
+            )
+            .expect("pg_stat_activity");
+        if let Some(r) = row {
+            break r.get(0);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the SEND never waited on the lock"
+        );
+        sleep(Duration::from_millis(20));
+    };
+    assert!(proxy.cut() >= 2, "the pool's and the lock's connections");
+    let answer = sender.join().expect("sender");
+    // Whatever the relay answered, the blocked statement's server process has its outcome once
+    // the lock goes: release it, and wait until that process is idle or gone.
+    tx.rollback().expect("release the lock");
+    let deadline = Instant::now() + CLIENT_TIMEOUT;
+    while admin
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND state = 'active')",
+            &[&blocked_pid],
+        )
+        .expect("pg_stat_activity")
+        .get::<_, bool>(0)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the blocked statement never ended"
+        );
+        sleep(Duration::from_millis(20));
+    }
+    let mut sc = relay.client();
+    send_ok(&mut sc, &q, None, b"after");
+    let first = expect_msg(&mut rc, &q);
+    match answer {
+        Some(Ok(BrokerMsg::Ok)) => {
+            assert_eq!(
+                first.msg.body(),
+                Some(&b"blocked"[..]),
+                "answered OK: delivered"
+            );
+            let m = msg_of(&q, ack(&mut rc, &q, &first.msg_id));
+            assert_eq!(m.msg.body(), Some(&b"after"[..]));
+        }
+        Some(Ok(BrokerMsg::Err(ErrorType::Store(_)))) | None => {
+            assert_eq!(
+                first.msg.body(),
+                Some(&b"after"[..]),
+                "a SEND answered ERR STORE (or not answered: {}) was written after all",
+                answer.is_none()
+            );
+            assert_eq!(ack(&mut rc, &q, &first.msg_id), BrokerMsg::Ok);
+        }
+        other => panic!("the SEND answered {other:?}"),
+    }
+    expect_nothing(&mut rc, "after the last ACK");
+}

@@ -64,6 +64,9 @@ impl Default for PgConfig {
 /// A pooled connection and the statements prepared on it.
 pub struct Conn {
     pub client: Client,
+    /// The server process of this session (`pg_backend_pid()`): after the connection is lost,
+    /// the statement it ran may still commit until that process ends ([`settle`]).
+    pub pid: i32,
     stmts: HashMap<&'static str, Statement>,
 }
 
@@ -96,8 +99,13 @@ impl r2d2::ManageConnection for Manager {
         client
             .batch_execute(&self.setup)
             .map_err(|e| ConnectError(describe(&e)))?;
+        let pid: i32 = client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .map_err(|e| ConnectError(describe(&e)))?
+            .get(0);
         let mut conn = Conn {
             client,
+            pid,
             stmts: HashMap::new(),
         };
         for sql in self.hot {
@@ -278,7 +286,7 @@ impl Shared {
                     loop {
                         match f(c) {
                             Err(e) if retryable(&e) && tries < MAX_RETRIES => tries += 1,
-                            r => break r.map_err(RunError::Db),
+                            r => break r.map_err(|e| RunError::Db(e, c.pid)),
                         }
                     }
                 }
@@ -388,28 +396,70 @@ fn keep_lock(target: &Target, schema: &str, lock: Client, stop: &crossbeam_chann
 
 enum RunError {
     NoConnection(String),
-    Db(postgres::Error),
+    /// The error, and the server process of the session it came on.
+    Db(postgres::Error, i32),
 }
 
 /// Whether a failed statement may have committed: the connection went away while it ran, so
-/// only a look at the database tells (a SEND then looks up its message ID).
+/// only a look at the database tells, once the session's server process has ended ([`settle`];
+/// a SEND then looks up its message ID).
 pub fn outcome_unknown(e: &StoreError) -> bool {
     matches!(e, StoreError::Failed(t) if t.contains(CONNECTION_LOST))
 }
 
+/// The server process of the session an [`outcome_unknown`] error was lost on.
+pub fn lost_backend(e: &StoreError) -> Option<i32> {
+    let StoreError::Failed(t) = e else {
+        return None;
+    };
+    let rest = &t[t.find(BACKEND)? + BACKEND.len()..];
+    rest[..rest.find(')')?].parse().ok()
+}
+
 const CONNECTION_LOST: &str = "connection lost";
+const BACKEND: &str = "(server process ";
+
+/// How long [`settle`] waits for a terminated server process to end.
+const SETTLE_WAIT: Duration = Duration::from_secs(10);
+
+/// Ends server process `pid` (the session a statement was lost on) and waits until it is gone, so
+/// that what it ran has committed or rolled back for good: until then a statement blocked in it
+/// (on a row lock, say) may still commit, and a look that finds nothing proves nothing. `Ok(true)`
+/// once it is gone, `Ok(false)` if it is still there after [`SETTLE_WAIT`].
+pub fn settle(c: &mut Conn, pid: i32) -> Result<bool, postgres::Error> {
+    c.client
+        .query_one("SELECT pg_terminate_backend($1)", &[&pid])?;
+    let deadline = std::time::Instant::now() + SETTLE_WAIT;
+    loop {
+        let alive: bool = c
+            .client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)",
+                &[&pid],
+            )?
+            .get(0);
+        if !alive {
+            return Ok(true);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Ok(false);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
 
 impl RunError {
     fn store_error(self, op: &str) -> StoreError {
         match self {
             RunError::NoConnection(e) => StoreError::Failed(format!("{op}, {e}")),
-            RunError::Db(e) if e.as_db_error().is_none() => {
-                StoreError::Failed(format!("{op}, {CONNECTION_LOST}: {e}"))
+            RunError::Db(e, pid) if e.as_db_error().is_none() => {
+                StoreError::Failed(format!("{op}, {CONNECTION_LOST} {BACKEND}{pid}): {e}"))
             }
-            RunError::Db(e) if ends_session(&e) => {
-                StoreError::Failed(format!("{op}, {CONNECTION_LOST}: {}", describe(&e)))
-            }
-            RunError::Db(e) => StoreError::Failed(format!("{op}, {}", describe(&e))),
+            RunError::Db(e, pid) if ends_session(&e) => StoreError::Failed(format!(
+                "{op}, {CONNECTION_LOST} {BACKEND}{pid}): {}",
+                describe(&e)
+            )),
+            RunError::Db(e, _) => StoreError::Failed(format!("{op}, {}", describe(&e))),
         }
     }
 }
