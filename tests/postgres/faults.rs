@@ -422,6 +422,16 @@ fn report(what: &str, logs: &[SenderLog], t: &Tally) {
 }
 
 /// Terminates every session of `db` but the caller's; how many.
+/// The sessions on database `db` (the relay's), but the caller's.
+fn sessions_of(c: &mut postgres::Client, db: &str) -> i64 {
+    c.query_one(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+        &[&db],
+    )
+    .expect("pg_stat_activity")
+    .get(0)
+}
+
 fn terminate_sessions(c: &mut postgres::Client, db: &str) -> i64 {
     c.query_one(
         "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity \
@@ -441,6 +451,16 @@ fn killed_sessions_lose_no_answered_send_and_the_relay_reconnects() {
     let qs = create_many(&mut relay.client(), QUEUES, QUEUES);
     let mut admin = cluster.client("postgres").expect("an admin session");
     let logs = under_load(&relay, &qs, 3, |round, _| {
+        // The relay serves again before its lock session is back (that one is retaken within
+        // the lock's check interval): wait for both kinds of session, then end them all.
+        let deadline = Instant::now() + RECOVERY;
+        while sessions_of(&mut admin, &db) < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: the relay's sessions never came back"
+            );
+            sleep(Duration::from_millis(20));
+        }
         let killed = terminate_sessions(&mut admin, &db);
         // The pool's sessions and the lock's: at least the lock's and one pooled.
         assert!(
