@@ -19,7 +19,7 @@ use smp_relay::protocol::command::Command;
 use smp_relay::protocol::transmission::client_signed_bytes;
 use smp_relay::server::directory::Directory;
 use smp_relay::server::owner::Owner;
-use smp_relay::server::router::{ConnRef, Mesh, Request, SessionInfo, ShardMsg};
+use smp_relay::server::router::{ConnRef, Mesh, Request, SessionInfo, ShardMesh, ShardMsg};
 use smp_relay::store::memory::MemoryStore;
 use smp_relay::store::{QueueRec, QueueStatus, QueueStore};
 
@@ -93,6 +93,7 @@ fn main() {
     for queue_alg in [Alg::Ed25519, Alg::Ed448, Alg::X25519] {
         for signer_alg in [Alg::Ed25519, Alg::Ed448, Alg::X25519] {
             let (mesh, inboxes) = Mesh::new(1);
+            let mesh = ShardMesh::new(mesh, 0);
             let owner = Owner::new(
                 0,
                 MemoryStore::new(),

@@ -69,6 +69,14 @@ pub const MAX_PENDING_PER_CONNECTION: usize = 1 << 20;
 /// `SLOW_READER_CLOSE`; a reader that keeps reading, however slowly, is never closed for it.
 pub const SLOW_READER_MIN_PROGRESS_BYTES: usize = 64 * 1024;
 
+/// Events (END, DELD, ENDS, NMSG, MSG pushes, service switches and counts: what no request of the
+/// receiving shard asked for) one shard's inbox holds at most. A shard that finds it full holds
+/// its events for that shard back, in order, until the inbox has fallen to
+/// `INBOX_EVENTS_ROOM_AT` (`server::router::ShardMesh`): a shard busy with its own work is not
+/// buried under other shards' events meanwhile.
+pub const MAX_INBOX_EVENTS: usize = 2048;
+pub const INBOX_EVENTS_ROOM_AT: usize = MAX_INBOX_EVENTS / 2;
+
 /// Stored notifications an NSUB (or a connection asking for more) gets at once; the rest follow as
 /// the connection's output drains, like dropped MSGs.
 pub const NTFS_PER_PART: usize = 64;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::admission::Admission;
 use super::directory::Directory;
 use super::output::{ask_again, ConnHandle, Output};
-use super::router::{ConnRef, Gathering, Group, GroupKind, Mesh, ShardMsg};
+use super::router::{ConnRef, Gathering, Group, GroupKind, ShardMesh, ShardMsg};
 use crate::config::StartConfig;
 use glommio::channels::local_channel::{self, LocalSender};
 
@@ -45,7 +45,7 @@ pub struct ShardContext {
     pub directory: Arc<Directory>,
     /// The relay's services, read at a service's handshake (`store::services`).
     pub services: Arc<Services>,
-    pub mesh: Mesh,
+    pub mesh: ShardMesh,
     /// Established connections of this shard, by number: where owners' answers go.
     pub connections_table: RefCell<HashMap<u64, ConnHandle>>,
     next_conn: Cell<u64>,
@@ -144,7 +144,7 @@ impl ShardContext {
         admission: Arc<Admission>,
         directory: Arc<Directory>,
         services: Arc<Services>,
-        mesh: Mesh,
+        mesh: ShardMesh,
     ) -> Self {
         let proxy = super::proxy::ProxyAgent::new(&config.settings);
         ShardContext {

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use super::directory::{Directory, IdSpace};
 use super::forward::{self, Decoded};
 use super::proxy::ProxyJob;
-use super::router::{Mesh, Request, ServiceCheck, Session};
+use super::router::{Request, ServiceCheck, Session, ShardMesh};
 use crate::protocol::batch::parse_batch;
 use crate::protocol::command::{
     check_credentials, parse_command, Command, EntityKind, Party, Runs, ServiceRole, ServiceSubs,
@@ -57,7 +57,7 @@ pub struct ServiceJob {
 pub struct RouteCtx<'a> {
     pub session: &'a Session,
     pub directory: &'a Directory,
-    pub mesh: &'a Mesh,
+    pub mesh: &'a ShardMesh,
     /// X25519(server session key, client hello key), when the client sent a hello key: `RFWD`
     /// bodies are sealed with it.
     pub session_secret: Option<[u8; 32]>,

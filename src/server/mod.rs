@@ -241,6 +241,8 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
                     return Ok(None);
                 }
                 let settings = Rc::new(config.settings.clone());
+                // The connections and the owner send through one outbox (O1, `ShardMesh`).
+                let mesh = router::ShardMesh::new(mesh, shard_id);
                 let mut ctx = context::ShardContext::new(
                     shard_id,
                     config,

@@ -7,7 +7,7 @@ use std::rc::Rc;
 
 use glommio::channels::local_channel::LocalSender;
 
-use super::router::{ConnRef, Delivery, Group, GroupKind, Mesh, NtfReturn, Pending, ShardMsg};
+use super::router::{ConnRef, Delivery, Group, GroupKind, NtfReturn, Pending, ShardMesh, ShardMsg};
 use crate::limits::{OutputLimits, MAX_PENDING_PER_CONNECTION};
 use crate::store::EntityId;
 
@@ -187,7 +187,7 @@ pub struct Output {
 /// earlier ask was answered. Each owner answers with `Redelivered` even when it has nothing to
 /// send, and that answer asks again (`ShardContext::redelivered`), so stale items never leave live
 /// ones behind them unasked.
-pub fn ask_again(mesh: &Mesh, reasks: &Cell<u64>, conn: ConnRef, state: &OutputState) {
+pub fn ask_again(mesh: &ShardMesh, reasks: &Cell<u64>, conn: ConnRef, state: &OutputState) {
     if state.asking.get() > 0 || state.queued_bytes.get() > state.limits.low_water_bytes {
         return;
     }

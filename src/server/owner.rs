@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use super::directory::Directory;
 use super::router::{
-    ConnRef, Delivery, Group, GroupKind, Mesh, Pending, Request, ServiceCheck, Session, ShardMsg,
+    ConnRef, Delivery, Group, GroupKind, Pending, Request, ServiceCheck, Session, ShardMesh,
+    ShardMsg,
 };
 use crate::config::Settings;
 use crate::crypto::auth::{self, Authorization};
@@ -117,7 +118,7 @@ pub struct Owner<S> {
     pub shard: usize,
     pub store: S,
     pub directory: Arc<Directory>,
-    pub mesh: Mesh,
+    pub mesh: ShardMesh,
     pub settings: Rc<Settings>,
     pub subs: RefCell<HashMap<EntityId, Subscriber>>,
     /// GET-mode state per queue and connection: the message a GET returned and not yet
@@ -177,7 +178,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         shard: usize,
         store: S,
         directory: Arc<Directory>,
-        mesh: Mesh,
+        mesh: ShardMesh,
         settings: Rc<Settings>,
     ) -> Self {
         let services = crate::server::service_state::ServiceState::default();
@@ -617,6 +618,7 @@ mod tests {
 
     fn owner() -> (Owner<MemoryStore>, Vec<flume::Receiver<ShardMsg>>) {
         let (mesh, inboxes) = Mesh::new(1);
+        let mesh = ShardMesh::new(mesh, 0);
         let o = Owner::new(
             0,
             MemoryStore::new(),
@@ -1474,6 +1476,7 @@ mod tests {
         )
         .unwrap();
         let (mesh, inboxes) = Mesh::new(1);
+        let mesh = ShardMesh::new(mesh, 0);
         let o = Owner::new(
             0,
             store,
@@ -1586,6 +1589,7 @@ mod tests {
     ) {
         use crate::store::held::{Held, Latch, LatchMode};
         let (mesh, inboxes) = Mesh::new(1);
+        let mesh = ShardMesh::new(mesh, 0);
         let latch = Latch::new(LatchMode::Open);
         let store = Held {
             inner: MemoryStore::new(),
@@ -1781,5 +1785,169 @@ mod tests {
         assert_eq!(decoded(&only_reply(inbox, 2)), [BrokerMsg::Ok]);
         assert!(done_rx.try_recv().is_ok(), "the expiration ended");
         assert_eq!(p.jobs(), 0);
+    }
+
+    /// A connection on shard `shard`, numbered `conn`.
+    fn session_at(shard: usize, conn: u64) -> Session {
+        let mut s = session();
+        Arc::get_mut(&mut s).unwrap().conn = ConnRef { shard, id: conn };
+        s
+    }
+
+    /// Issue: cross-shard fan-outs were not bounded. The owner of shard 0 serves a flood of DELs
+    /// (a DELD each) and SENDs (an NMSG each) for a subscriber whose shard 1 takes nothing from
+    /// its inbox meanwhile (it is busy with its own work): shard 1's inbox never holds more than
+    /// `MAX_INBOX_EVENTS` events, the rest waits at shard 0, NMSGs in the store; once shard 1
+    /// takes its inbox again, the subscriber gets every DELD once and every NMSG once, in order.
+    #[test]
+    fn events_for_a_busy_shard_wait_at_their_sender_and_none_is_lost() {
+        const QUEUES: usize = 1500;
+        const SENDS: usize = 1500;
+        const { assert!(QUEUES + SENDS > limits::MAX_INBOX_EVENTS + 100) };
+        const { assert!(SENDS < crate::store::memory::MAX_NTFS_PER_NOTIFIER) };
+        let (mesh, inboxes) = Mesh::new(2);
+        let settings = Rc::new(Settings {
+            quota: SENDS + 10,
+            ..Settings::default()
+        });
+        let o = Owner::new(
+            0,
+            MemoryStore::new(),
+            Directory::new(),
+            ShardMesh::new(mesh.clone(), 0),
+            settings,
+        );
+        let (own, busy) = (&inboxes[0], &inboxes[1]);
+        let drain = |inbox: &flume::Receiver<ShardMsg>, shard: usize| -> Vec<ShardMsg> {
+            let all: Vec<ShardMsg> = inbox.try_iter().collect();
+            for m in &all {
+                mesh.received(shard, m);
+            }
+            all
+        };
+        let rkey = SigningKey::from_bytes(&[1; 32]);
+        let nkey = SigningKey::from_bytes(&[2; 32]);
+        let rid_of = |i: usize| {
+            let mut id = vec![0x40u8; 24];
+            id[..8].copy_from_slice(&(i as u64).to_be_bytes());
+            id
+        };
+        // The subscriber, on shard 1: every queue subscribed, and one notifier.
+        let sub = session_at(1, 7);
+        for (part, chunk) in (0..QUEUES).collect::<Vec<_>>().chunks(100).enumerate() {
+            for &i in chunk {
+                block_on(o.store.create(queue(&rid_of(i), pk(&rkey)))).unwrap();
+            }
+            let reqs = chunk
+                .iter()
+                .map(|&i| signed_sub(&sub, &rid_of(i), &rkey))
+                .collect();
+            block_on(o.process(sub.clone(), part as u64, reqs));
+        }
+        let (nrid, nid) = (vec![0x50u8; 24], vec![0x51u8; 24]);
+        let mut q = queue(&nrid, pk(&rkey));
+        q.sender_id = vec![0x52; 24];
+        q.notifier = Some(Box::new(NotifierCreds {
+            notifier_id: nid.clone(),
+            notifier_key: pk(&nkey),
+            rcv_ntf_dh_secret: [3; 32],
+            ntf_service_id: None,
+        }));
+        block_on(o.store.create(q)).unwrap();
+        assert!(o.directory.insert(IdSpace::Notifier, &nid, &nrid));
+        let nsub = request(&sub, &nid, &nrid, Command::NSub, Some(&nkey));
+        block_on(o.process(sub.clone(), 99, vec![nsub]));
+        let answers = drain(busy, 1);
+        assert_eq!(answers.len(), QUEUES / 100 + 1, "one Reply per part");
+        assert!(answers.iter().all(|m| what(m) == "Reply"));
+
+        // Shard 1 is busy: the owner deletes every queue and takes every SEND meanwhile.
+        let other = session_at(0, 3);
+        let mut peak = 0;
+        for i in 0..QUEUES {
+            let del = request(&other, &rid_of(i), &rid_of(i), Command::Del, Some(&rkey));
+            block_on(o.process(other.clone(), i as u64, vec![del]));
+            peak = peak.max(mesh.events_waiting(1));
+        }
+        for i in 0..SENDS {
+            let send = send_req(&other, &nrid, true);
+            block_on(o.process(other.clone(), (QUEUES + i) as u64, vec![send]));
+            peak = peak.max(mesh.events_waiting(1));
+        }
+        let answered = drain(own, 0);
+        assert_eq!(
+            answered.len(),
+            QUEUES + SENDS,
+            "every DEL and SEND answered"
+        );
+        assert!(answered.iter().all(|m| what(m) == "Reply"));
+        assert!(
+            peak <= limits::MAX_INBOX_EVENTS,
+            "shard 1's inbox held {peak} events"
+        );
+        assert_eq!(busy.len(), limits::MAX_INBOX_EVENTS, "filled to its bound");
+        assert!(o.mesh.held_for(1) > 0, "the rest waits at shard 0");
+
+        // Shard 1 takes its inbox again; the connection asks for the notifications it is told of
+        // as it would (`ask_again`), and shard 0 sends what waited when told there is room.
+        let mut deld = Vec::new();
+        let mut nmsgs: Vec<MsgNtf> = Vec::new();
+        for _round in 0..10_000 {
+            let mut asks = Vec::new();
+            let got = drain(busy, 1);
+            for m in &got {
+                match m {
+                    ShardMsg::Event { conn, groups } | ShardMsg::Redelivered { conn, groups } => {
+                        assert_eq!(*conn, sub.conn);
+                        for g in groups {
+                            match &g.kind {
+                                GroupKind::Plain => {
+                                    for t in &g.transmissions {
+                                        let (entity, msg) = decode(t);
+                                        assert_eq!(msg, BrokerMsg::Deld);
+                                        deld.push(entity);
+                                    }
+                                }
+                                GroupKind::Ntfs(r) => {
+                                    assert_eq!(r.notifier_id, nid);
+                                    assert_eq!(g.transmissions.len(), r.ntfs.len());
+                                    nmsgs.extend(r.ntfs.iter().cloned());
+                                }
+                                GroupKind::More(p) => asks.push(p.clone()),
+                                GroupKind::Msg(_) => panic!("no message was pushed"),
+                            }
+                        }
+                    }
+                    other => panic!("unexpected {}", what(other)),
+                }
+            }
+            for m in drain(own, 0) {
+                match m {
+                    ShardMsg::Room { shard } => o.mesh.room(shard),
+                    other => panic!("shard 0 was sent {}", what(&other)),
+                }
+            }
+            if !asks.is_empty() {
+                block_on(o.redeliver(sub.conn, asks));
+            } else if got.is_empty() && busy.is_empty() && own.is_empty() {
+                break;
+            }
+        }
+        assert_eq!(o.mesh.held_for(1), 0, "nothing left waiting");
+        let mut want: Vec<Vec<u8>> = (0..QUEUES).map(rid_of).collect();
+        assert_eq!(deld.len(), QUEUES, "one DELD per deleted queue");
+        deld.sort();
+        want.sort();
+        assert_eq!(deld, want, "every deleted queue's DELD, once");
+        let sent: Vec<MsgId> = block_on(o.store.messages(&nrid))
+            .unwrap()
+            .iter()
+            .map(|m| *m.msg_id())
+            .collect();
+        assert_eq!(sent.len(), SENDS);
+        let notified: Vec<MsgId> = nmsgs.iter().map(|n| n.msg_id).collect();
+        assert_eq!(notified, sent, "every SEND's NMSG, once, in order");
+        assert!(!o.ntf_backlog.borrow().contains(&nid), "the backlog ended");
+        assert_eq!(mesh.events_waiting(1), 0);
     }
 }

@@ -92,7 +92,7 @@ pub async fn run<S: ShardStore>(
             let listener = super::clock_control::bind(path)?;
             Some(glommio::spawn_local(super::clock_control::serve(
                 listener,
-                ctx.mesh.clone(),
+                ctx.mesh.mesh().clone(),
             )))
         }
         _ => None,
@@ -168,6 +168,7 @@ async fn inbox_loop<S: ShardStore>(
         glommio::spawn_local(async move { p.drive().await })
     };
     while let Ok(msg) = inbox.recv_async().await {
+        ctx.mesh.mesh().received(ctx.shard_id, &msg);
         match msg {
             ShardMsg::Reply {
                 conn,
@@ -210,6 +211,7 @@ async fn inbox_loop<S: ShardStore>(
                 ctx.mesh.send(reply_to, ShardMsg::DailyPart { round, part });
             }
             ShardMsg::DailyPart { round, part } => gather_daily(ctx, round, *part),
+            ShardMsg::Room { shard } => ctx.mesh.room(shard),
             ShardMsg::Stop => break,
             ShardMsg::Control(m) => control(ctx, &owner, &pipeline, m),
             m => owner_job(&owner, &pipeline, m),
@@ -335,6 +337,7 @@ pub fn owner_job<S: QueueStore + MessageStore + 'static>(
         | ShardMsg::DailyPart { .. }
         | ShardMsg::ServicePart { .. }
         | ShardMsg::Control(_)
+        | ShardMsg::Room { .. }
         | ShardMsg::Stop => {}
     }
 }

@@ -24,7 +24,7 @@ use super::directory::{Directory, IdSpace};
 use super::output::{ask_again, OutputState};
 use super::owner::{Fault, Owner};
 use super::pipeline::Pipeline;
-use super::router::{ConnRef, GroupKind, Mesh, Request, Session, SessionInfo, ShardMsg};
+use super::router::{ConnRef, GroupKind, Mesh, Request, Session, SessionInfo, ShardMesh, ShardMsg};
 use super::shard::owner_job;
 use crate::client::queue::decrypt_msg;
 use crate::config::Settings;
@@ -104,6 +104,7 @@ struct World {
 impl World {
     fn new(seed: u64, fault: Fault) -> World {
         let (mesh, mut inboxes) = Mesh::new(1);
+        let mesh = ShardMesh::new(mesh, 0);
         let directory = Directory::new();
         let latch = Latch::new(LatchMode::Open);
         let owner = Owner::new(

@@ -14,7 +14,9 @@ use crate::protocol::error::ErrorType;
 use crate::protocol::response::BrokerMsg;
 use crate::server::directory::IdSpace;
 use crate::server::owner::{Owner, Turn};
-use crate::server::router::{encode, Group, GroupKind, NtfReturn, Pending, Request, Session};
+use crate::server::router::{
+    encode, Group, GroupKind, NtfReturn, Pending, Request, Session, ShardMsg,
+};
 use crate::server::service_state::same_service;
 use crate::store::{Message, MessageStore, MsgNtf, NotifierCreds, QueueRec, QueueStore};
 
@@ -251,6 +253,28 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             .service_ntf_sub(&n.notifier_id, n.ntf_service_id.as_ref())
             .filter(|_| !self.ntf_backlog.borrow().contains(&n.notifier_id));
         match subscriber {
+            // The subscriber's shard has no room for events (`limits::MAX_INBOX_EVENTS`): the
+            // NMSG is stored, and the connection is told there is more, which it asks for as its
+            // output allows, as after an NSUB (at most one such marker per notifier: the backlog
+            // stores the NMSGs that follow).
+            Some(s) if self.mesh.holds_back(s.conn.shard) => {
+                let _ = self.store.add_ntf(&n.notifier_id, ntf).await;
+                self.ntf_backlog.borrow_mut().insert(n.notifier_id.clone());
+                let more = Group {
+                    transmissions: Vec::new(),
+                    kind: GroupKind::More(Pending::Ntfs {
+                        owner: self.shard,
+                        notifier_id: n.notifier_id.clone(),
+                    }),
+                };
+                self.mesh.send(
+                    s.conn.shard,
+                    ShardMsg::Event {
+                        conn: s.conn,
+                        groups: vec![more],
+                    },
+                );
+            }
             Some(s) => {
                 let conn = s.conn;
                 let g = self.ntf_group(&s, &n.notifier_id, vec![ntf]);
@@ -260,7 +284,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 drop(st);
                 self.mesh.send(
                     conn.shard,
-                    crate::server::router::ShardMsg::Event {
+                    ShardMsg::Event {
                         conn,
                         groups: vec![g],
                     },
