@@ -13,10 +13,16 @@
 //!   writes holds every shard's latest numbers.
 //! - `stats-log`: the daily statistics line is written now if it is due on the relay's clock
 //!   (`[STORE_LOG] log_stats`), as the timer that looks every minute would.
+//! - `hold SHARD`: the shard's thread blocks until `release` (at most `MAX_HOLD`), as a shard busy
+//!   with its own work would take nothing from its inbox meanwhile; answered as it starts. Shard 0
+//!   serves this socket, so only other shards can be held.
+//! - `release`: the held shard goes on.
 //!
 //! Only shard 0 serves it; without the flag nothing of this runs.
 
+use std::cell::RefCell;
 use std::path::Path;
+use std::time::Duration;
 
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::{UnixListener, UnixStream};
@@ -25,6 +31,9 @@ use super::router::{Mesh, ShardMsg};
 
 /// The longest command line read.
 const MAX_LINE: usize = 64;
+
+/// The longest a `hold` lasts without a `release`.
+pub const MAX_HOLD: Duration = Duration::from_secs(60);
 
 /// Binds the socket (replacing a stale one a killed run left) before the shard reports ready, so
 /// that a test may send commands as soon as the relay has started.
@@ -38,10 +47,12 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
 
 /// Serves the commands, one connection at a time (a test sends one command and waits).
 pub async fn serve(listener: UnixListener, mesh: Mesh) {
+    // The release of the shard a `hold` holds: dropped by `release`.
+    let held = RefCell::new(None);
     loop {
         match listener.accept().await {
             Ok(s) => {
-                if let Err(e) = command(s, &mesh).await {
+                if let Err(e) = command(s, &mesh, &held).await {
                     tracing::warn!(error = %e, "clock control connection failed");
                 }
             }
@@ -53,14 +64,18 @@ pub async fn serve(listener: UnixListener, mesh: Mesh) {
     }
 }
 
-async fn command(mut s: UnixStream, mesh: &Mesh) -> std::io::Result<()> {
+async fn command(
+    mut s: UnixStream,
+    mesh: &Mesh,
+    held: &RefCell<Option<flume::Sender<()>>>,
+) -> std::io::Result<()> {
     let mut line = Vec::new();
     let mut byte = [0u8; 1];
     while line.len() < MAX_LINE && s.read(&mut byte).await? == 1 && byte[0] != b'\n' {
         line.push(byte[0]);
     }
     let line = String::from_utf8_lossy(&line);
-    let answer = match run(line.trim(), mesh).await {
+    let answer = match run(line.trim(), mesh, held).await {
         Ok(()) => "ok\n".to_string(),
         Err(e) => format!("error {e}\n"),
     };
@@ -68,7 +83,11 @@ async fn command(mut s: UnixStream, mesh: &Mesh) -> std::io::Result<()> {
     s.flush().await
 }
 
-async fn run(line: &str, mesh: &Mesh) -> Result<(), String> {
+async fn run(
+    line: &str,
+    mesh: &Mesh,
+    held: &RefCell<Option<flume::Sender<()>>>,
+) -> Result<(), String> {
     let mut words = line.split_whitespace();
     match (words.next(), words.next(), words.next()) {
         (Some("advance"), Some(secs), None) => {
@@ -89,6 +108,27 @@ async fn run(line: &str, mesh: &Mesh) -> Result<(), String> {
         (Some("stats-log"), None, None) => {
             on_shards(mesh, &[0], |done| ShardMsg::Daily { done: Some(done) }).await
         }
+        (Some("hold"), Some(shard), None) => {
+            let shard: usize = shard
+                .parse()
+                .ok()
+                .filter(|s| (1..mesh.shards()).contains(s))
+                .ok_or_else(|| format!("bad shard {shard:?} (1 to {})", mesh.shards() - 1))?;
+            if held.borrow().is_some() {
+                return Err("a shard is held already".into());
+            }
+            let (tx, release) = flume::bounded(1);
+            *held.borrow_mut() = Some(tx);
+            on_shards(mesh, &[shard], |started| ShardMsg::HoldNow {
+                started,
+                release: release.clone(),
+            })
+            .await
+        }
+        (Some("release"), None, None) => match held.borrow_mut().take() {
+            Some(_) => Ok(()),
+            None => Err("no shard is held".into()),
+        },
         _ => Err(format!("unknown command {line:?}")),
     }
 }
@@ -128,9 +168,13 @@ mod tests {
             "advance 1.5",
             "advance 1 2",
             "rewind 3",
+            "hold 0",
+            "hold 1",
+            "hold 1 2",
+            "release",
             "",
         ] {
-            let r = futures_lite::future::block_on(run(bad, &mesh));
+            let r = futures_lite::future::block_on(run(bad, &mesh, &RefCell::new(None)));
             assert!(r.is_err(), "{bad:?} was accepted");
         }
         assert!(

@@ -335,6 +335,13 @@ pub enum ShardMsg {
     },
     /// Test hook (`clock_control`): run the expiration now, then say so on `done`.
     ExpireNow { done: flume::Sender<()> },
+    /// Test hook (`clock_control`): say so on `started`, then block the shard's thread until
+    /// `release` ends (at most `clock_control::MAX_HOLD`), as a shard busy with its own work would
+    /// take nothing from its inbox meanwhile.
+    HoldNow {
+        started: flume::Sender<()>,
+        release: flume::Receiver<()>,
+    },
     /// Test hook (`clock_control`), to shard 0: write the metrics file now (a round of
     /// `StatsRequest`), then say so on `done`.
     MetricsNow { done: flume::Sender<()> },
@@ -546,6 +553,21 @@ impl ShardMesh {
             }
             self.mesh.want_room(shard);
             if !self.mesh.has_room(shard) {
+                // Off the executor's tasks (the owner simulation calls this too): the count of
+                // lines held back goes with the next one written.
+                if let crate::log_limit::Decision::Write { suppressed } =
+                    HELD_BACK.decide(std::time::Instant::now())
+                {
+                    tracing::warn!(
+                        from = self.shard,
+                        to = shard,
+                        held = q.len(),
+                        suppressed,
+                        "shard {shard} has {MAX_INBOX_EVENTS} events waiting in its inbox: shard {} \
+                         holds what it sends there until it has taken some",
+                        self.shard
+                    );
+                }
                 return;
             }
         }
@@ -556,6 +578,9 @@ impl ShardMesh {
         self.held.borrow()[shard].len()
     }
 }
+
+static HELD_BACK: crate::log_limit::RateLimited =
+    crate::log_limit::RateLimited::new("events held back for a busy shard");
 
 /// Holds `msg` back at the end of `q`; a service switch replaces a held one of the same service in
 /// its place (only the latest subscriber matters, and the receiver learns it no later).

@@ -212,6 +212,10 @@ async fn inbox_loop<S: ShardStore>(
             }
             ShardMsg::DailyPart { round, part } => gather_daily(ctx, round, *part),
             ShardMsg::Room { shard } => ctx.mesh.room(shard),
+            ShardMsg::HoldNow { started, release } => {
+                let _ = started.send(());
+                let _ = release.recv_timeout(super::clock_control::MAX_HOLD);
+            }
             ShardMsg::Stop => break,
             ShardMsg::Control(m) => control(ctx, &owner, &pipeline, m),
             m => owner_job(&owner, &pipeline, m),
@@ -338,6 +342,7 @@ pub fn owner_job<S: QueueStore + MessageStore + 'static>(
         | ShardMsg::ServicePart { .. }
         | ShardMsg::Control(_)
         | ShardMsg::Room { .. }
+        | ShardMsg::HoldNow { .. }
         | ShardMsg::Stop => {}
     }
 }

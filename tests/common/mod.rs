@@ -467,6 +467,16 @@ impl Relay {
         self.clock_control("stats-log");
     }
 
+    /// Blocks shard `shard`'s thread (not 0) until `release_shard`, as a shard busy with its own
+    /// work: it takes nothing from its inbox meanwhile. Returns once the shard is held.
+    pub fn hold_shard(&self, shard: usize) {
+        self.clock_control(&format!("hold {shard}"));
+    }
+
+    pub fn release_shard(&self) {
+        self.clock_control("release");
+    }
+
     /// Sends one command on the relay's clock-control socket and asserts its `ok`.
     fn clock_control(&self, command: &str) {
         use std::io::{Read, Write};
