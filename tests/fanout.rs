@@ -214,9 +214,15 @@ fn events_for_a_held_shard_wait_at_their_owner_and_each_arrives_once() {
             let last = order.last().expect("a message").clone();
             let r = ack(&mut sub, q, &last);
             let m = msg_of(q, r);
-            assert!(matches!(m.msg, RcvMsg::Message { .. }), "a message, not a quota marker");
+            assert!(
+                matches!(m.msg, RcvMsg::Message { .. }),
+                "a message, not a quota marker"
+            );
             order.push(m.msg_id);
         }
-        assert_eq!(nmsgs[&n.nid], order, "NMSGs of a notifier, once each, in order");
+        assert_eq!(
+            nmsgs[&n.nid], order,
+            "NMSGs of a notifier, once each, in order"
+        );
     }
 }

@@ -549,6 +549,10 @@ impl ShardMesh {
                 }
             }
             if q.is_empty() {
+                // A burst held back leaves no large buffer behind.
+                if q.capacity() > HELD_CAPACITY_KEPT {
+                    q.shrink_to(HELD_CAPACITY_KEPT);
+                }
                 return;
             }
             self.mesh.want_room(shard);
@@ -578,6 +582,9 @@ impl ShardMesh {
         self.held.borrow()[shard].len()
     }
 }
+
+/// What an emptied outbox keeps of its buffer.
+const HELD_CAPACITY_KEPT: usize = 64;
 
 static HELD_BACK: crate::log_limit::RateLimited =
     crate::log_limit::RateLimited::new("events held back for a busy shard");
