@@ -1,7 +1,7 @@
 //! Test hook (`start --test-clock-control PATH`): a Unix socket on which a test moves the relay's
 //! clock (`src/clock.rs`) and makes the timer-driven work run at once, so that the expiry,
-//! persistence and metrics tests (tests/queue_expiry.rs, tests/queue_persistence.rs,
-//! tests/batching.rs) need not sleep on the wall clock.
+//! persistence and metrics tests (tests/queues/queue_expiry.rs, tests/queues/queue_persistence.rs,
+//! tests/flow/batching.rs) need not sleep on the wall clock.
 //!
 //! One command per connection, one line each, answered with `ok` once it has taken effect (or
 //! `error ...`), so that the test goes on only after the relay applied it:
