@@ -4,8 +4,8 @@
 //! the DELDs and NMSGs they cause, the rest waits at the owner, and once the shard goes on the
 //! subscriber gets every DELD and every NMSG once, the NMSGs of each notifier in message order.
 
-mod common;
-mod support;
+use crate::common;
+use crate::support;
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
