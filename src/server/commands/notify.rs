@@ -44,18 +44,24 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             groups.push(self.ntf_group(session, nid, part));
         }
         if more {
-            self.ntf_backlog.borrow_mut().insert(nid.to_vec());
-            groups.push(Group {
-                transmissions: Vec::new(),
-                kind: GroupKind::More(Pending::Ntfs {
-                    owner: self.shard,
-                    notifier_id: nid.to_vec(),
-                }),
-            });
+            groups.push(self.more_ntfs(nid));
         } else {
             self.ntf_backlog.borrow_mut().remove(nid);
         }
         groups
+    }
+
+    /// Marks `nid`'s stored notifications as a backlog (NMSGs that follow are stored behind it) and
+    /// returns the marker that tells its subscriber to ask for them.
+    fn more_ntfs(&self, nid: &[u8]) -> Group {
+        self.ntf_backlog.borrow_mut().insert(nid.to_vec());
+        Group {
+            transmissions: Vec::new(),
+            kind: GroupKind::More(Pending::Ntfs {
+                owner: self.shard,
+                notifier_id: nid.to_vec(),
+            }),
+        }
     }
 
     /// NMSGs for `ntfs`, kept with them so that a connection that cannot take them returns them.
@@ -259,14 +265,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             // stores the NMSGs that follow).
             Some(s) if self.mesh.holds_back(s.conn.shard) => {
                 let _ = self.store.add_ntf(&n.notifier_id, ntf).await;
-                self.ntf_backlog.borrow_mut().insert(n.notifier_id.clone());
-                let more = Group {
-                    transmissions: Vec::new(),
-                    kind: GroupKind::More(Pending::Ntfs {
-                        owner: self.shard,
-                        notifier_id: n.notifier_id.clone(),
-                    }),
-                };
+                let more = self.more_ntfs(&n.notifier_id);
                 self.mesh.send(
                     s.conn.shard,
                     ShardMsg::Event {
