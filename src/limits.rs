@@ -152,6 +152,11 @@ pub const FILES_FIXED: usize = 64;
 /// the rest of the shard goes on meanwhile (`docs/ARCHITECTURE.md` §2).
 pub const EXPIRE_QUEUES_PER_JOB: usize = 64;
 
+/// Decoded queue records a journal store keeps per shard (`store/journal/index.rs`,
+/// `RecordCache`): the index holds where each record is, and the records of queues in use are kept
+/// decoded, up to this many (the most recently used; ~0.5 KB each).
+pub const JOURNAL_RECORD_CACHE: usize = 65_536;
+
 /// Allocations of at least this many bytes are mapped on their own and returned to the system
 /// when freed (`server::fixed_mmap_threshold`).
 pub const MALLOC_MMAP_THRESHOLD_BYTES: usize = 1024 * 1024;

@@ -46,6 +46,10 @@ enum Cmd {
     Displace(MsgArgs),
     /// C connections that handshake and stay idle: relay RssAnon per connection, idle CPU.
     Idle(IdleArgs),
+    /// Makes a data directory with the queues of a `setup` file and --queues idle ones after
+    /// them, through `smp-relay store export` and `store import` (so millions take minutes); then
+    /// `restart-time --data-dir` and `storm --file --data-dir` measure the relay on it.
+    Scale(ScaleArgs),
     /// One messaging service with --queues queues associated (by SUBs from its connection),
     /// --messages of them holding a message: each run, a new connection of the service sends one
     /// SUBS; times to SOKS and to ALLS (every held message delivered once), relay CPU and memory.
@@ -278,6 +282,29 @@ struct ServiceSubsArgs {
 }
 
 #[derive(Args)]
+struct ScaleArgs {
+    /// The queue file of `setup`; its data directory (<file>.relay) is read, not changed.
+    #[arg(long)]
+    file: PathBuf,
+    /// Idle queues to add (plain messaging queues: recipient and sender keys, no notifier, no
+    /// short-link data).
+    #[arg(long)]
+    queues: u64,
+    /// The data directory to make (default: <file>.scale-<queues>).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// The store to fill (default: the kind the setup's data directory holds).
+    #[arg(long, value_parser = ["journal", "memory"])]
+    store: Option<String>,
+    /// Replace an existing --out.
+    #[arg(long)]
+    force: bool,
+    /// The smp-relay binary (default: next to smp-load).
+    #[arg(long)]
+    relay_bin: Option<PathBuf>,
+}
+
+#[derive(Args)]
 struct IdleArgs {
     #[arg(long, default_value_t = 10_000)]
     conns: usize,
@@ -327,6 +354,7 @@ fn run(cli: Cli) -> Result<(), String> {
         Cmd::Individual(a) => messages("individual", Shape::Storm, a, 10_000, &[1]),
         Cmd::Displace(a) => messages("displace", Shape::Displace, a, 50_000, &[8, 32]),
         Cmd::Idle(a) => idle(a),
+        Cmd::Scale(a) => scale(a),
         Cmd::ServiceSubs(a) => service_subs(a),
         Cmd::Floor => {
             print_floor(&Floor::measure(), &mut std::io::stdout());
@@ -478,6 +506,66 @@ fn setup(a: SetupArgs) -> Result<(), String> {
     };
     creds::save(&a.file, &qs).map_err(|e| e.0)?;
     eprintln!("setup: {} queues saved to {}", qs.len(), a.file.display());
+    Ok(())
+}
+
+fn scale(a: ScaleArgs) -> Result<(), String> {
+    use smp_relay::store::StoreKind;
+    let from = default_data_dir(&a.file);
+    let found = StoreKind::found_in(&from)
+        .ok_or_else(|| format!("{} holds no store: run `setup` first", from.display()))?;
+    let kind = match a.store.as_deref() {
+        Some("memory") => StoreKind::Memory,
+        Some(_) => StoreKind::Journal,
+        None => found,
+    };
+    if found == StoreKind::Postgres || kind == StoreKind::Postgres {
+        return Err("scale fills the journal and memory stores".into());
+    }
+    let out = a.out.clone().unwrap_or_else(|| {
+        let mut s = a.file.as_os_str().to_owned();
+        s.push(format!(".scale-{}", a.queues));
+        PathBuf::from(s)
+    });
+    if out.exists() {
+        if !a.force {
+            return Err(format!("{} exists (use --force)", out.display()));
+        }
+        std::fs::remove_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    }
+    // The relay's certificates, configuration and services file, without the store.
+    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    for entry in std::fs::read_dir(&from).map_err(|e| format!("{}: {e}", from.display()))? {
+        let entry = entry.map_err(|e| e.to_string())?;
+        let name = entry.file_name();
+        let is_store = ["journal", "memory", "postgres", "lock"]
+            .iter()
+            .any(|s| name == *s);
+        if is_store || entry.file_type().map(|t| t.is_dir()).unwrap_or(true) {
+            continue;
+        }
+        std::fs::copy(entry.path(), out.join(&name)).map_err(|e| e.to_string())?;
+    }
+    let bin = a.relay_bin.clone().unwrap_or_else(RelaySpec::default_bin);
+    let t0 = std::time::Instant::now();
+    let filled = smp_relay::load::scale::fill(&bin, &from, &out, kind, a.queues, &mut |n| {
+        eprintln!(
+            "scale: {n} idle queues written ({:.0} s)",
+            t0.elapsed().as_secs_f64()
+        )
+    })?;
+    let bytes = proc::dir_bytes(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    eprintln!(
+        "scale: {} holds {} ({} from {}, {} idle) on the {} store, {:.0} MB, in {:.1} s",
+        out.display(),
+        filled.counts,
+        filled.copied,
+        from.display(),
+        filled.added,
+        kind.name(),
+        bytes as f64 / 1e6,
+        t0.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 

@@ -7,5 +7,6 @@ pub mod creds;
 pub mod floor;
 pub mod proc;
 pub mod report;
+pub mod scale;
 pub mod scenario;
 pub mod service_subs;

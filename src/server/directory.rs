@@ -6,13 +6,16 @@ use std::sync::Arc;
 
 use papaya::HashMap;
 
+use crate::store::id::IdKey;
 use crate::store::EntityId;
 
+/// Its maps hold an entry for every queue (and one more per link and notifier), so IDs are kept
+/// inline (`store/id.rs`).
 #[derive(Default)]
 pub struct Directory {
-    senders: HashMap<EntityId, EntityId>,
-    links: HashMap<EntityId, EntityId>,
-    notifiers: HashMap<EntityId, EntityId>,
+    senders: HashMap<IdKey, IdKey>,
+    links: HashMap<IdKey, IdKey>,
+    notifiers: HashMap<IdKey, IdKey>,
     /// Open service connections, by shard and number. A connection leaves it before its owners
     /// are told it closed, so an owner that finds a connection here when it makes it a service's
     /// subscriber will be told of its close afterwards: no closed connection stays a subscriber
@@ -33,7 +36,7 @@ impl Directory {
         Arc::new(Directory::default())
     }
 
-    fn map(&self, space: IdSpace) -> &HashMap<EntityId, EntityId> {
+    fn map(&self, space: IdSpace) -> &HashMap<IdKey, IdKey> {
         match space {
             IdSpace::Sender => &self.senders,
             IdSpace::Link => &self.links,
@@ -42,13 +45,14 @@ impl Directory {
     }
 
     pub fn lookup(&self, space: IdSpace, id: &[u8]) -> Option<EntityId> {
-        self.map(space).pin().get(id).cloned()
+        self.map(space).pin().get(id).map(IdKey::to_vec)
     }
 
     /// Inserts `id → recipient_id` unless `id` is taken; true if inserted.
     pub fn insert(&self, space: IdSpace, id: &[u8], recipient_id: &[u8]) -> bool {
         let m = self.map(space).pin();
-        m.try_insert(id.to_vec(), recipient_id.to_vec()).is_ok()
+        m.try_insert(IdKey::new(id), IdKey::new(recipient_id))
+            .is_ok()
     }
 
     /// Removes `id` if it still maps to `recipient_id` (an owner only ever removes its own IDs).

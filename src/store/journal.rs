@@ -29,11 +29,13 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 use std::hash::{BuildHasherDefault, DefaultHasher};
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::time::Duration;
 
 use smp_journal::{Fs, Journal, JournalError, Options, OsFs, Priority, Record, SyncPoint};
 
 use super::codec::{decode_ntf, decode_rec, encode_ntf, encode_rec};
+use super::id::IdKey;
 use super::memory::MAX_NTFS_PER_NOTIFIER;
 use super::{
     group_of, EntityId, Message, MessageStore, MsgId, MsgNtf, QueueData, QueueRec, QueueStatus,
@@ -86,6 +88,9 @@ struct Data<F: Fs> {
     pub groups: BTreeMap<u32, Group>,
     /// Notifier ID → the group of its queue, where its notifications are recorded.
     pub notifiers: Map<EntityId, u32>,
+    /// Records of the queues used lately, decoded (`index.rs`); the rest are read from the
+    /// journal when used.
+    pub records: RefCell<index::RecordCache>,
     /// At open: messages replayed before any record of their queue (whose older records were
     /// removed as dead or compacted away), waiting for the queue's record that follows them.
     pub parked: Map<EntityId, VecDeque<MsgEntry>>,
@@ -130,6 +135,25 @@ fn encode_notification(n: &MsgNtf) -> Vec<u8> {
 
 fn decode_notification(b: &[u8]) -> Result<MsgNtf, String> {
     decoded(b, "notification", decode_ntf)
+}
+
+/// A queue's record that could not be read from its journal (a record the relay wrote and checked
+/// at start, changed on the disk since): the queue is served as missing, and the operator told,
+/// at most once per `limits::WARNING_INTERVAL`.
+fn unreadable_record(rid: &[u8], e: &StoreError) {
+    static UNREADABLE: crate::log_limit::RateLimited =
+        crate::log_limit::RateLimited::new("queue records that could not be read");
+    if let crate::log_limit::Decision::Write { suppressed } =
+        UNREADABLE.decide(std::time::Instant::now())
+    {
+        tracing::error!(
+            queue = %crate::crypto::hash::b64url(rid),
+            error = %e,
+            suppressed,
+            "a queue's record could not be read from the journal: the queue is served as missing; \
+             stop the relay and run `smp-journal check` on the data directory's journal"
+        );
+    }
 }
 
 /// Where the journals live, under the data directory.
@@ -416,13 +440,26 @@ impl<F: Fs> JournalStore<F> {
 
 impl<F: Fs> QueueStore for JournalStore<F> {
     fn with_queue<R>(&self, recipient_id: &[u8], f: impl FnOnce(&QueueRec) -> R) -> Option<R> {
-        self.data.borrow().queue(recipient_id).map(|q| f(&q.rec))
+        // The record is taken out of the store's borrow first: `f` may call the store again.
+        let rec = self.data.borrow().record_of(recipient_id);
+        match rec {
+            Ok(rec) => rec.map(|r| f(&r)),
+            Err(e) => {
+                unreadable_record(recipient_id, &e);
+                None
+            }
+        }
     }
 
     fn for_each_queue(&self, f: &mut dyn FnMut(&QueueRec)) {
         let d = self.data.borrow();
-        for grp in d.groups.values() {
-            grp.queues.values().for_each(|q| f(&q.rec));
+        for (g, grp) in &d.groups {
+            for (rid, q) in &grp.queues {
+                match d.read_record(*g, q) {
+                    Ok(r) => f(&r),
+                    Err(e) => unreadable_record(rid.as_slice(), &e),
+                }
+            }
         }
     }
 
@@ -474,9 +511,10 @@ impl<F: Fs> QueueStore for JournalStore<F> {
         let g = group_of(recipient_id);
         let (rec, end) = {
             let mut d = self.data.borrow_mut();
-            let Some(rec) = d.queue(recipient_id).map(|q| q.rec.clone()) else {
+            let Some(rec) = d.record_of(recipient_id)? else {
                 return Err(StoreError::NotFound);
             };
+            let rec = Rc::unwrap_or_clone(rec);
             let end = d.record(g, &Record::QueueDelete { recipient_id })?;
             d.release_dead_segments(g);
             (rec, end)
@@ -593,7 +631,9 @@ impl<F: Fs> MessageStore for JournalStore<F> {
         let d = self.data.borrow();
         d.groups
             .values()
-            .flat_map(|grp| grp.queues.keys().cloned())
+            .flat_map(|grp| grp.queues.iter())
+            .filter(|(_, q)| !q.msgs.is_empty())
+            .map(|(rid, _)| rid.to_vec())
             .collect()
     }
 
@@ -606,7 +646,7 @@ impl<F: Fs> MessageStore for JournalStore<F> {
             // in a defined order.
             let groups: Vec<u32> = d.groups.keys().copied().collect();
             for g in groups {
-                let rids: Vec<EntityId> = d.groups[&g].queues.keys().cloned().collect();
+                let rids: Vec<EntityId> = d.groups[&g].queues.keys().map(IdKey::to_vec).collect();
                 let mut last = None;
                 for rid in rids {
                     let (k, end) = d.expire_queue(g, &rid, older_than)?;
@@ -971,7 +1011,10 @@ impl<F: Fs> JournalStore<F> {
                 continue;
             }
             j.checkpoint_base()
-                .write(&d.checkpoint_blob(*g))
+                .write(
+                    &d.checkpoint_blob(*g)
+                        .map_err(|e| format!("journal checkpoint: {e}"))?,
+                )
                 .map_err(|e| format!("journal checkpoint: {e}"))?;
         }
         Ok(())
@@ -980,12 +1023,12 @@ impl<F: Fs> JournalStore<F> {
     /// The first queue record `matches`, searched over every queue (offline tools only).
     fn find_rec(&self, matches: impl Fn(&QueueRec) -> bool) -> Option<QueueRec> {
         let d = self.data.borrow();
-        d.groups
-            .values()
-            .flat_map(|grp| grp.queues.values())
-            .map(|q| &q.rec)
-            .find(|r| matches(r))
-            .cloned()
+        d.groups.iter().find_map(|(g, grp)| {
+            grp.queues
+                .values()
+                .filter_map(|q| d.read_record(*g, q).ok())
+                .find(|r| matches(r))
+        })
     }
 }
 

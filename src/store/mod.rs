@@ -10,6 +10,7 @@
 
 mod codec;
 pub mod held;
+pub mod id;
 pub mod journal;
 pub mod memory;
 pub mod postgres;

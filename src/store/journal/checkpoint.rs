@@ -31,9 +31,10 @@ use smp_journal::{CheckpointBase, Fs, JournalError, Location};
 
 use super::index::{MsgEntry, NtfEntry, QueueEntry};
 use super::Data;
-use super::{decode_notification, decode_queue_record, encode_notification, encode_queue_record};
+use super::{decode_notification, decode_queue_record, encode_notification};
 use crate::protocol::encoding::{put_int64, put_word32, DResult, Reader};
-use crate::store::EntityId;
+use crate::store::id::IdKey;
+use crate::store::{EntityId, StoreError};
 
 const BLOB_VERSION: u8 = 2;
 
@@ -69,12 +70,13 @@ fn loc(r: &mut Reader<'_>) -> DResult<(Location, u32)> {
     Ok((Location { segment, offset }, r.word32()?))
 }
 
-fn put_queue(out: &mut Vec<u8>, rid: &[u8], q: &QueueEntry) {
+/// One queue; `rec` is its record's encoding, as its journal holds it.
+fn put_queue(out: &mut Vec<u8>, rid: &[u8], rec: &[u8], q: &QueueEntry) {
     put_id(out, rid);
-    put_bytes(out, &encode_queue_record(&q.rec));
+    put_bytes(out, rec);
     put_loc(out, q.rec_loc, q.rec_len);
     put_word32(out, q.msgs.len() as u32);
-    for m in &q.msgs {
+    for m in q.msgs.iter() {
         out.extend_from_slice(&m.msg_id);
         put_int64(out, m.ts);
         out.push(m.flags);
@@ -136,19 +138,24 @@ pub(super) struct Writing {
 
 impl<F: Fs> Data<F> {
     /// The blob of group `g` as it is now, in one go (at a clean stop).
-    pub fn checkpoint_blob(&self, g: u32) -> Vec<u8> {
+    pub fn checkpoint_blob(&self, g: u32) -> Result<Vec<u8>, StoreError> {
         let mut blob = Blob::default();
         if let Some(grp) = self.groups.get(&g) {
             for (rid, q) in &grp.queues {
                 blob.queues += 1;
-                put_queue(&mut blob.queue_bytes, rid, q);
+                put_queue(
+                    &mut blob.queue_bytes,
+                    rid.as_slice(),
+                    self.record_bytes(g, q)?,
+                    q,
+                );
             }
             for (nid, list) in &grp.ntfs {
                 blob.lists += 1;
                 put_ntfs(&mut blob.list_bytes, nid, list);
             }
         }
-        blob.finish()
+        Ok(blob.finish())
     }
 
     /// One bounded step of the store's checkpoints, after a change of group `changed`: the write
@@ -206,10 +213,27 @@ impl<F: Fs> Data<F> {
         match &c.walk {
             Walk::Queues(a) => {
                 let mut last = None;
-                for (rid, q) in grp.queues.range((after(a), Bound::Unbounded)).take(step) {
+                let from = match a {
+                    Some(id) => Bound::Excluded(&id[..]),
+                    None => Bound::Unbounded,
+                };
+                for (rid, q) in grp
+                    .queues
+                    .range::<[u8], _>((from, Bound::Unbounded))
+                    .take(step)
+                {
+                    let rec = match self.record_bytes(c.g, q) {
+                        Ok(rec) => rec,
+                        Err(e) => {
+                            // Never a checkpoint without a queue: this one is dropped, and the
+                            // next one due is tried.
+                            tracing::warn!(group = c.g, error = %e, "journal checkpoint dropped");
+                            return;
+                        }
+                    };
                     c.blob.queues += 1;
-                    put_queue(&mut c.blob.queue_bytes, rid, q);
-                    last = Some(rid.clone());
+                    put_queue(&mut c.blob.queue_bytes, rid.as_slice(), rec, q);
+                    last = Some(rid.to_vec());
                 }
                 c.walk = match last {
                     Some(rid) => Walk::Queues(Some(rid)),
@@ -323,8 +347,9 @@ impl<F: Fs> Data<F> {
                 loc,
             });
         }
-        if let Some(n) = &rec.notifier {
-            self.notifiers.insert(n.notifier_id.clone(), g);
+        let notifier = rec.notifier.map(|n| Box::new(n.notifier_id));
+        if let Some(nid) = &notifier {
+            self.notifiers.insert(EntityId::clone(nid), g);
         }
         self.total_messages += msgs.len();
         let grp = self.group_mut(g);
@@ -333,12 +358,12 @@ impl<F: Fs> Data<F> {
             grp.live.add(m.loc.segment, m.len);
         }
         grp.queues.insert(
-            rid,
+            IdKey::new(&rid),
             QueueEntry {
-                rec,
                 rec_loc,
                 rec_len,
-                msgs,
+                msgs: msgs.into(),
+                notifier,
             },
         );
         Ok(Ok(()))
@@ -397,7 +422,7 @@ pub(super) fn lost_by_checkpoint<F: Fs>(
         if rec || msgs > 0 {
             lines.push(format!(
                 "queue {}: {}{msgs} message(s)",
-                crate::crypto::hash::b64url(rid),
+                crate::crypto::hash::b64url(rid.as_slice()),
                 if rec { "its record, " } else { "" }
             ));
         }

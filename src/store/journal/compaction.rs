@@ -292,13 +292,13 @@ impl<F: Fs> Data<F> {
         for (_, k) in &c.keep {
             match k {
                 Kept::Queue(rid) => {
-                    if let Some(q) = grp.queues.get_mut(rid) {
+                    if let Some(q) = grp.queues.get_mut(&rid[..]) {
                         moved_one(&mut q.rec_loc, q.rec_len);
                     }
                 }
                 Kept::Msg(rid) => {
                     if msg_queues.insert(rid) {
-                        if let Some(q) = grp.queues.get_mut(rid) {
+                        if let Some(q) = grp.queues.get_mut(&rid[..]) {
                             for m in q.msgs.iter_mut() {
                                 moved_one(&mut m.loc, m.len);
                             }

@@ -25,6 +25,7 @@ use super::{
     decode_notification, decode_queue_record, failed, Data, Map, Runner, Tuning, FLAG_NOTIFICATION,
     FLAG_QUOTA,
 };
+use crate::store::id::IdKey;
 use crate::store::memory::MAX_NTFS_PER_NOTIFIER;
 use crate::store::{
     group_of, EntityId, Message, MsgId, MsgNtf, QueueRec, StoreCounters, StoreError,
@@ -47,12 +48,16 @@ impl MsgEntry {
     }
 }
 
+/// A queue as the index keeps it: where its record is, not the record (read from the mapping when
+/// used, `RecordCache`), so that an idle queue costs the index a few dozen bytes.
 pub(super) struct QueueEntry {
-    pub rec: QueueRec,
-    /// The record that holds `rec` (its latest create or update), and its bytes.
+    /// The record that holds the queue's record (its latest create or update), and its bytes.
     pub rec_loc: Location,
     pub rec_len: u32,
-    pub msgs: VecDeque<MsgEntry>,
+    pub msgs: Msgs,
+    /// The record's notifier ID, if it has a notifier: its notifications go when it is replaced
+    /// or the queue deleted.
+    pub notifier: Option<Box<EntityId>>,
 }
 
 impl QueueEntry {
@@ -63,10 +68,107 @@ impl QueueEntry {
     }
 }
 
+/// A queue's messages: no allocation while it has none (most queues, most of the time).
+#[derive(Default)]
+pub(super) struct Msgs(Option<Box<VecDeque<MsgEntry>>>);
+
+static NO_MSGS: VecDeque<MsgEntry> = VecDeque::new();
+
+impl std::ops::Deref for Msgs {
+    type Target = VecDeque<MsgEntry>;
+    fn deref(&self) -> &VecDeque<MsgEntry> {
+        self.0.as_deref().unwrap_or(&NO_MSGS)
+    }
+}
+
+impl From<VecDeque<MsgEntry>> for Msgs {
+    fn from(q: VecDeque<MsgEntry>) -> Self {
+        Msgs((!q.is_empty()).then(|| Box::new(q)))
+    }
+}
+
+impl Msgs {
+    pub fn push_back(&mut self, m: MsgEntry) {
+        self.0.get_or_insert_with(Default::default).push_back(m);
+    }
+
+    /// Removes the message at `i`; the last one gives the allocation back.
+    pub fn remove(&mut self, i: usize) -> Option<MsgEntry> {
+        let q = self.0.as_mut()?;
+        let m = q.remove(i);
+        if q.is_empty() {
+            self.0 = None;
+        }
+        m
+    }
+
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut MsgEntry> {
+        self.0.iter_mut().flat_map(|q| q.iter_mut())
+    }
+}
+
 pub(super) struct NtfEntry {
     pub ntf: MsgNtf,
     pub loc: Location,
     pub len: u32,
+}
+
+/// Decoded records of the queues used lately (`limits::JOURNAL_RECORD_CACHE`): two generations,
+/// the current one and the one before it; a record found in the older one moves to the current
+/// one, and when the current one is full the older one is dropped and the current one takes its
+/// place. So a queue used within the last half of the bound's worth of distinct queues is never
+/// read again, lookups and evictions cost O(1), and the cache never holds more than the bound.
+/// Every change of a queue's record forgets it here first (`Data::set_record`, `forget_queue`).
+pub(super) struct RecordCache {
+    current: Map<IdKey, Rc<QueueRec>>,
+    older: Map<IdKey, Rc<QueueRec>>,
+    generation: usize,
+}
+
+impl Default for RecordCache {
+    fn default() -> Self {
+        RecordCache::with_bound(crate::limits::JOURNAL_RECORD_CACHE)
+    }
+}
+
+impl RecordCache {
+    pub fn with_bound(bound: usize) -> Self {
+        RecordCache {
+            current: Map::default(),
+            older: Map::default(),
+            generation: (bound / 2).max(1),
+        }
+    }
+
+    pub fn get(&mut self, rid: &[u8]) -> Option<Rc<QueueRec>> {
+        if let Some(r) = self.current.get(rid) {
+            return Some(r.clone());
+        }
+        let (k, r) = self.older.remove_entry(rid)?;
+        self.insert(k, r.clone());
+        Some(r)
+    }
+
+    pub fn put(&mut self, rid: &[u8], rec: Rc<QueueRec>) {
+        self.older.remove(rid);
+        self.insert(IdKey::new(rid), rec);
+    }
+
+    fn insert(&mut self, k: IdKey, rec: Rc<QueueRec>) {
+        if self.current.len() >= self.generation {
+            self.older = std::mem::take(&mut self.current);
+        }
+        self.current.insert(k, rec);
+    }
+
+    pub fn forget(&mut self, rid: &[u8]) {
+        self.current.remove(rid);
+        self.older.remove(rid);
+    }
+
+    pub fn len(&self) -> usize {
+        self.current.len() + self.older.len()
+    }
 }
 
 /// Bytes of live records per segment of one group's journal (a record takes at least its
@@ -100,7 +202,7 @@ impl Live {
 #[derive(Default)]
 pub(super) struct Group {
     pub live: Live,
-    pub queues: BTreeMap<EntityId, QueueEntry>,
+    pub queues: BTreeMap<IdKey, QueueEntry>,
     /// Notification lists by notifier ID (the notifier of a queue of this group).
     pub ntfs: BTreeMap<EntityId, VecDeque<NtfEntry>>,
     /// The segment that was active when the journal could not grow (logged once, and again when
@@ -193,6 +295,7 @@ impl<F: Fs> Data<F> {
             journals: BTreeMap::new(),
             groups: BTreeMap::new(),
             notifiers: Map::default(),
+            records: Default::default(),
             parked: Map::default(),
             parked_ntfs: Map::default(),
             total_messages: 0,
@@ -437,25 +540,27 @@ impl<F: Fs> Data<F> {
 
     /// A queue record: creates the queue (with what was parked for it) or replaces its record.
     fn set_record(&mut self, g: u32, rec: QueueRec, loc: Location, len: u32) {
-        let rid = rec.recipient_id.clone();
+        let rid = rec.recipient_id;
+        self.records.get_mut().forget(&rid);
         let old_nid = self
             .group_mut(g)
             .queues
-            .get(&rid)
-            .and_then(|q| q.rec.notifier.as_ref().map(|n| n.notifier_id.clone()));
-        let new_nid = rec.notifier.as_ref().map(|n| n.notifier_id.clone());
+            .get(&rid[..])
+            .and_then(|q| q.notifier.as_deref().cloned());
+        let new_nid = rec.notifier.map(|n| n.notifier_id);
         if let Some(old) = old_nid.filter(|o| Some(o) != new_nid.as_ref()) {
             // A replaced or removed notifier's notifications go with it.
             self.notifiers.remove(&old);
             self.clear_ntfs(g, &old);
         }
+        let notifier = new_nid.clone().map(Box::new);
         let grp = self.group_mut(g);
-        match grp.queues.get_mut(&rid) {
+        match grp.queues.get_mut(&rid[..]) {
             Some(q) => {
                 let (old, old_len) = (q.rec_loc.segment, q.rec_len);
-                q.rec = rec;
                 q.rec_loc = loc;
                 q.rec_len = len;
+                q.notifier = notifier;
                 grp.live.sub(old, old_len);
             }
             None => {
@@ -466,12 +571,12 @@ impl<F: Fs> Data<F> {
                 }
                 self.total_messages += msgs.len();
                 grp.queues.insert(
-                    rid,
+                    IdKey::new(&rid),
                     QueueEntry {
-                        rec,
                         rec_loc: loc,
                         rec_len: len,
-                        msgs,
+                        msgs: msgs.into(),
+                        notifier,
                     },
                 );
             }
@@ -488,18 +593,55 @@ impl<F: Fs> Data<F> {
     }
 
     pub fn forget_queue(&mut self, g: u32, rid: &[u8]) {
+        self.records.get_mut().forget(rid);
         let grp = self.group_mut(g);
         let Some(q) = grp.queues.remove(rid) else {
             return;
         };
         grp.live.sub(q.rec_loc.segment, q.rec_len);
-        for m in &q.msgs {
+        for m in q.msgs.iter() {
             grp.live.sub(m.loc.segment, m.len);
         }
         self.total_messages -= q.msgs.len();
-        if let Some(n) = &q.rec.notifier {
-            self.notifiers.remove(&n.notifier_id);
-            self.clear_ntfs(g, &n.notifier_id);
+        if let Some(nid) = &q.notifier {
+            self.notifiers.remove(&nid[..]);
+            self.clear_ntfs(g, nid);
+        }
+    }
+
+    /// The record of queue `rid`, from the cache of recently used records or read from its group's
+    /// journal (`RecordCache`).
+    pub fn record_of(&self, rid: &[u8]) -> Result<Option<Rc<QueueRec>>, StoreError> {
+        let Some(q) = self.queue(rid) else {
+            return Ok(None);
+        };
+        if let Some(r) = self.records.borrow_mut().get(rid) {
+            return Ok(Some(r));
+        }
+        let rec = Rc::new(self.read_record(group_of(rid), q)?);
+        self.records.borrow_mut().put(rid, rec.clone());
+        Ok(Some(rec))
+    }
+
+    /// The record of queue entry `q` of group `g`, read and decoded from the journal.
+    pub fn read_record(&self, g: u32, q: &QueueEntry) -> Result<QueueRec, StoreError> {
+        match self.journal(g)?.read(q.rec_loc).map_err(failed)? {
+            (_, Record::QueueCreate { data, .. } | Record::QueueUpdate { data, .. }) => {
+                decode_queue_record(data).map_err(StoreError::Failed)
+            }
+            _ => Err(StoreError::Failed(
+                "journal: a queue's record is not a queue record".into(),
+            )),
+        }
+    }
+
+    /// The bytes of queue entry `q`'s record in group `g` (its encoding, as a checkpoint keeps it).
+    pub fn record_bytes(&self, g: u32, q: &QueueEntry) -> Result<&[u8], StoreError> {
+        match self.journal(g)?.read(q.rec_loc).map_err(failed)? {
+            (_, Record::QueueCreate { data, .. } | Record::QueueUpdate { data, .. }) => Ok(data),
+            _ => Err(StoreError::Failed(
+                "journal: a queue's record is not a queue record".into(),
+            )),
         }
     }
 
@@ -654,7 +796,7 @@ impl<F: Fs> Data<F> {
             if rec || msgs > 0 {
                 lost.push(format!(
                     "queue {}: {}{msgs} message(s)",
-                    crate::crypto::hash::b64url(rid),
+                    crate::crypto::hash::b64url(rid.as_slice()),
                     if rec { "its record, " } else { "" }
                 ));
             }
@@ -676,5 +818,33 @@ impl<F: Fs> Data<F> {
                 lost.join("; ")
             ))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::memory::tests::rec;
+
+    #[test]
+    fn the_record_cache_keeps_what_is_used_within_its_bound_and_forgets_changed_records() {
+        let mut c = RecordCache::with_bound(8);
+        let id = |i: u32| i.to_be_bytes().to_vec();
+        for i in 0..4 {
+            c.put(&id(i), Rc::new(rec(&id(i))));
+        }
+        // Queue 0 is used again and again while 100 others pass through once each: it stays,
+        // and the cache never holds more than its bound.
+        for i in 4..104 {
+            assert!(c.get(&id(0)).is_some(), "queue 0 evicted at {i}");
+            c.put(&id(i), Rc::new(rec(&id(i))));
+            assert!(c.len() <= 8, "{} records held", c.len());
+        }
+        assert!(c.get(&id(1)).is_none(), "an unused record was kept");
+        let r = c.get(&id(0)).unwrap();
+        assert_eq!(r.recipient_id, id(0));
+        // A changed record is forgotten, not served stale.
+        c.forget(&id(0));
+        assert!(c.get(&id(0)).is_none());
     }
 }
