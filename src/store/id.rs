@@ -119,7 +119,7 @@ mod tests {
         assert_eq!(keys, ids);
         // A prefix is not the ID: the inline padding never makes two lengths equal.
         assert_ne!(IdKey::new(&[0; 3]), IdKey::new(&[0; 4]));
-        assert!(tree.get(&[0xab; 26][..]).is_none());
+        assert!(!tree.contains_key(&[0xab; 26][..]));
     }
 
     #[test]

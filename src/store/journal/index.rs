@@ -68,8 +68,10 @@ impl QueueEntry {
     }
 }
 
-/// A queue's messages: no allocation while it has none (most queues, most of the time).
+/// A queue's messages: no allocation while it has none (most queues, most of the time), and 8
+/// bytes in the entry instead of an empty `VecDeque`'s 32.
 #[derive(Default)]
+#[allow(clippy::box_collection)]
 pub(super) struct Msgs(Option<Box<VecDeque<MsgEntry>>>);
 
 static NO_MSGS: VecDeque<MsgEntry> = VecDeque::new();
@@ -166,6 +168,7 @@ impl RecordCache {
         self.older.remove(rid);
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.current.len() + self.older.len()
     }
