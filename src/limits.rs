@@ -152,10 +152,11 @@ pub const FILES_FIXED: usize = 64;
 /// the rest of the shard goes on meanwhile (`docs/ARCHITECTURE.md` §2).
 pub const EXPIRE_QUEUES_PER_JOB: usize = 64;
 
-/// Decoded queue records a journal store keeps per shard (`store/journal/index.rs`,
-/// `RecordCache`): the index holds where each record is, and the records of queues in use are kept
-/// decoded, up to this many (the most recently used; ~0.5 KB each).
-pub const JOURNAL_RECORD_CACHE: usize = 65_536;
+/// Decoded queue records the journal and memory stores keep per shard (`store/cache.rs`): the
+/// journal's index holds where each record is and the memory store keeps records packed, and the
+/// records of the queues in use are kept decoded, up to this many (the most recently used; ~0.5 KB
+/// each).
+pub const RECORD_CACHE: usize = 65_536;
 
 /// Allocations of at least this many bytes are mapped on their own and returned to the system
 /// when freed (`server::fixed_mmap_threshold`).

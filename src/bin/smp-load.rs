@@ -546,6 +546,18 @@ fn scale(a: ScaleArgs) -> Result<(), String> {
         }
         std::fs::copy(entry.path(), out.join(&name)).map_err(|e| e.to_string())?;
     }
+    // The relay starts on the store it was filled into.
+    let ini = out.join("smp-server.ini");
+    if let Ok(text) = std::fs::read_to_string(&ini) {
+        let text: String = text
+            .lines()
+            .map(|l| match l.trim_start().starts_with("store_messages") {
+                true => format!("store_messages = {}\n", kind.name()),
+                false => format!("{l}\n"),
+            })
+            .collect();
+        std::fs::write(&ini, text).map_err(|e| format!("{}: {e}", ini.display()))?;
+    }
     let bin = a.relay_bin.clone().unwrap_or_else(RelaySpec::default_bin);
     let t0 = std::time::Instant::now();
     let filled = smp_relay::load::scale::fill(&bin, &from, &out, kind, a.queues, &mut |n| {

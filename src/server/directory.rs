@@ -10,12 +10,16 @@ use crate::store::id::IdKey;
 use crate::store::EntityId;
 
 /// Its maps hold an entry for every queue (and one more per link and notifier), so IDs are kept
-/// inline (`store/id.rs`).
+/// inline (`store/id.rs`), and hash with foldhash's seeded quality hasher: a start fills them
+/// with every queue, and a client may choose some IDs (link IDs, the corrId a short link's sender
+/// ID is derived from) but not the process's random seed.
+type Map = HashMap<IdKey, IdKey, foldhash::quality::RandomState>;
+
 #[derive(Default)]
 pub struct Directory {
-    senders: HashMap<IdKey, IdKey>,
-    links: HashMap<IdKey, IdKey>,
-    notifiers: HashMap<IdKey, IdKey>,
+    senders: Map,
+    links: Map,
+    notifiers: Map,
     /// Open service connections, by shard and number. A connection leaves it before its owners
     /// are told it closed, so an owner that finds a connection here when it makes it a service's
     /// subscriber will be told of its close afterwards: no closed connection stays a subscriber
@@ -36,7 +40,7 @@ impl Directory {
         Arc::new(Directory::default())
     }
 
-    fn map(&self, space: IdSpace) -> &HashMap<IdKey, IdKey> {
+    fn map(&self, space: IdSpace) -> &Map {
         match space {
             IdSpace::Sender => &self.senders,
             IdSpace::Link => &self.links,
@@ -73,6 +77,11 @@ impl Directory {
 
     pub fn is_live_service(&self, shard: usize, conn: u64) -> bool {
         self.live_services.pin().contains(&(shard, conn))
+    }
+
+    /// Makes room for `n` more IDs of `space` at once, instead of growing step by step.
+    pub fn reserve(&self, space: IdSpace, n: usize) {
+        self.map(space).pin().reserve(n);
     }
 
     pub fn len(&self, space: IdSpace) -> usize {

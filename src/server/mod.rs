@@ -212,7 +212,7 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
                 };
                 let store = S::open(&shard_settings, &groups, commands::now_secs())
                     .map_err(|e| reporter.fail(e))?;
-                fill_directory(&directory, &store);
+                let queue_services = index_queues(&directory, &store, shards);
                 let mut listeners = Vec::with_capacity(config.ports.len());
                 let ports = config.ports.iter().map(|&p| match shared_port == Some(p) {
                     true => (p, ws::PortKind::Shared),
@@ -270,7 +270,14 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
                 }
                 ctx.stats = stats_shared;
                 let ctx = Rc::new(ctx);
-                let owner = owner::Owner::new(shard_id, store, directory, mesh, settings);
+                let owner = owner::Owner::with_services(
+                    shard_id,
+                    store,
+                    queue_services,
+                    directory,
+                    mesh,
+                    settings,
+                );
                 if let Some(a) = restored {
                     *owner.activity.borrow_mut() = a;
                 }
@@ -545,17 +552,28 @@ fn web_tls(config: &StartConfig) -> Result<Option<Arc<rustls::ServerConfig>>, St
     }
 }
 
-fn fill_directory<S: ShardStore>(directory: &Directory, store: &S) {
-    store.for_each_queue(&mut |q| {
-        let rid = &q.recipient_id;
-        directory.insert(IdSpace::Sender, &q.sender_id, rid);
-        if let Some(l) = &q.link {
-            directory.insert(IdSpace::Link, &l.link_id, rid);
+/// One pass over a shard's queues at start: their IDs into the shared directory (made room for
+/// first: the shards' stores are of about the same size) and their service associations into the
+/// owner's index, which it returns.
+fn index_queues<S: ShardStore>(
+    directory: &Directory,
+    store: &S,
+    shards: usize,
+) -> service_state::ServiceState {
+    directory.reserve(IdSpace::Sender, store.queue_count() * shards);
+    let services = service_state::ServiceState::default();
+    store.for_each_queue_ids(&mut |q| {
+        services.index_ids(q);
+        let rid = q.recipient_id;
+        directory.insert(IdSpace::Sender, q.sender_id, rid);
+        if let Some(l) = q.link_id {
+            directory.insert(IdSpace::Link, l, rid);
         }
-        if let Some(n) = &q.notifier {
-            directory.insert(IdSpace::Notifier, &n.notifier_id, rid);
+        if let Some(n) = q.notifier_id {
+            directory.insert(IdSpace::Notifier, n, rid);
         }
     });
+    services
 }
 
 /// The CPUs this process may run on, so that `--cores N` pins to cores it actually has.

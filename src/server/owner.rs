@@ -183,6 +183,19 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     ) -> Self {
         let services = crate::server::service_state::ServiceState::default();
         store.for_each_queue(&mut |q| services.index(q));
+        Self::with_services(shard, store, services, directory, mesh, settings)
+    }
+
+    /// As `new`, with the services' index of the store's queues already made (the start makes it
+    /// in the one pass over the records that fills the directory).
+    pub fn with_services(
+        shard: usize,
+        store: S,
+        services: crate::server::service_state::ServiceState,
+        directory: Arc<Directory>,
+        mesh: ShardMesh,
+        settings: Rc<Settings>,
+    ) -> Self {
         Owner {
             services,
             shard,

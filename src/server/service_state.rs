@@ -10,7 +10,7 @@ use std::rc::Rc;
 use crate::protocol::command::ServiceRole;
 use crate::protocol::ids_hash::{id_hash, xor_into};
 use crate::server::router::{ConnRef, CountHash, ServiceKey, Session};
-use crate::store::{EntityId, QueueRec};
+use crate::store::{EntityId, QueueRec, RecordIds};
 
 /// Whether two sessions are connections of one service.
 pub fn same_service(a: &Session, b: &Session) -> bool {
@@ -45,16 +45,20 @@ pub type Associations = Vec<(ServiceKey, [u8; 16])>;
 
 /// The associations of a queue record.
 pub fn associations_of(q: &QueueRec) -> Associations {
-    let rcv = q.rcv_service_id.as_ref().map(|s| {
+    associations_of_ids(&RecordIds::of(q))
+}
+
+/// As `associations_of`, from a queue's IDs.
+pub fn associations_of_ids(q: &RecordIds<'_>) -> Associations {
+    let rcv = q.rcv_service_id.map(|s| {
         (
-            (s.clone(), ServiceRole::Messaging),
-            id_hash(&q.recipient_id),
+            (s.to_vec(), ServiceRole::Messaging),
+            id_hash(q.recipient_id),
         )
     });
-    let ntf = q.notifier.as_ref().and_then(|n| {
-        n.ntf_service_id
-            .as_ref()
-            .map(|s| ((s.clone(), ServiceRole::Notifier), id_hash(&n.notifier_id)))
+    let ntf = q.notifier_id.and_then(|nid| {
+        q.ntf_service_id
+            .map(|s| ((s.to_vec(), ServiceRole::Notifier), id_hash(nid)))
     });
     rcv.into_iter().chain(ntf).collect()
 }
@@ -62,7 +66,15 @@ pub fn associations_of(q: &QueueRec) -> Associations {
 impl ServiceState {
     /// Adds a record's associations (the index built at start).
     pub fn index(&self, q: &QueueRec) {
-        self.apply(&q.recipient_id, &associations_of(q), true);
+        self.index_ids(&RecordIds::of(q));
+    }
+
+    /// As `index`, from a queue's IDs.
+    pub fn index_ids(&self, q: &RecordIds<'_>) {
+        let list = associations_of_ids(q);
+        if !list.is_empty() {
+            self.apply(q.recipient_id, &list, true);
+        }
     }
 
     /// Adds (`add`) or removes the associations `list` of the queue `rid`.

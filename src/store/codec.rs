@@ -18,7 +18,7 @@ use crate::crypto::keys::PublicAuthKey;
 use crate::protocol::command::QueueMode;
 use crate::protocol::encoding::{put_int64, put_maybe, put_word32, DResult, DecodeError, Reader};
 use crate::protocol::error::BlockingInfo;
-use crate::store::{Message, MsgNtf, NotifierCreds, QueueLink, QueueRec, QueueStatus};
+use crate::store::{Message, MsgNtf, NotifierCreds, QueueLink, QueueRec, QueueStatus, RecordIds};
 
 pub(crate) fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     // Every field is far below 4 GiB (bodies are at most 16 KiB, link data a few KiB).
@@ -60,21 +60,7 @@ pub(crate) fn encode_rec(out: &mut Vec<u8>, rec: &QueueRec) {
         o.extend_from_slice(&n.rcv_ntf_dh_secret);
         put_maybe(o, n.ntf_service_id.as_ref(), |o, s| put_bytes(o, s));
     });
-    match &rec.status {
-        QueueStatus::Active => out.push(b'A'),
-        QueueStatus::Off => out.push(b'O'),
-        QueueStatus::Blocked(info) => {
-            out.push(b'B');
-            // An empty notice has no encoding that parses back (`,notice=` needs JSON after it).
-            let info = BlockingInfo {
-                reason: info.reason,
-                notice: info.notice.clone().filter(|n| !n.is_empty()),
-            };
-            let mut b = Vec::new();
-            info.encode(&mut b);
-            put_bytes(out, &b);
-        }
-    }
+    put_status(out, &rec.status);
     put_maybe(out, rec.updated_at, put_int64);
     put_maybe(out, rec.rcv_service_id.as_ref(), |o, s| put_bytes(o, s));
 }
@@ -108,6 +94,188 @@ pub(crate) fn encode_ntf(out: &mut Vec<u8>, n: &MsgNtf) {
     put_bytes(out, &n.enc_meta);
 }
 
+// ---- the memory store's packed form ----
+//
+// The memory store keeps every queue's record in memory, packed (`store/memory.rs`): the same
+// fields as `record` above, less the recipient ID (the store's key), with raw keys and one-byte
+// lengths for IDs (a protocol ID is at most 255 bytes):
+//
+//   packed = u8 n, n × key | rcvDhSecret (32) | id sId | maybe(key) | '0'|'M'|'C'
+//            | maybe(id linkId, bytes fixed, bytes user) | maybe(id nId, key, secret (32), maybe(id))
+//            | 'A' | 'O' | 'B' bytes BlockingInfo | maybe(int64) | maybe(id)
+//   key = 'e' 32 bytes (Ed25519) | 'x' 32 bytes (X25519) | 'E' 57 bytes (Ed448);  id = u8 length, bytes
+
+fn pack_id(out: &mut Vec<u8>, id: &[u8]) {
+    // Entity IDs are protocol short strings: at most 255 bytes.
+    debug_assert!(id.len() <= 255);
+    out.push(id.len().min(255) as u8);
+    out.extend_from_slice(&id[..id.len().min(255)]);
+}
+
+fn pack_key(out: &mut Vec<u8>, k: &PublicAuthKey) {
+    match k {
+        PublicAuthKey::Ed25519(b) => {
+            out.push(b'e');
+            out.extend_from_slice(b);
+        }
+        PublicAuthKey::X25519(b) => {
+            out.push(b'x');
+            out.extend_from_slice(b);
+        }
+        PublicAuthKey::Ed448(b) => {
+            out.push(b'E');
+            out.extend_from_slice(b);
+        }
+    }
+}
+
+fn unpack_id<'a>(r: &mut Reader<'a>) -> DResult<&'a [u8]> {
+    let n = r.byte()? as usize;
+    r.take(n)
+}
+
+fn unpack_key(r: &mut Reader<'_>) -> DResult<PublicAuthKey> {
+    Ok(match r.byte()? {
+        b'e' => PublicAuthKey::Ed25519(r.array()?),
+        b'x' => PublicAuthKey::X25519(r.array()?),
+        b'E' => PublicAuthKey::Ed448(r.array()?),
+        _ => return Err(DecodeError),
+    })
+}
+
+/// `rec` packed, without its recipient ID.
+pub(crate) fn pack_rec(rec: &QueueRec) -> Box<[u8]> {
+    let mut out = Vec::with_capacity(160);
+    out.push(rec.recipient_keys.len().min(255) as u8);
+    for k in rec.recipient_keys.iter().take(255) {
+        pack_key(&mut out, k);
+    }
+    out.extend_from_slice(&rec.rcv_dh_secret);
+    pack_id(&mut out, &rec.sender_id);
+    put_maybe(&mut out, rec.sender_key.as_ref(), pack_key);
+    out.push(match rec.queue_mode {
+        None => b'0',
+        Some(QueueMode::Messaging) => b'M',
+        Some(QueueMode::Contact) => b'C',
+    });
+    put_maybe(&mut out, rec.link.as_ref(), |o, l| {
+        pack_id(o, &l.link_id);
+        put_bytes(o, &l.fixed);
+        put_bytes(o, &l.user);
+    });
+    put_maybe(&mut out, rec.notifier.as_ref(), |o, n| {
+        pack_id(o, &n.notifier_id);
+        pack_key(o, &n.notifier_key);
+        o.extend_from_slice(&n.rcv_ntf_dh_secret);
+        put_maybe(o, n.ntf_service_id.as_ref(), |o, s| pack_id(o, s));
+    });
+    put_status(&mut out, &rec.status);
+    put_maybe(&mut out, rec.updated_at, put_int64);
+    put_maybe(&mut out, rec.rcv_service_id.as_ref(), |o, s| pack_id(o, s));
+    out.into_boxed_slice()
+}
+
+/// The record of `recipient_id` packed in `b` by [`pack_rec`].
+pub(crate) fn unpack_rec(recipient_id: &[u8], b: &[u8]) -> DResult<QueueRec> {
+    let r = &mut Reader::new(b);
+    let nkeys = r.byte()? as usize;
+    let recipient_keys = (0..nkeys)
+        .map(|_| unpack_key(r))
+        .collect::<DResult<Vec<_>>>()?;
+    let rcv_dh_secret = r.array()?;
+    let sender_id = unpack_id(r)?.to_vec();
+    let sender_key = r.maybe(unpack_key)?;
+    let queue_mode = match r.byte()? {
+        b'0' => None,
+        b'M' => Some(QueueMode::Messaging),
+        b'C' => Some(QueueMode::Contact),
+        _ => return Err(DecodeError),
+    };
+    let link = r.maybe(|r| {
+        Ok(Box::new(QueueLink {
+            link_id: unpack_id(r)?.to_vec(),
+            fixed: read_bytes(r)?.to_vec(),
+            user: read_bytes(r)?.to_vec(),
+        }))
+    })?;
+    let notifier = r.maybe(|r| {
+        Ok(Box::new(NotifierCreds {
+            notifier_id: unpack_id(r)?.to_vec(),
+            notifier_key: unpack_key(r)?,
+            rcv_ntf_dh_secret: r.array()?,
+            ntf_service_id: r.maybe(|r| Ok(unpack_id(r)?.to_vec()))?,
+        }))
+    })?;
+    let status = read_status(r)?;
+    let updated_at = r.maybe(|r| r.int64())?;
+    let rcv_service_id = r.maybe(|r| Ok(unpack_id(r)?.to_vec()))?;
+    r.end()?;
+    Ok(QueueRec {
+        recipient_id: recipient_id.to_vec(),
+        recipient_keys,
+        rcv_dh_secret,
+        sender_id,
+        sender_key,
+        queue_mode,
+        link,
+        notifier,
+        status,
+        updated_at,
+        rcv_service_id,
+    })
+}
+
+/// The notifier ID of a packed record, read without unpacking the rest.
+pub(crate) fn packed_notifier_id(b: &[u8]) -> DResult<Option<&[u8]>> {
+    let r = &mut Reader::new(b);
+    let nkeys = r.byte()?;
+    for _ in 0..nkeys {
+        unpack_key(r)?;
+    }
+    r.take(32)?;
+    unpack_id(r)?;
+    r.maybe(unpack_key)?;
+    r.byte()?;
+    r.maybe(|r| {
+        unpack_id(r)?;
+        read_bytes(r)?;
+        read_bytes(r)
+    })?;
+    r.maybe(unpack_id)
+}
+
+fn put_status(out: &mut Vec<u8>, status: &QueueStatus) {
+    match status {
+        QueueStatus::Active => out.push(b'A'),
+        QueueStatus::Off => out.push(b'O'),
+        QueueStatus::Blocked(info) => {
+            out.push(b'B');
+            // An empty notice has no encoding that parses back (`,notice=` needs JSON after it).
+            let info = BlockingInfo {
+                reason: info.reason,
+                notice: info.notice.clone().filter(|n| !n.is_empty()),
+            };
+            let mut b = Vec::new();
+            info.encode(&mut b);
+            put_bytes(out, &b);
+        }
+    }
+}
+
+fn read_status(r: &mut Reader<'_>) -> DResult<QueueStatus> {
+    Ok(match r.byte()? {
+        b'A' => QueueStatus::Active,
+        b'O' => QueueStatus::Off,
+        b'B' => {
+            let mut br = Reader::new(read_bytes(r)?);
+            let info = BlockingInfo::read(&mut br)?;
+            br.end()?;
+            QueueStatus::Blocked(info)
+        }
+        _ => return Err(DecodeError),
+    })
+}
+
 // ---- decoding ----
 
 pub(crate) fn read_bytes<'a>(r: &mut Reader<'a>) -> DResult<&'a [u8]> {
@@ -127,6 +295,49 @@ pub(crate) fn read_count(r: &mut Reader<'_>, min_item_bytes: usize) -> DResult<u
         return Err(DecodeError);
     }
     Ok(n)
+}
+
+/// The IDs of an encoded record, borrowed from its bytes, without decoding the rest (keys,
+/// link data, blocking info are skipped by their lengths): what a start indexes for every queue.
+pub(crate) fn read_ids<'a>(r: &mut Reader<'a>) -> DResult<RecordIds<'a>> {
+    let recipient_id = read_bytes(r)?;
+    let nkeys = read_count(r, 4)?;
+    for _ in 0..nkeys {
+        read_bytes(r)?;
+    }
+    r.take(32)?;
+    let sender_id = read_bytes(r)?;
+    r.maybe(read_bytes)?;
+    r.maybe(|r| r.byte())?;
+    let link_id = r.maybe(|r| {
+        let id = read_bytes(r)?;
+        read_bytes(r)?;
+        read_bytes(r)?;
+        Ok(id)
+    })?;
+    let notifier = r.maybe(|r| {
+        let id = read_bytes(r)?;
+        read_bytes(r)?;
+        r.take(32)?;
+        Ok((id, r.maybe(read_bytes)?))
+    })?;
+    match r.byte()? {
+        b'A' | b'O' => {}
+        b'B' => {
+            read_bytes(r)?;
+        }
+        _ => return Err(DecodeError),
+    }
+    r.maybe(|r| r.int64())?;
+    let rcv_service_id = r.maybe(read_bytes)?;
+    Ok(RecordIds {
+        recipient_id,
+        sender_id,
+        link_id,
+        notifier_id: notifier.map(|n| n.0),
+        rcv_service_id,
+        ntf_service_id: notifier.and_then(|n| n.1),
+    })
 }
 
 pub(crate) fn decode_rec(r: &mut Reader<'_>) -> DResult<QueueRec> {
@@ -159,17 +370,7 @@ pub(crate) fn decode_rec(r: &mut Reader<'_>) -> DResult<QueueRec> {
             ntf_service_id: r.maybe(|r| Ok(read_bytes(r)?.to_vec()))?,
         })
     })?;
-    let status = match r.byte()? {
-        b'A' => QueueStatus::Active,
-        b'O' => QueueStatus::Off,
-        b'B' => {
-            let mut br = Reader::new(read_bytes(r)?);
-            let info = BlockingInfo::read(&mut br)?;
-            br.end()?;
-            QueueStatus::Blocked(info)
-        }
-        _ => return Err(DecodeError),
-    };
+    let status = read_status(r)?;
     let updated_at = r.maybe(|r| r.int64())?;
     let rcv_service_id = r.maybe(|r| Ok(read_bytes(r)?.to_vec()))?;
     Ok(QueueRec {
@@ -210,4 +411,87 @@ pub(crate) fn decode_ntf(r: &mut Reader<'_>) -> DResult<MsgNtf> {
         nonce: r.array()?,
         enc_meta: read_bytes(r)?.to_vec(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::error::BlockingReason;
+
+    fn key(b: u8) -> PublicAuthKey {
+        PublicAuthKey::Ed25519([b; 32])
+    }
+
+    /// Every shape a record takes: with and without sender key, mode, link, notifier (with and
+    /// without its service), each status, `updated_at` and the recipient's service.
+    fn shapes() -> Vec<QueueRec> {
+        let mut out = Vec::new();
+        for i in 0..64u32 {
+            let bit = |n: u32| i & (1 << n) != 0;
+            out.push(QueueRec {
+                recipient_id: vec![1; 24],
+                recipient_keys: if bit(0) {
+                    vec![key(2), key(3)]
+                } else {
+                    vec![key(2)]
+                },
+                rcv_dh_secret: [4; 32],
+                sender_id: vec![5; 24],
+                sender_key: bit(1).then(|| key(6)),
+                queue_mode: bit(2).then_some(QueueMode::Contact),
+                link: bit(3).then(|| {
+                    Box::new(QueueLink {
+                        link_id: vec![7; 30],
+                        fixed: vec![8; 100],
+                        user: vec![9; 10],
+                    })
+                }),
+                notifier: bit(4).then(|| {
+                    Box::new(NotifierCreds {
+                        notifier_id: vec![10; 24],
+                        notifier_key: PublicAuthKey::X25519([11; 32]),
+                        rcv_ntf_dh_secret: [12; 32],
+                        ntf_service_id: bit(5).then(|| vec![13; 24]),
+                    })
+                }),
+                status: match i % 3 {
+                    0 => QueueStatus::Active,
+                    1 => QueueStatus::Off,
+                    _ => QueueStatus::Blocked(BlockingInfo {
+                        reason: BlockingReason::Spam,
+                        notice: None,
+                    }),
+                },
+                updated_at: bit(1).then_some(86_400),
+                rcv_service_id: bit(5).then(|| vec![14; 24]),
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn the_ids_read_from_a_record_are_those_of_the_decoded_record() {
+        for q in shapes() {
+            let mut b = Vec::new();
+            encode_rec(&mut b, &q);
+            let mut r = Reader::new(&b);
+            let ids = read_ids(&mut r).unwrap();
+            assert!(r.rest().is_empty(), "{q:?}");
+            let decoded = decode_rec(&mut Reader::new(&b)).unwrap();
+            assert_eq!(decoded, q);
+            assert_eq!(ids, RecordIds::of(&q), "{q:?}");
+            // The packed form, without the recipient ID, gives the same record back.
+            let packed = pack_rec(&q);
+            assert_eq!(unpack_rec(&q.recipient_id, &packed).unwrap(), q);
+            assert_eq!(
+                packed_notifier_id(&packed).unwrap(),
+                q.notifier.as_ref().map(|n| &n.notifier_id[..])
+            );
+            assert!(unpack_rec(&q.recipient_id, &packed[..packed.len() - 1]).is_err());
+            // A record cut short is refused, not read past its end.
+            let mut short = Reader::new(&b[..b.len() - 1]);
+            let whole = read_ids(&mut short).is_ok() && short.rest().is_empty();
+            assert!(!whole, "{q:?}");
+        }
+    }
 }

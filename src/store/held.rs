@@ -58,6 +58,10 @@ impl<S: QueueStore, H: Hold> QueueStore for Held<S, H> {
         self.inner.for_each_queue(f)
     }
 
+    fn for_each_queue_ids(&self, f: &mut dyn FnMut(&crate::store::RecordIds<'_>)) {
+        self.inner.for_each_queue_ids(f)
+    }
+
     fn queue_count(&self) -> usize {
         self.inner.queue_count()
     }

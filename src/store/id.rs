@@ -6,6 +6,7 @@
 
 use std::borrow::Borrow;
 use std::cmp::Ordering;
+use std::collections::VecDeque;
 use std::hash::{Hash, Hasher};
 
 /// IDs of up to this many bytes are kept inline.
@@ -88,6 +89,79 @@ impl std::fmt::Debug for IdKey {
     }
 }
 
+/// A queue of items kept per queue record that is empty most of the time (a queue's messages):
+/// 8 bytes and no allocation while empty, instead of an empty `VecDeque`'s 32; the allocation
+/// goes when the last item does.
+#[derive(Debug, Clone)]
+#[allow(clippy::box_collection)]
+pub struct Sparse<T>(Option<Box<VecDeque<T>>>);
+
+impl<T> Default for Sparse<T> {
+    fn default() -> Self {
+        Sparse(None)
+    }
+}
+
+impl<T> From<VecDeque<T>> for Sparse<T> {
+    fn from(q: VecDeque<T>) -> Self {
+        Sparse((!q.is_empty()).then(|| Box::new(q)))
+    }
+}
+
+impl<T> Sparse<T> {
+    pub fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |q| q.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    pub fn front(&self) -> Option<&T> {
+        self.0.as_ref()?.front()
+    }
+
+    pub fn back(&self) -> Option<&T> {
+        self.0.as_ref()?.back()
+    }
+
+    pub fn iter(&self) -> SparseIter<'_, T> {
+        SparseIter(self.0.as_ref().map(|q| q.iter()))
+    }
+
+    pub fn push_back(&mut self, x: T) {
+        self.0.get_or_insert_with(Default::default).push_back(x);
+    }
+
+    pub fn pop_front(&mut self) -> Option<T> {
+        let q = self.0.as_mut()?;
+        let x = q.pop_front();
+        if q.is_empty() {
+            self.0 = None;
+        }
+        x
+    }
+
+    pub fn clear(&mut self) {
+        self.0 = None;
+    }
+}
+
+/// The items of a [`Sparse`], front to back.
+pub struct SparseIter<'a, T>(Option<std::collections::vec_deque::Iter<'a, T>>);
+
+impl<'a, T> Iterator for SparseIter<'a, T> {
+    type Item = &'a T;
+    fn next(&mut self) -> Option<&'a T> {
+        self.0.as_mut()?.next()
+    }
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.0.as_ref().map_or((0, Some(0)), |i| i.size_hint())
+    }
+}
+
+impl<T> ExactSizeIterator for SparseIter<'_, T> {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,6 +194,22 @@ mod tests {
         // A prefix is not the ID: the inline padding never makes two lengths equal.
         assert_ne!(IdKey::new(&[0; 3]), IdKey::new(&[0; 4]));
         assert!(!tree.contains_key(&[0xab; 26][..]));
+    }
+
+    #[test]
+    fn a_sparse_queue_keeps_order_and_gives_its_allocation_back_when_emptied() {
+        let mut q: Sparse<u32> = Sparse::default();
+        assert!(q.is_empty() && q.front().is_none());
+        for i in 0..5 {
+            q.push_back(i);
+        }
+        assert_eq!((q.len(), q.front(), q.back()), (5, Some(&0), Some(&4)));
+        assert_eq!(q.iter().copied().collect::<Vec<_>>(), vec![0, 1, 2, 3, 4]);
+        for i in 0..5 {
+            assert_eq!(q.pop_front(), Some(i));
+        }
+        assert!(q.0.is_none(), "an emptied queue kept its allocation");
+        assert_eq!(std::mem::size_of::<Sparse<u64>>(), 8);
     }
 
     #[test]

@@ -35,7 +35,6 @@ use std::time::Duration;
 use smp_journal::{Fs, Journal, JournalError, Options, OsFs, Priority, Record, SyncPoint};
 
 use super::codec::{decode_ntf, decode_rec, encode_ntf, encode_rec};
-use super::id::IdKey;
 use super::memory::MAX_NTFS_PER_NOTIFIER;
 use super::{
     group_of, EntityId, Message, MessageStore, MsgId, MsgNtf, QueueData, QueueRec, QueueStatus,
@@ -90,7 +89,7 @@ struct Data<F: Fs> {
     pub notifiers: Map<EntityId, u32>,
     /// Records of the queues used lately, decoded (`index.rs`); the rest are read from the
     /// journal when used.
-    pub records: RefCell<index::RecordCache>,
+    pub records: RefCell<super::cache::RecordCache>,
     /// At open: messages replayed before any record of their queue (whose older records were
     /// removed as dead or compacted away), waiting for the queue's record that follows them.
     pub parked: Map<EntityId, VecDeque<MsgEntry>>,
@@ -127,6 +126,16 @@ pub(crate) fn encode_queue_record(rec: &QueueRec) -> Vec<u8> {
 
 pub(crate) fn decode_queue_record(b: &[u8]) -> Result<QueueRec, String> {
     decoded(b, "queue record", decode_rec)
+}
+
+/// The IDs in an encoded queue record, borrowed from it (`codec::read_ids`).
+pub(crate) fn record_ids(b: &[u8]) -> Result<super::RecordIds<'_>, String> {
+    let mut r = Reader::new(b);
+    let ids = super::codec::read_ids(&mut r).map_err(|_| "bad queue record".to_string())?;
+    if !r.rest().is_empty() {
+        return Err("bad queue record: trailing bytes".into());
+    }
+    Ok(ids)
 }
 
 fn encode_notification(n: &MsgNtf) -> Vec<u8> {
@@ -463,6 +472,21 @@ impl<F: Fs> QueueStore for JournalStore<F> {
         }
     }
 
+    fn for_each_queue_ids(&self, f: &mut dyn FnMut(&super::RecordIds<'_>)) {
+        let d = self.data.borrow();
+        for (g, grp) in &d.groups {
+            for (rid, q) in &grp.queues {
+                let ids = d
+                    .record_bytes(*g, q)
+                    .and_then(|b| record_ids(b).map_err(StoreError::Failed));
+                match ids {
+                    Ok(ids) => f(&ids),
+                    Err(e) => unreadable_record(rid.as_slice(), &e),
+                }
+            }
+        }
+    }
+
     fn queue_count(&self) -> usize {
         self.data.borrow().queue_count()
     }
@@ -643,10 +667,15 @@ impl<F: Fs> MessageStore for JournalStore<F> {
         {
             let mut d = self.data.borrow_mut();
             // Group by group, each in the order of its queues' IDs: the records of one call go
-            // in a defined order.
+            // in a defined order. Only queues holding messages are looked at: most hold none.
             let groups: Vec<u32> = d.groups.keys().copied().collect();
             for g in groups {
-                let rids: Vec<EntityId> = d.groups[&g].queues.keys().map(IdKey::to_vec).collect();
+                let rids: Vec<EntityId> = d.groups[&g]
+                    .queues
+                    .iter()
+                    .filter(|(_, q)| !q.msgs.is_empty())
+                    .map(|(rid, _)| rid.to_vec())
+                    .collect();
                 let mut last = None;
                 for rid in rids {
                     let (k, end) = d.expire_queue(g, &rid, older_than)?;

@@ -18,7 +18,11 @@ pub use persist::{
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
 
+use super::cache::RecordCache;
+use super::codec::{pack_rec, packed_notifier_id, unpack_rec};
+use super::id::{IdKey, Sparse};
 use super::{
     group_of, EntityId, Message, MessageStore, MsgId, MsgNtf, QueueData, QueueRec, QueueStore,
     StoreCounters, StoreError, WriteOutcome,
@@ -29,11 +33,13 @@ use super::{
 /// beyond this the oldest is dropped (a notification is a hint, the message itself stays queued).
 pub const MAX_NTFS_PER_NOTIFIER: usize = 4096;
 
-/// One queue: its record and its messages in arrival order.
+/// One queue: its record, packed (`codec.rs`: every queue is kept, so an idle one should cost
+/// little; the records of queues in use are kept decoded in `MemoryData::records`), and its
+/// messages in arrival order.
 #[derive(Debug, Clone)]
 struct Queue {
-    rec: QueueRec,
-    msgs: VecDeque<Message>,
+    rec: Box<[u8]>,
+    msgs: Sparse<Message>,
     /// False once a quota marker was written; writes resume only when the queue is empty again
     /// (the reference's `writeMsg`, simplexmq `Server/MsgStore/STM.hs`). Always equal to "the last
     /// message is not a marker" — the marker never expires and only leaves the queue as its last
@@ -42,12 +48,22 @@ struct Queue {
 }
 
 impl Queue {
-    fn new(rec: QueueRec) -> Self {
+    fn new(rec: &QueueRec) -> Self {
         Queue {
-            rec,
-            msgs: VecDeque::new(),
+            rec: pack_rec(rec),
+            msgs: Sparse::default(),
             can_write: true,
         }
+    }
+
+    /// The record of this queue, whose recipient ID is `rid`.
+    pub(crate) fn record(&self, rid: &[u8]) -> QueueRec {
+        // Packed by this store from a record a moment ago: it always unpacks.
+        unpack_rec(rid, &self.rec).unwrap_or_else(|_| unreachable!("a packed record unpacks"))
+    }
+
+    pub(crate) fn notifier_id(&self) -> Option<&[u8]> {
+        packed_notifier_id(&self.rec).unwrap_or_else(|_| unreachable!("a packed record unpacks"))
     }
 }
 
@@ -64,7 +80,9 @@ pub struct MemoryStore {
 /// The memory store's data.
 #[derive(Debug, Default)]
 pub(crate) struct MemoryData {
-    queues: HashMap<EntityId, Queue>,
+    queues: HashMap<IdKey, Queue>,
+    /// The records of the queues used lately, unpacked (`store/cache.rs`).
+    records: RefCell<RecordCache>,
     /// Pending notifications per notifier ID, oldest first.
     ntfs: HashMap<EntityId, VecDeque<MsgNtf>>,
     /// Messages (markers included) over all queues, kept in step with every change.
@@ -139,6 +157,17 @@ impl MemoryStore {
 }
 
 impl MemoryData {
+    /// The record of queue `rid`, from the cache of recently used records or unpacked.
+    fn record_of(&self, rid: &[u8]) -> Option<Rc<QueueRec>> {
+        let q = self.queues.get(rid)?;
+        if let Some(r) = self.records.borrow_mut().get(rid) {
+            return Some(r);
+        }
+        let rec = Rc::new(q.record(rid));
+        self.records.borrow_mut().put(rid, rec.clone());
+        Some(rec)
+    }
+
     /// Deletes head messages older than `older_than`, stopping at the quota marker (markers never
     /// expire: they keep a dormant full queue closed to writes, as in simplexmq `Server.hs`).
     fn expire_queue(q: &mut Queue, older_than: i64) -> usize {
@@ -169,12 +198,12 @@ impl MemoryData {
     fn insert_loaded(&mut self, rec: QueueRec, msgs: VecDeque<Message>) {
         let can_write = !matches!(msgs.back(), Some(Message::Quota { .. }));
         self.total_messages += msgs.len();
-        let rid = rec.recipient_id.clone();
+        self.records.get_mut().forget(&rec.recipient_id);
         self.queues.insert(
-            rid,
+            IdKey::new(&rec.recipient_id),
             Queue {
-                rec,
-                msgs,
+                rec: pack_rec(&rec),
+                msgs: msgs.into(),
                 can_write,
             },
         );
@@ -183,7 +212,7 @@ impl MemoryData {
     /// Puts a queue back as exported (`ShardStore::restore`): no quota rule, no notification
     /// bound, `can_write` from the last message as at load.
     pub(crate) fn restore(&mut self, q: QueueData) -> Result<(), StoreError> {
-        if self.queues.contains_key(&q.rec.recipient_id) {
+        if self.queues.contains_key(&q.rec.recipient_id[..]) {
             return Err(StoreError::Duplicate);
         }
         q.check()?;
@@ -210,22 +239,24 @@ impl MemoryData {
 
 impl MemoryData {
     fn create(&mut self, rec: QueueRec) -> Result<(), StoreError> {
-        if self.queues.contains_key(&rec.recipient_id) {
+        if self.queues.contains_key(&rec.recipient_id[..]) {
             return Err(StoreError::Duplicate);
         }
+        self.records.get_mut().forget(&rec.recipient_id);
         self.queues
-            .insert(rec.recipient_id.clone(), Queue::new(rec));
+            .insert(IdKey::new(&rec.recipient_id), Queue::new(&rec));
         Ok(())
     }
 
     /// A queue record from the queue log: replaces the queue's record (keeping its messages), or
     /// adds the queue.
     pub(crate) fn put_record(&mut self, rec: QueueRec) {
-        match self.queues.get_mut(&rec.recipient_id) {
-            Some(q) => q.rec = rec,
+        self.records.get_mut().forget(&rec.recipient_id);
+        match self.queues.get_mut(&rec.recipient_id[..]) {
+            Some(q) => q.rec = pack_rec(&rec),
             None => {
                 self.queues
-                    .insert(rec.recipient_id.clone(), Queue::new(rec));
+                    .insert(IdKey::new(&rec.recipient_id), Queue::new(&rec));
             }
         }
     }
@@ -233,9 +264,10 @@ impl MemoryData {
     fn update(&mut self, rec: QueueRec) -> Result<(), StoreError> {
         let q = self
             .queues
-            .get_mut(&rec.recipient_id)
+            .get_mut(&rec.recipient_id[..])
             .ok_or(StoreError::NotFound)?;
-        q.rec = rec;
+        q.rec = pack_rec(&rec);
+        self.records.get_mut().forget(&rec.recipient_id);
         Ok(())
     }
 
@@ -244,11 +276,13 @@ impl MemoryData {
             .queues
             .remove(recipient_id)
             .ok_or(StoreError::NotFound)?;
+        self.records.get_mut().forget(recipient_id);
         self.total_messages -= q.msgs.len();
-        if let Some(n) = &q.rec.notifier {
+        let rec = q.record(recipient_id);
+        if let Some(n) = &rec.notifier {
             self.ntfs.remove(&n.notifier_id);
         }
-        Ok(q.rec)
+        Ok(rec)
     }
 }
 
@@ -411,15 +445,16 @@ impl MemoryData {
 
 impl QueueStore for MemoryStore {
     fn with_queue<R>(&self, recipient_id: &[u8], f: impl FnOnce(&QueueRec) -> R) -> Option<R> {
-        self.data
-            .borrow()
-            .queues
-            .get(recipient_id)
-            .map(|q| f(&q.rec))
+        // Taken out of the store's borrow first: `f` may call the store again.
+        let rec = self.data.borrow().record_of(recipient_id)?;
+        Some(f(&rec))
     }
 
     fn for_each_queue(&self, f: &mut dyn FnMut(&QueueRec)) {
-        self.data.borrow().queues.values().for_each(|q| f(&q.rec));
+        let d = self.data.borrow();
+        for (rid, q) in &d.queues {
+            f(&q.record(rid.as_slice()));
+        }
     }
 
     fn queue_count(&self) -> usize {
@@ -427,7 +462,12 @@ impl QueueStore for MemoryStore {
     }
 
     async fn create(&self, rec: QueueRec) -> Result<(), StoreError> {
-        if self.data.borrow().queues.contains_key(&rec.recipient_id) {
+        if self
+            .data
+            .borrow()
+            .queues
+            .contains_key(&rec.recipient_id[..])
+        {
             return Err(StoreError::Duplicate);
         }
         let bytes = queue_log::encode(&rec);
@@ -437,7 +477,12 @@ impl QueueStore for MemoryStore {
     }
 
     async fn update(&self, rec: QueueRec) -> Result<(), StoreError> {
-        if !self.data.borrow().queues.contains_key(&rec.recipient_id) {
+        if !self
+            .data
+            .borrow()
+            .queues
+            .contains_key(&rec.recipient_id[..])
+        {
             return Err(StoreError::NotFound);
         }
         let bytes = queue_log::encode(&rec);
@@ -550,7 +595,7 @@ impl MessageStore for MemoryStore {
         d.queues
             .iter()
             .filter(|(_, q)| !q.msgs.is_empty())
-            .map(|(rid, _)| rid.clone())
+            .map(|(rid, _)| rid.to_vec())
             .collect()
     }
 

@@ -8,6 +8,7 @@
 //! them at once. The owner calls them in a per-queue order (`docs/ARCHITECTURE.md` §2), never
 //! concurrently for one queue.
 
+pub mod cache;
 mod codec;
 pub mod held;
 pub mod id;
@@ -134,6 +135,36 @@ impl QueueRec {
     }
 }
 
+/// The IDs of a queue that a start indexes outside the store, borrowed: the shared directory's
+/// sender, link and notifier IDs and the services' associations (`server/mod.rs`,
+/// `index_queues`). A store may produce them without decoding whole records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordIds<'a> {
+    pub recipient_id: &'a [u8],
+    pub sender_id: &'a [u8],
+    pub link_id: Option<&'a [u8]>,
+    pub notifier_id: Option<&'a [u8]>,
+    pub rcv_service_id: Option<&'a [u8]>,
+    /// The notifier's service (only with a notifier).
+    pub ntf_service_id: Option<&'a [u8]>,
+}
+
+impl<'a> RecordIds<'a> {
+    pub fn of(q: &'a QueueRec) -> Self {
+        RecordIds {
+            recipient_id: &q.recipient_id,
+            sender_id: &q.sender_id,
+            link_id: q.link.as_ref().map(|l| &l.link_id[..]),
+            notifier_id: q.notifier.as_ref().map(|n| &n.notifier_id[..]),
+            rcv_service_id: q.rcv_service_id.as_deref(),
+            ntf_service_id: q
+                .notifier
+                .as_ref()
+                .and_then(|n| n.ntf_service_id.as_deref()),
+        }
+    }
+}
+
 /// A stored message or the quota marker that took the place of a rejected one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
@@ -239,8 +270,13 @@ pub trait QueueStore {
     fn contains(&self, recipient_id: &[u8]) -> bool {
         self.with_queue(recipient_id, |_| ()).is_some()
     }
-    /// Every record, for building the ID directory at start.
+    /// Every record (the offline tools, the tests).
     fn for_each_queue(&self, f: &mut dyn FnMut(&QueueRec));
+    /// The IDs of every queue, for the directory and the services' index at start; a store whose
+    /// records are not kept decoded reads them without decoding.
+    fn for_each_queue_ids(&self, f: &mut dyn FnMut(&RecordIds<'_>)) {
+        self.for_each_queue(&mut |q| f(&RecordIds::of(q)))
+    }
     fn queue_count(&self) -> usize;
 
     /// Adds a queue; `Duplicate` if its recipient ID is taken (the owner checks sender, link and

@@ -31,7 +31,7 @@ use smp_journal::{CheckpointBase, Fs, JournalError, Location};
 
 use super::index::{MsgEntry, NtfEntry, QueueEntry};
 use super::Data;
-use super::{decode_notification, decode_queue_record, encode_notification};
+use super::{decode_notification, encode_notification, record_ids};
 use crate::protocol::encoding::{put_int64, put_word32, DResult, Reader};
 use crate::store::id::IdKey;
 use crate::store::{EntityId, StoreError};
@@ -324,8 +324,8 @@ impl<F: Fs> Data<F> {
         version: u8,
     ) -> DResult<Result<(), String>> {
         let rid: EntityId = id(r)?.to_vec();
-        let rec = match decode_queue_record(bytes(r)?) {
-            Ok(rec) => rec,
+        let ids = match record_ids(bytes(r)?) {
+            Ok(ids) => ids,
             Err(e) => return Ok(Err(e)),
         };
         let (rec_loc, rec_len) = loc(r)?;
@@ -347,7 +347,7 @@ impl<F: Fs> Data<F> {
                 loc,
             });
         }
-        let notifier = rec.notifier.map(|n| Box::new(n.notifier_id));
+        let notifier = ids.notifier_id.map(|n| Box::new(n.to_vec()));
         if let Some(nid) = &notifier {
             self.notifiers.insert(EntityId::clone(nid), g);
         }

@@ -22,8 +22,8 @@ use std::rc::Rc;
 use smp_journal::{Fs, Journal, Location, Priority, Record, SyncPoint};
 
 use super::{
-    decode_notification, decode_queue_record, failed, Data, Map, Runner, Tuning, FLAG_NOTIFICATION,
-    FLAG_QUOTA,
+    decode_notification, decode_queue_record, failed, record_ids, Data, Map, Runner, Tuning,
+    FLAG_NOTIFICATION, FLAG_QUOTA,
 };
 use crate::store::id::IdKey;
 use crate::store::memory::MAX_NTFS_PER_NOTIFIER;
@@ -113,65 +113,6 @@ pub(super) struct NtfEntry {
     pub ntf: MsgNtf,
     pub loc: Location,
     pub len: u32,
-}
-
-/// Decoded records of the queues used lately (`limits::JOURNAL_RECORD_CACHE`): two generations,
-/// the current one and the one before it; a record found in the older one moves to the current
-/// one, and when the current one is full the older one is dropped and the current one takes its
-/// place. So a queue used within the last half of the bound's worth of distinct queues is never
-/// read again, lookups and evictions cost O(1), and the cache never holds more than the bound.
-/// Every change of a queue's record forgets it here first (`Data::set_record`, `forget_queue`).
-pub(super) struct RecordCache {
-    current: Map<IdKey, Rc<QueueRec>>,
-    older: Map<IdKey, Rc<QueueRec>>,
-    generation: usize,
-}
-
-impl Default for RecordCache {
-    fn default() -> Self {
-        RecordCache::with_bound(crate::limits::JOURNAL_RECORD_CACHE)
-    }
-}
-
-impl RecordCache {
-    pub fn with_bound(bound: usize) -> Self {
-        RecordCache {
-            current: Map::default(),
-            older: Map::default(),
-            generation: (bound / 2).max(1),
-        }
-    }
-
-    pub fn get(&mut self, rid: &[u8]) -> Option<Rc<QueueRec>> {
-        if let Some(r) = self.current.get(rid) {
-            return Some(r.clone());
-        }
-        let (k, r) = self.older.remove_entry(rid)?;
-        self.insert(k, r.clone());
-        Some(r)
-    }
-
-    pub fn put(&mut self, rid: &[u8], rec: Rc<QueueRec>) {
-        self.older.remove(rid);
-        self.insert(IdKey::new(rid), rec);
-    }
-
-    fn insert(&mut self, k: IdKey, rec: Rc<QueueRec>) {
-        if self.current.len() >= self.generation {
-            self.older = std::mem::take(&mut self.current);
-        }
-        self.current.insert(k, rec);
-    }
-
-    pub fn forget(&mut self, rid: &[u8]) {
-        self.current.remove(rid);
-        self.older.remove(rid);
-    }
-
-    #[cfg(test)]
-    pub fn len(&self) -> usize {
-        self.current.len() + self.older.len()
-    }
 }
 
 /// Bytes of live records per segment of one group's journal (a record takes at least its
@@ -459,11 +400,11 @@ impl<F: Fs> Data<F> {
         match rec {
             Record::QueueCreate { recipient_id, data }
             | Record::QueueUpdate { recipient_id, data } => {
-                let rec = decode_queue_record(data)?;
-                if rec.recipient_id != recipient_id {
+                let ids = record_ids(data)?;
+                if ids.recipient_id != recipient_id {
                     return Err("a queue record under another recipient ID".into());
                 }
-                self.set_record(g, rec, loc, len);
+                self.set_record(g, recipient_id, ids.notifier_id, loc, len);
             }
             Record::QueueDelete { recipient_id } => {
                 if !self.parked.is_empty() {
@@ -542,15 +483,14 @@ impl<F: Fs> Data<F> {
     }
 
     /// A queue record: creates the queue (with what was parked for it) or replaces its record.
-    fn set_record(&mut self, g: u32, rec: QueueRec, loc: Location, len: u32) {
-        let rid = rec.recipient_id;
-        self.records.get_mut().forget(&rid);
+    fn set_record(&mut self, g: u32, rid: &[u8], notifier: Option<&[u8]>, loc: Location, len: u32) {
+        self.records.get_mut().forget(rid);
         let old_nid = self
             .group_mut(g)
             .queues
-            .get(&rid[..])
+            .get(rid)
             .and_then(|q| q.notifier.as_deref().cloned());
-        let new_nid = rec.notifier.map(|n| n.notifier_id);
+        let new_nid = notifier.map(<[u8]>::to_vec);
         if let Some(old) = old_nid.filter(|o| Some(o) != new_nid.as_ref()) {
             // A replaced or removed notifier's notifications go with it.
             self.notifiers.remove(&old);
@@ -558,7 +498,7 @@ impl<F: Fs> Data<F> {
         }
         let notifier = new_nid.clone().map(Box::new);
         let grp = self.group_mut(g);
-        match grp.queues.get_mut(&rid[..]) {
+        match grp.queues.get_mut(rid) {
             Some(q) => {
                 let (old, old_len) = (q.rec_loc.segment, q.rec_len);
                 q.rec_loc = loc;
@@ -567,14 +507,14 @@ impl<F: Fs> Data<F> {
                 grp.live.sub(old, old_len);
             }
             None => {
-                let msgs = self.parked.remove(&rid).unwrap_or_default();
+                let msgs = self.parked.remove(rid).unwrap_or_default();
                 let grp = self.groups.entry(g).or_default();
                 for m in &msgs {
                     grp.live.add(m.loc.segment, m.len);
                 }
                 self.total_messages += msgs.len();
                 grp.queues.insert(
-                    IdKey::new(&rid),
+                    IdKey::new(rid),
                     QueueEntry {
                         rec_loc: loc,
                         rec_len: len,
@@ -821,33 +761,5 @@ impl<F: Fs> Data<F> {
                 lost.join("; ")
             ))
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::memory::tests::rec;
-
-    #[test]
-    fn the_record_cache_keeps_what_is_used_within_its_bound_and_forgets_changed_records() {
-        let mut c = RecordCache::with_bound(8);
-        let id = |i: u32| i.to_be_bytes().to_vec();
-        for i in 0..4 {
-            c.put(&id(i), Rc::new(rec(&id(i))));
-        }
-        // Queue 0 is used again and again while 100 others pass through once each: it stays,
-        // and the cache never holds more than its bound.
-        for i in 4..104 {
-            assert!(c.get(&id(0)).is_some(), "queue 0 evicted at {i}");
-            c.put(&id(i), Rc::new(rec(&id(i))));
-            assert!(c.len() <= 8, "{} records held", c.len());
-        }
-        assert!(c.get(&id(1)).is_none(), "an unused record was kept");
-        let r = c.get(&id(0)).unwrap();
-        assert_eq!(r.recipient_id, id(0));
-        // A changed record is forgotten, not served stale.
-        c.forget(&id(0));
-        assert!(c.get(&id(0)).is_none());
     }
 }

@@ -230,11 +230,11 @@ impl MemoryStore {
         let groups = check_groups(groups).map_err(|e| SaveError(vec![(e, String::new())]))?;
         let mut failed = Vec::new();
         let data = self.data.borrow();
-        let mut by_group: HashMap<u32, Vec<&Queue>> = HashMap::new();
-        for q in data.queues.values() {
-            let g = group_of(&q.rec.recipient_id);
+        let mut by_group: HashMap<u32, Vec<(&[u8], &Queue)>> = HashMap::new();
+        for (rid, q) in &data.queues {
+            let g = group_of(rid.as_slice());
             if groups.contains(&g) {
-                by_group.entry(g).or_default().push(q);
+                by_group.entry(g).or_default().push((rid.as_slice(), q));
             }
         }
         // Notifications of a notifier ID no queue has any more are not saved: nobody can take them.
@@ -260,17 +260,16 @@ impl MemoryStore {
                 continue;
             }
             // Sorted so that the same store always gives the same bytes.
-            queues.sort_by(|a, b| a.rec.recipient_id.cmp(&b.rec.recipient_id));
+            queues.sort_by(|a, b| a.0.cmp(b.0));
+            let recs: Vec<QueueRec> = queues.iter().map(|(rid, q)| q.record(rid)).collect();
             let bytes = encode_file(
                 g,
-                queues.iter().map(|q| {
+                recs.iter().zip(&queues).map(|(rec, (_, q))| {
                     let ntfs = q
-                        .rec
-                        .notifier
-                        .as_ref()
-                        .and_then(|n| data.ntfs.get(&n.notifier_id))
+                        .notifier_id()
+                        .and_then(|n| data.ntfs.get(n))
                         .unwrap_or(&empty);
-                    (&q.rec, q.msgs.iter(), ntfs.iter())
+                    (rec, q.msgs.iter(), ntfs.iter())
                 }),
             );
             if let Err(e) = write_atomic(&path, &bytes) {
@@ -677,10 +676,9 @@ impl crate::store::ShardStore for MemoryStore {
         let data = store.data.borrow();
         let found = data
             .queues
-            .values()
-            .map(|q| &q.rec)
-            .find(|r| r.sender_id == id || r.link.as_ref().is_some_and(|l| l.link_id == id))
-            .cloned();
+            .iter()
+            .map(|(rid, q)| q.record(rid.as_slice()))
+            .find(|r| r.sender_id == id || r.link.as_ref().is_some_and(|l| l.link_id == id));
         Ok(found)
     }
 
