@@ -17,8 +17,8 @@ use super::QueueRec;
 /// Every change of a queue's record forgets it here first.
 #[derive(Debug)]
 pub struct RecordCache {
-    current: HashMap<IdKey, Rc<QueueRec>>,
-    older: HashMap<IdKey, Rc<QueueRec>>,
+    current: HashMap<IdKey, Rc<QueueRec>, foldhash::fast::RandomState>,
+    older: HashMap<IdKey, Rc<QueueRec>, foldhash::fast::RandomState>,
     generation: usize,
 }
 
@@ -31,8 +31,8 @@ impl Default for RecordCache {
 impl RecordCache {
     pub fn with_bound(bound: usize) -> Self {
         RecordCache {
-            current: HashMap::new(),
-            older: HashMap::new(),
+            current: HashMap::default(),
+            older: HashMap::default(),
             generation: (bound / 2).max(1),
         }
     }

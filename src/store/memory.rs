@@ -80,7 +80,7 @@ pub struct MemoryStore {
 /// The memory store's data.
 #[derive(Debug, Default)]
 pub(crate) struct MemoryData {
-    queues: HashMap<IdKey, Queue>,
+    queues: HashMap<IdKey, Queue, foldhash::quality::RandomState>,
     /// The records of the queues used lately, unpacked (`store/cache.rs`).
     records: RefCell<RecordCache>,
     /// Pending notifications per notifier ID, oldest first.
@@ -159,10 +159,11 @@ impl MemoryStore {
 impl MemoryData {
     /// The record of queue `rid`, from the cache of recently used records or unpacked.
     fn record_of(&self, rid: &[u8]) -> Option<Rc<QueueRec>> {
-        let q = self.queues.get(rid)?;
+        // A cached record is of a queue that exists: a delete forgets it.
         if let Some(r) = self.records.borrow_mut().get(rid) {
             return Some(r);
         }
+        let q = self.queues.get(rid)?;
         let rec = Rc::new(q.record(rid));
         self.records.borrow_mut().put(rid, rec.clone());
         Some(rec)

@@ -555,12 +555,13 @@ impl<F: Fs> Data<F> {
     /// The record of queue `rid`, from the cache of recently used records or read from its group's
     /// journal (`RecordCache`).
     pub fn record_of(&self, rid: &[u8]) -> Result<Option<Rc<QueueRec>>, StoreError> {
-        let Some(q) = self.queue(rid) else {
-            return Ok(None);
-        };
+        // A cached record is of a queue that exists: a delete forgets it.
         if let Some(r) = self.records.borrow_mut().get(rid) {
             return Ok(Some(r));
         }
+        let Some(q) = self.queue(rid) else {
+            return Ok(None);
+        };
         let rec = Rc::new(self.read_record(group_of(rid), q)?);
         self.records.borrow_mut().put(rid, rec.clone());
         Ok(Some(rec))
