@@ -299,6 +299,12 @@ struct ScaleArgs {
     /// Replace an existing --out.
     #[arg(long)]
     force: bool,
+    /// Every idle queue has a notifier.
+    #[arg(long)]
+    notifiers: bool,
+    /// Every idle queue has short-link data (256 bytes each of fixed and user data).
+    #[arg(long)]
+    links: bool,
     /// The smp-relay binary (default: next to smp-load).
     #[arg(long)]
     relay_bin: Option<PathBuf>,
@@ -560,12 +566,17 @@ fn scale(a: ScaleArgs) -> Result<(), String> {
     }
     let bin = a.relay_bin.clone().unwrap_or_else(RelaySpec::default_bin);
     let t0 = std::time::Instant::now();
-    let filled = smp_relay::load::scale::fill(&bin, &from, &out, kind, a.queues, &mut |n| {
-        eprintln!(
-            "scale: {n} idle queues written ({:.0} s)",
-            t0.elapsed().as_secs_f64()
-        )
-    })?;
+    let extras = smp_relay::load::scale::Extras {
+        notifier: a.notifiers,
+        link: a.links,
+    };
+    let filled =
+        smp_relay::load::scale::fill(&bin, &from, &out, kind, a.queues, extras, &mut |n| {
+            eprintln!(
+                "scale: {n} idle queues written ({:.0} s)",
+                t0.elapsed().as_secs_f64()
+            )
+        })?;
     let bytes = proc::dir_bytes(&out).map_err(|e| format!("{}: {e}", out.display()))?;
     eprintln!(
         "scale: {} holds {} ({} from {}, {} idle) on the {} store, {:.0} MB, in {:.1} s",

@@ -1,8 +1,9 @@
 //! `smp-load scale`: a data directory that holds many queues, made quickly through the store's own
 //! import path. The queues of a `setup` file (whose keys the scenarios hold) are exported from
 //! their data directory by `smp-relay store export`, and the stream is piped into `smp-relay store
-//! import` on a new data directory with `idle` queues added after them: plain messaging queues
-//! (recipient and sender keys, no notifier, no short-link data) that no scenario uses. The start
+//! import` on a new data directory with `idle` queues added after them: messaging queues that no
+//! scenario uses, plain (recipient and sender keys) or with a notifier and short-link data
+//! ([`Extras`]). The start
 //! time, RssAnon per queue and the storm over the setup's queues among them are then measured on
 //! that directory by `restart-time` and `storm --data-dir` (`benches/README.md`, "Scale").
 
@@ -15,7 +16,7 @@ use rand::RngCore;
 use crate::crypto::keys::PublicAuthKey;
 use crate::protocol::command::QueueMode;
 use crate::store::transfer::{Counts, StreamReader, StreamWriter};
-use crate::store::{QueueData, QueueRec, QueueStatus, StoreKind};
+use crate::store::{NotifierCreds, QueueData, QueueLink, QueueRec, QueueStatus, StoreKind};
 
 /// What `fill` wrote.
 #[derive(Debug, Clone, Copy)]
@@ -27,16 +28,55 @@ pub struct Filled {
     pub counts: Counts,
 }
 
+/// What the idle queues carry besides their keys, to measure what each part costs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Extras {
+    /// A notifier (its ID, key and DH secret; no service).
+    pub notifier: bool,
+    /// Short-link data: a link ID and `LINK_DATA_BYTES` each of fixed and user data.
+    pub link: bool,
+}
+
+/// Bytes of fixed and of user data in an idle queue's short link (`Extras::link`).
+pub const LINK_DATA_BYTES: usize = 256;
+
 /// One idle queue: random IDs and DH secret; `key` as both the recipient's and the sender's key
-/// (the record must hold valid keys, and no one signs for these queues). Its `updated_at` is
-/// `day`, as a queue used that day.
-pub fn idle_queue(rng: &mut impl RngCore, key: &PublicAuthKey, day: i64) -> QueueData {
-    let mut id = || {
+/// (the record must hold valid keys, and no one signs for these queues), and the notifier's. Its
+/// `updated_at` is `day`, as a queue used that day.
+pub fn idle_queue(
+    rng: &mut impl RngCore,
+    key: &PublicAuthKey,
+    day: i64,
+    extras: Extras,
+) -> QueueData {
+    let id = |rng: &mut dyn RngCore| {
         let mut b = vec![0u8; 24];
         rng.fill_bytes(&mut b);
         b
     };
-    let (recipient_id, sender_id) = (id(), id());
+    let (recipient_id, sender_id) = (id(rng), id(rng));
+    let link = extras.link.then(|| {
+        let link_id = id(rng);
+        let mut data = vec![0u8; 2 * LINK_DATA_BYTES];
+        rng.fill_bytes(&mut data);
+        let user = data.split_off(LINK_DATA_BYTES);
+        Box::new(QueueLink {
+            link_id,
+            fixed: data,
+            user,
+        })
+    });
+    let notifier = extras.notifier.then(|| {
+        let notifier_id = id(rng);
+        let mut rcv_ntf_dh_secret = [0u8; 32];
+        rng.fill_bytes(&mut rcv_ntf_dh_secret);
+        Box::new(NotifierCreds {
+            notifier_id,
+            notifier_key: key.clone(),
+            rcv_ntf_dh_secret,
+            ntf_service_id: None,
+        })
+    });
     let mut rcv_dh_secret = [0u8; 32];
     rng.fill_bytes(&mut rcv_dh_secret);
     QueueData {
@@ -47,8 +87,8 @@ pub fn idle_queue(rng: &mut impl RngCore, key: &PublicAuthKey, day: i64) -> Queu
             sender_id,
             sender_key: Some(key.clone()),
             queue_mode: Some(QueueMode::Messaging),
-            link: None,
-            notifier: None,
+            link,
+            notifier,
             status: QueueStatus::Active,
             updated_at: Some(day),
             rcv_service_id: None,
@@ -80,6 +120,7 @@ pub fn fill(
     to: &Path,
     kind: StoreKind,
     idle: u64,
+    extras: Extras,
     progress: &mut dyn FnMut(u64),
 ) -> Result<Filled, String> {
     let mut export = spawn(
@@ -130,7 +171,7 @@ pub fn fill(
         let mut rng = rand::rngs::OsRng;
         for i in 0..idle {
             writer
-                .queue(&idle_queue(&mut rng, &key, day))
+                .queue(&idle_queue(&mut rng, &key, day, extras))
                 .map_err(|e| e.to_string())?;
             if (i + 1) % 1_000_000 == 0 {
                 progress(i + 1);
