@@ -569,14 +569,7 @@ impl<F: Fs> Data<F> {
 
     /// The record of queue entry `q` of group `g`, read and decoded from the journal.
     pub fn read_record(&self, g: u32, q: &QueueEntry) -> Result<QueueRec, StoreError> {
-        match self.journal(g)?.read(q.rec_loc).map_err(failed)? {
-            (_, Record::QueueCreate { data, .. } | Record::QueueUpdate { data, .. }) => {
-                decode_queue_record(data).map_err(StoreError::Failed)
-            }
-            _ => Err(StoreError::Failed(
-                "journal: a queue's record is not a queue record".into(),
-            )),
-        }
+        decode_queue_record(self.record_bytes(g, q)?).map_err(StoreError::Failed)
     }
 
     /// The bytes of queue entry `q`'s record in group `g` (its encoding, as a checkpoint keeps it).
