@@ -4,6 +4,8 @@
 //! relay's store to a stream and a stream into an empty store (`store/transfer.rs`).
 
 mod import_reference;
+#[cfg(feature = "test-kit")]
+mod test_hooks;
 
 use std::fs;
 use std::io::Write;
@@ -253,40 +255,10 @@ struct StartArgs {
     /// The settings the configuration file may also set (`smp_relay::settings`).
     #[command(flatten)]
     settings: StartFlags,
-    /// Test hook: shard SHARD's reads of queue heads wait MS milliseconds first
-    /// (`store/held.rs`).
-    #[arg(long, hide = true, value_name = "SHARD:MS", value_parser = shard_delay)]
-    test_store_delay: Option<(usize, Duration)>,
-    /// Test hook: each connection's output high water mark in bytes (the low water mark, hard
-    /// limit and re-ask batch follow from it as the defaults do from 1 MiB).
-    #[arg(long, hide = true, value_parser = clap::value_parser!(u64).range(1024..=1 << 30))]
-    test_output_high_water_bytes: Option<u64>,
-    /// Test hook: shard SHARD fails its start (`bind`: its listener; `exit`: its thread ends first).
-    #[arg(long, hide = true, value_name = "SHARD:bind|exit", value_parser = start_fault)]
-    test_fail_start: Option<(usize, config::StartFault)>,
-    /// Test hook: serve clock-control commands (`advance SECS`, `expire`, `metrics`) on a Unix
-    /// socket at PATH, so that tests move the relay's time instead of sleeping.
-    #[arg(long, hide = true, value_name = "PATH")]
-    test_clock_control: Option<PathBuf>,
-    /// Test hook: the relay's clock starts SECS ahead of the wall clock (it applies to the store's
-    /// load at start, before the control socket serves).
-    #[arg(long, hide = true, value_name = "SECS", value_parser = clap::value_parser!(u32))]
-    test_clock_offset_secs: Option<u32>,
-    /// Test hook: rate-limited warnings (`log_limit`) write one line per MS milliseconds
-    /// instead of one a second, so that the log tests need not wait a second for the count.
-    #[arg(long, hide = true, value_name = "MS",
-          value_parser = clap::value_parser!(u64).range(1..=60_000))]
-    test_warning_interval_ms: Option<u64>,
-    /// Test hook: the slow-reader watchdog looks every MS milliseconds instead of every quarter of
-    /// the limit, so that a test advancing the clock past a long limit sees the close at once.
-    #[arg(long, hide = true, value_name = "MS",
-          value_parser = clap::value_parser!(u64).range(1..=60_000))]
-    test_slow_reader_tick_ms: Option<u64>,
-    /// Test hook: the TLS handshake timeout in milliseconds instead of `--tls-timeout-secs`, so
-    /// that the handshake-timeout tests need not wait a whole second.
-    #[arg(long, hide = true, value_name = "MS",
-          value_parser = clap::value_parser!(u64).range(1..=60_000))]
-    test_tls_timeout_ms: Option<u64>,
+    /// The tests' hooks (`--test-*`), in builds with the `test-kit` feature only.
+    #[cfg(feature = "test-kit")]
+    #[command(flatten)]
+    test: test_hooks::TestFlags,
     /// Turn off the proxy role of private routing (PRXY is then refused with PROXY BASIC_AUTH).
     #[arg(long)]
     no_proxy: bool,
@@ -311,30 +283,6 @@ impl StartArgs {
 }
 
 /// `SHARD:MS` of `--test-store-delay`.
-fn shard_delay(s: &str) -> Result<(usize, Duration), String> {
-    let (shard, ms) = s
-        .split_once(':')
-        .ok_or_else(|| format!("expected SHARD:MS, got {s:?}"))?;
-    let shard = shard.parse().map_err(|_| format!("bad shard in {s:?}"))?;
-    let ms: u64 = ms
-        .parse()
-        .map_err(|_| format!("bad milliseconds in {s:?}"))?;
-    Ok((shard, Duration::from_millis(ms)))
-}
-
-fn start_fault(s: &str) -> Result<(usize, config::StartFault), String> {
-    let (shard, fault) = s
-        .split_once(':')
-        .ok_or_else(|| format!("expected SHARD:bind or SHARD:exit, got {s:?}"))?;
-    let shard = shard.parse().map_err(|_| format!("bad shard in {s:?}"))?;
-    let fault = match fault {
-        "bind" => config::StartFault::Bind,
-        "exit" => config::StartFault::Exit,
-        _ => return Err(format!("expected bind or exit in {s:?}")),
-    };
-    Ok((shard, fault))
-}
-
 #[derive(Clone, Copy, ValueEnum)]
 enum CertAlgorithm {
     #[value(name = "ED25519")]
@@ -894,23 +842,9 @@ fn start(dirs: &Dirs, args: &StartArgs) -> Result<(), String> {
     }
     let mut c = StartConfig::new(&dirs.data);
     c.config_dir = dirs.config.clone();
-    c.test_store_delay = args.test_store_delay;
-    if let Some(b) = args.test_output_high_water_bytes {
-        c.output_limits = smp_relay::limits::OutputLimits::from_high_water(b as usize);
-    }
-    c.test_fail_start = args.test_fail_start;
-    c.test_clock_control = args.test_clock_control.clone();
-    c.test_slow_reader_tick = args.test_slow_reader_tick_ms.map(Duration::from_millis);
-    if let Some(secs) = args.test_clock_offset_secs {
-        smp_relay::clock::advance(i64::from(secs));
-    }
-    if let Some(ms) = args.test_warning_interval_ms {
-        smp_relay::log_limit::set_interval(Duration::from_millis(ms));
-    }
     cli.or(file.options).apply_to(&mut c);
-    if let Some(ms) = args.test_tls_timeout_ms {
-        c.tls_timeout = Duration::from_millis(ms);
-    }
+    #[cfg(feature = "test-kit")]
+    args.test.apply(&mut c);
     args.apply_proxy(&mut c.settings.proxy);
     // The address as this start serves it: its first port, the create password in force.
     if let Ok(fp) = fs::read_to_string(data_dir.join(config::FINGERPRINT_FILE)) {

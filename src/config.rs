@@ -101,8 +101,6 @@ pub struct StartConfig {
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// A connection whose output stays over its bound this long is closed.
     pub slow_reader_close: Duration,
-    /// Test hook: shard `.0`'s reads of queue heads wait `.1` first (`store/held.rs`).
-    pub test_store_delay: Option<(usize, Duration)>,
     /// Each connection's output bounds (`limits::OutputLimits`).
     pub output_limits: limits::OutputLimits,
     /// The store the relay runs on.
@@ -117,14 +115,28 @@ pub struct StartConfig {
     pub journal_checkpoint_records: u64,
     /// The PostgreSQL store's database, schema and pool (`start --database`, …).
     pub postgres: crate::store::postgres::PgConfig,
-    /// Test hook: shard `.0` fails its start in the way `.1` names (failed-start tests).
-    pub test_fail_start: Option<(usize, StartFault)>,
-    /// Test hook: shard 0 serves clock-control commands on this Unix socket
-    /// (`src/server/clock_control.rs`).
-    pub test_clock_control: Option<PathBuf>,
-    /// Test hook: how often the slow-reader watchdog looks (`src/server/conn.rs`), instead of a
-    /// quarter of the limit: tests that advance the clock past a long limit need not wait for it.
-    pub test_slow_reader_tick: Option<Duration>,
+    /// What the tests' hooks change; all unset unless the binary is built with the `test-kit`
+    /// feature (which only test builds enable) and a `--test-*` flag sets them.
+    pub test: TestHooks,
+}
+
+/// The tests' hooks into a running relay (`start --test-*`, only in builds with the `test-kit`
+/// feature: `cargo test` turns it on, `cargo build --release` does not).
+#[derive(Debug, Clone, Default)]
+pub struct TestHooks {
+    /// Shard `.0`'s reads of queue heads wait `.1` first (`store/held.rs`).
+    pub store_delay: Option<(usize, Duration)>,
+    /// Shard `.0` fails its start in the way `.1` names (failed-start tests).
+    pub fail_start: Option<(usize, StartFault)>,
+    /// Shard 0 serves clock-control commands on this Unix socket (`src/server/clock_control.rs`).
+    pub clock_control: Option<PathBuf>,
+    /// How often the slow-reader watchdog looks (`src/server/conn.rs`), instead of a quarter of
+    /// the limit: tests that advance the clock past a long limit need not wait for it.
+    pub slow_reader_tick: Option<Duration>,
+    /// SUBs register their subscriber a second after their first-message read, as the
+    /// reference's subscriber thread does (`docs/ARCHITECTURE.md` §3, the T1 race): the race
+    /// tests must fail on such a relay.
+    pub late_registration: bool,
 }
 
 /// How the start-up test hook makes a shard fail.

@@ -535,7 +535,7 @@ async fn write_loop(
     out: &LocalReceiver<Output>,
 ) -> Result<(), ConnError> {
     let slow_reader_close = ctx.config.slow_reader_close;
-    let slow_reader_tick = ctx.config.test_slow_reader_tick;
+    let slow_reader_tick = ctx.config.test.slow_reader_tick;
     while let Some(first) = out.recv().await {
         if state.doomed.get() {
             return Err(ConnError::SlowReader);

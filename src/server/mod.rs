@@ -105,7 +105,7 @@ pub fn run(config: StartConfig) -> Result<(), StartError> {
             run_on::<S>(self.0)
         }
     }
-    with_store(config.store, config.test_store_delay.is_some(), Run(config))
+    with_store(config.store, config.test.store_delay.is_some(), Run(config))
 }
 
 fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
@@ -194,7 +194,8 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
             .io_memory(IO_MEMORY_BYTES)
             .spawn(move || async move {
                 let fault = config
-                    .test_fail_start
+                    .test
+                    .fail_start
                     .filter(|(shard, _)| *shard == shard_id)
                     .map(|(_, f)| f);
                 if fault == Some(StartFault::Exit) {
@@ -205,7 +206,8 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
                 // what the running relay's periodic expiry would keep.
                 let shard_settings = StoreSettings {
                     test_delay: config
-                        .test_store_delay
+                        .test
+                        .store_delay
                         .filter(|(shard, _)| *shard == shard_id)
                         .map(|(_, d)| d),
                     ..store_settings.clone()
@@ -241,6 +243,8 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
                     return Ok(None);
                 }
                 let settings = Rc::new(config.settings.clone());
+                #[cfg(feature = "test-kit")]
+                let late_registration = config.test.late_registration;
                 // The connections and the owner send through one outbox (O1, `ShardMesh`).
                 let mesh = router::ShardMesh::new(mesh, shard_id);
                 let mut ctx = context::ShardContext::new(
@@ -280,6 +284,10 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
                 );
                 if let Some(a) = restored {
                     *owner.activity.borrow_mut() = a;
+                }
+                #[cfg(feature = "test-kit")]
+                if late_registration {
+                    owner.fault.set(owner::Fault::LateRegistration);
                 }
                 let store = shard::run(ctx, owner, inbox, listeners, move || reporter.serving())
                     .await

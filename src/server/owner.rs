@@ -89,11 +89,9 @@ pub const BATCH_OFF_BLOCKS: u32 = 64;
 pub const BATCH_FAIL_WEIGHT: u32 = 8;
 pub const BATCH_FAIL_LIMIT: u32 = 64;
 
-/// Whether a test build moves SUB registration after the first-message read (`t1-race-variant`),
-/// to prove that the race test can fail.
-pub const T1_RACE_VARIANT: bool = cfg!(feature = "t1-race-variant");
-
-/// How late the `t1-race-variant` registers a SUB (the reference's subscriber thread lags likewise).
+/// How late a relay started with `--test-late-registration` registers a SUB (the reference's
+/// subscriber thread lags likewise).
+#[cfg(feature = "test-kit")]
 pub const T1_VARIANT_DELAY: std::time::Duration = std::time::Duration::from_millis(1000);
 
 /// The owner's state is in cells, each borrowed only for a step that does not await: the shard
@@ -101,6 +99,7 @@ pub const T1_VARIANT_DELAY: std::time::Duration = std::time::Duration::from_mill
 /// and the per-queue order keeps them off each other's queues (`docs/ARCHITECTURE.md` §2). After
 /// an await a turn reads again what it needs; a connection's close may have changed it.
 /// A deliberately broken owner, to show that the simulation (`sim.rs`) catches it.
+#[cfg(feature = "test-kit")]
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Fault {
     None,
@@ -110,7 +109,7 @@ pub enum Fault {
     /// store operation on the same queue is in flight.
     NoQueueOrder,
     /// Registers a SUB's subscriber after its head was read, in a later step (the reference's
-    /// race, which the `t1-race-variant` build re-creates over real connections).
+    /// race, which `start --test-late-registration` re-creates over real connections).
     LateRegistration,
 }
 
@@ -149,8 +148,9 @@ pub struct Owner<S> {
     next_epoch: Cell<u64>,
     /// Services: associations, subscribed connections (`commands/service.rs`).
     pub services: crate::server::service_state::ServiceState,
-    /// A deliberately broken variant, for the simulation to catch (`server::sim`).
-    #[cfg(test)]
+    /// A deliberately broken variant, for the simulation (`server::sim`) and the race tests to
+    /// catch.
+    #[cfg(feature = "test-kit")]
     pub fault: Cell<Fault>,
 }
 
@@ -217,7 +217,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             batch_fail_score: Cell::new(0),
             batch_off_all: Cell::new(0),
             next_epoch: Cell::new(0),
-            #[cfg(test)]
+            #[cfg(feature = "test-kit")]
             fault: Cell::new(Fault::None),
         }
     }

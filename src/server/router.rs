@@ -254,8 +254,10 @@ pub enum ShardMsg {
     },
     /// An owner asks a connection's shard to close it (it spent its verification budget).
     Close { conn: ConnRef },
-    /// Registers a subscriber after its SUB was answered: only the test build `t1-race-variant`
-    /// sends this, to show that the race test catches the reference's late registration.
+    /// Registers a subscriber after its SUB was answered: only a relay started with
+    /// `--test-late-registration` sends this, to show that the race tests catch the reference's
+    /// late registration.
+    #[cfg(feature = "test-kit")]
     RegisterSub {
         session: Session,
         recipient_id: EntityId,

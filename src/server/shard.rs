@@ -87,7 +87,7 @@ pub async fn run<S: ShardStore>(
         .then(|| glommio::spawn_local(close_inactive(ctx.clone())));
     // Test hook: shard 0 serves the clock control; bound before `ready` so that a test can use it
     // as soon as the relay has started.
-    let clock_control = match ctx.config.test_clock_control.as_deref() {
+    let clock_control = match ctx.config.test.clock_control.as_deref() {
         Some(path) if ctx.shard_id == 0 => {
             let listener = super::clock_control::bind(path)?;
             Some(glommio::spawn_local(super::clock_control::serve(
@@ -281,6 +281,7 @@ pub fn owner_job<S: QueueStore + MessageStore + 'static>(
                 Box::pin(async move { o.store_ntfs(&notifier_id, ntfs).await }),
             );
         }
+        #[cfg(feature = "test-kit")]
         ShardMsg::RegisterSub {
             session,
             recipient_id,

@@ -10,6 +10,7 @@
 
 pub mod cache;
 mod codec;
+#[cfg(feature = "test-kit")]
 pub mod held;
 pub mod id;
 pub mod journal;
@@ -664,15 +665,22 @@ pub trait WithStore {
 
 /// The one place where a store kind becomes a type. `test_delayed`: the store is wrapped in the
 /// test store that delays head reads (`start --test-store-delay`, `held.rs`).
+/// Only builds with the `test-kit` feature have the wrapped kinds: a release build compiles the
+/// relay for three store types, not six.
 pub fn with_store<W: WithStore>(kind: StoreKind, test_delayed: bool, work: W) -> W::Output {
-    match (kind, test_delayed) {
-        (StoreKind::Memory, false) => work.run::<memory::MemoryStore>(),
-        (StoreKind::Memory, true) => work.run::<held::Held<memory::MemoryStore, held::Delay>>(),
-        (StoreKind::Journal, false) => work.run::<journal::JournalStore>(),
-        (StoreKind::Journal, true) => work.run::<held::Held<journal::JournalStore, held::Delay>>(),
-        (StoreKind::Postgres, false) => work.run::<postgres::PostgresStore>(),
-        (StoreKind::Postgres, true) => {
-            work.run::<held::Held<postgres::PostgresStore, held::Delay>>()
-        }
+    #[cfg(feature = "test-kit")]
+    if test_delayed {
+        return match kind {
+            StoreKind::Memory => work.run::<held::Held<memory::MemoryStore, held::Delay>>(),
+            StoreKind::Journal => work.run::<held::Held<journal::JournalStore, held::Delay>>(),
+            StoreKind::Postgres => work.run::<held::Held<postgres::PostgresStore, held::Delay>>(),
+        };
+    }
+    #[cfg(not(feature = "test-kit"))]
+    let _ = test_delayed;
+    match kind {
+        StoreKind::Memory => work.run::<memory::MemoryStore>(),
+        StoreKind::Journal => work.run::<journal::JournalStore>(),
+        StoreKind::Postgres => work.run::<postgres::PostgresStore>(),
     }
 }

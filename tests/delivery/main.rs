@@ -2,7 +2,7 @@
 //! `docs/ARCHITECTURE.md` §3), the seeded invariant runs (`invariants.rs`, I1–I5), kills under load
 //! (`crash.rs`) and services (`services.rs`). These are the tests besides the queue suites that
 //! `.ci/run` runs again on the PostgreSQL store, so the binary holds exactly them; the T1 variant
-//! step runs `races::t1_` here with `--features t1-race-variant`.
+//! step runs `races::t1_` here with `SMP_RELAY_TEST_LATE_REGISTRATION=1`.
 
 #[path = "../common/mod.rs"]
 mod common;

@@ -1,8 +1,9 @@
 //! Delivery races (`docs/ARCHITECTURE.md` §3): the reference reads a SUB batch's first messages
 //! before it registers the subscriber, so a SEND in between is neither returned nor pushed (T1).
 //! Here registration and the read happen in one owner turn. Each scenario runs on one and on two
-//! shards. `cargo test --features t1-race-variant --test delivery races::t1_` must fail: that build
-//! registers late, as the reference does, and CI checks that these tests catch it.
+//! shards. `SMP_RELAY_TEST_LATE_REGISTRATION=1 cargo test --test delivery races::t1_` must fail:
+//! its relays start with `--test-late-registration` and register late, as the reference does, and
+//! CI checks that these tests catch it.
 
 use crate::common;
 use crate::support;
@@ -16,9 +17,13 @@ use smp_relay::protocol::response::BrokerMsg;
 use support::*;
 
 fn relay(cores: usize) -> Relay {
+    let late = std::env::var_os("SMP_RELAY_TEST_LATE_REGISTRATION").is_some_and(|v| v == "1");
     Relay::start_with(RelayOptions {
         cores,
-        ..RelayOptions::default()
+        extra_args: match late {
+            true => vec!["--test-late-registration".into()],
+            false => Vec::new(),
+        },
     })
 }
 

@@ -18,7 +18,7 @@ use crate::protocol::pad::PAD_BYTE;
 use crate::protocol::response::BrokerMsg;
 use crate::protocol::transmission::encode_server_transmission;
 use crate::protocol::version::max_message_length;
-use crate::server::owner::{Owner, Subscriber, Turn, T1_RACE_VARIANT, T1_VARIANT_DELAY};
+use crate::server::owner::{Owner, Subscriber, Turn};
 use crate::server::router::{
     encode, ConnRef, Delivery, Group, GroupKind, Pending, Request, Session, ShardMsg,
 };
@@ -183,13 +183,14 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             self.stats.borrow_mut().sub_duplicate += 1;
         }
         let epoch = self.new_epoch();
-        #[cfg(test)]
+        #[cfg(feature = "test-kit")]
         let late = self.fault.get() == crate::server::owner::Fault::LateRegistration;
-        #[cfg(not(test))]
+        #[cfg(not(feature = "test-kit"))]
         let late = false;
-        if T1_RACE_VARIANT || late {
+        if late {
             // Test-only: register later, as the reference's subscriber thread does, so that a SEND
             // between this read and the registration is neither returned nor pushed.
+            #[cfg(feature = "test-kit")]
             self.register_later(session.clone(), rid.to_vec(), epoch);
         } else {
             self.register_sub(session, rid, epoch);
@@ -257,8 +258,9 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         }
     }
 
-    /// The `t1-race-variant` registration: a self-addressed message after `T1_VARIANT_DELAY` (in
-    /// the owner simulation, whenever the seed delivers it).
+    /// The late registration (`start --test-late-registration`): a self-addressed message after
+    /// `T1_VARIANT_DELAY` (in the owner simulation, whenever the seed delivers it).
+    #[cfg(feature = "test-kit")]
     fn register_later(&self, session: Session, rid: Vec<u8>, epoch: u64) {
         let mesh = self.mesh.clone();
         let shard = self.shard;
@@ -276,7 +278,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             return;
         }
         glommio::spawn_local(async move {
-            glommio::timer::Timer::new(T1_VARIANT_DELAY).await;
+            glommio::timer::Timer::new(crate::server::owner::T1_VARIANT_DELAY).await;
             mesh.send(
                 shard,
                 ShardMsg::RegisterSub {
