@@ -43,6 +43,7 @@
 //! | | `tls_timeout_secs`, `handshake_timeout_secs` | TLS and SMP handshake deadlines |
 //! | | `slow_reader_close_secs` | seconds a connection may stay over its output bound before it is closed |
 //! | | `metrics_listen` | `ADDR:PORT` where `GET /metrics` serves the metrics file's text (default: off) |
+//! | | `pg_queue_cache` | queue records the PostgreSQL store holds besides those in use, over all shards (default 100000) |
 //!
 //! The message TTL has one key only, `expire_messages_days` (as the reference); `start
 //! --message-ttl-secs` overrides it when a finer unit is needed (tests).
@@ -528,6 +529,11 @@ pub fn pool_size(value: &str) -> Result<usize, String> {
     number(value, 1, crate::store::postgres::pool::MAX_POOL_SIZE as u64).map(|n| n as usize)
 }
 
+/// `[RELAY] pg_queue_cache`, `start --pg-queue-cache`: 1000 to 100000000 queue records.
+pub fn queue_cache(value: &str) -> Result<usize, String> {
+    number(value, 1_000, 100_000_000).map(|n| n as usize)
+}
+
 /// The store of `[STORE_LOG] store_messages` and `start --store`: `memory`, `journal`, or
 /// `database` (also `postgres`), the reference's PostgreSQL store.
 pub fn store_messages(value: &str) -> Result<crate::store::StoreKind, String> {
@@ -773,7 +779,7 @@ mod tests {
                 "port" => "5223",
                 "socks_proxy" | "metrics_listen" => "127.0.0.1:9050",
                 "journal_max_size" => "4G",
-                "journal_checkpoint_records" => "20000",
+                "journal_checkpoint_records" | "pg_queue_cache" => "20000",
                 _ => "7",
             };
             let mut c = IniConfig::default();
@@ -870,6 +876,7 @@ mod tests {
                 db_pool_size: None,
                 db_statement_timeout: None,
                 db_pool_wait: None,
+                pg_queue_cache: None,
                 ports: Some(vec![5223, 443]),
                 websockets: Some(WebSockets(vec![8443, 80])),
                 web_https: Some(443),

@@ -409,6 +409,8 @@ snapshot! {
     store_peek_first_many_calls,
     store_writes,
     store_deletes,
+    /// Queue records a store that holds only those in use read (PostgreSQL: records not held).
+    store_records_read,
     /// Journal groups whose sync failed, and changes refused since (`store/journal/sync.rs`).
     store_sync_failures,
     store_sync_refused,
@@ -503,6 +505,7 @@ impl MetricsSnapshot {
             store_sync_failures: store.sync_failures,
             store_sync_refused: store.sync_refused,
             store_deletes: store.deletes,
+            store_records_read: store.records_read,
             ..MetricsSnapshot::default()
         }
     }
@@ -1364,7 +1367,7 @@ pub fn render(s: &MetricsSnapshot, x: &Extra, now_ms: u64) -> String {
 }
 
 /// This relay's own families (`smprelay_…`), after the reference's.
-fn relay_families(s: &MetricsSnapshot) -> [(&'static str, Kind, &'static str, u64); 12] {
+fn relay_families(s: &MetricsSnapshot) -> [(&'static str, Kind, &'static str, u64); 13] {
     use Kind::Counter;
     [
         (
@@ -1426,6 +1429,12 @@ fn relay_families(s: &MetricsSnapshot) -> [(&'static str, Kind, &'static str, u6
             Counter,
             "Store deletions (messages and queues).",
             s.store_deletes,
+        ),
+        (
+            "smprelay_store_records_read_total",
+            Counter,
+            "Queue records the PostgreSQL store read because it did not hold them (its cache's misses).",
+            s.store_records_read,
         ),
         (
             "smprelay_store_sync_failures_total",
@@ -1900,6 +1909,7 @@ mod tests {
             peek_first_many: 2,
             writes: 0,
             deletes: 0,
+            records_read: 0,
         };
         let s = MetricsSnapshot::from_shard(&owner, &store);
         assert_eq!(s.queues_created, 3);

@@ -224,6 +224,15 @@ start_settings! {
             value_parser = ini::seconds
         ),
     }
+    /// Queue records the PostgreSQL store holds in memory besides those in use (subscribed, or in
+    /// a command being run), over all shards, 1000 to 100000000; the others are read when used
+    /// (ini `[RELAY] pg_queue_cache`).
+    pg_queue_cache: usize {
+        set: |c, v| c.postgres.queue_cache = v,
+        default: Some(crate::store::postgres::pool::DEFAULT_QUEUE_CACHE),
+        ini: "RELAY" "pg_queue_cache" => ini::queue_cache,
+        flag: (long = "pg-queue-cache", value_name = "N", value_parser = ini::queue_cache),
+    }
     /// Port to listen on; repeat for several (ini `[TRANSPORT] port`).
     ports: Vec<u16> {
         set: |c, v| c.ports = v,

@@ -73,7 +73,11 @@ pub fn store_settings(config: &StartConfig) -> StoreSettings {
         // Created here, once: the shards' settings are clones that share it.
         journal_budget: config.journal_max_size.map(smp_journal::SpaceBudget::new),
         journal_checkpoint_records: config.journal_checkpoint_records,
-        postgres: Some(config.postgres.clone()),
+        // The cache's bound is the relay's: each shard holds its share.
+        postgres: Some(crate::store::postgres::PgConfig {
+            queue_cache: config.postgres.queue_cache / config.shards.max(1),
+            ..config.postgres.clone()
+        }),
     }
 }
 
@@ -214,7 +218,8 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
                 };
                 let store = S::open(&shard_settings, &groups, commands::now_secs())
                     .map_err(|e| reporter.fail(e))?;
-                let queue_services = index_queues(&directory, &store, shards);
+                let queue_services =
+                    index_queues(&directory, &store, shards).map_err(|e| reporter.fail(e))?;
                 let mut listeners = Vec::with_capacity(config.ports.len());
                 let ports = config.ports.iter().map(|&p| match shared_port == Some(p) {
                     true => (p, ws::PortKind::Shared),
@@ -567,7 +572,7 @@ fn index_queues<S: ShardStore>(
     directory: &Directory,
     store: &S,
     shards: usize,
-) -> service_state::ServiceState {
+) -> Result<service_state::ServiceState, String> {
     directory.reserve(IdSpace::Sender, store.queue_count() * shards);
     let services = service_state::ServiceState::default();
     store.for_each_queue_ids(&mut |q| {
@@ -580,8 +585,8 @@ fn index_queues<S: ShardStore>(
         if let Some(n) = q.notifier_id {
             directory.insert(IdSpace::Notifier, n, rid);
         }
-    });
-    services
+    })?;
+    Ok(services)
 }
 
 /// The CPUs this process may run on, so that `--cores N` pins to cores it actually has.

@@ -154,6 +154,22 @@ pub struct Owner<S> {
     pub fault: Cell<Fault>,
 }
 
+/// The records of a job's queues, readable by `with_queue` until this is dropped
+/// (`QueueStore::prepare`, `release`; nothing on a store that holds every record).
+pub struct HeldRecords<'a, S: QueueStore> {
+    store: &'a S,
+    rids: Vec<EntityId>,
+}
+
+impl<S: QueueStore> Drop for HeldRecords<'_, S> {
+    fn drop(&mut self) {
+        if !self.rids.is_empty() {
+            let refs: Vec<&[u8]> = self.rids.iter().map(Vec::as_slice).collect();
+            self.store.release(&refs);
+        }
+    }
+}
+
 /// What one owner turn produces for the connection that sent the block, besides events to others.
 #[derive(Default)]
 pub struct Turn {
@@ -174,6 +190,36 @@ pub struct Turn {
 }
 
 impl<S: QueueStore + MessageStore> Owner<S> {
+    /// Makes the records of `rids`, the queues a job holds in the per-queue order, readable
+    /// until the returned guard drops; the subscribed queues' records stay held besides
+    /// (`QueueStore::prepare`). Every job that reads records outside a subscribed queue begins
+    /// with it.
+    pub async fn hold_records<'r>(
+        &self,
+        rids: impl Iterator<Item = &'r [u8]>,
+    ) -> Result<HeldRecords<'_, S>, crate::store::StoreError> {
+        if self.store.holds_every_record() {
+            return Ok(HeldRecords {
+                store: &self.store,
+                rids: Vec::new(),
+            });
+        }
+        let mut ids: Vec<EntityId> = rids.map(<[u8]>::to_vec).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let held = HeldRecords {
+            store: &self.store,
+            rids: ids,
+        };
+        let refs: Vec<&[u8]> = held.rids.iter().map(Vec::as_slice).collect();
+        // The guard releases whatever `prepare` pinned, whether it then failed or not.
+        self.store
+            .prepare(&refs, &|r| self.subs.borrow().contains_key(r))
+            .await?;
+        drop(refs);
+        Ok(held)
+    }
+
     pub fn new(
         shard: usize,
         store: S,

@@ -115,6 +115,15 @@ impl ServiceState {
             .map_or((0, [0; 16]), |a| (a.queues.len() as i64, a.hash))
     }
 
+    /// Whether the queue `rid` is associated with the service and role `key` (from the index,
+    /// without the queue's record).
+    pub fn holds(&self, key: &ServiceKey, rid: &[u8]) -> bool {
+        self.index
+            .borrow()
+            .get(key)
+            .is_some_and(|a| a.queues.contains(rid))
+    }
+
     /// This owner's queues of the service.
     pub fn queues(&self, key: &ServiceKey) -> Vec<EntityId> {
         self.index

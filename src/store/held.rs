@@ -58,12 +58,31 @@ impl<S: QueueStore, H: Hold> QueueStore for Held<S, H> {
         self.inner.for_each_queue(f)
     }
 
-    fn for_each_queue_ids(&self, f: &mut dyn FnMut(&crate::store::RecordIds<'_>)) {
+    fn for_each_queue_ids(
+        &self,
+        f: &mut dyn FnMut(&crate::store::RecordIds<'_>),
+    ) -> Result<(), String> {
         self.inner.for_each_queue_ids(f)
     }
 
     fn queue_count(&self) -> usize {
         self.inner.queue_count()
+    }
+
+    fn holds_every_record(&self) -> bool {
+        self.inner.holds_every_record()
+    }
+
+    async fn prepare(
+        &self,
+        rids: &[&[u8]],
+        keep: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<(), StoreError> {
+        self.inner.prepare(rids, keep).await
+    }
+
+    fn release(&self, rids: &[&[u8]]) {
+        self.inner.release(rids)
     }
 
     async fn create(&self, rec: QueueRec) -> Result<(), StoreError> {

@@ -472,7 +472,7 @@ impl<F: Fs> QueueStore for JournalStore<F> {
         }
     }
 
-    fn for_each_queue_ids(&self, f: &mut dyn FnMut(&super::RecordIds<'_>)) {
+    fn for_each_queue_ids(&self, f: &mut dyn FnMut(&super::RecordIds<'_>)) -> Result<(), String> {
         let d = self.data.borrow();
         for (g, grp) in &d.groups {
             for (rid, q) in &grp.queues {
@@ -485,6 +485,7 @@ impl<F: Fs> QueueStore for JournalStore<F> {
                 }
             }
         }
+        Ok(())
     }
 
     fn queue_count(&self) -> usize {

@@ -917,6 +917,7 @@ pub(crate) mod tests {
                 peek_first_many: 1,
                 writes: 3,
                 deletes: 0,
+                records_read: 0,
             }
         );
         assert!(block_on(s.peek_first_many(&[])).unwrap().is_empty());
@@ -946,6 +947,7 @@ pub(crate) mod tests {
                 peek_first_many: 0,
                 writes: 5,
                 deletes: 3,
+                records_read: 0,
             }
         );
     }

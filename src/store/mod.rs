@@ -251,6 +251,8 @@ pub struct StoreCounters {
     /// Journal groups whose sync failed, and changes refused since (`journal/sync.rs`).
     pub sync_failures: u64,
     pub sync_refused: u64,
+    /// Queue records read because the store did not hold them (`QueueStore::prepare`).
+    pub records_read: u64,
 }
 
 // Stores live on one shard and their futures never cross threads, so the `Send` bounds that
@@ -274,11 +276,37 @@ pub trait QueueStore {
     /// Every record (the offline tools, the tests).
     fn for_each_queue(&self, f: &mut dyn FnMut(&QueueRec));
     /// The IDs of every queue, for the directory and the services' index at start; a store whose
-    /// records are not kept decoded reads them without decoding.
-    fn for_each_queue_ids(&self, f: &mut dyn FnMut(&RecordIds<'_>)) {
-        self.for_each_queue(&mut |q| f(&RecordIds::of(q)))
+    /// records are not kept decoded reads them without decoding. An error: not every queue's IDs
+    /// could be read (the start fails rather than serve queues it cannot find).
+    fn for_each_queue_ids(&self, f: &mut dyn FnMut(&RecordIds<'_>)) -> Result<(), String> {
+        self.for_each_queue(&mut |q| f(&RecordIds::of(q)));
+        Ok(())
     }
     fn queue_count(&self) -> usize;
+
+    /// Whether `with_queue` reads every queue's record without `prepare` (every store but the
+    /// PostgreSQL one): the owner then skips `prepare` and `release`.
+    fn holds_every_record(&self) -> bool {
+        true
+    }
+    /// Makes the records of `rids` readable by `with_queue` until `release(rids)` (a store that
+    /// keeps only some records, the PostgreSQL store, reads the missing ones in one statement).
+    /// The owner calls it before each job that reads records, with the same queues the job holds
+    /// in the per-queue order (`docs/ARCHITECTURE.md` §2). `keep`: queues whose records must stay
+    /// read while it says so (the subscribed ones), whatever the store's bound. An error: the
+    /// store could not read them (the job answers it; `with_queue` would wrongly say "no queue").
+    async fn prepare(
+        &self,
+        rids: &[&[u8]],
+        keep: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<(), StoreError> {
+        let _ = (rids, keep);
+        Ok(())
+    }
+    /// Ends what `prepare(rids)` began.
+    fn release(&self, rids: &[&[u8]]) {
+        let _ = rids;
+    }
 
     /// Adds a queue; `Duplicate` if its recipient ID is taken (the owner checks sender, link and
     /// notifier IDs against the shared directory first).

@@ -3,9 +3,13 @@
 //! `try_del_msg`, `try_del_peek_msg`, `delete_expired_msgs`), on the reference's schema
 //! (`postgres/schema.rs`), so that a database the reference server used keeps its users here.
 //!
-//! The shard keeps every record of its partition groups in memory, loaded at start, with each
-//! queue's message count (`msg_queue_size`): reads of records never query, and a head read on a
-//! queue known to be empty costs nothing. Every change goes to the database through the pool
+//! Nothing is loaded at start but each queue's message count (`msg_queue_size`, of the queues that
+//! hold messages) and the shard's queue count. A job reads the records of its queues first
+//! (`QueueStore::prepare`, one statement for the queues not held yet); the shard then holds them
+//! while the job runs, while the owner says to keep them (its subscribed queues), and up to a
+//! bound of others, least recently used first out (`postgres/records.rs`, `[RELAY]
+//! pg_queue_cache`). A head read on a queue known to be empty costs nothing. Every change goes to
+//! the database through the pool
 //! (`postgres/pool.rs`): the shard sends a job and awaits it, serving other queues meanwhile. The
 //! owner's per-queue order (`docs/ARCHITECTURE.md` §2) never has two operations of one queue in
 //! flight, so the cache changes only when the database did, in the queue's order; the row locks of
@@ -29,6 +33,7 @@ mod conninfo;
 mod errors;
 mod ntfs;
 pub mod pool;
+mod records;
 mod rows;
 pub mod schema;
 
@@ -36,15 +41,19 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use postgres::fallible_iterator::FallibleIterator;
+
 pub use ntfs::POSTGRES_STORE_DIR;
 pub use pool::PgConfig;
 use pool::{outcome_unknown, Shared};
-use rows::{rec_of, MsgRow, RecRow, REC_COLUMNS};
+use records::Records;
+use rows::{rec_columns, rec_of, MsgRow, RecRow, REC_COLUMNS};
 
+use super::id::IdKey;
 use super::memory::MemoryStore;
 use super::{
     group_of, EntityId, Message, MessageStore, MsgId, MsgNtf, QueueData, QueueRec, QueueStatus,
-    QueueStore, ShardStore, StoreCounters, StoreError, StoreSettings, WriteOutcome,
+    QueueStore, RecordIds, ShardStore, StoreCounters, StoreError, StoreSettings, WriteOutcome,
     PARTITION_GROUPS,
 };
 
@@ -59,8 +68,30 @@ pub const EXPIRE_CHUNK: usize = crate::limits::EXPIRE_QUEUES_PER_JOB;
 const _: () = assert!(PARTITION_GROUPS == 64);
 const GROUP_OF_SQL: &str = "get_byte(public.digest(recipient_id, 'sha256'), 7) % 64";
 
-const LOAD_QUEUES: &str = "SELECT {REC}, msg_queue_size FROM msg_queues \
+// What a shard knows at start: its queue count, and the message count of each queue that holds
+// messages.
+const COUNT_QUEUES: &str = "SELECT count(*) FROM msg_queues \
      WHERE deleted_at IS NULL AND {GROUP} = ANY($1::int4[])";
+const LOAD_SIZES: &str = "SELECT recipient_id, msg_queue_size FROM msg_queues \
+     WHERE msg_queue_size > 0 AND deleted_at IS NULL AND {GROUP} = ANY($1::int4[])";
+// Every queue's IDs, streamed once at start (the directory, the services' index). A notifier
+// counts only with its ID, key and secret, as `rows::rec_of` reads it.
+const LOAD_IDS: &str = "SELECT recipient_id, sender_id, link_id, \
+     CASE WHEN notifier_key IS NOT NULL AND rcv_ntf_dh_secret IS NOT NULL THEN notifier_id END, \
+     rcv_service_id, \
+     CASE WHEN notifier_key IS NOT NULL AND rcv_ntf_dh_secret IS NOT NULL THEN ntf_service_id END \
+     FROM msg_queues WHERE deleted_at IS NULL AND {GROUP} = ANY($1::int4[])";
+const LOAD_ALL: &str = "SELECT {REC} FROM msg_queues \
+     WHERE deleted_at IS NULL AND {GROUP} = ANY($1::int4[])";
+// The records a job needs and the shard does not hold (`QueueStore::prepare`).
+const LOAD_RECORDS: &str = concat!(
+    "SELECT ",
+    rec_columns!(),
+    " FROM msg_queues WHERE recipient_id = ANY($1) AND deleted_at IS NULL"
+);
+// The queues of notifiers with pending notifications, for their files at a stop.
+const NOTIFIER_QUEUES: &str = "SELECT notifier_id, recipient_id FROM msg_queues \
+     WHERE notifier_id = ANY($1) AND deleted_at IS NULL";
 const INSERT_QUEUE: &str = "INSERT INTO msg_queues (recipient_id, recipient_keys, rcv_dh_secret, \
      sender_id, sender_key, queue_mode, notifier_id, notifier_key, rcv_ntf_dh_secret, \
      ntf_service_id, status, updated_at, link_id, rcv_service_id, fixed_data, user_data) \
@@ -166,6 +197,7 @@ pub fn remembered_config(data_dir: &std::path::Path) -> Option<PgConfig> {
 
 /// The statements of the hot paths, prepared on every pooled connection as it opens.
 pub const HOT_STATEMENTS: &[&str] = &[
+    LOAD_RECORDS,
     INSERT_QUEUE,
     UPDATE_QUEUE,
     DELETE_QUEUE,
@@ -200,64 +232,78 @@ struct Written {
     expired: i64,
 }
 
-/// A queue as the shard keeps it.
+/// What the shard keeps of its queues.
 #[derive(Debug)]
-struct Cached {
-    rec: QueueRec,
-    /// Rows in `messages` (the quota marker included); `None` when a SEND's outcome could not be
-    /// learnt, until a read tells: head reads then always ask the database.
-    size: Option<usize>,
-}
-
-#[derive(Debug, Default)]
 struct Data {
-    queues: HashMap<EntityId, Cached>,
+    records: Records,
+    /// The message count (`messages` rows, the quota marker included) of each queue that holds
+    /// messages, from `msg_queue_size` at start and every change since; a queue that is not here
+    /// is empty. `None`: a SEND's outcome could not be learnt, until a read tells: head reads
+    /// then always ask the database.
+    sizes: HashMap<IdKey, Option<usize>, foldhash::fast::RandomState>,
+    /// Queues of this shard in the database.
+    queues: usize,
     total_messages: usize,
     counters: StoreCounters,
 }
 
 impl Data {
-    /// Whether the database may hold messages of the queue (unknown queues: no).
+    fn new(cache: usize) -> Self {
+        Data {
+            records: Records::new(cache),
+            sizes: HashMap::default(),
+            queues: 0,
+            total_messages: 0,
+            counters: StoreCounters::default(),
+        }
+    }
+
+    /// Whether the database may hold messages of the queue.
     fn may_have_messages(&self, rid: &[u8]) -> bool {
-        self.queues
-            .get(rid)
-            .is_some_and(|q| q.size.is_none_or(|n| n > 0))
+        self.sizes.contains_key(rid)
     }
 
     /// The queues whose messages the database may hold (what expiration looks at).
     fn holding(&self) -> Vec<EntityId> {
-        self.queues
-            .keys()
-            .filter(|r| self.may_have_messages(r))
-            .cloned()
-            .collect()
+        self.sizes.keys().map(|k| k.to_vec()).collect()
     }
 
     fn add(&mut self, rid: &[u8], n: usize) {
-        if let Some(q) = self.queues.get_mut(rid) {
-            if let Some(s) = &mut q.size {
-                *s += n;
-                self.total_messages += n;
+        if n == 0 {
+            return;
+        }
+        match self.sizes.get_mut(rid) {
+            Some(Some(s)) => *s += n,
+            Some(None) => return,
+            None => {
+                self.sizes.insert(IdKey::new(rid), Some(n));
             }
         }
+        self.total_messages += n;
     }
 
     fn remove(&mut self, rid: &[u8], n: usize) {
-        if let Some(q) = self.queues.get_mut(rid) {
-            if let Some(s) = &mut q.size {
-                let n = n.min(*s);
-                *s -= n;
-                self.total_messages -= n;
+        if let Some(Some(s)) = self.sizes.get_mut(rid) {
+            let n = n.min(*s);
+            *s -= n;
+            self.total_messages -= n;
+            if *s == 0 {
+                self.sizes.remove(rid);
             }
         }
     }
 
-    /// The database said the queue is empty.
+    /// The database said the queue is empty (or it is gone).
     fn emptied(&mut self, rid: &[u8]) {
-        if let Some(q) = self.queues.get_mut(rid) {
-            self.total_messages -= q.size.unwrap_or(0);
-            q.size = Some(0);
+        if let Some(s) = self.sizes.remove(rid) {
+            self.total_messages -= s.unwrap_or(0);
         }
+    }
+
+    /// A SEND's outcome is unknown: the count is, until a read tells.
+    fn unknown(&mut self, rid: &[u8]) {
+        self.emptied(rid);
+        self.sizes.insert(IdKey::new(rid), None);
     }
 }
 
@@ -361,6 +407,8 @@ struct Round {
 /// The PostgreSQL store of one shard.
 pub struct PostgresStore {
     shared: Arc<Shared>,
+    /// This shard's partition groups, as the SQL takes them.
+    groups: Vec<i32>,
     data: RefCell<Data>,
     round: RefCell<Round>,
     /// Pending notifications (`postgres/ntfs.rs`): the memory store's, which keeps nothing else
@@ -371,7 +419,7 @@ pub struct PostgresStore {
 impl std::fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PostgresStore")
-            .field("queues", &self.data.borrow().queues.len())
+            .field("records", &self.data.borrow().records.len())
             .finish_non_exhaustive()
     }
 }
@@ -405,7 +453,7 @@ impl PostgresStore {
         let known: Vec<EntityId> = {
             let data = self.data.borrow();
             ids.iter()
-                .filter(|rid| data.queues.get(*rid).is_some_and(|q| eligible(&q.rec)))
+                .filter(|rid| data.records.get(rid).is_some_and(&eligible))
                 .cloned()
                 .collect()
         };
@@ -432,9 +480,9 @@ impl PostgresStore {
         let mut data = self.data.borrow_mut();
         let mut out = Vec::with_capacity(changed.len());
         for rid in changed {
-            if let Some(q) = data.queues.get_mut(&rid) {
-                set(&mut q.rec, service.cloned());
-                out.push(q.rec.clone());
+            if let Some(q) = data.records.get_mut(&rid) {
+                set(q, service.cloned());
+                out.push(q.clone());
             }
         }
         Ok(out)
@@ -450,7 +498,7 @@ impl PostgresStore {
         expire: Option<i64>,
     ) -> Result<(usize, WriteOutcome), StoreError> {
         self.data.borrow_mut().counters.writes += 1;
-        if !self.data.borrow().queues.contains_key(recipient_id) {
+        if !self.data.borrow().records.contains(recipient_id) {
             return Err(StoreError::NotFound);
         }
         // Nothing to expire in a queue known to be empty.
@@ -476,16 +524,8 @@ impl PostgresStore {
                 // may still commit. Whatever the look finds, the cached count is dropped until a
                 // read tells (what expired is not known, and a write found later must not hide
                 // behind a count of 0 from SUB and GET).
-                let was_empty = self
-                    .data
-                    .borrow()
-                    .queues
-                    .get(recipient_id)
-                    .and_then(|q| q.size)
-                    == Some(0);
-                if let Some(q) = self.data.borrow_mut().queues.get_mut(recipient_id) {
-                    q.size = None;
-                }
+                let was_empty = !self.data.borrow().may_have_messages(recipient_id);
+                self.data.borrow_mut().unknown(recipient_id);
                 let backend = pool::lost_backend(&e);
                 // The look-up may get a pooled connection that broke with the write's (every
                 // session terminated, the server restarted): each such one leaves the pool, so it
@@ -750,23 +790,126 @@ impl PostgresStore {
 
 impl QueueStore for PostgresStore {
     fn with_queue<R>(&self, recipient_id: &[u8], f: impl FnOnce(&QueueRec) -> R) -> Option<R> {
-        self.data
-            .borrow()
-            .queues
-            .get(recipient_id)
-            .map(|q| f(&q.rec))
+        self.data.borrow().records.get(recipient_id).map(f)
     }
 
+    /// Every record, read from the database as it streams (the offline tools, the tests): the
+    /// shard holds only those in use.
     fn for_each_queue(&self, f: &mut dyn FnMut(&QueueRec)) {
-        self.data.borrow().queues.values().for_each(|q| f(&q.rec));
+        let load = sql(LOAD_ALL);
+        let groups = self.groups.clone();
+        let read = self.shared.run_blocking("reading every queue", |c| {
+            let mut rows = c.client.query_raw(load.as_str(), [&groups])?;
+            let mut bad = None;
+            while let Some(row) = rows.next()? {
+                match rec_of(&row) {
+                    Ok(rec) => f(&rec),
+                    Err(e) => bad = bad.or(Some(e)),
+                }
+            }
+            Ok(bad)
+        });
+        match read {
+            Ok(None) => {}
+            Ok(Some(e)) | Err(e) => tracing::error!("{e}"),
+        }
+    }
+
+    /// Every queue's IDs, streamed from the database without reading its record.
+    fn for_each_queue_ids(&self, f: &mut dyn FnMut(&RecordIds<'_>)) -> Result<(), String> {
+        let load = sql(LOAD_IDS);
+        let groups = self.groups.clone();
+        self.shared.run_blocking("reading the queues' IDs", |c| {
+            let mut rows = c.client.query_raw(load.as_str(), [&groups])?;
+            while let Some(row) = rows.next()? {
+                let (rid, sid): (&[u8], &[u8]) = (row.get(0), row.get(1));
+                let nid: Option<&[u8]> = row.get(3);
+                f(&RecordIds {
+                    recipient_id: rid,
+                    sender_id: sid,
+                    link_id: row.get(2),
+                    notifier_id: nid,
+                    rcv_service_id: row.get(4),
+                    ntf_service_id: row.get(5),
+                });
+            }
+            Ok(())
+        })
     }
 
     fn queue_count(&self) -> usize {
-        self.data.borrow().queues.len()
+        self.data.borrow().queues
+    }
+
+    fn holds_every_record(&self) -> bool {
+        false
+    }
+
+    /// Pins the held records of `rids` and reads the others in one statement (`LOAD_RECORDS`),
+    /// then evicts down to the bound what no job and no `keep` holds.
+    async fn prepare(
+        &self,
+        rids: &[&[u8]],
+        keep: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<(), StoreError> {
+        let missing: Vec<Vec<u8>> = {
+            let mut d = self.data.borrow_mut();
+            rids.iter()
+                .filter(|r| !d.records.pin(r))
+                .map(|r| r.to_vec())
+                .collect()
+        };
+        if missing.is_empty() {
+            // Queues created since the last read may have taken the cache over its bound.
+            self.data.borrow_mut().records.evict(keep);
+            return Ok(());
+        }
+        let asked = missing.clone();
+        let read = self
+            .shared
+            .run("reading queue records", move |c| {
+                let st = c.stmt(LOAD_RECORDS)?;
+                Ok(c.client
+                    .query(&st, &[&asked])?
+                    .iter()
+                    .map(rec_of)
+                    .collect::<Vec<_>>())
+            })
+            .await;
+        let mut d = self.data.borrow_mut();
+        d.counters.records_read += missing.len() as u64;
+        // On an error, what was pinned above stays pinned until the job's `release`, as always.
+        let recs = read?;
+        let mut failed = None;
+        for rec in recs {
+            match rec {
+                Ok(rec) => d.records.insert(rec, 0),
+                Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        // Each asked queue is pinned once per time it was asked, as `release` unpins it: a
+        // record read now, or none (a NEW of the job may create it).
+        for rid in &missing {
+            if !d.records.pin(rid) {
+                d.records.pin_absent(rid);
+            }
+        }
+        d.records.evict(keep);
+        match failed {
+            None => Ok(()),
+            Some(e) => Err(StoreError::Failed(e)),
+        }
+    }
+
+    fn release(&self, rids: &[&[u8]]) {
+        let mut d = self.data.borrow_mut();
+        for r in rids {
+            d.records.unpin(r);
+        }
     }
 
     async fn create(&self, rec: QueueRec) -> Result<(), StoreError> {
-        if self.data.borrow().queues.contains_key(&rec.recipient_id) {
+        if self.data.borrow().records.contains(&rec.recipient_id) {
             return Err(StoreError::Duplicate);
         }
         let row = RecRow::of(&rec);
@@ -784,18 +927,13 @@ impl QueueStore for PostgresStore {
         if !inserted {
             return Err(StoreError::Duplicate);
         }
-        let rid = rec.recipient_id.clone();
-        self.data
-            .borrow_mut()
-            .queues
-            .insert(rid, Cached { rec, size: Some(0) });
+        let mut d = self.data.borrow_mut();
+        d.queues += 1;
+        d.records.insert(rec, 0);
         Ok(())
     }
 
     async fn update(&self, rec: QueueRec) -> Result<(), StoreError> {
-        if !self.data.borrow().queues.contains_key(&rec.recipient_id) {
-            return Err(StoreError::NotFound);
-        }
         let row = RecRow::of(&rec);
         let changed = self
             .shared
@@ -812,8 +950,8 @@ impl QueueStore for PostgresStore {
             None => Err(StoreError::Duplicate),
             Some(0) => Err(StoreError::NotFound),
             Some(_) => {
-                if let Some(q) = self.data.borrow_mut().queues.get_mut(&rec.recipient_id) {
-                    q.rec = rec;
+                if let Some(q) = self.data.borrow_mut().records.get_mut(&rec.recipient_id) {
+                    *q = rec;
                 }
                 Ok(())
             }
@@ -858,28 +996,33 @@ impl QueueStore for PostgresStore {
         .await
     }
 
+    /// Deletes a queue the job prepared (a queue the database does not have is not held).
     async fn delete(&self, recipient_id: &[u8]) -> Result<QueueRec, StoreError> {
-        if !self.data.borrow().queues.contains_key(recipient_id) {
+        if !self.data.borrow().records.contains(recipient_id) {
             return Err(StoreError::NotFound);
         }
         let rid = recipient_id.to_vec();
-        self.shared
+        let n = self
+            .shared
             .run("delete", move |c| {
                 let st = c.stmt(DELETE_QUEUE)?;
                 c.client.execute(&st, &[&rid])
             })
             .await?;
-        let q = {
+        let rec = {
             let mut d = self.data.borrow_mut();
             d.counters.deletes += 1;
-            let q = d.queues.remove(recipient_id).ok_or(StoreError::NotFound)?;
-            d.total_messages -= q.size.unwrap_or(0);
-            q
+            d.emptied(recipient_id);
+            let rec = d.records.remove(recipient_id).ok_or(StoreError::NotFound)?;
+            if n > 0 {
+                d.queues = d.queues.saturating_sub(1);
+            }
+            rec
         };
-        if let Some(n) = &q.rec.notifier {
+        if let Some(n) = &rec.notifier {
             let _ = self.ntf.delete_ntfs(&n.notifier_id).await;
         }
-        Ok(q.rec)
+        Ok(rec)
     }
 }
 
@@ -1035,9 +1178,10 @@ impl MessageStore for PostgresStore {
     fn size(&self, recipient_id: &[u8]) -> usize {
         self.data
             .borrow()
-            .queues
+            .sizes
             .get(recipient_id)
-            .and_then(|q| q.size)
+            .copied()
+            .flatten()
             .unwrap_or(0)
     }
 
@@ -1175,25 +1319,23 @@ impl MessageStore for PostgresStore {
 
 impl ShardStore for PostgresStore {
     fn open(s: &StoreSettings, groups: &[u32], now: i64) -> Result<Self, String> {
-        let shared = Shared::get(config_of(s)?, HOT_STATEMENTS)?;
+        let config = config_of(s)?;
+        let shared = Shared::get(config, HOT_STATEMENTS)?;
         let groups_i: Vec<i32> = groups.iter().map(|&g| g as i32).collect();
-        let load = sql(LOAD_QUEUES);
-        let rows = shared.run_blocking("loading queues", |c| {
-            c.client.query(load.as_str(), &[&groups_i])
+        let mut data = Data::new(config.queue_cache);
+        let (count, sizes) = (sql(COUNT_QUEUES), sql(LOAD_SIZES));
+        data.queues = shared.run_blocking("counting queues", |c| {
+            let n: i64 = c.client.query_one(count.as_str(), &[&groups_i])?.get(0);
+            Ok(usize::try_from(n).unwrap_or(0))
         })?;
-        let mut data = Data::default();
+        let rows = shared.run_blocking("reading message counts", |c| {
+            c.client.query(sizes.as_str(), &[&groups_i])
+        })?;
         for row in &rows {
-            let rec = rec_of(row)?;
-            let size = usize::try_from(row.get::<_, i64>(16)).unwrap_or(0);
-            data.total_messages += size;
-            data.queues.insert(
-                rec.recipient_id.clone(),
-                Cached {
-                    rec,
-                    size: Some(size),
-                },
-            );
+            let n = usize::try_from(row.get::<_, i64>(1)).unwrap_or(0);
+            data.add(row.get(0), n);
         }
+        drop(rows);
         // As the other stores load only what is young enough: messages past the lifetime go now,
         // in short statements over this shard's queues (`EXPIRE_CHUNK`).
         if s.message_ttl_secs < i64::MAX {
@@ -1219,6 +1361,7 @@ impl ShardStore for PostgresStore {
         }
         Ok(PostgresStore {
             shared,
+            groups: groups_i,
             data: RefCell::new(data),
             round: RefCell::default(),
             ntf,
@@ -1241,16 +1384,27 @@ impl ShardStore for PostgresStore {
     fn save_running(&self, s: &StoreSettings, groups: &[u32]) -> Result<(), String> {
         let dir = ntfs::store_dir(&s.data_dir);
         let mut by_group: HashMap<u32, Vec<(EntityId, Vec<MsgNtf>)>> = HashMap::new();
-        let d = self.data.borrow();
-        for q in d.queues.values() {
-            let Some(n) = &q.rec.notifier else { continue };
-            let list = futures_lite::future::block_on(self.ntf.ntfs(&n.notifier_id))
-                .map_err(|e| e.to_string())?;
+        let waiting = self.ntf.ntf_ids();
+        // The queue of each notifier with notifications (its group names the file).
+        let queues: HashMap<Vec<u8>, Vec<u8>> = if waiting.is_empty() {
+            HashMap::new()
+        } else {
+            self.shared
+                .run_blocking("finding the notifiers' queues", |c| {
+                    c.client.query(NOTIFIER_QUEUES, &[&waiting])
+                })?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect()
+        };
+        for nid in waiting {
+            let Some(rid) = queues.get(&nid) else {
+                continue;
+            };
+            let list =
+                futures_lite::future::block_on(self.ntf.ntfs(&nid)).map_err(|e| e.to_string())?;
             if !list.is_empty() {
-                by_group
-                    .entry(group_of(&q.rec.recipient_id))
-                    .or_default()
-                    .push((n.notifier_id.clone(), list));
+                by_group.entry(group_of(rid)).or_default().push((nid, list));
             }
         }
         for &g in groups {
@@ -1285,7 +1439,7 @@ impl ShardStore for PostgresStore {
     }
 
     async fn restore(&self, q: QueueData) -> Result<(), StoreError> {
-        if self.data.borrow().queues.contains_key(&q.rec.recipient_id) {
+        if self.data.borrow().records.contains(&q.rec.recipient_id) {
             return Err(StoreError::Duplicate);
         }
         q.check()?;
@@ -1336,14 +1490,10 @@ impl ShardStore for PostgresStore {
             self.ntf.return_ntfs(&nid, ntfs).await?;
         }
         let mut d = self.data.borrow_mut();
-        d.total_messages += size;
-        d.queues.insert(
-            rec.recipient_id.clone(),
-            Cached {
-                rec,
-                size: Some(size),
-            },
-        );
+        d.queues += 1;
+        d.add(&rec.recipient_id, size);
+        d.records.insert(rec, 0);
+        d.records.evict(&|_| false);
         Ok(())
     }
 }

@@ -204,6 +204,9 @@ fn write_all(out: &mut impl Write, b: &[u8]) -> Result<(), TransferError> {
     })
 }
 
+/// Queues an export reads the records of at once (`QueueStore::prepare`).
+const EXPORT_CHUNK: usize = 1_000;
+
 /// Writes the relay's `services` (in the order of their IDs), then every queue of `store` in the
 /// order of their recipient IDs, to `out`; `progress` is told the counts after each queue. Checks
 /// that what was written is what the store holds. Changes nothing in the store.
@@ -222,21 +225,36 @@ pub async fn export<S: ShardStore, W: Write>(
     for rec in services {
         w.service(rec)?;
     }
-    for rid in rids {
-        let store_err = |error| TransferError::Store {
-            rid: b64url(&rid),
-            error,
-        };
-        let rec = store
-            .get(&rid)
-            .ok_or_else(|| store_err(StoreError::NotFound))?;
-        let msgs = store.messages(&rid).await.map_err(store_err)?;
-        let ntfs = match &rec.notifier {
-            Some(n) => store.ntfs(&n.notifier_id).await.map_err(store_err)?,
-            None => Vec::new(),
-        };
-        w.queue(&QueueData { rec, msgs, ntfs })?;
-        progress(w.counts);
+    // A store that holds only the records in use reads them a chunk at a time.
+    for chunk in rids.chunks(EXPORT_CHUNK) {
+        let refs: Vec<&[u8]> = chunk.iter().map(Vec::as_slice).collect();
+        let prepared = store.prepare(&refs, &|_| false).await;
+        let written = async {
+            prepared.map_err(|error| TransferError::Store {
+                rid: b64url(&chunk[0]),
+                error,
+            })?;
+            for rid in chunk {
+                let store_err = |error| TransferError::Store {
+                    rid: b64url(rid),
+                    error,
+                };
+                let rec = store
+                    .get(rid)
+                    .ok_or_else(|| store_err(StoreError::NotFound))?;
+                let msgs = store.messages(rid).await.map_err(store_err)?;
+                let ntfs = match &rec.notifier {
+                    Some(n) => store.ntfs(&n.notifier_id).await.map_err(store_err)?,
+                    None => Vec::new(),
+                };
+                w.queue(&QueueData { rec, msgs, ntfs })?;
+                progress(w.counts);
+            }
+            Ok::<(), TransferError>(())
+        }
+        .await;
+        store.release(&refs);
+        written?;
     }
     let exported = w.counts;
     let held = Counts {

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod services;
+
 use std::time::Duration;
 
 pub use smp_relay::client::queue::describe;

@@ -15,6 +15,10 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// Runs `op` on the queue `rid`; a queue that is not there (deleted meanwhile) is `AUTH`, as
     /// the reference answers an unknown ID.
     pub async fn control_queue(&self, rid: &[u8], op: QueueOp) -> Result<QueueOutcome, ErrorType> {
+        let _record = self
+            .hold_records([rid].into_iter())
+            .await
+            .map_err(super::store_error)?;
         let q = self.store.get(rid).ok_or(ErrorType::Auth)?;
         match op {
             QueueOp::Status => Ok(QueueOutcome::Status {

@@ -23,7 +23,7 @@ use crate::server::router::{
     encode, ConnRef, Delivery, Group, GroupKind, Pending, Request, Session, ShardMsg,
 };
 use crate::server::service_state::same_service;
-use crate::store::{Message, MessageStore, MsgId, QueueStatus, QueueStore, WriteOutcome};
+use crate::store::{EntityId, Message, MessageStore, MsgId, QueueStatus, QueueStore, WriteOutcome};
 
 /// MSG bodies are always padded to this before sealing: `MaxRcvMessageLen + 2`
 /// (simplexmq `Server.hs`, `encryptMsg`).
@@ -110,6 +110,18 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// delivery), and the next notifications of a notifier it subscribes to. Always answered, even
     /// with nothing, so that the connection asks for its next items (I2).
     pub async fn redeliver(&self, conn: ConnRef, items: Vec<Pending>) {
+        let rids: Vec<EntityId> = items.iter().filter_map(|i| self.pending_queue(i)).collect();
+        // Without them a held message stays in its queue for the next SUB, as it would if the
+        // connection had closed.
+        let _records = match self.hold_records(rids.iter().map(Vec::as_slice)).await {
+            Ok(held) => held,
+            Err(e) => {
+                tracing::warn!(
+                    "held deliveries wait: their queues' records could not be read: {e}"
+                );
+                return;
+            }
+        };
         let mut groups = Vec::new();
         for item in items {
             match item {

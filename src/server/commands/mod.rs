@@ -51,6 +51,17 @@ fn service_refusal(req: &Request) -> Option<ErrorType> {
 impl<S: QueueStore + MessageStore> Owner<S> {
     /// Executes one block's requests for this owner and sends the connection its part.
     pub async fn process(&self, session: Session, block_seq: u64, mut requests: Vec<Request>) {
+        let rids = requests.iter().filter_map(|r| r.recipient_id.as_deref());
+        let _records = match self.hold_records(rids).await {
+            Ok(held) => held,
+            Err(e) => {
+                // Without its queues' records the part cannot be decided: each request is
+                // answered the store's error (never AUTH, which would say the queue is gone).
+                tracing::warn!("a block part's queue records could not be read: {e}");
+                self.refuse_part(&session, block_seq, requests, e);
+                return;
+            }
+        };
         self.batch_verify(&session, &mut requests);
         self.pre_verify_subs(&session, &mut requests);
         self.associate_part(&session, &mut requests).await;
@@ -90,6 +101,36 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 conn: session.conn,
                 block_seq,
                 groups,
+            },
+        );
+    }
+
+    /// Answers every request of a part with the store's error `e`.
+    fn refuse_part(
+        &self,
+        session: &Session,
+        block_seq: u64,
+        requests: Vec<Request>,
+        e: crate::store::StoreError,
+    ) {
+        let msg = err(store_error(e));
+        let responses = requests
+            .into_iter()
+            .map(|mut req| match req.forward.take() {
+                Some(f) => forward::respond(session, &f, &req.corr_id, &req.entity_id, &msg),
+                None => encode(session, &req.corr_id, &req.entity_id, &msg),
+            })
+            .collect();
+        let turn = Turn {
+            responses,
+            ..Turn::default()
+        };
+        self.mesh.send(
+            session.conn.shard,
+            ShardMsg::Reply {
+                conn: session.conn,
+                block_seq,
+                groups: pack_turn(turn),
             },
         );
     }

@@ -185,15 +185,10 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                     .map(|e| e.ntf_subs.iter().cloned().collect())
                     .unwrap_or_default();
                 for nid in held {
-                    let ours = self.notifier_queue(&nid).is_some_and(|rid| {
-                        self.store
-                            .with_queue(&rid, |q| {
-                                q.notifier
-                                    .as_ref()
-                                    .is_some_and(|n| n.ntf_service_id.as_ref() == Some(&key.0))
-                            })
-                            .unwrap_or(false)
-                    });
+                    // From the services' index: these queues' records need not be held.
+                    let ours = self
+                        .notifier_queue(&nid)
+                        .is_some_and(|rid| self.services.holds(key, &rid));
                     if ours {
                         self.ntf_subs.borrow_mut().remove(&nid);
                         self.ntf_backlog.borrow_mut().remove(&nid);
@@ -249,22 +244,18 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 if let Some(prev) = prev {
                     self.release(key, prev);
                 }
-                // Only notifiers with stored notifications have something to hand over.
-                let waiting: std::collections::HashSet<EntityId> =
-                    self.store.ntf_ids().into_iter().collect();
-                self.services
-                    .queues(key)
-                    .into_iter()
-                    .filter(|rid| {
-                        self.store
-                            .with_queue(rid, |q| {
-                                q.notifier
-                                    .as_ref()
-                                    .is_some_and(|n| waiting.contains(&n.notifier_id))
-                            })
-                            .unwrap_or(false)
-                    })
-                    .collect()
+                // Only notifiers with stored notifications have something to hand over: their
+                // queues, from the directory and the services' index (no record needed).
+                let mut queues: Vec<EntityId> = self
+                    .store
+                    .ntf_ids()
+                    .iter()
+                    .filter_map(|nid| self.notifier_queue(nid))
+                    .filter(|rid| self.services.holds(key, rid))
+                    .collect();
+                queues.sort_unstable();
+                queues.dedup();
+                queues
             }
             ServiceRole::Proxy => Vec::new(),
         };
@@ -288,6 +279,15 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         if current.as_ref().map(|s| s.conn) != Some(session.conn) {
             return;
         }
+        let _records = match self.hold_records(chunk.iter().map(Vec::as_slice)).await {
+            Ok(held) => held,
+            Err(e) => {
+                tracing::warn!(
+                    "a service's queues are not folded: their records could not be read: {e}"
+                );
+                return;
+            }
+        };
         let mut todo = Vec::with_capacity(chunk.len());
         for rid in chunk {
             // Still associated (a job before this one may have moved it).
@@ -458,6 +458,13 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// chunk without a subscriber of its own gets the service's connection, and its stored
     /// notifications, a part at a time as an NSUB's (the rest when the connection has room).
     pub async fn fold_ntf_chunk(&self, key: &ServiceKey, session: &Session, chunk: Vec<EntityId>) {
+        let _records = match self.hold_records(chunk.iter().map(Vec::as_slice)).await {
+            Ok(held) => held,
+            Err(e) => {
+                tracing::warn!("a notification service's notifiers are not folded: their records could not be read: {e}");
+                return;
+            }
+        };
         for rid in chunk {
             let nid = self
                 .store

@@ -40,6 +40,9 @@ pub struct PgConfig {
     pub statement_timeout: Duration,
     /// The longest a job waits for a connection (r2d2's checkout timeout).
     pub pool_wait: Duration,
+    /// Queue records held beyond those in use (`[RELAY] pg_queue_cache`): the relay's total in
+    /// the settings, each shard's share in its store's settings (`server::store_settings`).
+    pub queue_cache: usize,
 }
 
 pub const DEFAULT_CONNINFO: &str = "postgresql://smp@/smp_server_store";
@@ -48,6 +51,9 @@ pub const DEFAULT_POOL_SIZE: usize = 10;
 pub const MAX_POOL_SIZE: usize = 256;
 pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_POOL_WAIT: Duration = Duration::from_secs(10);
+/// Queue records the relay holds beyond those in use: ~150 MB of records at most, what a small
+/// VPS spares; its subscribed queues' records are held besides.
+pub const DEFAULT_QUEUE_CACHE: usize = 100_000;
 
 impl Default for PgConfig {
     fn default() -> Self {
@@ -57,6 +63,7 @@ impl Default for PgConfig {
             pool_size: DEFAULT_POOL_SIZE,
             statement_timeout: DEFAULT_STATEMENT_TIMEOUT,
             pool_wait: DEFAULT_POOL_WAIT,
+            queue_cache: DEFAULT_QUEUE_CACHE,
         }
     }
 }

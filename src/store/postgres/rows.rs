@@ -12,10 +12,19 @@ use crate::protocol::encoding::Reader;
 use crate::protocol::error::BlockingInfo;
 use crate::store::{Message, MsgId, NotifierCreds, QueueLink, QueueRec, QueueStatus};
 
-/// The record's columns in the order of [`RecRow`] and of the load queries.
-pub const REC_COLUMNS: &str = "recipient_id, recipient_keys, rcv_dh_secret, sender_id, \
+/// The record's columns in the order of [`RecRow`] and [`rec_of`] (a macro, so that statements
+/// written as literals can include them with `concat!`).
+macro_rules! rec_columns {
+    () => {
+        "recipient_id, recipient_keys, rcv_dh_secret, sender_id, \
      sender_key, queue_mode, notifier_id, notifier_key, rcv_ntf_dh_secret, ntf_service_id, \
-     status, updated_at, link_id, rcv_service_id, fixed_data, user_data";
+     status, updated_at, link_id, rcv_service_id, fixed_data, user_data"
+    };
+}
+pub(crate) use rec_columns;
+
+/// The record's columns, for statements made at run time.
+pub const REC_COLUMNS: &str = rec_columns!();
 
 /// A queue record as its row's values, owned so that a job can take it to a worker thread.
 #[derive(Debug, Clone)]

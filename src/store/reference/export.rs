@@ -136,7 +136,14 @@ async fn write_all<S: ShardStore>(
     rids.sort_unstable();
     let store_err = |e: crate::store::StoreError| e.to_string();
     for rid in rids {
-        let Some(mut rec) = store.get(&rid) else {
+        // A store that holds only the records in use reads this one first.
+        store
+            .prepare(&[rid.as_slice()], &|_| false)
+            .await
+            .map_err(store_err)?;
+        let rec = store.get(&rid);
+        store.release(&[rid.as_slice()]);
+        let Some(mut rec) = rec else {
             continue;
         };
         // The reference reads a blocking notice to the end of the line, so a service ID after it

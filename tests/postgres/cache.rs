@@ -1,0 +1,156 @@
+//! The PostgreSQL store holds only the queue records in use (`docs/ARCHITECTURE.md` §5,
+//! "PostgreSQL: records read when used"): a relay with more queues than its cache serves every
+//! command on queues it does not hold (SUB, SEND, ACK, NSUB, LGET, a service's SUBS), keeps each
+//! queue's order while records come and go, and never lets go of a subscribed queue's record.
+
+use crate::common;
+use crate::support;
+
+use common::{Relay, RelayOptions};
+use smp_relay::client::queue::{self, new_link, KeyAlg, RecipientKeys};
+use smp_relay::client::service::ROLE_MESSAGING;
+use smp_relay::client::{new_corr_id, ClientCert};
+use smp_relay::protocol::command::{Command, QueueReq};
+use smp_relay::protocol::response::BrokerMsg;
+use support::services::{bodies, ids_hash, new_as_service, service, soks, subs};
+use support::*;
+
+/// The smallest cache `--pg-queue-cache` takes: 500 records per shard on 2 shards.
+const CACHE: usize = 1_000;
+/// Three times what the cache holds.
+const QUEUES: usize = 3 * CACHE;
+/// Queues one connection keeps subscribed through everything.
+const SUBSCRIBED: usize = 200;
+
+const RECORDS_READ: &str = "smprelay_store_records_read_total";
+
+fn records_read(relay: &Relay) -> u64 {
+    relay.publish_metrics();
+    relay.metrics().get(RECORDS_READ).copied().unwrap_or(0)
+}
+
+#[test]
+fn more_queues_than_the_cache_are_served_and_subscribed_records_stay() {
+    let conninfo = common::pg_database();
+    let mut relay = Relay::start_with(RelayOptions {
+        cores: 2,
+        extra_args: [
+            "--store",
+            "postgres",
+            "--database",
+            &conninfo,
+            "--pg-queue-cache",
+            &CACHE.to_string(),
+            "--metrics-interval",
+            "3600",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+    });
+    let mut rc = relay.client();
+    let qs = create_many(&mut rc, QUEUES, 100);
+    // Notifiers on the last queues, a contact address with link data, a service's queues.
+    let notified: Vec<(&Queue, Notifier)> = qs[QUEUES - 5..]
+        .iter()
+        .map(|q| (q, nkey(&mut rc, q)))
+        .collect();
+    let keys = RecipientKeys::generate(KeyAlg::Ed25519);
+    let corr = new_corr_id();
+    let link = new_link(&corr, b"fixed data", b"user data");
+    let link_id: Vec<u8> = new_corr_id().to_vec();
+    let mut new = queue::new_queue(&keys);
+    new.queue_req = Some(QueueReq::Contact(Some((link_id.clone(), link.clone()))));
+    let contact = create_with_corr(&mut rc, keys, new, &corr);
+    let cert = ClientCert::self_signed().expect("certificate");
+    let mut svc = service(&relay, &cert, ROLE_MESSAGING);
+    let served: Vec<Queue> = (0..3)
+        .map(|_| new_as_service(&mut svc, true).expect("IDS"))
+        .collect();
+    drop(svc);
+    drop(rc);
+
+    // A start reads no record: each is read when a command needs it.
+    assert!(relay.stop().success(), "a clean stop");
+    relay.restart();
+    assert_eq!(records_read(&relay), 0, "no record read at start");
+    let (mut rc, mut sc) = (relay.client(), relay.client());
+    let mut sub = relay.client();
+    for q in &qs[..SUBSCRIBED] {
+        sub_empty(&mut sub, q);
+    }
+    // A message to every other queue: each SEND reads its queue's record, and the cache, a third
+    // of their number, lets most of them go again.
+    for (i, q) in qs[SUBSCRIBED..].iter().enumerate() {
+        send_ok(&mut sc, q, None, format!("first {i}").as_bytes());
+    }
+    let read = records_read(&relay);
+    assert!(
+        read >= QUEUES as u64,
+        "every queue's record was read once at least: {read}"
+    );
+
+    // The subscribed queues' records stayed: SEND, the pushed MSG and its ACK read none again.
+    for q in &qs[..SUBSCRIBED] {
+        send_ok(&mut sc, q, None, b"to a subscriber");
+        let m = expect_body(&mut sub, q, b"to a subscriber");
+        assert_eq!(ack(&mut sub, q, &m.msg_id), BrokerMsg::Ok);
+    }
+    assert_eq!(
+        records_read(&relay),
+        read,
+        "a subscribed queue's record was read again: it had been let go"
+    );
+
+    // Per-queue order across evictions: a second and third message to queues that are not held,
+    // each round followed by traffic that makes the cache let them go.
+    let ordered = &qs[SUBSCRIBED..SUBSCRIBED + 50];
+    for round in ["second", "third"] {
+        for q in ordered {
+            send_ok(&mut sc, q, None, round.as_bytes());
+        }
+        for q in &qs[QUEUES / 2..QUEUES / 2 + CACHE] {
+            send_ok(&mut sc, q, None, round.as_bytes());
+        }
+    }
+    for (i, q) in ordered.iter().enumerate() {
+        let m = sub_with_msg(&mut rc, q);
+        assert_eq!(m.msg.body(), Some(format!("first {i}").as_bytes()));
+        let m = msg_of(q, ack(&mut rc, q, &m.msg_id));
+        assert_eq!(m.msg.body(), Some(&b"second"[..]), "in order");
+        let m = msg_of(q, ack(&mut rc, q, &m.msg_id));
+        assert_eq!(m.msg.body(), Some(&b"third"[..]), "in order");
+        assert_eq!(ack(&mut rc, q, &m.msg_id), BrokerMsg::Ok, "nothing more");
+    }
+
+    // NSUB on notifiers whose queues are not held, then a SEND notifies.
+    let mut nc = relay.client();
+    for (q, n) in &notified {
+        assert_eq!(nsub(&mut nc, n), sok(&nc), "NSUB");
+        assert_eq!(
+            send_as(&mut sc, q.sid(), None, send_ntf_cmd(b"notified")),
+            BrokerMsg::Ok
+        );
+        expect_nmsg(&mut nc, n);
+    }
+
+    // LGET of a contact address that is not held.
+    assert_eq!(
+        unsigned(&mut sc, &link_id, Command::LGet),
+        BrokerMsg::Lnk {
+            sender_id: contact.ids.snd_id.clone(),
+            fixed: link.fixed.clone(),
+            user: link.user.clone(),
+        }
+    );
+
+    // A service's SUBS over queues that are not held: the count, the hash and the waiting message.
+    send_ok(&mut sc, &served[1], None, b"for the service");
+    let mut svc = service(&relay, &cert, ROLE_MESSAGING);
+    let hash = ids_hash(served.iter().map(|q| q.rid()));
+    let (answer, rest) = subs(&mut svc, false, (3, hash));
+    assert_eq!(answer, soks(3, hash));
+    let got = bodies(&served.iter().collect::<Vec<_>>(), &rest);
+    assert_eq!(got.len(), 1, "one waiting message");
+    assert_eq!(got[served[1].rid()], b"for the service");
+}
