@@ -308,6 +308,10 @@ struct ScaleArgs {
     /// The smp-relay binary (default: next to smp-load).
     #[arg(long)]
     relay_bin: Option<PathBuf>,
+    /// The cluster of `pg-start`, for a setup made with `--pg`: the idle queues go into a copy of
+    /// its database (`smpload_scale_<queues>`), which the new data directory names.
+    #[arg(long, value_name = "DIR")]
+    pg: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -525,9 +529,6 @@ fn scale(a: ScaleArgs) -> Result<(), String> {
         Some(_) => StoreKind::Journal,
         None => found,
     };
-    if found == StoreKind::Postgres || kind == StoreKind::Postgres {
-        return Err("scale fills the journal and memory stores".into());
-    }
     let out = a.out.clone().unwrap_or_else(|| {
         let mut s = a.file.as_os_str().to_owned();
         s.push(format!(".scale-{}", a.queues));
@@ -538,6 +539,12 @@ fn scale(a: ScaleArgs) -> Result<(), String> {
             return Err(format!("{} exists (use --force)", out.display()));
         }
         std::fs::remove_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    }
+    if found == StoreKind::Postgres {
+        return scale_postgres(&a, &from, &out);
+    }
+    if kind == StoreKind::Postgres || a.pg.is_some() {
+        return Err("--pg needs a setup made with --pg".into());
     }
     // The relay's certificates, configuration and services file, without the store.
     std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
@@ -647,6 +654,76 @@ fn restart_time(a: RestartArgs) -> Result<(), String> {
         });
     }
     emit("restart-time", &records, a.json, None);
+    Ok(())
+}
+
+/// `scale` on a setup made with `--pg`: a copy of its data directory naming a copy of its
+/// database, to which the idle queues are added in SQL (each a copy of a setup queue's keys under
+/// new random IDs: the relay never reads an idle queue's record, only its IDs at start).
+fn scale_postgres(a: &ScaleArgs, from: &Path, out: &Path) -> Result<(), String> {
+    let pg =
+        a.pg.as_ref()
+            .ok_or("the setup's store is PostgreSQL: give --pg DIR, the cluster of pg-start")?;
+    if a.notifiers || a.links {
+        return Err("--notifiers and --links are for the journal and memory stores".into());
+    }
+    let t0 = std::time::Instant::now();
+    std::fs::create_dir_all(out)
+        .and_then(|()| proc::copy_data_dir(from, out))
+        .map_err(|e| format!("copy {} to {}: {e}", from.display(), out.display()))?;
+    let setup = smp_relay::store::postgres::remembered_config(from)
+        .ok_or("the setup's data directory names no database (make it with `setup --pg`)")?;
+    let template = setup
+        .conninfo
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("dbname="))
+        .ok_or("the setup's database has no name")?
+        .to_string();
+    let name = format!("smpload_scale_{}", a.queues);
+    let conninfo = pg_database(pg, &name, Some(&template))?;
+    let mut c = postgres::Client::connect(&conninfo, postgres::NoTls)
+        .map_err(|e| format!("{name}: {e}"))?;
+    let schema = &setup.schema;
+    let insert = format!(
+        "INSERT INTO {schema}.msg_queues (recipient_id, recipient_keys, rcv_dh_secret, \
+           sender_id, sender_key, queue_mode, status, updated_at) \
+         SELECT public.gen_random_bytes(24), t.recipient_keys, t.rcv_dh_secret, \
+           public.gen_random_bytes(24), t.sender_key, t.queue_mode, 'active', t.updated_at \
+         FROM (SELECT * FROM {schema}.msg_queues \
+               WHERE deleted_at IS NULL AND sender_key IS NOT NULL LIMIT 1) t, \
+           generate_series(1, $1::int4)"
+    );
+    const CHUNK: u64 = 1_000_000;
+    let mut added = 0;
+    while added < a.queues {
+        let n = CHUNK.min(a.queues - added);
+        let rows = c
+            .execute(insert.as_str(), &[&(n as i32)])
+            .map_err(|e| format!("{name}: {e}"))?;
+        if rows != n {
+            return Err(format!("{name}: {rows} of {n} idle queues inserted"));
+        }
+        added += n;
+        eprintln!(
+            "scale: {added} idle queues written ({:.0} s)",
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    c.batch_execute(&format!("ANALYZE {schema}.msg_queues"))
+        .map_err(|e| format!("{name}: {e}"))?;
+    smp_relay::store::postgres::remember_config(
+        out,
+        &smp_relay::store::postgres::PgConfig {
+            conninfo: conninfo.clone(),
+            ..setup
+        },
+    )?;
+    eprintln!(
+        "scale: {} names the database {name} ({added} idle queues added to a copy of {template}) \
+         in {:.1} s; its relay starts with --store postgres --database '{conninfo}'",
+        out.display(),
+        t0.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 

@@ -220,6 +220,30 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         Ok(held)
     }
 
+    /// As `hold_records`, for a job with no request to answer: on a failure it logs (at most
+    /// a line a second, `log_limit`) what waits, `what`, and gives `None`: the job is skipped, and
+    /// what it would have done waits for the queue's next command.
+    pub async fn hold_records_or_log<'r>(
+        &self,
+        rids: impl Iterator<Item = &'r [u8]>,
+        what: &'static str,
+    ) -> Option<HeldRecords<'_, S>> {
+        static UNREAD: crate::log_limit::RateLimited =
+            crate::log_limit::RateLimited::new("jobs skipped: queue records could not be read");
+        match self.hold_records(rids).await {
+            Ok(held) => Some(held),
+            Err(e) => {
+                crate::log_limit::warn(&UNREAD, |suppressed| {
+                    tracing::warn!(
+                        suppressed,
+                        "{what}: the queues' records could not be read: {e}"
+                    )
+                });
+                None
+            }
+        }
+    }
+
     pub fn new(
         shard: usize,
         store: S,

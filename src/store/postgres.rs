@@ -195,6 +195,13 @@ pub fn remembered_config(data_dir: &std::path::Path) -> Option<PgConfig> {
     })
 }
 
+/// Names `config`'s database and schema as the one the relay on `data_dir` last started on (what
+/// `remembered_config` reads): for a data directory made beside a database of its own
+/// (`smp-load scale --pg`).
+pub fn remember_config(data_dir: &std::path::Path, config: &PgConfig) -> Result<(), String> {
+    ntfs::remember_connection(&ntfs::store_dir(data_dir), &config.conninfo, &config.schema)
+}
+
 /// The statements of the hot paths, prepared on every pooled connection as it opens.
 pub const HOT_STATEMENTS: &[&str] = &[
     LOAD_RECORDS,
@@ -878,8 +885,17 @@ impl QueueStore for PostgresStore {
             .await;
         let mut d = self.data.borrow_mut();
         d.counters.records_read += missing.len() as u64;
-        // On an error, what was pinned above stays pinned until the job's `release`, as always.
-        let recs = read?;
+        // Every asked queue is pinned, whatever the read gave, so that the job's `release`
+        // (which follows an error too) unpins exactly what was pinned.
+        let recs = match read {
+            Ok(recs) => recs,
+            Err(e) => {
+                for rid in &missing {
+                    d.records.pin_absent(rid);
+                }
+                return Err(e);
+            }
+        };
         let mut failed = None;
         for rec in recs {
             match rec {

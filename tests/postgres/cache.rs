@@ -9,7 +9,7 @@ use crate::support;
 use common::{Relay, RelayOptions};
 use smp_relay::client::queue::{self, new_link, KeyAlg, RecipientKeys};
 use smp_relay::client::service::ROLE_MESSAGING;
-use smp_relay::client::{new_corr_id, ClientCert};
+use smp_relay::client::{new_corr_id, ClientCert, ClientOptions};
 use smp_relay::protocol::command::{Command, QueueReq};
 use smp_relay::protocol::response::BrokerMsg;
 use support::services::{bodies, ids_hash, new_as_service, service, soks, subs};
@@ -153,4 +153,68 @@ fn more_queues_than_the_cache_are_served_and_subscribed_records_stay() {
     let got = bodies(&served.iter().collect::<Vec<_>>(), &rest);
     assert_eq!(got.len(), 1, "one waiting message");
     assert_eq!(got[served[1].rid()], b"for the service");
+}
+
+/// With the database down, a command on a queue whose record is not held cannot be decided: it is
+/// answered `ERR STORE`, never `AUTH` (which would tell the client its queue is gone), and the
+/// same command succeeds once the database is back.
+#[test]
+fn an_unreadable_record_is_a_store_error_not_a_missing_queue() {
+    use smp_relay::store::postgres::cluster::{Cluster, ClusterOptions};
+    // A cluster of this test's own: it is stopped while the relay runs.
+    let cluster = Cluster::start(&ClusterOptions::default()).expect("a cluster");
+    let db = cluster.create_database().expect("a database");
+    let conninfo = cluster.conninfo(&db);
+    let mut relay = Relay::start_with(RelayOptions {
+        extra_args: [
+            "--store",
+            "postgres",
+            "--database",
+            &conninfo,
+            "--db-pool-wait-secs",
+            "1",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+        ..RelayOptions::default()
+    });
+    let q = create(&mut relay.client());
+    assert!(relay.stop().success(), "a clean stop");
+    relay.restart();
+    cluster.stop_server("fast").expect("stop the server");
+    // The relay's waits for the database are bounded (`--db-pool-wait-secs`, reconnection):
+    // the clients wait longer.
+    let client = || {
+        relay
+            .connect(ClientOptions {
+                timeout: std::time::Duration::from_secs(60),
+                ..ClientOptions::default()
+            })
+            .expect("connect")
+    };
+    let (mut c, mut sc) = (client(), client());
+    let r = signed(&mut c, q.key(), q.rid(), Command::Sub);
+    assert!(
+        matches!(r, BrokerMsg::Err(ErrorType::Store(_))),
+        "SUB with the database down: {r:?}"
+    );
+    let r = send(&mut sc, &q, None, b"later");
+    assert!(
+        matches!(r, BrokerMsg::Err(ErrorType::Store(_))),
+        "SEND with the database down: {r:?}"
+    );
+    cluster.start_server().expect("start the server");
+    // The pool reconnects on its own; until then the answers stay ERR STORE.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match send(&mut sc, &q, None, b"later") {
+            BrokerMsg::Ok => break,
+            BrokerMsg::Err(ErrorType::Store(_)) if std::time::Instant::now() < deadline => {
+                common::sleep(std::time::Duration::from_millis(100))
+            }
+            other => panic!("SEND once the database is back: {other:?}"),
+        }
+    }
+    assert_eq!(sub_with_msg(&mut c, &q).msg.body(), Some(&b"later"[..]));
 }

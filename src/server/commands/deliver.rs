@@ -113,14 +113,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         let rids: Vec<EntityId> = items.iter().filter_map(|i| self.pending_queue(i)).collect();
         // Without them a held message stays in its queue for the next SUB, as it would if the
         // connection had closed.
-        let _records = match self.hold_records(rids.iter().map(Vec::as_slice)).await {
-            Ok(held) => held,
-            Err(e) => {
-                tracing::warn!(
-                    "held deliveries wait: their queues' records could not be read: {e}"
-                );
-                return;
-            }
+        let Some(_records) = self
+            .hold_records_or_log(rids.iter().map(Vec::as_slice), "held deliveries wait")
+            .await
+        else {
+            return;
         };
         let mut groups = Vec::new();
         for item in items {

@@ -57,7 +57,14 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             Err(e) => {
                 // Without its queues' records the part cannot be decided: each request is
                 // answered the store's error (never AUTH, which would say the queue is gone).
-                tracing::warn!("a block part's queue records could not be read: {e}");
+                static UNREAD: crate::log_limit::RateLimited =
+                    crate::log_limit::RateLimited::new("block parts answered ERR STORE");
+                crate::log_limit::warn(&UNREAD, |suppressed| {
+                    tracing::warn!(
+                        suppressed,
+                        "a block part's queue records could not be read: {e}"
+                    )
+                });
                 self.refuse_part(&session, block_seq, requests, e);
                 return;
             }

@@ -279,14 +279,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         if current.as_ref().map(|s| s.conn) != Some(session.conn) {
             return;
         }
-        let _records = match self.hold_records(chunk.iter().map(Vec::as_slice)).await {
-            Ok(held) => held,
-            Err(e) => {
-                tracing::warn!(
-                    "a service's queues are not folded: their records could not be read: {e}"
-                );
-                return;
-            }
+        let Some(_records) = self
+            .hold_records_or_log(chunk.iter().map(Vec::as_slice), "a service's queues wait")
+            .await
+        else {
+            return;
         };
         let mut todo = Vec::with_capacity(chunk.len());
         for rid in chunk {
@@ -458,12 +455,14 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// chunk without a subscriber of its own gets the service's connection, and its stored
     /// notifications, a part at a time as an NSUB's (the rest when the connection has room).
     pub async fn fold_ntf_chunk(&self, key: &ServiceKey, session: &Session, chunk: Vec<EntityId>) {
-        let _records = match self.hold_records(chunk.iter().map(Vec::as_slice)).await {
-            Ok(held) => held,
-            Err(e) => {
-                tracing::warn!("a notification service's notifiers are not folded: their records could not be read: {e}");
-                return;
-            }
+        let Some(_records) = self
+            .hold_records_or_log(
+                chunk.iter().map(Vec::as_slice),
+                "a notification service's notifiers wait",
+            )
+            .await
+        else {
+            return;
         };
         for rid in chunk {
             let nid = self
