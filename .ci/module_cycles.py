@@ -1,12 +1,58 @@
 #!/usr/bin/env python3
 """Fails when modules of src/ import each other in a cycle (each file is a module; test-only code
-and comments are not counted). Run from the repository root; prints each cycle and its edges."""
+and comments are not counted; grouped imports, `use crate::{a, b::{c, d}}`, count each path). Run from the repository root; prints each cycle and its edges."""
 import re,glob,sys
 files=glob.glob('src/**/*.rs',recursive=True)
 def modname(f):
     m=f[4:-3].replace('/mod','')
     return m.replace('/','::')
 mods={modname(f):f for f in files}
+def group_items(text,i):
+    """The items of the brace group opening at text[i] ('{'), split at its top-level commas,
+    and the index after its closing brace."""
+    depth=0; items=[]; cur=''
+    for j in range(i,len(text)):
+        ch=text[j]
+        if ch=='{':
+            depth+=1
+            if depth==1: continue
+        elif ch=='}':
+            depth-=1
+            if depth==0:
+                items.append(cur); return items,j+1
+        elif ch==',' and depth==1:
+            items.append(cur); cur=''; continue
+        cur+=ch
+    return items,len(text)
+def expand(prefix,text):
+    """Every path a use tree names: `a::{b, c::{d}}` gives a::b, a::c::d."""
+    text=re.sub(r'\s+as\s+\w+','',text)
+    text=re.sub(r'\s+','',text)
+    if not text or text=='self': return [prefix]
+    m=re.match(r'^((?:\w+::)*)\{',text)
+    if m:
+        head=[x for x in m.group(1).split('::') if x]
+        items,_=group_items(text,len(m.group(1)))
+        out=[]
+        for it in items: out+=expand(prefix+head,it)
+        return out
+    return [prefix+[x for x in text.split('::') if x and x not in ('*','self')]]
+def paths(s):
+    """(crate|super, path) of every crate:: or super:: path, grouped imports expanded."""
+    out=[]
+    for mm in re.finditer(r'\b(crate|super)::\{',s):
+        items,_=group_items(s,mm.end()-1)
+        for it in items:
+            for p in expand([],it): out.append((mm.group(1),p))
+    for mm in re.finditer(r'\b(crate|super)((?:::\w+)+)(::\{)?',s):
+        head=mm.group(2).strip(':').split('::')
+        if mm.group(3):
+            items,_=group_items(s,mm.end()-1)
+            for it in items:
+                for p in expand(head,it): out.append((mm.group(1),p))
+        else:
+            out.append((mm.group(1),head))
+    return out
 edges={}
 for m,f in mods.items():
     s=open(f).read()
@@ -17,8 +63,7 @@ for m,f in mods.items():
     s=re.sub(r'//[^\n]*','',s)
     deps=set(); parts=m.split('::')
     isdir=f.endswith('mod.rs') or f=='src/lib.rs'
-    for mm in re.finditer(r'\b(crate|super)((?:::\w+)+)',s):
-        kind,path=mm.group(1),mm.group(2).strip(':').split('::')
+    for kind,path in paths(s):
         base=[] if kind=='crate' else parts[:-1]
         full=base+path
         for k in range(len(full),0,-1):

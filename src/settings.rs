@@ -15,7 +15,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::config::{self, StartConfig};
-use crate::{ini, limits};
+use crate::ini::values;
+use crate::limits;
 
 /// Declares the settings; see the module comment. Each entry:
 ///
@@ -146,8 +147,8 @@ start_settings! {
     store: crate::store::StoreKind {
         set: |c, v| c.store = v,
         default: Some(crate::store::StoreKind::Journal) => "journal".to_string(),
-        ini: "STORE_LOG" "store_messages" => ini::store_messages,
-        flag: (long = "store", value_name = "journal|memory|postgres", value_parser = ini::store_messages),
+        ini: "STORE_LOG" "store_messages" => values::store_messages,
+        flag: (long = "store", value_name = "journal|memory|postgres", value_parser = values::store_messages),
     }
     /// When the journal store makes its records durable: every-batch (answers wait for the sync),
     /// interval-ms N, or never (the system's write-back); a killed relay loses nothing either way,
@@ -155,8 +156,8 @@ start_settings! {
     durability: crate::store::journal::Durability {
         set: |c, v| c.durability = v,
         default: Some(crate::store::journal::DEFAULT_DURABILITY) => "interval-ms 50".to_string(),
-        ini: "STORE_LOG" "fsync" => ini::fsync,
-        flag: (long = "fsync", value_name = "MODE", value_parser = ini::fsync),
+        ini: "STORE_LOG" "fsync" => values::fsync,
+        flag: (long = "fsync", value_name = "MODE", value_parser = values::fsync),
     }
     /// The most bytes the journal store's segment files may take, over all groups: BYTES, or with a
     /// suffix K, M, G or T (powers of 1024). At the cap SEND and NEW answer ERR STORE, deletes go
@@ -164,8 +165,8 @@ start_settings! {
     journal_max_size: u64 {
         set: |c, v| c.journal_max_size = Some(v),
         default: None => "no cap",
-        ini: "STORE_LOG" "journal_max_size" => ini::size_bytes,
-        flag: (long, value_name = "BYTES", value_parser = ini::size_bytes),
+        ini: "STORE_LOG" "journal_max_size" => values::size_bytes,
+        flag: (long, value_name = "BYTES", value_parser = values::size_bytes),
     }
     /// Records after which a journal group takes a checkpoint while the relay runs, in the
     /// background: the most a start after a crash replays per group beyond the checkpoint it
@@ -173,15 +174,15 @@ start_settings! {
     journal_checkpoint_records: u64 {
         set: |c, v| c.journal_checkpoint_records = v,
         default: Some(crate::store::journal::DEFAULT_CHECKPOINT_RECORDS) => "10000".to_string(),
-        ini: "STORE_LOG" "journal_checkpoint_records" => ini::checkpoint_records,
-        flag: (long, value_name = "N", value_parser = ini::checkpoint_records),
+        ini: "STORE_LOG" "journal_checkpoint_records" => values::checkpoint_records,
+        flag: (long, value_name = "N", value_parser = values::checkpoint_records),
     }
     /// The PostgreSQL store's database: a libpq connection string, key-value or URL; without a
     /// host, the socket in /var/run/postgresql (ini `[STORE_LOG] db_connection`).
     database: String {
         set: |c, v| c.postgres.conninfo = v,
         default: Some(crate::store::postgres::pool::DEFAULT_CONNINFO.to_string()),
-        ini: "STORE_LOG" "db_connection" => ini::text,
+        ini: "STORE_LOG" "db_connection" => values::text,
         flag: (long = "database", value_name = "CONNINFO"),
     }
     /// The schema of the PostgreSQL store, created with its migrations if missing (ini
@@ -189,7 +190,7 @@ start_settings! {
     db_schema: String {
         set: |c, v| c.postgres.schema = v,
         default: Some(crate::store::postgres::pool::DEFAULT_SCHEMA.to_string()),
-        ini: "STORE_LOG" "db_schema" => ini::text,
+        ini: "STORE_LOG" "db_schema" => values::text,
         flag: (long = "schema", value_name = "NAME"),
     }
     /// Connections to the PostgreSQL store's database, each with a thread of its own, 1 to 256
@@ -197,19 +198,19 @@ start_settings! {
     db_pool_size: usize {
         set: |c, v| c.postgres.pool_size = v,
         default: Some(crate::store::postgres::pool::DEFAULT_POOL_SIZE),
-        ini: "STORE_LOG" "db_pool_size" => ini::pool_size,
-        flag: (long = "pool-size", value_name = "N", value_parser = ini::pool_size),
+        ini: "STORE_LOG" "db_pool_size" => values::pool_size,
+        flag: (long = "pool-size", value_name = "N", value_parser = values::pool_size),
     }
     /// Seconds a statement of the PostgreSQL store may run before it is cancelled and its
     /// command answered ERR STORE (ini `[RELAY] db_statement_timeout_secs`).
     db_statement_timeout: Duration {
         set: |c, v| c.postgres.statement_timeout = v,
         default: Some(crate::store::postgres::pool::DEFAULT_STATEMENT_TIMEOUT),
-        ini: "RELAY" "db_statement_timeout_secs" => ini::seconds,
+        ini: "RELAY" "db_statement_timeout_secs" => values::seconds,
         flag: (
             long = "db-statement-timeout-secs",
             value_name = "SECS",
-            value_parser = ini::seconds
+            value_parser = values::seconds
         ),
     }
     /// Seconds a PostgreSQL store operation waits for a free connection before it answers
@@ -217,11 +218,11 @@ start_settings! {
     db_pool_wait: Duration {
         set: |c, v| c.postgres.pool_wait = v,
         default: Some(crate::store::postgres::pool::DEFAULT_POOL_WAIT),
-        ini: "RELAY" "db_pool_wait_secs" => ini::seconds,
+        ini: "RELAY" "db_pool_wait_secs" => values::seconds,
         flag: (
             long = "db-pool-wait-secs",
             value_name = "SECS",
-            value_parser = ini::seconds
+            value_parser = values::seconds
         ),
     }
     /// Queue records the PostgreSQL store holds in memory besides those in use (subscribed, or in
@@ -230,23 +231,23 @@ start_settings! {
     pg_queue_cache: usize {
         set: |c, v| c.postgres.queue_cache = v,
         default: Some(crate::store::postgres::pool::DEFAULT_QUEUE_CACHE),
-        ini: "RELAY" "pg_queue_cache" => ini::queue_cache,
-        flag: (long = "pg-queue-cache", value_name = "N", value_parser = ini::queue_cache),
+        ini: "RELAY" "pg_queue_cache" => values::queue_cache,
+        flag: (long = "pg-queue-cache", value_name = "N", value_parser = values::queue_cache),
     }
     /// Port to listen on; repeat for several (ini `[TRANSPORT] port`).
     ports: Vec<u16> {
         set: |c, v| c.ports = v,
         default: Some(vec![config::DEFAULT_PORT]),
-        ini: "TRANSPORT" "port" => ini::ports,
-        flag: (long = "port", value_parser = ini::port, action = clap::ArgAction::Append),
+        ini: "TRANSPORT" "port" => values::ports,
+        flag: (long = "port", value_parser = values::port, action = clap::ArgAction::Append),
     }
     /// SMP over WebSocket: off, on (port 80) or comma-separated ports, each other than the SMP
     /// ports (ini `[TRANSPORT] websockets`).
-    websockets: ini::WebSockets {
+    websockets: values::WebSockets {
         set: |c, v| c.websocket_ports = v.0,
-        default: Some(ini::WebSockets(Vec::new())),
-        ini: "TRANSPORT" "websockets" => ini::websockets,
-        flag: (long, value_name = "off|on|PORTS", value_parser = ini::websockets),
+        default: Some(values::WebSockets(Vec::new())),
+        ini: "TRANSPORT" "websockets" => values::websockets,
+        flag: (long, value_name = "off|on|PORTS", value_parser = values::websockets),
     }
     /// Port also serving web clients, split by TLS SNI: a client naming a host gets the web
     /// certificate and SMP over WebSocket, one naming none native SMP; one of the SMP ports, with
@@ -254,22 +255,22 @@ start_settings! {
     web_https: u16 {
         set: |c, v| c.web.https = Some(v),
         default: None,
-        ini: "WEB" "https" => ini::port,
-        flag: (long = "web-https", value_name = "PORT", value_parser = ini::port),
+        ini: "WEB" "https" => values::port,
+        flag: (long = "web-https", value_name = "PORT", value_parser = values::port),
     }
     /// The web certificate chain (PEM) for --web-https; any key rustls signs with (RSA, ECDSA,
     /// Ed25519) (ini `[WEB] cert`).
     web_cert: String {
         set: |c, v| c.web.cert = Some(v.into()),
         default: None,
-        ini: "WEB" "cert" => ini::text,
+        ini: "WEB" "cert" => values::text,
         flag: (long = "web-cert", value_name = "FILE"),
     }
     /// The web certificate's private key (PEM) (ini `[WEB] key`).
     web_key: String {
         set: |c, v| c.web.key = Some(v.into()),
         default: None,
-        ini: "WEB" "key" => ini::text,
+        ini: "WEB" "key" => values::text,
         flag: (long = "web-key", value_name = "FILE"),
     }
     /// Number of shards, each pinned to its own core, 1 to 64 (ini `[RELAY] cores`).
@@ -280,8 +281,8 @@ start_settings! {
         default: Some(
             std::thread::available_parallelism().map_or(1, |n| n.get()).min(limits::MAX_SHARDS)
         ) => format!("every online core, at most {}", limits::MAX_SHARDS),
-        ini: "RELAY" "cores" => ini::cores,
-        flag: (long = "cores", value_name = "CORES", value_parser = ini::cores),
+        ini: "RELAY" "cores" => values::cores,
+        flag: (long = "cores", value_name = "CORES", value_parser = values::cores),
     }
     /// Connections held at once, over all shards (ini `[RELAY] max_connections`). The relay raises
     /// its soft RLIMIT_NOFILE to fit it.
@@ -293,26 +294,26 @@ start_settings! {
             "{}, or what the open-file limit allows",
             limits::MAX_CONNECTIONS
         ),
-        ini: "RELAY" "max_connections" => ini::max_connections,
-        flag: (long, value_parser = ini::max_connections),
+        ini: "RELAY" "max_connections" => values::max_connections,
+        flag: (long, value_parser = values::max_connections),
     }
     /// Connections of one IP address that may be in their TLS or SMP handshake at once; more are
     /// closed at accept (ini `[RELAY] max_handshakes_per_address`).
     max_handshakes_per_address: usize {
         set: |c, v| c.max_handshakes_per_address = v,
         default: Some(limits::MAX_HANDSHAKES_PER_ADDRESS),
-        ini: "RELAY" "max_handshakes_per_address" => ini::max_connections,
-        flag: (long, value_parser = ini::max_connections),
+        ini: "RELAY" "max_handshakes_per_address" => values::max_connections,
+        flag: (long, value_parser = values::max_connections),
     }
     /// Seconds a client has to complete TLS (ini `[RELAY] tls_timeout_secs`).
     tls_timeout: Duration {
         set: |c, v| c.tls_timeout = v,
         default: Some(limits::TLS_SETUP_TIMEOUT),
-        ini: "RELAY" "tls_timeout_secs" => ini::seconds,
+        ini: "RELAY" "tls_timeout_secs" => values::seconds,
         flag: (
             long = "tls-timeout-secs",
             value_name = "TLS_TIMEOUT_SECS",
-            value_parser = ini::seconds
+            value_parser = values::seconds
         ),
     }
     /// Seconds a client has to complete the SMP handshake after TLS (ini `[RELAY]
@@ -320,11 +321,11 @@ start_settings! {
     handshake_timeout: Duration {
         set: |c, v| c.handshake_timeout = v,
         default: Some(limits::SMP_HANDSHAKE_TIMEOUT),
-        ini: "RELAY" "handshake_timeout_secs" => ini::seconds,
+        ini: "RELAY" "handshake_timeout_secs" => values::seconds,
         flag: (
             long = "handshake-timeout-secs",
             value_name = "HANDSHAKE_TIMEOUT_SECS",
-            value_parser = ini::seconds
+            value_parser = values::seconds
         ),
     }
     /// Seconds a connection may leave its output over the bound (1 MiB) before it is closed
@@ -332,40 +333,40 @@ start_settings! {
     slow_reader_close: Duration {
         set: |c, v| c.slow_reader_close = v,
         default: Some(limits::SLOW_READER_CLOSE),
-        ini: "RELAY" "slow_reader_close_secs" => ini::seconds,
+        ini: "RELAY" "slow_reader_close_secs" => values::seconds,
         flag: (
             long = "slow-reader-close-secs",
             value_name = "SLOW_READER_CLOSE_SECS",
-            value_parser = ini::seconds
+            value_parser = values::seconds
         ),
     }
     /// Messages a queue holds before senders get ERR QUOTA (ini `[RELAY] quota`).
     quota: usize {
         set: |c, v| c.settings.quota = v,
         default: Some(128),
-        ini: "RELAY" "quota" => ini::quota,
-        flag: (long, value_parser = ini::quota),
+        ini: "RELAY" "quota" => values::quota,
+        flag: (long, value_parser = values::quota),
     }
     /// Seconds a message is kept (ini `[STORE_LOG] expire_messages_days`).
     message_ttl: Duration {
         set: |c, v| c.settings.message_ttl = v,
         default: Some(Duration::from_secs(21 * 86400)),
-        ini: "STORE_LOG" "expire_messages_days" => |v| ini::duration(v, 86400),
+        ini: "STORE_LOG" "expire_messages_days" => |v| values::duration(v, 86400),
         flag: (
             long = "message-ttl-secs",
             value_name = "MESSAGE_TTL_SECS",
-            value_parser = ini::seconds
+            value_parser = values::seconds
         ),
     }
     /// Seconds between expiration runs over all queues (ini `[RELAY] expire_interval_secs`).
     expire_interval: Duration {
         set: |c, v| c.settings.expire_interval = v,
         default: Some(Duration::from_secs(2 * 3600)),
-        ini: "RELAY" "expire_interval_secs" => ini::seconds,
+        ini: "RELAY" "expire_interval_secs" => values::seconds,
         flag: (
             long = "expire-interval-secs",
             value_name = "EXPIRE_INTERVAL_SECS",
-            value_parser = ini::seconds
+            value_parser = values::seconds
         ),
     }
     /// Delete a queue's expired messages before each SEND to it: on or off (ini `[STORE_LOG]
@@ -373,18 +374,18 @@ start_settings! {
     expire_on_send: bool {
         set: |c, v| c.settings.expire_on_send = v,
         default: Some(true),
-        ini: "STORE_LOG" "expire_messages_on_send" => ini::on_off,
-        flag: (long, value_parser = ini::on_off, action = clap::ArgAction::Set),
+        ini: "STORE_LOG" "expire_messages_on_send" => values::on_off,
+        flag: (long, value_parser = values::on_off, action = clap::ArgAction::Set),
     }
     /// Seconds a notification is kept (ini `[STORE_LOG] expire_ntfs_hours`).
     notification_ttl: Duration {
         set: |c, v| c.settings.notification_ttl = v,
         default: Some(Duration::from_secs(crate::store::memory::NTF_TTL_SECS as u64)),
-        ini: "STORE_LOG" "expire_ntfs_hours" => |v| ini::duration(v, 3600),
+        ini: "STORE_LOG" "expire_ntfs_hours" => |v| values::duration(v, 3600),
         flag: (
             long = "notification-ttl-secs",
             value_name = "NOTIFICATION_TTL_SECS",
-            value_parser = ini::seconds
+            value_parser = values::seconds
         ),
     }
     /// The memory store keeps its queues over a restart: on or off (ini `[STORE_LOG] enable`;
@@ -392,23 +393,23 @@ start_settings! {
     store_log: bool {
         set: |c, v| c.keep.queues = v,
         default: Some(true),
-        ini: "STORE_LOG" "enable" => ini::on_off,
-        flag: (long, value_name = "on|off", value_parser = ini::on_off, action = clap::ArgAction::Set),
+        ini: "STORE_LOG" "enable" => values::on_off,
+        flag: (long, value_name = "on|off", value_parser = values::on_off, action = clap::ArgAction::Set),
     }
     /// The memory store keeps messages and notifications over a restart: on or off (ini
     /// `[STORE_LOG] restore_messages`; the reference's default is the value of `enable`).
     restore_messages: bool {
         set: |c, v| c.keep.messages = v,
         default: Some(true),
-        ini: "STORE_LOG" "restore_messages" => ini::on_off,
-        flag: (long, value_name = "on|off", value_parser = ini::on_off, action = clap::ArgAction::Set),
+        ini: "STORE_LOG" "restore_messages" => values::on_off,
+        flag: (long, value_name = "on|off", value_parser = values::on_off, action = clap::ArgAction::Set),
     }
     /// Allow NEW (queue creation): on or off (ini `[AUTH] new_queues`).
     new_queues: bool {
         set: |c, v| c.settings.new_queues = v,
         default: Some(true),
-        ini: "AUTH" "new_queues" => ini::on_off,
-        flag: (long, value_parser = ini::on_off, action = clap::ArgAction::Set),
+        ini: "AUTH" "new_queues" => values::on_off,
+        flag: (long, value_parser = values::on_off, action = clap::ArgAction::Set),
     }
     /// Close connections without subscriptions that sent and received nothing for
     /// --inactive-ttl-secs, looked for every --inactive-check-secs (ini `[INACTIVE_CLIENTS]
@@ -416,59 +417,59 @@ start_settings! {
     inactive_disconnect: bool {
         set: |c, v| c.inactive.disconnect = v,
         default: Some(false),
-        ini: "INACTIVE_CLIENTS" "disconnect" => ini::on_off,
-        flag: (long, value_name = "on|off", value_parser = ini::on_off, action = clap::ArgAction::Set),
+        ini: "INACTIVE_CLIENTS" "disconnect" => values::on_off,
+        flag: (long, value_name = "on|off", value_parser = values::on_off, action = clap::ArgAction::Set),
     }
     /// Seconds without a block either way after which a connection without subscriptions is
     /// inactive (ini `[INACTIVE_CLIENTS] ttl`).
     inactive_ttl: Duration {
         set: |c, v| c.inactive.ttl = v,
         default: Some(config::DEFAULT_INACTIVE_TTL),
-        ini: "INACTIVE_CLIENTS" "ttl" => ini::seconds,
-        flag: (long = "inactive-ttl-secs", value_name = "SECS", value_parser = ini::seconds),
+        ini: "INACTIVE_CLIENTS" "ttl" => values::seconds,
+        flag: (long = "inactive-ttl-secs", value_name = "SECS", value_parser = values::seconds),
     }
     /// Seconds between looks for inactive connections (ini `[INACTIVE_CLIENTS]
     /// check_interval`).
     inactive_check_interval: Duration {
         set: |c, v| c.inactive.check_interval = v,
         default: Some(config::DEFAULT_INACTIVE_CHECK),
-        ini: "INACTIVE_CLIENTS" "check_interval" => ini::seconds,
-        flag: (long = "inactive-check-secs", value_name = "SECS", value_parser = ini::seconds),
+        ini: "INACTIVE_CLIENTS" "check_interval" => values::seconds,
+        flag: (long = "inactive-check-secs", value_name = "SECS", value_parser = values::seconds),
     }
     /// The password NEW must carry (the file only: a command line is visible to every user).
     create_password: Vec<u8> {
         set: |c, v| c.settings.create_password = Some(v),
         // Unset: anyone may create queues.
         default: None,
-        ini: "AUTH" "create_password" => ini::create_password,
+        ini: "AUTH" "create_password" => values::create_password,
         flag: (skip),
     }
     /// The control port, on 127.0.0.1 (ini `[TRANSPORT] control_port`).
     control_port: u16 {
         set: |c, v| c.control.port = Some(v),
         default: None => "no control port",
-        ini: "TRANSPORT" "control_port" => ini::port,
-        flag: (long = "control-port", value_name = "PORT", value_parser = ini::port),
+        ini: "TRANSPORT" "control_port" => values::port,
+        flag: (long = "control-port", value_name = "PORT", value_parser = values::port),
     }
     /// The control port's admin password (the file only).
     control_port_admin_password: Vec<u8> {
         set: |c, v| c.control.admin_password = Some(v),
         default: None,
-        ini: "AUTH" "control_port_admin_password" => ini::control_password,
+        ini: "AUTH" "control_port_admin_password" => values::control_password,
         flag: (skip),
     }
     /// The control port's user password (the file only).
     control_port_user_password: Vec<u8> {
         set: |c, v| c.control.user_password = Some(v),
         default: None,
-        ini: "AUTH" "control_port_user_password" => ini::control_password,
+        ini: "AUTH" "control_port_user_password" => values::control_password,
         flag: (skip),
     }
     /// Queues the control port may block a UTC day: 0 no limit, -1 no blocking (the file only).
     daily_block_queue_quota: i64 {
         set: |c, v| c.control.daily_block_quota = v,
         default: Some(20),
-        ini: "AUTH" "daily_block_queue_quota" => ini::integer,
+        ini: "AUTH" "daily_block_queue_quota" => values::integer,
         flag: (skip),
     }
     /// Rewrite <data-dir>/smp-server-metrics.txt (Prometheus text) every SECS seconds (ini
@@ -476,32 +477,32 @@ start_settings! {
     metrics_interval: Duration {
         set: |c, v| c.metrics_interval = Some(v),
         default: None => "no metrics file",
-        ini: "STORE_LOG" "prometheus_interval" => ini::seconds,
-        flag: (long, value_name = "SECS", value_parser = ini::seconds),
+        ini: "STORE_LOG" "prometheus_interval" => values::seconds,
+        flag: (long, value_name = "SECS", value_parser = values::seconds),
     }
     /// Write the daily statistics line to <data-dir>/smp-server-stats.daily.log and keep the
     /// counters across restarts in <data-dir>/smp-server-stats.log (ini `[STORE_LOG] log_stats`).
     log_stats: bool {
         set: |c, v| c.log_stats = v,
         default: Some(false),
-        ini: "STORE_LOG" "log_stats" => ini::on_off,
-        flag: (long, value_name = "on|off", value_parser = ini::on_off, action = clap::ArgAction::Set),
+        ini: "STORE_LOG" "log_stats" => values::on_off,
+        flag: (long, value_name = "on|off", value_parser = values::on_off, action = clap::ArgAction::Set),
     }
     /// Serve the metrics file's text over HTTP on GET /metrics at this address (ini `[RELAY]
     /// metrics_listen`).
     metrics_listen: SocketAddr {
         set: |c, v| c.metrics_listen = Some(v),
         default: None => "off",
-        ini: "RELAY" "metrics_listen" => ini::socket_addr,
-        flag: (long, value_name = "ADDR:PORT", value_parser = ini::socket_addr),
+        ini: "RELAY" "metrics_listen" => values::socket_addr,
+        flag: (long, value_name = "ADDR:PORT", value_parser = values::socket_addr),
     }
     /// SOCKS5 proxy (e.g. Tor, 127.0.0.1:9050) for .onion destinations; without it they are refused
     /// (ini `[PROXY] socks_proxy`).
     socks_proxy: SocketAddr {
         set: |c, v| c.settings.proxy.socks_proxy = Some(v),
         default: None,
-        ini: "PROXY" "socks_proxy" => ini::socket_addr,
-        flag: (long, value_name = "HOST:PORT", value_parser = ini::socket_addr),
+        ini: "PROXY" "socks_proxy" => values::socket_addr,
+        flag: (long, value_name = "HOST:PORT", value_parser = values::socket_addr),
     }
     /// Destinations on these domains (or their subdomains) are counted again as "own" in the proxy
     /// statistics (the file only, as the reference).
@@ -586,7 +587,7 @@ impl ShowDefault for Duration {
 }
 
 /// As the file and the flag take it: `off`, or the ports.
-impl ShowDefault for ini::WebSockets {
+impl ShowDefault for values::WebSockets {
     fn show(&self) -> String {
         if self.0.is_empty() {
             "off".to_string()
@@ -659,6 +660,7 @@ impl StartConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ini;
     use clap::{CommandFactory, Parser};
 
     #[derive(Parser)]
