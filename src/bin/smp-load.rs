@@ -424,6 +424,24 @@ fn pg_database(pg: &Path, name: &str, template: Option<&str>) -> Result<String, 
     Ok(format!("{base} dbname={name}"))
 }
 
+/// The database `setup --pg` filled for the data directory `dir` (the one its relay last started
+/// on): its name, and its settings.
+fn setup_database(dir: &Path) -> Result<(String, smp_relay::store::postgres::PgConfig), String> {
+    let config = smp_relay::store::postgres::remembered_config(dir).ok_or_else(|| {
+        format!(
+            "--pg: {} names no database (make it with `setup --pg`)",
+            dir.display()
+        )
+    })?;
+    let name = config
+        .conninfo
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("dbname="))
+        .ok_or_else(|| format!("--pg: the database of {} has no name", dir.display()))?
+        .to_string();
+    Ok((name, config))
+}
+
 /// Drops a run's database copy when the run is over.
 struct RunDatabase {
     pg: PathBuf,
@@ -671,14 +689,7 @@ fn scale_postgres(a: &ScaleArgs, from: &Path, out: &Path) -> Result<(), String> 
     std::fs::create_dir_all(out)
         .and_then(|()| proc::copy_data_dir(from, out))
         .map_err(|e| format!("copy {} to {}: {e}", from.display(), out.display()))?;
-    let setup = smp_relay::store::postgres::remembered_config(from)
-        .ok_or("the setup's data directory names no database (make it with `setup --pg`)")?;
-    let template = setup
-        .conninfo
-        .split_whitespace()
-        .find_map(|kv| kv.strip_prefix("dbname="))
-        .ok_or("the setup's database has no name")?
-        .to_string();
+    let (template, setup) = setup_database(from)?;
     let name = format!("smpload_scale_{}", a.queues);
     let conninfo = pg_database(pg, &name, Some(&template))?;
     let mut c = postgres::Client::connect(&conninfo, postgres::NoTls)
@@ -755,14 +766,7 @@ impl RunRelay {
         let mut db = None;
         if let Some(pg) = &relay.pg {
             // The copy of the database `setup` filled (named in the data directory it made).
-            let template = smp_relay::store::postgres::remembered_config(dir.path())
-                .and_then(|c| {
-                    c.conninfo
-                        .split_whitespace()
-                        .find_map(|kv| kv.strip_prefix("dbname="))
-                        .map(str::to_string)
-                })
-                .ok_or("--pg: the data directory names no database (make it with `setup --pg`)")?;
+            let (template, _) = setup_database(dir.path())?;
             let name = format!("smpload_run_{}", std::process::id());
             let conninfo = pg_database(pg, &name, Some(&template))?;
             let (_, postmaster) = smp_relay::store::postgres::cluster::detached(pg)?;

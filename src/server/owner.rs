@@ -220,28 +220,24 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         Ok(held)
     }
 
-    /// As `hold_records`, for a job with no request to answer: on a failure it logs (at most
-    /// a line a second, `log_limit`) what waits, `what`, and gives `None`: the job is skipped, and
-    /// what it would have done waits for the queue's next command.
+    /// `hold_records`, with a failure logged (at most a line a second, `log_limit`) as what it
+    /// costs, `what`: a part answered `ERR STORE`, or a job skipped, whose work waits for the
+    /// queue's next command.
     pub async fn hold_records_or_log<'r>(
         &self,
         rids: impl Iterator<Item = &'r [u8]>,
         what: &'static str,
-    ) -> Option<HeldRecords<'_, S>> {
+    ) -> Result<HeldRecords<'_, S>, crate::store::StoreError> {
         static UNREAD: crate::log_limit::RateLimited =
-            crate::log_limit::RateLimited::new("jobs skipped: queue records could not be read");
-        match self.hold_records(rids).await {
-            Ok(held) => Some(held),
-            Err(e) => {
-                crate::log_limit::warn(&UNREAD, |suppressed| {
-                    tracing::warn!(
-                        suppressed,
-                        "{what}: the queues' records could not be read: {e}"
-                    )
-                });
-                None
-            }
-        }
+            crate::log_limit::RateLimited::new("queue records that could not be read");
+        self.hold_records(rids).await.inspect_err(|e| {
+            crate::log_limit::warn(&UNREAD, |suppressed| {
+                tracing::warn!(
+                    suppressed,
+                    "{what}: the queues' records could not be read: {e}"
+                )
+            })
+        })
     }
 
     pub fn new(

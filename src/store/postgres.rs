@@ -885,36 +885,28 @@ impl QueueStore for PostgresStore {
             .await;
         let mut d = self.data.borrow_mut();
         d.counters.records_read += missing.len() as u64;
-        // Every asked queue is pinned, whatever the read gave, so that the job's `release`
-        // (which follows an error too) unpins exactly what was pinned.
-        let recs = match read {
-            Ok(recs) => recs,
-            Err(e) => {
-                for rid in &missing {
-                    d.records.pin_absent(rid);
-                }
-                return Err(e);
-            }
-        };
         let mut failed = None;
-        for rec in recs {
-            match rec {
-                Ok(rec) => d.records.insert(rec, 0),
-                Err(e) => failed = failed.or(Some(e)),
+        match read {
+            Ok(recs) => {
+                for rec in recs {
+                    match rec {
+                        Ok(rec) => d.records.insert(rec),
+                        Err(e) => failed = failed.or(Some(StoreError::Failed(e))),
+                    }
+                }
             }
+            Err(e) => failed = Some(e),
         }
-        // Each asked queue is pinned once per time it was asked, as `release` unpins it: a
-        // record read now, or none (a NEW of the job may create it).
+        // Every asked queue is pinned once per time it was asked, whatever the read gave, as the
+        // job's `release` (which follows an error too) unpins it: a record read now, or none (a
+        // NEW of the job may create it).
         for rid in &missing {
             if !d.records.pin(rid) {
                 d.records.pin_absent(rid);
             }
         }
         d.records.evict(keep);
-        match failed {
-            None => Ok(()),
-            Some(e) => Err(StoreError::Failed(e)),
-        }
+        failed.map_or(Ok(()), Err)
     }
 
     fn release(&self, rids: &[&[u8]]) {
@@ -945,7 +937,7 @@ impl QueueStore for PostgresStore {
         }
         let mut d = self.data.borrow_mut();
         d.queues += 1;
-        d.records.insert(rec, 0);
+        d.records.insert(rec);
         Ok(())
     }
 
@@ -1508,7 +1500,7 @@ impl ShardStore for PostgresStore {
         let mut d = self.data.borrow_mut();
         d.queues += 1;
         d.add(&rec.recipient_id, size);
-        d.records.insert(rec, 0);
+        d.records.insert(rec);
         d.records.evict(&|_| false);
         Ok(())
     }

@@ -113,7 +113,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         let rids: Vec<EntityId> = items.iter().filter_map(|i| self.pending_queue(i)).collect();
         // Without them a held message stays in its queue for the next SUB, as it would if the
         // connection had closed.
-        let Some(_records) = self
+        let Ok(_records) = self
             .hold_records_or_log(rids.iter().map(Vec::as_slice), "held deliveries wait")
             .await
         else {

@@ -22,7 +22,9 @@ use std::pin::Pin;
 use std::task::Poll;
 
 use super::owner::{Owner, Turn};
-use super::router::{encode, Group, GroupKind, Request, ServiceCheck, Session, ShardMsg};
+use super::router::{
+    encode, Forwarded, Group, GroupKind, Request, ServiceCheck, Session, ShardMsg,
+};
 use crate::protocol::command::Command;
 use crate::protocol::command::ServiceRole;
 use crate::protocol::error::{CommandError, ErrorType};
@@ -50,48 +52,17 @@ fn service_refusal(req: &Request) -> Option<ErrorType> {
 
 impl<S: QueueStore + MessageStore> Owner<S> {
     /// Executes one block's requests for this owner and sends the connection its part.
-    pub async fn process(&self, session: Session, block_seq: u64, mut requests: Vec<Request>) {
+    pub async fn process(&self, session: Session, block_seq: u64, requests: Vec<Request>) {
         let rids = requests.iter().filter_map(|r| r.recipient_id.as_deref());
-        let _records = match self.hold_records(rids).await {
-            Ok(held) => held,
-            Err(e) => {
-                // Without its queues' records the part cannot be decided: each request is
-                // answered the store's error (never AUTH, which would say the queue is gone).
-                static UNREAD: crate::log_limit::RateLimited =
-                    crate::log_limit::RateLimited::new("block parts answered ERR STORE");
-                crate::log_limit::warn(&UNREAD, |suppressed| {
-                    tracing::warn!(
-                        suppressed,
-                        "a block part's queue records could not be read: {e}"
-                    )
-                });
-                self.refuse_part(&session, block_seq, requests, e);
-                return;
-            }
+        // Without its queues' records the part cannot be decided: each request is answered the
+        // store's error (never AUTH, which would say the queue is gone).
+        let turn = match self
+            .hold_records_or_log(rids, "a block part is answered ERR STORE")
+            .await
+        {
+            Ok(_records) => self.run_part(&session, requests).await,
+            Err(e) => refused(&session, requests, e),
         };
-        self.batch_verify(&session, &mut requests);
-        self.pre_verify_subs(&session, &mut requests);
-        self.associate_part(&session, &mut requests).await;
-        let mut prefetched = self.prefetch_subs(&requests).await;
-        let items = requests
-            .into_iter()
-            .enumerate()
-            .map(|(i, req)| (i, req, prefetched.remove(&i)));
-        let mut turn = if self.store.waits() {
-            self.run_side_by_side(&session, items.collect()).await
-        } else {
-            let mut turn = Turn::default();
-            for (_, req, head) in items {
-                let t = self.run_request(&session, req, head, &mut turn).await;
-                turn.responses.push(t);
-            }
-            turn
-        };
-        // A SUB's first message goes out after the part's responses (O4); a later request of the same
-        // turn may have acknowledged it, deleted the queue or subscribed again. Only a delivery that
-        // is still its subscription's outstanding one is sent (I4: an ACKed message never again).
-        turn.sub_msgs
-            .retain(|(_, d)| self.is_outstanding(session.conn, d));
         if turn.close {
             tracing::warn!(
                 "a change's outcome is unknown (its journal sync failed): its connection is \
@@ -112,34 +83,32 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         );
     }
 
-    /// Answers every request of a part with the store's error `e`.
-    fn refuse_part(
-        &self,
-        session: &Session,
-        block_seq: u64,
-        requests: Vec<Request>,
-        e: crate::store::StoreError,
-    ) {
-        let msg = err(store_error(e));
-        let responses = requests
+    /// Runs a block part whose queues' records are held.
+    async fn run_part(&self, session: &Session, mut requests: Vec<Request>) -> Turn {
+        self.batch_verify(session, &mut requests);
+        self.pre_verify_subs(session, &mut requests);
+        self.associate_part(session, &mut requests).await;
+        let mut prefetched = self.prefetch_subs(&requests).await;
+        let items = requests
             .into_iter()
-            .map(|mut req| match req.forward.take() {
-                Some(f) => forward::respond(session, &f, &req.corr_id, &req.entity_id, &msg),
-                None => encode(session, &req.corr_id, &req.entity_id, &msg),
-            })
-            .collect();
-        let turn = Turn {
-            responses,
-            ..Turn::default()
+            .enumerate()
+            .map(|(i, req)| (i, req, prefetched.remove(&i)));
+        let mut turn = if self.store.waits() {
+            self.run_side_by_side(session, items.collect()).await
+        } else {
+            let mut turn = Turn::default();
+            for (_, req, head) in items {
+                let t = self.run_request(session, req, head, &mut turn).await;
+                turn.responses.push(t);
+            }
+            turn
         };
-        self.mesh.send(
-            session.conn.shard,
-            ShardMsg::Reply {
-                conn: session.conn,
-                block_seq,
-                groups: pack_turn(turn),
-            },
-        );
+        // A SUB's first message goes out after the part's responses (O4); a later request of the same
+        // turn may have acknowledged it, deleted the queue or subscribed again. Only a delivery that
+        // is still its subscription's outstanding one is sent (I4: an ACKed message never again).
+        turn.sub_msgs
+            .retain(|(_, d)| self.is_outstanding(session.conn, d));
+        turn
     }
 
     /// Runs one request of `session`'s block; returns its encoded answer.
@@ -162,10 +131,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             // answer, the connection is closed (`Turn::close`), as a crash would do.
             turn.close = true;
         }
-        match fwd {
-            Some(f) => forward::respond(session, &f, &corr_id, &entity, &msg),
-            None => encode(session, &corr_id, &entity, &msg),
-        }
+        answer(session, fwd.as_deref(), &corr_id, &entity, &msg)
     }
 
     /// A turn on a store that waits (`MessageStore::waits`): the requests of each queue run in
@@ -520,6 +486,37 @@ async fn in_rounds<S: MessageStore, T>(
     })
     .await;
     out.into_iter().flatten().collect()
+}
+
+/// `msg` encoded for `session`, sealed into RRES for the proxy when the request was forwarded
+/// (`commands/forward.rs`).
+fn answer(
+    session: &Session,
+    fwd: Option<&Forwarded>,
+    corr_id: &[u8],
+    entity: &[u8],
+    msg: &BrokerMsg,
+) -> Vec<u8> {
+    match fwd {
+        Some(f) => forward::respond(session, f, corr_id, entity, msg),
+        None => encode(session, corr_id, entity, msg),
+    }
+}
+
+/// A part whose requests are each answered the store's error `e`.
+fn refused(session: &Session, requests: Vec<Request>, e: crate::store::StoreError) -> Turn {
+    let msg = err(store_error(e));
+    let responses = requests
+        .into_iter()
+        .map(|mut req| {
+            let fwd = req.forward.take();
+            answer(session, fwd.as_deref(), &req.corr_id, &req.entity_id, &msg)
+        })
+        .collect();
+    Turn {
+        responses,
+        ..Turn::default()
+    }
 }
 
 fn pack_turn(turn: Turn) -> Vec<Group> {

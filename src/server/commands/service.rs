@@ -279,7 +279,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         if current.as_ref().map(|s| s.conn) != Some(session.conn) {
             return;
         }
-        let Some(_records) = self
+        let Ok(_records) = self
             .hold_records_or_log(chunk.iter().map(Vec::as_slice), "a service's queues wait")
             .await
         else {
@@ -455,7 +455,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// chunk without a subscriber of its own gets the service's connection, and its stored
     /// notifications, a part at a time as an NSUB's (the rest when the connection has room).
     pub async fn fold_ntf_chunk(&self, key: &ServiceKey, session: &Session, chunk: Vec<EntityId>) {
-        let Some(_records) = self
+        let Ok(_records) = self
             .hold_records_or_log(
                 chunk.iter().map(Vec::as_slice),
                 "a notification service's notifiers wait",

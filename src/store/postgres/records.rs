@@ -98,13 +98,13 @@ impl Records {
         }
     }
 
-    /// Holds `rec`, pinned `pins` times, as the most recently used (a record read for a job, or
-    /// one just created). A record already held is replaced and keeps its pins.
-    pub fn insert(&mut self, rec: QueueRec, pins: u32) {
+    /// Holds `rec` as the most recently used (a record read for a job, or one just created). A
+    /// record already held is replaced and keeps its pins; one created takes the pins its queue
+    /// had while absent.
+    pub fn insert(&mut self, rec: QueueRec) {
         let stamp = self.stamp();
         let k = IdKey::new(&rec.recipient_id);
-        let pins = pins
-            + self.map.get(k.as_slice()).map_or(0, |e| e.pins)
+        let pins = self.map.get(k.as_slice()).map_or(0, |e| e.pins)
             + self.absent.remove(k.as_slice()).unwrap_or(0);
         self.order.push_back((k.clone(), stamp));
         self.map.insert(k, Entry { rec, pins, stamp });
@@ -183,12 +183,12 @@ mod tests {
     fn evicts_the_least_recently_used_first() {
         let mut r = Records::new(3);
         for i in 0..3 {
-            r.insert(rec(i), 0);
+            r.insert(rec(i));
         }
         // 0 used again: 1 is now the least recently used.
         assert!(r.pin(&rid(0)));
         r.unpin(&rid(0));
-        r.insert(rec(3), 0);
+        r.insert(rec(3));
         assert_eq!(r.evict(&|_| false), 1);
         assert!(!r.contains(&rid(1)), "the least recently used went");
         for i in [0, 2, 3] {
@@ -199,18 +199,19 @@ mod tests {
     #[test]
     fn never_evicts_a_pinned_or_kept_record() {
         let mut r = Records::new(2);
-        r.insert(rec(0), 1);
-        r.insert(rec(1), 0);
+        r.insert(rec(0));
+        assert!(r.pin(&rid(0)));
+        r.insert(rec(1));
         for i in 2..100 {
-            r.insert(rec(i), 0);
+            r.insert(rec(i));
             r.evict(&|k| k == rid(1).as_slice());
             assert!(r.contains(&rid(0)), "pinned, after {i}");
             assert!(r.contains(&rid(1)), "kept, after {i}");
             assert!(r.len() <= 3, "the bound beyond the pinned one: {}", r.len());
         }
         r.unpin(&rid(0));
-        r.insert(rec(100), 0);
-        r.insert(rec(101), 0);
+        r.insert(rec(100));
+        r.insert(rec(101));
         r.evict(&|_| false);
         assert_eq!(r.len(), 2);
         assert!(!r.contains(&rid(0)), "unpinned, it can go");
@@ -221,7 +222,7 @@ mod tests {
     fn a_cache_of_kept_records_ends_its_pass() {
         let mut r = Records::new(4);
         for i in 0..50 {
-            r.insert(rec(i), 0);
+            r.insert(rec(i));
         }
         assert_eq!(r.evict(&|_| true), 0);
         assert_eq!(r.len(), 50, "all kept: all stay");
@@ -236,8 +237,8 @@ mod tests {
     fn pins_of_a_queue_without_a_record_pass_to_the_record_created_and_back() {
         let mut r = Records::new(1);
         r.pin_absent(&rid(0));
-        r.insert(rec(0), 0);
-        r.insert(rec(1), 0);
+        r.insert(rec(0));
+        r.insert(rec(1));
         r.evict(&|_| false);
         assert!(
             r.contains(&rid(0)),
@@ -255,14 +256,14 @@ mod tests {
     fn stale_listings_are_compacted() {
         let mut r = Records::new(10);
         for i in 0..10 {
-            r.insert(rec(i), 0);
+            r.insert(rec(i));
         }
         for _ in 0..100_000 {
             assert!(r.pin(&rid(3)));
             r.unpin(&rid(3));
         }
         assert!(r.order.len() <= 2 * r.len() + 1025, "{}", r.order.len());
-        r.insert(rec(10), 0);
+        r.insert(rec(10));
         assert_eq!(r.evict(&|_| false), 1);
         assert!(!r.contains(&rid(0)));
         assert!(r.contains(&rid(3)));
