@@ -265,6 +265,8 @@ pub struct OwnerStats {
     /// held (the reference's `rcvServicesSubMsg`, `rcvServicesSubDuplicate`).
     pub service_sub_msgs: u64,
     pub service_sub_duplicates: u64,
+    /// RRES answers sealed by this owner (`pMsgFwdsRecv`; the connections count theirs).
+    pub msg_fwds_recv: u64,
     /// Messaging and notification services' statistics.
     pub rcv_service_stats: ServiceStats,
     pub ntf_service_stats: ServiceStats,
@@ -497,6 +499,7 @@ impl MetricsSnapshot {
             verify_budget_closes: owner.verify_budget_closes,
             rcv_services_sub_msg: owner.service_sub_msgs,
             rcv_services_sub_duplicate: owner.service_sub_duplicates,
+            p_msg_fwds_recv: owner.msg_fwds_recv,
             rcv_service_stats: owner.rcv_service_stats,
             ntf_service_stats: owner.ntf_service_stats,
             store_peek_first_calls: store.peek_first,
@@ -1728,6 +1731,31 @@ mod tests {
             threads: 3,
             pending_times: TimeBuckets::default(),
             ack_times: TimeBuckets::default(),
+        }
+    }
+
+    /// A restored active-queue hash goes back to the shard that owns its queue: the statistics'
+    /// placement (`queue_hash`, `shard_of_hash`) and the owners' (`group_of`, `owner_shard`)
+    /// agree for every shard count, IDs of every length included.
+    #[test]
+    fn a_queue_hash_lands_on_the_queue_owner() {
+        use crate::server::router::owner_shard;
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        for i in 0..4000usize {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let len = 1 + i % 32;
+            let id: Vec<u8> = (0..len)
+                .map(|k| (seed >> ((k % 8) * 8)) as u8 ^ k as u8)
+                .collect();
+            for shards in 1..=9 {
+                assert_eq!(
+                    shard_of_hash(queue_hash(&id), shards),
+                    owner_shard(&id, shards),
+                    "id {id:?}, {shards} shards"
+                );
+            }
         }
     }
 

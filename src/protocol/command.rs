@@ -7,7 +7,7 @@ use std::net::Ipv6Addr;
 use std::str::FromStr;
 
 use super::encoding::{
-    put_bool, put_int64, put_large, put_maybe, put_short_unchecked, put_word16, DResult,
+    put_bool, put_int64, put_large_unchecked, put_maybe, put_short_unchecked, put_word16, DResult,
     DecodeError, Reader,
 };
 use super::error::CommandError;
@@ -400,15 +400,6 @@ fn put_dh_key(out: &mut Vec<u8>, k: &[u8; 32]) {
     put_short_unchecked(out, &x25519_to_spki(k));
 }
 
-/// `Large` of data that came from a `Large` field or is bounded by the block size.
-fn put_large_blob(out: &mut Vec<u8>, s: &[u8]) {
-    let r = put_large(out, s);
-    debug_assert!(r.is_ok(), "Large value over 65535 bytes");
-    if r.is_err() {
-        put_word16(out, 0);
-    }
-}
-
 fn read_service_subs(r: &mut Reader<'_>) -> DResult<ServiceSubs> {
     r.space()?;
     let n = r.int64()?;
@@ -654,8 +645,8 @@ fn read_queue_req(r: &mut Reader<'_>) -> DResult<QueueReq> {
 
 fn put_new_link(out: &mut Vec<u8>, l: &NewLink) {
     put_short_unchecked(out, &l.sender_id);
-    put_large_blob(out, &l.fixed);
-    put_large_blob(out, &l.user);
+    put_large_unchecked(out, &l.fixed);
+    put_large_unchecked(out, &l.user);
 }
 
 fn put_queue_req(out: &mut Vec<u8>, q: &QueueReq) {
@@ -704,8 +695,8 @@ impl Command {
             } => {
                 out.push(b' ');
                 put_short_unchecked(out, link_id);
-                put_large_blob(out, fixed);
-                put_large_blob(out, user);
+                put_large_unchecked(out, fixed);
+                put_large_unchecked(out, user);
             }
             Command::NKey { key, dh } => {
                 out.push(b' ');

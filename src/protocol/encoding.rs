@@ -217,6 +217,21 @@ pub fn put_short_unchecked(out: &mut Vec<u8>, s: &[u8]) {
     out.extend_from_slice(s);
 }
 
+/// The longest value a `Large` holds (its length is a `Word16`).
+pub const MAX_LARGE: usize = u16::MAX as usize;
+
+/// `Large` of a value known to be at most [`MAX_LARGE`] bytes: link data, which a block (16 KiB)
+/// bounds when it arrives and every store checks when it reads it back
+/// (`QueueLink::fits`), and the relay's own certificates. Should that ever not hold, a
+/// debug build stops here and a release one writes the first `MAX_LARGE` bytes under a length
+/// that matches them, so that the rest of the stream still parses.
+pub fn put_large_unchecked(out: &mut Vec<u8>, s: &[u8]) {
+    debug_assert!(s.len() <= MAX_LARGE, "Large value over {MAX_LARGE} bytes");
+    let s = &s[..s.len().min(MAX_LARGE)];
+    put_word16(out, s.len() as u16);
+    out.extend_from_slice(s);
+}
+
 pub fn put_large(out: &mut Vec<u8>, s: &[u8]) -> Result<(), EncodeError> {
     let n = u16::try_from(s.len()).map_err(|_| EncodeError)?;
     put_word16(out, n);

@@ -3,7 +3,8 @@
 //! can extend the messages; padding is the caller's (`pad(·, 16384)`).
 
 use super::encoding::{
-    put_bool, put_large, put_maybe, put_short_unchecked, put_word16, DResult, DecodeError, Reader,
+    put_bool, put_large_unchecked, put_maybe, put_short_unchecked, put_word16, DResult,
+    DecodeError, Reader,
 };
 use super::error::TransportError;
 use super::version::{
@@ -25,7 +26,7 @@ impl CertChainPubKey {
     /// `byte(count) 1*(Large certDER)  Large signedKey`.
     pub fn encode(&self, out: &mut Vec<u8>) {
         encode_chain(&self.chain, out);
-        put_large_lossy(out, &self.signed_key);
+        put_large_unchecked(out, &self.signed_key);
     }
 
     pub fn read(r: &mut Reader<'_>) -> DResult<Self> {
@@ -50,22 +51,12 @@ pub fn encode_chain(chain: &[Vec<u8>], out: &mut Vec<u8>) {
     let n = chain.len().min(255);
     out.push(n as u8);
     for c in &chain[..n] {
-        put_large_lossy(out, c);
+        put_large_unchecked(out, c);
     }
 }
 
 pub fn read_chain(r: &mut Reader<'_>) -> DResult<Vec<Vec<u8>>> {
     r.list(true, |r| r.large().map(<[u8]>::to_vec))
-}
-
-/// `Large` of a value that is under 64 KiB by construction (our own certificates and keys).
-fn put_large_lossy(out: &mut Vec<u8>, s: &[u8]) {
-    let r = put_large(out, s);
-    debug_assert!(r.is_ok(), "Large value over 65535 bytes");
-    if r.is_err() {
-        // Keep the stream parseable: announce an empty value rather than a wrong length.
-        put_word16(out, 0);
-    }
 }
 
 /// The server's first block.
@@ -143,7 +134,7 @@ impl ClientService {
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.push(self.role);
         encode_chain(&self.chain, out);
-        put_large_lossy(out, &self.signed_key);
+        put_large_unchecked(out, &self.signed_key);
     }
 
     pub fn read(r: &mut Reader<'_>) -> DResult<Self> {

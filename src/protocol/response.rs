@@ -3,8 +3,8 @@
 
 use super::command::{split_tag, QueueMode};
 use super::encoding::{
-    put_bool, put_int64, put_large, put_maybe, put_short_unchecked, put_word16, DResult,
-    DecodeError, Reader,
+    put_bool, put_int64, put_large_unchecked, put_maybe, put_short_unchecked, DResult, DecodeError,
+    Reader,
 };
 use super::error::{CommandError, ErrorType};
 use super::handshake::CertChainPubKey;
@@ -99,14 +99,6 @@ fn read_dh_key(r: &mut Reader<'_>) -> DResult<[u8; 32]> {
     x25519_from_spki(r.short()?).map_err(|_| DecodeError)
 }
 
-fn put_large_blob(out: &mut Vec<u8>, s: &[u8]) {
-    let r = put_large(out, s);
-    debug_assert!(r.is_ok(), "Large value over 65535 bytes");
-    if r.is_err() {
-        put_word16(out, 0);
-    }
-}
-
 fn put_mode(out: &mut Vec<u8>, m: &QueueMode) {
     out.push(match m {
         QueueMode::Messaging => b'M',
@@ -180,8 +172,8 @@ impl BrokerMsg {
             } => {
                 out.extend_from_slice(b"LNK ");
                 put_short_unchecked(out, sender_id);
-                put_large_blob(out, fixed);
-                put_large_blob(out, user);
+                put_large_unchecked(out, fixed);
+                put_large_unchecked(out, user);
             }
             BrokerMsg::Sok(service_id) => {
                 if v >= SERVICE_CERTS {

@@ -246,7 +246,7 @@ async fn session(
     if info.service.is_some() {
         ctx.directory.service_conn_opened(conn.shard, conn.id);
     }
-    let touched = Cell::new(0u64);
+    let sent_to = Cell::new(0u64);
     let reader = async {
         let r = read_loop(
             ctx,
@@ -258,7 +258,7 @@ async fn session(
             &in_flight,
             &out_tx,
             &state,
-            &touched,
+            &sent_to,
         )
         .await;
         // Let the answers to what was read go out before closing (a client may half-close).
@@ -286,12 +286,12 @@ async fn session(
     }
     // Owners drop this connection's subscriptions; only shards it sent work to hold any, but a
     // service connection may have been made its service's subscriber on every owner
-    // (`ShardMsg::ServiceSwitch`, sent by the service's home shard), shards it never touched
+    // (`ShardMsg::ServiceSwitch`, sent by the service's home shard), shards it never sent work to
     // included. (A switch that reaches an owner after this `Closed` finds the connection gone
     // from the directory's live services and installs nothing.)
     let all = info.service.is_some();
     for shard in 0..ctx.mesh.shards() {
-        if all || touched.get() & (1u64 << (shard % 64)) != 0 {
+        if all || sent_to.get() & (1u64 << (shard % 64)) != 0 {
             ctx.mesh.send(shard, ShardMsg::Closed { conn });
         }
     }
@@ -309,7 +309,7 @@ async fn read_loop(
     in_flight: &InFlight,
     out: &Rc<LocalSender<Output>>,
     state: &Rc<OutputState>,
-    touched: &Cell<u64>,
+    sent_to: &Cell<u64>,
 ) -> Result<(), ConnError> {
     // PRXY/PFWD of this connection being answered at once (`MAX_PROXIED_IN_FLIGHT`).
     let proxy_slots = Rc::new(Semaphore::new(MAX_PROXIED_IN_FLIGHT as u64));
@@ -388,7 +388,7 @@ async fn read_loop(
         }
         for job in routed.services {
             // Every owner may now hold something of this connection's.
-            touched.set(u64::MAX);
+            sent_to.set(u64::MAX);
             let (ctx, info, out, state) = (ctx.clone(), info.clone(), out.clone(), state.clone());
             let subscribed = subscribed.clone();
             glommio::spawn_local(async move {
@@ -398,7 +398,7 @@ async fn read_loop(
         }
         for (shard, mut requests) in routed.by_owner {
             mark_undelivered_acks(state, &mut requests);
-            touched.set(touched.get() | (1u64 << (shard % 64)));
+            sent_to.set(sent_to.get() | (1u64 << (shard % 64)));
             ctx.mesh.send(
                 shard,
                 ShardMsg::Work {
@@ -572,12 +572,8 @@ async fn write_loop(
             slow_reader_watchdog(tls, state, slow_reader_close, slow_reader_tick),
         )
         .await?;
-        state
-            .queued_bytes
-            .set(state.queued_bytes.get().saturating_sub(bytes));
-        state
-            .event_bytes
-            .set(state.event_bytes.get().saturating_sub(event_bytes));
+        super::count::take(&state.queued_bytes, bytes, "queued bytes");
+        super::count::take(&state.event_bytes, event_bytes, "event bytes");
         state.note_level(tls.borrow().written_bytes());
         state.last_active.set(Instant::now());
         for seq in seqs {
@@ -893,4 +889,7 @@ fn count_block(stats: &super::context::ConnStats, routed: &dispatch::Routed) {
     if routed.rslv > 0 {
         stats.rslv_reqs.set(stats.rslv_reqs.get() + routed.rslv);
     }
+    stats
+        .fwd_answers
+        .set(stats.fwd_answers.get() + routed.fwd_answers);
 }

@@ -87,6 +87,8 @@ pub struct ConnStats {
     pub ndel_batches: Cell<u64>,
     pub nsub_batches: Cell<u64>,
     pub rslv_reqs: Cell<u64>,
+    /// RRES answers sealed by the connections (the owners count theirs): `pMsgFwdsRecv`.
+    pub fwd_answers: Cell<u64>,
 }
 
 impl ShardContext {
@@ -231,7 +233,7 @@ impl ShardContext {
         self.deliver(conn, groups, None);
         let table = self.connections_table.borrow();
         if let Some(h) = table.get(&conn.id) {
-            h.state.asking.set(h.state.asking.get().saturating_sub(1));
+            super::count::take(&h.state.asking, 1, "asks out");
             ask_again(&self.mesh, &self.conn_stats.output_reasks, conn, &h.state);
             let after = h.state.take_after_held();
             if !after.is_empty() {

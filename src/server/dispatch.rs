@@ -35,6 +35,8 @@ pub struct Routed {
     /// party, recipient or notifier), of the first one's command; and the RSLVs it held.
     pub batch_of: Option<BatchKind>,
     pub rslv: u64,
+    /// RRES answers sealed here (a forwarded command answered without its owner).
+    pub fwd_answers: u64,
 }
 
 /// The commands whose batches the reference counts (simplexmq `Server.hs`, `updateBatchStats`).
@@ -388,9 +390,9 @@ fn route_forwarded(ctx: &RouteCtx<'_>, corr_id: &[u8], body: &[u8], routed: &mut
             {
                 routed.rslv += 1;
             }
-            routed
-                .local
-                .push(forward::respond(session, &fwd, &corr_id, &entity_id, &msg))
+            let (t, sealed) = forward::respond(session, &fwd, &corr_id, &entity_id, &msg);
+            routed.fwd_answers += u64::from(sealed);
+            routed.local.push(t)
         }
         Decoded::Route { fwd, request: r } => {
             let recipient_id = resolve(ctx, r.command.facts().entity, &r.entity_id);

@@ -15,6 +15,7 @@ pub use commands::forward;
 pub mod conn;
 pub mod context;
 pub mod control;
+pub mod count;
 pub mod directory;
 pub mod dispatch;
 pub mod listen;

@@ -183,7 +183,7 @@ pub struct Turn {
     /// Events for this connection that follow the responses (notifications waiting for an NSUB).
     pub trailing: Vec<Group>,
     /// Queues changed in this turn: a SUB later in the turn must read their head again.
-    pub touched: HashSet<EntityId>,
+    pub stale_heads: HashSet<EntityId>,
     /// A change of this turn has an unknown outcome (its journal sync failed): nothing of the
     /// turn is answered and the connection is closed, as a crash would do (§5).
     pub close: bool,

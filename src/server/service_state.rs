@@ -207,9 +207,8 @@ impl FoldDone {
 
     /// One job ended.
     pub fn one(&self) {
-        let left = self.left.get().saturating_sub(1);
-        self.left.set(left);
-        if left == 0 {
+        super::count::take(&self.left, 1, "jobs left");
+        if self.left.get() == 0 {
             self.finish();
         }
     }

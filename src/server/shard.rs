@@ -674,7 +674,7 @@ fn shard_stats<S: ShardStore>(ctx: &ShardContext, owner: &Owner<S>) -> MetricsSn
     m.p_relays_own = p.relays_own;
     m.p_msg_fwds = p.msg_fwds;
     m.p_msg_fwds_own = p.msg_fwds_own;
-    m.p_msg_fwds_recv = super::forward::received_count();
+    m.p_msg_fwds_recv += cs.fwd_answers.get();
     use crate::protocol::command::ServiceRole;
     (m.rcv_services, m.rcv_service_subs) = owner.services.totals(ServiceRole::Messaging);
     (m.ntf_services, m.ntf_service_subs) = owner.services.totals(ServiceRole::Notifier);

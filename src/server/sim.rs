@@ -351,7 +351,7 @@ impl World {
             }
         }
         if answer_to_ask {
-            sc.out.asking.set(sc.out.asking.get().saturating_sub(1));
+            super::count::take(&sc.out.asking, 1, "asks out");
         }
         self.ask(i);
         true
@@ -371,11 +371,9 @@ impl World {
         };
         {
             let out = &self.conns[i].out;
-            out.queued_bytes
-                .set(out.queued_bytes.get().saturating_sub(t.len()));
+            super::count::take(&out.queued_bytes, t.len(), "queued bytes");
             if event {
-                out.event_bytes
-                    .set(out.event_bytes.get().saturating_sub(t.len()));
+                super::count::take(&out.event_bytes, t.len(), "event bytes");
             }
         }
         self.observe(i, &t, stamp);

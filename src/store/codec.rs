@@ -191,6 +191,7 @@ pub(crate) fn unpack_rec(recipient_id: &[u8], b: &[u8]) -> DResult<QueueRec> {
         b'C' => Some(QueueMode::Contact),
         _ => return Err(DecodeError),
     };
+    // The packed form holds only what this process packed (records the store was given).
     let link = r.maybe(|r| {
         Ok(Box::new(QueueLink {
             link_id: unpack_id(r)?.to_vec(),
@@ -356,11 +357,12 @@ pub(crate) fn decode_rec(r: &mut Reader<'_>) -> DResult<QueueRec> {
         _ => Err(DecodeError),
     })?;
     let link = r.maybe(|r| {
-        Ok(QueueLink {
+        let l = QueueLink {
             link_id: read_bytes(r)?.to_vec(),
             fixed: read_bytes(r)?.to_vec(),
             user: read_bytes(r)?.to_vec(),
-        })
+        };
+        l.fits().then_some(l).ok_or(DecodeError)
     })?;
     let notifier = r.maybe(|r| {
         Ok(NotifierCreds {
@@ -492,6 +494,29 @@ mod tests {
             let mut short = Reader::new(&b[..b.len() - 1]);
             let whole = read_ids(&mut short).is_ok() && short.rest().is_empty();
             assert!(!whole, "{q:?}");
+        }
+    }
+
+    /// Link data longer than LNK's `Large` fields is refused when a record is read back (from a
+    /// journal, a group file or an import stream), not served cut short.
+    #[test]
+    fn link_data_over_a_large_field_is_refused() {
+        use crate::protocol::encoding::MAX_LARGE;
+        for (fixed, user) in [
+            (MAX_LARGE + 1, 0),
+            (0, MAX_LARGE + 1),
+            (MAX_LARGE, MAX_LARGE),
+        ] {
+            let mut q = shapes().remove(8);
+            q.link = Some(Box::new(QueueLink {
+                link_id: vec![7; 24],
+                fixed: vec![1; fixed],
+                user: vec![2; user],
+            }));
+            let fits = fixed <= MAX_LARGE && user <= MAX_LARGE;
+            let mut b = Vec::new();
+            encode_rec(&mut b, &q);
+            assert_eq!(decode_rec(&mut Reader::new(&b)).is_ok(), fits);
         }
     }
 }

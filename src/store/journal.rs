@@ -53,7 +53,7 @@ mod sync;
 use checkpoint::{Checkpointing, Writing};
 use compaction::Compaction;
 pub use index::SYNC_FAILED;
-use index::{Activity, Group, MsgEntry, NtfEntry};
+use index::{Activity, GroupIndex, MsgEntry, NtfEntry};
 use prefetch::Job;
 use prefetch::Prefetcher;
 #[cfg(test)]
@@ -84,7 +84,7 @@ struct Data<F: Fs> {
     /// The store's background thread, for segments to let go of off the shard.
     pub background: Option<flume::Sender<Job<F>>>,
     pub journals: BTreeMap<u32, Journal<F>>,
-    pub groups: BTreeMap<u32, Group>,
+    pub groups: BTreeMap<u32, GroupIndex>,
     /// Notifier ID → the group of its queue, where its notifications are recorded.
     pub notifiers: Map<EntityId, u32>,
     /// Records of the queues used lately, decoded (`index.rs`); the rest are read from the
@@ -343,7 +343,7 @@ impl<F: Fs> JournalStore<F> {
         let started = std::time::Instant::now();
         let (mut opened_records, mut opened_from_checkpoint) = (0u64, 0usize);
         for &g in groups {
-            data.groups.insert(g, Group::default());
+            data.groups.insert(g, GroupIndex::default());
             // Both callbacks build `data`: the checkpoint's (if one is used) first.
             let cell = RefCell::new(&mut data);
             let mut replayed = index::Since::default();

@@ -54,22 +54,10 @@ pub fn private_file() -> std::fs::OpenOptions {
 }
 
 /// Fixed numbers that reach the disk (`docs/ARCHITECTURE.md` §1): partitions, their hash and their
-/// groups.
-pub const PARTITIONS: u32 = 4096;
-pub const PARTITION_GROUPS: u32 = smp_journal::JOURNAL_GROUPS;
-
-/// `partition = first 8 bytes of SHA-256(recipientId) as big-endian u64, mod 4096`.
-pub fn partition_of(recipient_id: &[u8]) -> u32 {
-    let h = crate::crypto::hash::sha256(recipient_id);
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&h[..8]);
-    (u64::from_be_bytes(b) % PARTITIONS as u64) as u32
-}
-
-/// Partition `p` lives in group `p mod 64`.
-pub fn group_of(recipient_id: &[u8]) -> u32 {
-    partition_of(recipient_id) % PARTITION_GROUPS
-}
+/// groups. One definition, the journal crate's (`journal/src/lib.rs`, `PARTITION_FUNCTION`, which
+/// every segment header records): the journal, the shards' ownership of groups and the statistics'
+/// queue hashes all place a queue by it, whatever its store.
+pub use smp_journal::{group_of, partition_of, JOURNAL_GROUPS as PARTITION_GROUPS, PARTITIONS};
 
 /// Short-link data of a queue (`LSET`, `NEW` with link data).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,6 +66,17 @@ pub struct QueueLink {
     /// Immutable once set (only `user` may change).
     pub fixed: Vec<u8>,
     pub user: Vec<u8>,
+}
+
+impl QueueLink {
+    /// Whether its data fits the `Large` fields `LNK` answers with. A command's data always
+    /// does (a block is 16 KiB); every store checks what it reads back (a damaged journal, an
+    /// import stream or a database row could hold more), and serves such a record as one it
+    /// cannot read.
+    pub fn fits(&self) -> bool {
+        use crate::protocol::encoding::MAX_LARGE;
+        self.fixed.len() <= MAX_LARGE && self.user.len() <= MAX_LARGE
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

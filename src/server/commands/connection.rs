@@ -1,7 +1,8 @@
 //! Commands the connection's shard answers itself, with no queue and no owner (`Runs::Connection`
-//! in `Command::facts`): PING, RSLV (the names role is off: simplexmq `Server.hs` answers
-//! `ERR NAME NO_RESOLVER` without a resolver), and SUBS/NSUBS outside a service session, which are
-//! `ERR SERVICE` (a service session's go to `conn.rs`, `subscribe_service`).
+//! in `Command::facts`): PING and RSLV (the names role is off: simplexmq `Server.hs` answers
+//! `ERR NAME NO_RESOLVER` without a resolver). SUBS and NSUBS run on the connection too, but never
+//! come here: `dispatch.rs` (`service_subs`) refuses them with `ERR SERVICE` outside a service
+//! session or without its signature, and hands the others to `conn.rs` (`subscribe_service`).
 
 use crate::protocol::command::Command;
 use crate::protocol::error::{ErrorType, NameError};
@@ -12,7 +13,8 @@ pub fn answer(cmd: &Command) -> BrokerMsg {
     match cmd {
         Command::Ping => BrokerMsg::Pong,
         Command::Rslv(_) => BrokerMsg::Err(ErrorType::Name(NameError::NoResolver)),
-        _ => BrokerMsg::Err(ErrorType::Service),
+        // No other command runs on the connection with an answer of its own (`Command::facts`).
+        _ => BrokerMsg::Err(ErrorType::Internal),
     }
 }
 
@@ -21,7 +23,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ping_rslv_and_service_commands_are_answered_here() {
+    fn ping_and_rslv_are_answered_here() {
         assert_eq!(answer(&Command::Ping), BrokerMsg::Pong);
         assert_eq!(
             answer(&Command::Rslv("simplex.im".into())),

@@ -206,7 +206,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         }
         // The batch read is stale if an earlier request of this turn changed the queue.
         let head = match head {
-            Some(h) if !turn.touched.contains(rid) => h,
+            Some(h) if !turn.stale_heads.contains(rid) => h,
             _ => match self.store.peek_first(rid).await {
                 Ok(h) => h,
                 Err(e) => return err(store_error(e)),
@@ -371,7 +371,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 Ok(r) => r,
                 Err(e) => return err(store_error(e)),
             };
-            turn.touched.insert(rid.to_vec());
+            turn.stale_heads.insert(rid.to_vec());
             if let Some(m) = &deleted {
                 self.count_received(rid, m, Some(delivered_at));
             }
@@ -415,7 +415,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 Ok(None) => {}
                 Err(e) => return err(store_error(e)),
             }
-            turn.touched.insert(rid.to_vec());
+            turn.stale_heads.insert(rid.to_vec());
             return BrokerMsg::Ok;
         }
         err(ErrorType::NoMsg)
@@ -531,7 +531,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             }
             Err(e) => return err(store_error(e)),
         };
-        turn.touched.insert(rid.clone());
+        turn.stale_heads.insert(rid.clone());
         match outcome {
             WriteOutcome::Written { was_empty } => {
                 {

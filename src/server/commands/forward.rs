@@ -3,7 +3,7 @@
 //! with the session secret and a per-command secret, executes it as the client's own, and seals the
 //! answer back the same way.
 //!
-//! Everything here is pure. Which failures are a plain `ERR` to the proxy and which travel inside
+//! Everything here is pure (the callers count what is sealed). Which failures are a plain `ERR` to the proxy and which travel inside
 //! `RRES` follows the reference's `processForwardedCommand` (`src/Simplex/Messaging/Server.hs`):
 //! - plain `ERR`: no session secret (`PROXY BROKER TRANSPORT NO_AUTH`), the `RFWD` body or the inner
 //!   `et` failing to open or unpad (`CRYPTO`), a `FwdTransmission` that does not parse (`CMD
@@ -218,34 +218,22 @@ pub fn seal_response(
     Some(sxbox::seal(&fwd.sess_secret, &reverse_nonce(&n2), &fr))
 }
 
-thread_local! {
-    /// RRES answers sealed on this thread (shard): the reference's `pMsgFwdsRecv`, which counts a
-    /// forwarded command once its answer is sealed, whatever that answer is.
-    static RECEIVED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
-
-/// `pMsgFwdsRecv` of this shard so far.
-pub fn received_count() -> u64 {
-    RECEIVED.with(std::cell::Cell::get)
-}
-
 /// The transmission answering the `RFWD` on the proxy's own session: `RRES` with the `RFWD`'s
-/// corrId and an empty entity, or a plain `ERR BLOCK` when the inner answer is too large.
+/// corrId and an empty entity, or a plain `ERR BLOCK` when the inner answer is too large; and
+/// whether it was sealed (the reference's `pMsgFwdsRecv` counts a forwarded command once its
+/// answer is sealed, whatever that answer is).
 pub fn respond(
     outer: &Session,
     fwd: &Forwarded,
     corr_id: &[u8],
     entity_id: &[u8],
     msg: &BrokerMsg,
-) -> Vec<u8> {
-    let answer = match seal_response(fwd, corr_id, entity_id, msg) {
-        Some(efr) => {
-            RECEIVED.with(|n| n.set(n.get() + 1));
-            BrokerMsg::Rres(efr)
-        }
-        None => BrokerMsg::Err(ErrorType::Block),
+) -> (Vec<u8>, bool) {
+    let (answer, sealed) = match seal_response(fwd, corr_id, entity_id, msg) {
+        Some(efr) => (BrokerMsg::Rres(efr), true),
+        None => (BrokerMsg::Err(ErrorType::Block), false),
     };
-    encode(outer, &fwd.outer_corr_id, b"", &answer)
+    (encode(outer, &fwd.outer_corr_id, b"", &answer), sealed)
 }
 
 #[cfg(test)]
@@ -395,13 +383,14 @@ mod tests {
                 &request.corr_id
             ));
 
-            let t = respond(
+            let (t, sealed) = respond(
                 &session,
                 &fwd,
                 &request.corr_id,
                 &request.entity_id,
                 &BrokerMsg::Ok,
             );
+            assert!(sealed);
             let r = open(&session, &dest, &fc, &n2, &t);
             assert_eq!(
                 r,
@@ -604,7 +593,7 @@ mod tests {
                 &dest,
                 &fc,
                 &n2,
-                &respond(&session, &fwd, &c, &en, &msg),
+                &respond(&session, &fwd, &c, &en, &msg).0,
             );
             assert_eq!(r.msg, BrokerMsg::Err(e));
             assert_eq!((r.corr_id, r.entity_id), (corr, entity));
@@ -669,7 +658,7 @@ mod tests {
             fixed: vec![2; 8000],
             user: vec![3; 8300],
         };
-        let t = respond(&session, &fwd, &fc.nonce, b"l", &lnk);
+        let (t, _) = respond(&session, &fwd, &fc.nonce, b"l", &lnk);
         let raw = parse_transmission(18, &t).unwrap();
         assert_eq!(raw.corr_id, n2);
         assert_eq!(

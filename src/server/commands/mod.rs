@@ -61,7 +61,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             .await
         {
             Ok(_records) => self.run_part(&session, requests).await,
-            Err(e) => refused(&session, requests, e),
+            Err(e) => self.refused(&session, requests, e),
         };
         if turn.close {
             tracing::warn!(
@@ -131,7 +131,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             // answer, the connection is closed (`Turn::close`), as a crash would do.
             turn.close = true;
         }
-        answer(session, fwd.as_deref(), &corr_id, &entity, &msg)
+        self.answer(session, fwd.as_deref(), &corr_id, &entity, &msg)
     }
 
     /// A turn on a store that waits (`MessageStore::waits`): the requests of each queue run in
@@ -488,34 +488,48 @@ async fn in_rounds<S: MessageStore, T>(
     out.into_iter().flatten().collect()
 }
 
-/// `msg` encoded for `session`, sealed into RRES for the proxy when the request was forwarded
-/// (`commands/forward.rs`).
-fn answer(
-    session: &Session,
-    fwd: Option<&Forwarded>,
-    corr_id: &[u8],
-    entity: &[u8],
-    msg: &BrokerMsg,
-) -> Vec<u8> {
-    match fwd {
-        Some(f) => forward::respond(session, f, corr_id, entity, msg),
-        None => encode(session, corr_id, entity, msg),
+impl<S: QueueStore + MessageStore> Owner<S> {
+    /// `msg` encoded for `session`, sealed into RRES for the proxy when the request was forwarded
+    /// (`commands/forward.rs`; a sealed answer counts as the reference's `pMsgFwdsRecv`).
+    fn answer(
+        &self,
+        session: &Session,
+        fwd: Option<&Forwarded>,
+        corr_id: &[u8],
+        entity: &[u8],
+        msg: &BrokerMsg,
+    ) -> Vec<u8> {
+        match fwd {
+            Some(f) => {
+                let (t, sealed) = forward::respond(session, f, corr_id, entity, msg);
+                if sealed {
+                    self.stats.borrow_mut().msg_fwds_recv += 1;
+                }
+                t
+            }
+            None => encode(session, corr_id, entity, msg),
+        }
     }
-}
 
-/// A part whose requests are each answered the store's error `e`.
-fn refused(session: &Session, requests: Vec<Request>, e: crate::store::StoreError) -> Turn {
-    let msg = err(store_error(e));
-    let responses = requests
-        .into_iter()
-        .map(|mut req| {
-            let fwd = req.forward.take();
-            answer(session, fwd.as_deref(), &req.corr_id, &req.entity_id, &msg)
-        })
-        .collect();
-    Turn {
-        responses,
-        ..Turn::default()
+    /// A part whose requests are each answered the store's error `e`.
+    fn refused(
+        &self,
+        session: &Session,
+        requests: Vec<Request>,
+        e: crate::store::StoreError,
+    ) -> Turn {
+        let msg = err(store_error(e));
+        let responses = requests
+            .into_iter()
+            .map(|mut req| {
+                let fwd = req.forward.take();
+                self.answer(session, fwd.as_deref(), &req.corr_id, &req.entity_id, &msg)
+            })
+            .collect();
+        Turn {
+            responses,
+            ..Turn::default()
+        }
     }
 }
 

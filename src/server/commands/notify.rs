@@ -81,7 +81,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     pub async fn store_ntfs(&self, nid: &[u8], ntfs: Vec<MsgNtf>) {
         {
             let mut st = self.stats.borrow_mut();
-            st.msg_ntfs = st.msg_ntfs.saturating_sub(ntfs.len() as u64);
+            st.msg_ntfs = crate::server::count::less(st.msg_ntfs, ntfs.len() as u64, "msg_ntfs");
         }
         // A notifier deleted meanwhile keeps nothing.
         if self

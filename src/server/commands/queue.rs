@@ -166,7 +166,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 );
                 self.entries(session.conn, |e| e.subs.insert(rid.clone()));
             }
-            turn.touched.insert(rid.clone());
+            turn.stale_heads.insert(rid.clone());
             return BrokerMsg::Ids(QueueIds {
                 rcv_id: rid,
                 snd_id: sender_id,
@@ -297,7 +297,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 Some(_) => st.queues_deleted_secured += 1,
             }
         }
-        turn.touched.insert(rid.clone());
+        turn.stale_heads.insert(rid.clone());
         let sub = self.subs.borrow_mut().remove(&rid);
         // A queue of a subscribed service without a subscription of its own: the service's
         // connection is told (simplexmq `Server.hs`, `CSDeleted`).

@@ -375,11 +375,13 @@ impl Port {
             .sockets
             .iter()
             .map(|p| {
-                let (accepted, closed) = (p.accepted.load(Relaxed), p.closed.load(Relaxed));
+                // Closes first: every close follows its accept, so `closed <= accepted` here.
+                let closed = p.closed.load(Relaxed);
+                let accepted = p.accepted.load(Relaxed);
                 format!(
                     "Sockets for port {}:\naccepted: {accepted}\nclosed: {closed}\nactive: {}\nleaked: 0",
                     p.port,
-                    accepted.saturating_sub(closed)
+                    crate::server::count::less(accepted, closed, "open sockets")
                 )
             })
             .collect();

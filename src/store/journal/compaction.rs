@@ -24,7 +24,7 @@ use std::thread::JoinHandle;
 
 use smp_journal::{Compacted, Fs, JournalError, Location, Record, HEADER_LEN};
 
-use super::index::Group;
+use super::index::GroupIndex;
 use super::Data;
 use super::{EntityId, Map};
 
@@ -80,7 +80,7 @@ impl<F: Fs> Drop for Compaction<F> {
 
 /// Whether the record at `loc` is live in the index of its group, and how to find it again.
 /// Messages and notifications are kept in the order of their records' locations.
-fn kept(grp: &Group, loc: Location, rec: &Record<'_>) -> Option<Kept> {
+fn kept(grp: &GroupIndex, loc: Location, rec: &Record<'_>) -> Option<Kept> {
     match *rec {
         Record::QueueCreate { recipient_id, .. } | Record::QueueUpdate { recipient_id, .. } => grp
             .queues
@@ -174,7 +174,7 @@ impl<F: Fs> Data<F> {
         let c = self.compaction.as_ref().expect("a compaction is under way");
         let (g, upto) = (c.g, c.upto);
         let j = &self.journals[&g];
-        let empty = Group::default();
+        let empty = GroupIndex::default();
         let grp = self.groups.get(&g).unwrap_or(&empty);
         let mut found = Vec::new();
         let next = j.scan_segment(

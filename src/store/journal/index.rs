@@ -144,7 +144,7 @@ impl Live {
 /// notification lists are ordered by ID, so that a checkpoint can walk them in steps while they
 /// change.
 #[derive(Default)]
-pub(super) struct Group {
+pub(super) struct GroupIndex {
     pub live: Live,
     pub queues: BTreeMap<IdKey, QueueEntry>,
     /// Notification lists by notifier ID (the notifier of a queue of this group).
@@ -255,7 +255,7 @@ impl<F: Fs> Data<F> {
 
     /// The state of group `g` (every group of the store has one from its open on; a group
     /// being opened gets it before its records are replayed).
-    pub fn group_mut(&mut self, g: u32) -> &mut Group {
+    pub fn group_mut(&mut self, g: u32) -> &mut GroupIndex {
         self.groups.entry(g).or_default()
     }
 

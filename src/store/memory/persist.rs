@@ -749,7 +749,8 @@ mod tests {
             link: Some(Box::new(QueueLink {
                 link_id: [rid, b"-lnk"].concat(),
                 fixed: vec![11; 300],
-                user: vec![12; 70000],
+                // The longest link data a queue can hold (`QueueLink::fits`).
+                user: vec![12; crate::protocol::encoding::MAX_LARGE],
             })),
             notifier: Some(Box::new(NotifierCreds {
                 notifier_id: [rid, b"-ntf"].concat(),

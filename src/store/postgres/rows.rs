@@ -144,6 +144,9 @@ pub fn rec_of(row: &Row) -> Result<QueueRec, String> {
             user: row.get::<_, Option<Vec<u8>>>(15).unwrap_or_default(),
         })
     });
+    if link.as_ref().is_some_and(|l| !l.fits()) {
+        return Err(bad("fixed_data or user_data over 65535 bytes"));
+    }
     Ok(QueueRec {
         sender_id: row.get(3),
         recipient_id: rid.clone(),
