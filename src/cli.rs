@@ -690,11 +690,23 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
          # clean stop, SIGINT or SIGTERM, and restored at start) or database (PostgreSQL: set\n\
          # store_queues to database too, and the db_connection, db_schema and db_pool_size keys).\n\
          store_messages = journal\n\
+         # store_queues = memory\n\
          # When the journal is synced to the disk: every-batch, interval-ms N, or never.\n\
          # fsync = interval-ms 50\n\
          # The most bytes the journal's files may take (K, M, G, T; at least 16M); no cap when\n\
          # unset. At the cap, as on a full disk, SEND and NEW answer ERR STORE; deletes go on.\n\
          # journal_max_size = 4G\n\
+         # Records after which a journal group writes its checkpoint again (what a start after\n\
+         # a crash replays at most per group).\n\
+         # journal_checkpoint_records = {checkpoint}\n\
+         # The PostgreSQL store (store_messages: database): database, schema, connections.\n\
+         # db_connection = {conninfo}\n\
+         # db_schema = {schema}\n\
+         # db_pool_size = {pool_size}\n\
+         # The memory store: enable off keeps nothing over a restart, restore_messages off keeps\n\
+         # the queues but not their messages.\n\
+         # enable = on\n\
+         # restore_messages = on\n\
          \n\
          # How long messages and notifications are kept.\n\
          expire_messages_days = {days}\n\
@@ -734,6 +746,12 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
          # The control port, on 127.0.0.1 only (see the passwords under [AUTH]).\n\
          # control_port = 5224\n\
          \n\
+         [PROXY]\n\
+         # SOCKS5 proxy (e.g. Tor) for .onion destinations of private routing; refused without it.\n\
+         # socks_proxy = 127.0.0.1:9050\n\
+         # Destinations on these domains are counted again as \"own\" in the proxy statistics.\n\
+         # own_server_domains = example.com\n\
+         \n\
          [INACTIVE_CLIENTS]\n\
          # Close connections without subscriptions that sent and received nothing for ttl\n\
          # seconds, looked for every check_interval seconds (as the reference's template).\n\
@@ -761,7 +779,14 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
          # expire_interval_secs = {expire_interval}\n\
          # tls_timeout_secs = {tls}\n\
          # handshake_timeout_secs = {handshake}\n\
-         # slow_reader_close_secs = {slow_reader}\n",
+         # slow_reader_close_secs = {slow_reader}\n\
+         # GET /metrics over HTTP (the metrics file's text); off when unset.\n\
+         # metrics_listen = 127.0.0.1:9090\n\
+         # The PostgreSQL store: seconds a statement may run and an operation may wait for a\n\
+         # connection before ERR STORE; queue records held in memory besides those in use.\n\
+         # db_statement_timeout_secs = {statement_timeout}\n\
+         # db_pool_wait_secs = {pool_wait}\n\
+         # pg_queue_cache = {queue_cache}\n",
         days = d.message_ttl.as_secs() / 86400,
         inactive_ttl = config::DEFAULT_INACTIVE_TTL.as_secs(),
         inactive_check = config::DEFAULT_INACTIVE_CHECK.as_secs(),
@@ -775,6 +800,13 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
         tls = c.tls_timeout.as_secs(),
         handshake = c.handshake_timeout.as_secs(),
         slow_reader = c.slow_reader_close.as_secs(),
+        checkpoint = c.journal_checkpoint_records,
+        conninfo = c.postgres.conninfo,
+        schema = c.postgres.schema,
+        pool_size = c.postgres.pool_size,
+        statement_timeout = c.postgres.statement_timeout.as_secs(),
+        pool_wait = c.postgres.pool_wait.as_secs(),
+        queue_cache = c.postgres.queue_cache,
     )
 }
 
@@ -1429,6 +1461,30 @@ mod tests {
         assert!(e.starts_with("--notice is not valid JSON: "), "{e}");
         let long = format!("{{\"a\":\"{}\"}}", "x".repeat(MAX_NOTICE_BYTES));
         assert!(compact_json_object(&long).is_err());
+    }
+
+    /// The file `init` writes names every key the relay applies, in its section (set, or
+    /// commented with its default or an example), so that an operator finds each one there.
+    #[test]
+    fn the_template_names_every_key_the_relay_takes() {
+        let text = ini_template("smp.example.com", 5223, None);
+        let mut section = String::new();
+        let mut named = Vec::new();
+        for line in text.lines() {
+            if let Some(s) = line.strip_prefix('[').and_then(|s| s.strip_suffix(']')) {
+                section = s.to_string();
+            }
+            let setting = line.strip_prefix("# ").unwrap_or(line);
+            if let Some((key, _)) = setting.split_once(" = ") {
+                named.push((section.clone(), key.to_string()));
+            }
+        }
+        let missing: Vec<String> = ini::applied_keys()
+            .into_iter()
+            .filter(|(s, k)| !named.iter().any(|(ns, nk)| ns == s && nk == k))
+            .map(|(s, k)| format!("[{s}] {k}"))
+            .collect();
+        assert!(missing.is_empty(), "not in init's template: {missing:?}");
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! |---|---|---|
 //! | `[STORE_LOG]` | `store_messages` | `journal` (default), `memory`, or `database` (PostgreSQL) |
 //! | | `store_queues` | `memory` or `database` (records follow `store_messages`) |
+//! | | `fsync` | when the journal store syncs: `every-batch`, `interval-ms N` (default 50) or `never` |
 //! | | `db_connection`, `db_schema`, `db_pool_size` | the PostgreSQL store's database, schema and pool |
 //! | | `expire_messages_days` | message TTL in days (default 21) |
 //! | | `expire_messages_on_send` | `on`/`off` (default `on`) |
@@ -33,6 +34,8 @@
 //! | | `log_tls_errors` | accepted as `off` |
 //! | | `control_port` | the control port, on 127.0.0.1 |
 //! | `[INACTIVE_CLIENTS]` | `disconnect`, `ttl`, `check_interval` | close connections without subscriptions idle for `ttl` seconds, looked for every `check_interval` (as the reference) |
+//! | `[PROXY]` | `socks_proxy` | SOCKS5 proxy (e.g. Tor) for `.onion` destinations of PFWD; without it they are refused |
+//! | | `own_server_domains` | destinations on these domains are counted again as "own" in the proxy statistics |
 //! | `[WEB]` | `https` | an SMP port that also serves web clients, split by TLS SNI (with `cert` and `key`) |
 //! | | `cert`, `key` | the web certificate chain and key (PEM) that clients naming a host get on `https` |
 //! | `[RELAY]` | `quota` | messages a queue holds before ERR QUOTA (reference: fixed 128) |
@@ -43,6 +46,7 @@
 //! | | `tls_timeout_secs`, `handshake_timeout_secs` | TLS and SMP handshake deadlines |
 //! | | `slow_reader_close_secs` | seconds a connection may stay over its output bound before it is closed |
 //! | | `metrics_listen` | `ADDR:PORT` where `GET /metrics` serves the metrics file's text (default: off) |
+//! | | `db_statement_timeout_secs`, `db_pool_wait_secs` | how long a PostgreSQL statement may run (default 30) and an operation waits for a connection (default 10) before ERR STORE |
 //! | | `pg_queue_cache` | queue records the PostgreSQL store holds besides those in use, over all shards (default 100000) |
 //!
 //! The message TTL has one key only, `expire_messages_days` (as the reference); `start
@@ -454,6 +458,17 @@ fn rule_of(section: &str, key: &str) -> Option<Rule> {
         .map(|s| s.rule)
 }
 
+/// `(section, key)` of every key the relay applies: the settings' (`settings.rs`) and the few
+/// `apply` parses itself. The documentation table above, the template `init` writes and the
+/// README are checked against it (tests here and in `cli.rs`).
+pub fn applied_keys() -> Vec<(&'static str, &'static str)> {
+    KEYS.iter()
+        .filter(|s| matches!(s.rule, Rule::Applied))
+        .map(|s| (s.section, s.key))
+        .chain(settings::INI_KEYS.iter().copied())
+        .collect()
+}
+
 /// Every key of `section`: those of `KEYS`, then the settings'.
 fn keys_of(section: &str) -> Vec<&'static str> {
     KEYS.iter()
@@ -529,6 +544,55 @@ mod tests {
                 apply(&mut c, section, key, value),
                 Ok(()),
                 "[{section}] {key}"
+            );
+        }
+    }
+
+    /// The table at the top of this file, as `(section, key)`: rows `| [SECTION] | keys | … |`,
+    /// a row with an empty first cell continuing the section above, keys in backticks.
+    fn documented_keys() -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let mut section = String::new();
+        for line in include_str!("ini.rs").lines() {
+            let Some(row) = line.strip_prefix("//! |") else {
+                continue;
+            };
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            if cells.len() < 3 || cells[0] == "section" || cells[0].starts_with("---") {
+                continue;
+            }
+            if let Some(s) = cells[0]
+                .strip_prefix("`[")
+                .and_then(|s| s.strip_suffix("]`"))
+            {
+                section = s.to_string();
+            }
+            for key in cells[1].split('`').skip(1).step_by(2) {
+                out.push((section.clone(), key.to_string()));
+            }
+        }
+        out
+    }
+
+    /// Every key the relay applies has its row in the table at the top of this file, and the
+    /// table names no key the relay does not take.
+    #[test]
+    fn the_documentation_table_is_the_keys_the_relay_takes() {
+        let documented = documented_keys();
+        let has = |s: &str, k: &str| documented.iter().any(|(ds, dk)| ds == s && dk == k);
+        let missing: Vec<String> = applied_keys()
+            .into_iter()
+            .filter(|(s, k)| !has(s, k))
+            .map(|(s, k)| format!("[{s}] {k}"))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "not in the table of ini.rs: {missing:?}"
+        );
+        for (s, k) in &documented {
+            assert!(
+                matches!(rule_of(s, k), Some(Rule::Applied | Rule::Only(..))),
+                "the table of ini.rs names [{s}] {k}, which the relay does not take"
             );
         }
     }

@@ -5,7 +5,10 @@
 //! flattened into `start`'s arguments in `cli.rs`), the defaults (`StartOptions::defaults`, which
 //! `config::StartConfig::new` and `config::Settings::default` start from, and which each flag's
 //! help shows), the precedence (`StartOptions::or`) and the application (`StartOptions::apply_to`)
-//! are all derived from the table below, so adding a setting is one entry there.
+//! are all derived from the table below, so adding a setting is one entry there. What people read
+//! is checked against it by tests, which name what is missing: the key table at the top of
+//! `ini.rs` (`ini::applied_keys`), the file `init` writes (`cli.rs`) and the README's table of
+//! `start` options (`the_readme_names_every_setting` below).
 //!
 //! Keys of the file that set no `start` option (`[TRANSPORT] host`, the store kinds) and the
 //! reference keys this relay refuses are listed in `ini::KEYS`; flags that only the command line
@@ -78,7 +81,7 @@ macro_rules! start_settings {
         }
 
         /// `(section, key)` of every setting of the file, in declaration order.
-        pub(crate) const INI_KEYS: &[(&str, &str)] = &[$(($section, $key),)*];
+        pub const INI_KEYS: &[(&str, &str)] = &[$(($section, $key),)*];
 
         /// Parses the value of the setting at `[section] key` into `o`; `None`: no setting has
         /// that key. The error says what the value should be.
@@ -673,6 +676,25 @@ mod tests {
         Start::try_parse_from(std::iter::once("start").chain(args.iter().copied()))
             .map(|s| s.settings.options())
             .map_err(|e| e.to_string())
+    }
+
+    /// The README's table of `start` options names every setting's flag (the ini keys are
+    /// checked against `ini.rs`'s table and `init`'s template, in `ini.rs` and `cli.rs`).
+    #[test]
+    fn the_readme_names_every_setting() {
+        let readme = include_str!("../README.md");
+        let missing: Vec<String> = Start::command()
+            .get_arguments()
+            .filter_map(|a| a.get_long())
+            .map(|long| format!("--{long}"))
+            .filter(|flag| {
+                !readme.match_indices(flag.as_str()).any(|(i, _)| {
+                    !readme[i + flag.len()..]
+                        .starts_with(|c: char| c == '-' || c.is_ascii_alphanumeric())
+                })
+            })
+            .collect();
+        assert!(missing.is_empty(), "not in README.md: {missing:?}");
     }
 
     #[test]
