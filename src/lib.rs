@@ -6,6 +6,7 @@
 pub mod client;
 pub mod clock;
 pub mod config;
+pub mod counters;
 pub mod crypto;
 pub mod ini;
 pub mod limits;

@@ -255,12 +255,8 @@ pub struct OwnerStats {
     pub ntf_sub_auth: u64,
     pub msg_ntfs_batches: u64,
     pub msg_ntf_expired: u64,
-    /// Blocks whose Ed25519 signatures were verified in one batch, and those whose batch failed
-    /// (their requests were then verified one by one).
-    pub verify_batches: u64,
-    pub verify_batch_fallbacks: u64,
-    /// Connections closed for spending their failed-verification budget.
-    pub verify_budget_closes: u64,
+    /// The relay's own counters an owner keeps (signature verification).
+    pub relay: crate::counters::RelayCounters,
     /// MSGs handed to a messaging service's connection by its `SUBS`, and queues it already
     /// held (the reference's `rcvServicesSubMsg`, `rcvServicesSubDuplicate`).
     pub service_sub_msgs: u64,
@@ -290,6 +286,9 @@ macro_rules! snapshot {
             pub p_msg_fwds_own: ProxyStats,
             pub rcv_service_stats: ServiceStats,
             pub ntf_service_stats: ServiceStats,
+            /// The relay's own counters (`counters.rs`): its store's, its owner's and its
+            /// connections' summed.
+            pub relay: crate::counters::RelayCounters,
         }
 
         impl MetricsSnapshot {
@@ -302,6 +301,7 @@ macro_rules! snapshot {
                 self.p_msg_fwds_own.add(&o.p_msg_fwds_own);
                 self.rcv_service_stats.add(&o.rcv_service_stats);
                 self.ntf_service_stats.add(&o.ntf_service_stats);
+                self.relay.add(&o.relay);
             }
 
             /// Takes `o` from these numbers (a baseline: what the last daily line showed).
@@ -313,6 +313,7 @@ macro_rules! snapshot {
                 self.p_msg_fwds_own.minus(&o.p_msg_fwds_own);
                 self.rcv_service_stats.minus(&o.rcv_service_stats);
                 self.ntf_service_stats.minus(&o.ntf_service_stats);
+                self.relay.minus(&o.relay);
             }
 
             #[cfg(test)]
@@ -327,6 +328,7 @@ macro_rules! snapshot {
                     p_msg_fwds_own: ProxyStats::numbered(from + 1030),
                     rcv_service_stats: ServiceStats::numbered(from + 1100),
                     ntf_service_stats: ServiceStats::numbered(from + 1200),
+                    relay: crate::counters::RelayCounters::numbered(from + 1300),
                 }
             }
         }
@@ -397,25 +399,6 @@ snapshot! {
     active_ntf_day,
     active_ntf_week,
     active_ntf_month,
-    /// Block parts whose Ed25519 signatures were verified in one batch, and batches that failed.
-    verify_batches,
-    verify_batch_fallbacks,
-    /// Connections closed for spending their failed-verification budget (`FAILED_VERIFY_BUDGET`).
-    verify_budget_closes,
-    /// Back-pressure: MSG deliveries dropped to markers, re-asks of held items, connections closed
-    /// as slow readers or past the hard limit of undroppable events.
-    output_drops,
-    output_reasks,
-    slow_reader_closes,
-    store_peek_first_calls,
-    store_peek_first_many_calls,
-    store_writes,
-    store_deletes,
-    /// Queue records a store that holds only those in use read (PostgreSQL: records not held).
-    store_records_read,
-    /// Journal groups whose sync failed, and changes refused since (`store/journal/sync.rs`).
-    store_sync_failures,
-    store_sync_refused,
     /// Gauge: queues in the store.
     queue_count,
     /// Gauge: messages in the store (quota markers included).
@@ -494,21 +477,16 @@ impl MetricsSnapshot {
             ntf_sub: owner.ntf_sub,
             ntf_sub_duplicate: owner.ntf_sub_duplicate,
             ntf_sub_auth: owner.ntf_sub_auth,
-            verify_batches: owner.verify_batches,
-            verify_batch_fallbacks: owner.verify_batch_fallbacks,
-            verify_budget_closes: owner.verify_budget_closes,
             rcv_services_sub_msg: owner.service_sub_msgs,
             rcv_services_sub_duplicate: owner.service_sub_duplicates,
             p_msg_fwds_recv: owner.msg_fwds_recv,
             rcv_service_stats: owner.rcv_service_stats,
             ntf_service_stats: owner.ntf_service_stats,
-            store_peek_first_calls: store.peek_first,
-            store_peek_first_many_calls: store.peek_first_many,
-            store_writes: store.writes,
-            store_sync_failures: store.sync_failures,
-            store_sync_refused: store.sync_refused,
-            store_deletes: store.deletes,
-            store_records_read: store.records_read,
+            relay: {
+                let mut r = *store;
+                r.add(&owner.relay);
+                r
+            },
             ..MetricsSnapshot::default()
         }
     }
@@ -1361,97 +1339,12 @@ pub fn render(s: &MetricsSnapshot, x: &Extra, now_ms: u64) -> String {
         "loadedCounts.notifierLockCount",
     );
     w.raw("\n# smp-relay\n# --------\n\n");
-    for (name, kind, help, v) in relay_families(s) {
-        w.head(name, kind, help);
+    for (name, help, v) in s.relay.families() {
+        w.head(name, Counter, help);
         w.sample(name, v);
         w.raw("\n");
     }
     w.out
-}
-
-/// This relay's own families (`smprelay_…`), after the reference's.
-fn relay_families(s: &MetricsSnapshot) -> [(&'static str, Kind, &'static str, u64); 13] {
-    use Kind::Counter;
-    [
-        (
-            "smprelay_store_peek_first_calls_total",
-            Counter,
-            "Store reads of one queue's first message.",
-            s.store_peek_first_calls,
-        ),
-        (
-            "smprelay_store_peek_first_many_calls_total",
-            Counter,
-            "Store reads of the first messages of a batch of queues (one per SUB batch).",
-            s.store_peek_first_many_calls,
-        ),
-        (
-            "smprelay_verify_batches_total",
-            Counter,
-            "Block parts whose Ed25519 signatures were verified in one batch.",
-            s.verify_batches,
-        ),
-        (
-            "smprelay_verify_batch_fallbacks_total",
-            Counter,
-            "Batches that failed; their signatures were then verified one by one.",
-            s.verify_batch_fallbacks,
-        ),
-        (
-            "smprelay_verify_budget_closes_total",
-            Counter,
-            "Connections closed for causing too many failed signature verifications.",
-            s.verify_budget_closes,
-        ),
-        (
-            "smprelay_output_drops_total",
-            Counter,
-            "MSG deliveries dropped to a marker while their connection's output was over its bound.",
-            s.output_drops,
-        ),
-        (
-            "smprelay_output_reasks_total",
-            Counter,
-            "Times a connection asked its owners again for what it held (dropped MSGs, more notifications).",
-            s.output_reasks,
-        ),
-        (
-            "smprelay_slow_reader_closes_total",
-            Counter,
-            "Connections closed for not reading their output.",
-            s.slow_reader_closes,
-        ),
-        (
-            "smprelay_store_writes_total",
-            Counter,
-            "Store writes (messages and queue records).",
-            s.store_writes,
-        ),
-        (
-            "smprelay_store_deletes_total",
-            Counter,
-            "Store deletions (messages and queues).",
-            s.store_deletes,
-        ),
-        (
-            "smprelay_store_records_read_total",
-            Counter,
-            "Queue records the PostgreSQL store read because it did not hold them (its cache's misses).",
-            s.store_records_read,
-        ),
-        (
-            "smprelay_store_sync_failures_total",
-            Counter,
-            "Journal groups whose sync failed: they take no change until the relay restarts.",
-            s.store_sync_failures,
-        ),
-        (
-            "smprelay_store_sync_refused_total",
-            Counter,
-            "Changes refused because their journal group's sync had failed.",
-            s.store_sync_refused,
-        ),
-    ]
 }
 
 #[derive(Clone, Copy)]
@@ -1931,20 +1824,24 @@ mod tests {
             ..OwnerStats::default()
         };
         let store = StoreCounters {
-            sync_failures: 0,
-            sync_refused: 0,
-            peek_first: 1,
-            peek_first_many: 2,
-            writes: 0,
-            deletes: 0,
-            records_read: 0,
+            store_peek_first_calls: 1,
+            store_peek_first_many_calls: 2,
+            ..StoreCounters::default()
+        };
+        let owner = OwnerStats {
+            relay: crate::counters::RelayCounters {
+                verify_batches: 4,
+                ..Default::default()
+            },
+            ..owner
         };
         let s = MetricsSnapshot::from_shard(&owner, &store);
         assert_eq!(s.queues_created, 3);
         assert_eq!(s.sub_successes, 5);
         assert_eq!(s.msg_get_duplicate, 2);
-        assert_eq!(s.store_peek_first_calls, 1);
-        assert_eq!(s.store_peek_first_many_calls, 2);
+        assert_eq!(s.relay.store_peek_first_calls, 1);
+        assert_eq!(s.relay.store_peek_first_many_calls, 2);
+        assert_eq!(s.relay.verify_batches, 4);
     }
 
     #[test]

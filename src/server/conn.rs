@@ -273,9 +273,7 @@ async fn session(
     let writer = write_loop(ctx, conn, tls, framing, &codec, &in_flight, &state, &out_rx);
     let result = futures_lite::future::or(reader, writer).await;
     if matches!(result, Err(ConnError::SlowReader)) {
-        ctx.conn_stats
-            .slow_reader_closes
-            .set(ctx.conn_stats.slow_reader_closes.get() + 1);
+        ctx.conn_stats.count(|c| c.slow_reader_closes += 1);
     }
     ctx.connections_table.borrow_mut().remove(&conn.id);
     ctx.directory.service_conn_closed(conn.shard, conn.id);
@@ -586,7 +584,9 @@ async fn write_loop(
                 }
             }
         }
-        ask_again(&ctx.mesh, &ctx.conn_stats.output_reasks, conn, state);
+        if ask_again(&ctx.mesh, conn, state) {
+            ctx.conn_stats.count(|c| c.output_reasks += 1);
+        }
     }
     Ok(())
 }

@@ -70,12 +70,11 @@ pub struct ShardContext {
     next_service_round: Cell<u64>,
 }
 
-/// Counters of what back-pressure did to this shard's connections.
+/// Counters of this shard's connections.
 #[derive(Default)]
 pub struct ConnStats {
-    pub output_drops: Cell<u64>,
-    pub output_reasks: Cell<u64>,
-    pub slow_reader_closes: Cell<u64>,
+    /// The relay's own counters the connections keep (back-pressure: `counters.rs`).
+    pub relay: Cell<crate::counters::RelayCounters>,
     /// How `SUBS` and `NSUBS` counts compared with the clients' (the rest of the services'
     /// statistics is the owners').
     pub rcv_services: RefCell<crate::metrics::ServiceStats>,
@@ -89,6 +88,15 @@ pub struct ConnStats {
     pub rslv_reqs: Cell<u64>,
     /// RRES answers sealed by the connections (the owners count theirs): `pMsgFwdsRecv`.
     pub fwd_answers: Cell<u64>,
+}
+
+impl ConnStats {
+    /// Counts in the connections' own counters.
+    pub fn count(&self, f: impl FnOnce(&mut crate::counters::RelayCounters)) {
+        let mut c = self.relay.get();
+        f(&mut c);
+        self.relay.set(c);
+    }
 }
 
 impl ShardContext {
@@ -193,10 +201,8 @@ impl ShardContext {
             return;
         };
         let admitted = h.state.admit(groups, block_seq.is_none());
-        let stats = &self.conn_stats;
-        stats
-            .output_drops
-            .set(stats.output_drops.get() + admitted.dropped as u64);
+        self.conn_stats
+            .count(|c| c.output_drops += admitted.dropped as u64);
         // An empty output still wakes the writer: it releases the block's permit, or ends a
         // connection that was just doomed.
         let _ = h.out.try_send(Output {
@@ -234,7 +240,9 @@ impl ShardContext {
         let table = self.connections_table.borrow();
         if let Some(h) = table.get(&conn.id) {
             super::count::take(&h.state.asking, 1, "asks out");
-            ask_again(&self.mesh, &self.conn_stats.output_reasks, conn, &h.state);
+            if ask_again(&self.mesh, conn, &h.state) {
+                self.conn_stats.count(|c| c.output_reasks += 1);
+            }
             let after = h.state.take_after_held();
             if !after.is_empty() {
                 self.deliver(conn, vec![Group::plain(after)], None);

@@ -186,14 +186,14 @@ pub struct Output {
 /// notifications), a batch at a time, once its output is under the low water mark and every
 /// earlier ask was answered. Each owner answers with `Redelivered` even when it has nothing to
 /// send, and that answer asks again (`ShardContext::redelivered`), so stale items never leave live
-/// ones behind them unasked.
-pub fn ask_again(mesh: &ShardMesh, reasks: &Cell<u64>, conn: ConnRef, state: &OutputState) {
+/// ones behind them unasked. True if it asked (the caller counts `output_reasks`).
+pub fn ask_again(mesh: &ShardMesh, conn: ConnRef, state: &OutputState) -> bool {
     if state.asking.get() > 0 || state.queued_bytes.get() > state.limits.low_water_bytes {
-        return;
+        return false;
     }
     let mut pending = state.pending.borrow_mut();
     if pending.is_empty() {
-        return;
+        return false;
     }
     let keys: Vec<(bool, EntityId)> = pending
         .keys()
@@ -207,10 +207,10 @@ pub fn ask_again(mesh: &ShardMesh, reasks: &Cell<u64>, conn: ConnRef, state: &Ou
         }
     }
     state.asking.set(by_owner.len());
-    reasks.set(reasks.get() + 1);
     for (owner, items) in by_owner {
         mesh.send(owner, ShardMsg::Redeliver { conn, items });
     }
+    true
 }
 
 /// Outputs a writer takes at once from its channel to share blocks.

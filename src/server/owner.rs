@@ -376,7 +376,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         if b.left == 0 {
             if !b.closing {
                 b.closing = true;
-                self.stats.borrow_mut().verify_budget_closes += 1;
+                self.stats.borrow_mut().relay.verify_budget_closes += 1;
                 self.mesh.send(conn.shard, ShardMsg::Close { conn });
             }
             return false;
@@ -462,7 +462,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 sig,
             })
             .collect();
-        self.stats.borrow_mut().verify_batches += 1;
+        self.stats.borrow_mut().relay.verify_batches += 1;
         let score = self.batch_fail_score.get();
         if auth::ed25519_verify_batch(&items) {
             for (i, key, _) in chosen {
@@ -470,7 +470,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             }
             self.batch_fail_score.set(score.saturating_sub(1));
         } else {
-            self.stats.borrow_mut().verify_batch_fallbacks += 1;
+            self.stats.borrow_mut().relay.verify_batch_fallbacks += 1;
             self.batch_off
                 .borrow_mut()
                 .insert(session.conn, BATCH_OFF_BLOCKS);
@@ -863,8 +863,8 @@ mod tests {
         );
         assert_eq!(
             (
-                o.stats.borrow().verify_batches,
-                o.stats.borrow().verify_batch_fallbacks
+                o.stats.borrow().relay.verify_batches,
+                o.stats.borrow().relay.verify_batch_fallbacks
             ),
             (1, 0)
         );
@@ -885,14 +885,14 @@ mod tests {
                 6,
                 "case {n}: the batch of 3, then 3 single"
             );
-            assert_eq!(o.stats.borrow().verify_batch_fallbacks, 1 + n as u64);
+            assert_eq!(o.stats.borrow().relay.verify_batch_fallbacks, 1 + n as u64);
             assert_eq!(auths(&inboxes[0]), [false, false, true], "case {n}");
             // The same connection's next part: no batch, one verification each.
-            let batches = o.stats.borrow().verify_batches;
+            let batches = o.stats.borrow().relay.verify_batches;
             let before = verify_count_by_alg();
             futures_lite::future::block_on(o.process(s.clone(), 2, part(&s, None)));
             assert_eq!(delta(before).ed25519, 3);
-            assert_eq!(o.stats.borrow().verify_batches, batches);
+            assert_eq!(o.stats.borrow().relay.verify_batches, batches);
             assert_eq!(auths(&inboxes[0]), [false, false, false]);
         }
         // Other connections still batch.
@@ -900,8 +900,8 @@ mod tests {
         futures_lite::future::block_on(o.process(s.clone(), 1, part(&s, None)));
         assert_eq!(
             (
-                o.stats.borrow().verify_batches,
-                o.stats.borrow().verify_batch_fallbacks
+                o.stats.borrow().relay.verify_batches,
+                o.stats.borrow().relay.verify_batch_fallbacks
             ),
             (4, 2)
         );
@@ -939,26 +939,26 @@ mod tests {
             part(&mut o, false);
         }
         assert_eq!(
-            o.stats.borrow().verify_batch_fallbacks,
+            o.stats.borrow().relay.verify_batch_fallbacks,
             failures_to_trip as u64
         );
-        let batches = o.stats.borrow().verify_batches;
+        let batches = o.stats.borrow().relay.verify_batches;
         for _ in 0..BATCH_OFF_BLOCKS {
             part(&mut o, true);
         }
         assert_eq!(
-            o.stats.borrow().verify_batches,
+            o.stats.borrow().relay.verify_batches,
             batches,
             "no batch while the guard is on"
         );
         part(&mut o, true);
         assert_eq!(
-            o.stats.borrow().verify_batches,
+            o.stats.borrow().relay.verify_batches,
             batches + 1,
             "batching is back"
         );
         assert_eq!(
-            o.stats.borrow().verify_batch_fallbacks,
+            o.stats.borrow().relay.verify_batch_fallbacks,
             failures_to_trip as u64
         );
     }
@@ -1361,7 +1361,7 @@ mod tests {
         let refilled = (started.elapsed().as_secs_f64() * f64::from(FAILED_VERIFY_REFILL_PER_SEC))
             .ceil() as u64;
         assert_eq!(closes, 1, "B is closed once");
-        assert_eq!(o.stats.borrow().verify_budget_closes, 1);
+        assert_eq!(o.stats.borrow().relay.verify_budget_closes, 1);
         assert!(
             spent > u64::from(limits::FAILED_VERIFY_BUDGET),
             "the budget was spent first ({spent})"
@@ -1404,7 +1404,7 @@ mod tests {
         let wrong = SigningKey::from_bytes(&[99; 32]);
         let reads = |o: &Owner<MemoryStore>| {
             let c = o.store.counters();
-            (c.peek_first, c.peek_first_many)
+            (c.store_peek_first_calls, c.store_peek_first_many_calls)
         };
         let is_msg = |m: &BrokerMsg| matches!(m, BrokerMsg::Msg { .. });
 
@@ -1431,7 +1431,7 @@ mod tests {
         // two verified ones are read in one call (their heads come from it: no peek_first).
         let s2 = session_on(2);
         let r0 = reads(&o);
-        let fallbacks = o.stats.borrow().verify_batch_fallbacks;
+        let fallbacks = o.stats.borrow().relay.verify_batch_fallbacks;
         let answers = run(
             &mut o,
             inbox,
@@ -1442,7 +1442,7 @@ mod tests {
                 signed_sub(&s2, &rids[2], &keys[2]),
             ],
         );
-        assert_eq!(o.stats.borrow().verify_batch_fallbacks, fallbacks + 1);
+        assert_eq!(o.stats.borrow().relay.verify_batch_fallbacks, fallbacks + 1);
         assert_eq!(answers.len(), 5);
         assert_eq!(
             answers[..3],

@@ -666,9 +666,7 @@ fn shard_stats<S: ShardStore>(ctx: &ShardContext, owner: &Owner<S>) -> MetricsSn
     m.rslv_reqs = cs.rslv_reqs.get();
     m.rslv_disabled = cs.rslv_reqs.get();
     m.connections = ctx.connections.get() as u64;
-    m.output_drops = ctx.conn_stats.output_drops.get();
-    m.output_reasks = ctx.conn_stats.output_reasks.get();
-    m.slow_reader_closes = ctx.conn_stats.slow_reader_closes.get();
+    m.relay.add(&ctx.conn_stats.relay.get());
     let p = ctx.proxy.stats();
     m.p_relays = p.relays;
     m.p_relays_own = p.relays_own;

@@ -97,8 +97,6 @@ struct World {
     /// Message ID → (queue, sequence number), learnt when a MSG is read.
     seq_of: HashMap<Vec<u8>, (usize, u64)>,
     violations: Vec<String>,
-    /// Asks sent (the shard's `output_reasks` counter).
-    reasks: std::cell::Cell<u64>,
 }
 
 impl World {
@@ -166,7 +164,6 @@ impl World {
             ack_sent: HashSet::new(),
             seq_of: HashMap::new(),
             violations: Vec::new(),
-            reasks: std::cell::Cell::new(0),
         };
         for _ in 0..CONNS {
             let c = w.new_conn();
@@ -361,7 +358,7 @@ impl World {
     /// mark, one ask out at a time; the ask reaches the owner through the inbox.
     fn ask(&mut self, i: usize) {
         let sc = &self.conns[i];
-        ask_again(&self.owner.mesh, &self.reasks, sc.session.conn, &sc.out);
+        ask_again(&self.owner.mesh, sc.session.conn, &sc.out);
     }
 
     /// The client of connection `i` reads its next transmission.

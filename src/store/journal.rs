@@ -559,7 +559,7 @@ impl<F: Fs> MessageStore for JournalStore<F> {
         let g = group_of(recipient_id);
         let (outcome, end) = {
             let mut d = self.data.borrow_mut();
-            d.counters.writes += 1;
+            d.counters.store_writes += 1;
             let q = d.queue(recipient_id).ok_or(StoreError::NotFound)?;
             let was_empty = q.msgs.is_empty();
             if !(q.can_write() || was_empty) {
@@ -596,7 +596,7 @@ impl<F: Fs> MessageStore for JournalStore<F> {
     async fn peek_first(&self, recipient_id: &[u8]) -> Result<Option<Message>, StoreError> {
         self.warm_heads(&[recipient_id]).await;
         let mut d = self.data.borrow_mut();
-        d.counters.peek_first += 1;
+        d.counters.store_peek_first_calls += 1;
         d.head(recipient_id)
     }
 
@@ -606,7 +606,7 @@ impl<F: Fs> MessageStore for JournalStore<F> {
     ) -> Result<Vec<Option<Message>>, StoreError> {
         self.warm_heads(recipient_ids).await;
         let mut d = self.data.borrow_mut();
-        d.counters.peek_first_many += 1;
+        d.counters.store_peek_first_many_calls += 1;
         recipient_ids.iter().map(|rid| d.head(rid)).collect()
     }
 
@@ -879,7 +879,7 @@ impl<F: Fs> MessageStore for JournalStore<F> {
     }
 
     fn counters(&self) -> StoreCounters {
-        self.data.borrow().counters.clone()
+        self.data.borrow().counters
     }
 }
 
@@ -900,7 +900,7 @@ impl<F: Fs> JournalStore<F> {
         let g = group_of(rid);
         let (deleted, end) = {
             let mut d = self.data.borrow_mut();
-            d.counters.deletes += 1;
+            d.counters.store_deletes += 1;
             let head = d.queue(rid).and_then(|q| q.msgs.front()).copied();
             let mut deleted = None;
             let mut end = None;

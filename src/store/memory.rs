@@ -294,7 +294,7 @@ impl MemoryData {
         msg: Message,
         quota: usize,
     ) -> Result<WriteOutcome, StoreError> {
-        self.counters.writes += 1;
+        self.counters.store_writes += 1;
         let q = self
             .queues
             .get_mut(recipient_id)
@@ -328,7 +328,7 @@ impl MemoryData {
     }
 
     fn peek_first(&mut self, recipient_id: &[u8]) -> Result<Option<Message>, StoreError> {
-        self.counters.peek_first += 1;
+        self.counters.store_peek_first_calls += 1;
         Ok(self
             .queues
             .get(recipient_id)
@@ -339,7 +339,7 @@ impl MemoryData {
         &mut self,
         recipient_ids: &[&[u8]],
     ) -> Result<Vec<Option<Message>>, StoreError> {
-        self.counters.peek_first_many += 1;
+        self.counters.store_peek_first_many_calls += 1;
         Ok(recipient_ids
             .iter()
             .map(|rid| self.queues.get(*rid).and_then(|q| q.msgs.front().cloned()))
@@ -351,7 +351,7 @@ impl MemoryData {
         recipient_id: &[u8],
         msg_id: &MsgId,
     ) -> Result<Option<Message>, StoreError> {
-        self.counters.deletes += 1;
+        self.counters.store_deletes += 1;
         Ok(self.del_head(recipient_id, msg_id).map(|(m, _)| m))
     }
 
@@ -360,7 +360,7 @@ impl MemoryData {
         recipient_id: &[u8],
         msg_id: &MsgId,
     ) -> Result<(Option<Message>, Option<Message>), StoreError> {
-        self.counters.deletes += 1;
+        self.counters.store_deletes += 1;
         match self.del_head(recipient_id, msg_id) {
             Some((m, q)) => Ok((Some(m), q.msgs.front().cloned())),
             None => Ok((
@@ -654,7 +654,7 @@ impl MessageStore for MemoryStore {
     }
 
     fn counters(&self) -> StoreCounters {
-        self.data.borrow().counters.clone()
+        self.data.borrow().counters
     }
 }
 
@@ -911,17 +911,13 @@ pub(crate) mod tests {
         assert_eq!(
             s.counters(),
             StoreCounters {
-                sync_failures: 0,
-                sync_refused: 0,
-                peek_first: 0,
-                peek_first_many: 1,
-                writes: 3,
-                deletes: 0,
-                records_read: 0,
+                store_peek_first_many_calls: 1,
+                store_writes: 3,
+                ..StoreCounters::default()
             }
         );
         assert!(block_on(s.peek_first_many(&[])).unwrap().is_empty());
-        assert_eq!(s.counters().peek_first_many, 2);
+        assert_eq!(s.counters().store_peek_first_many_calls, 2);
     }
 
     #[test]
@@ -941,13 +937,10 @@ pub(crate) mod tests {
         assert_eq!(
             s.counters(),
             StoreCounters {
-                sync_failures: 0,
-                sync_refused: 0,
-                peek_first: 2,
-                peek_first_many: 0,
-                writes: 5,
-                deletes: 3,
-                records_read: 0,
+                store_peek_first_calls: 2,
+                store_writes: 5,
+                store_deletes: 3,
+                ..StoreCounters::default()
             }
         );
     }

@@ -238,21 +238,10 @@ pub enum StoreError {
     Uncertain(String),
 }
 
-/// Calls made into a store, counted by the store itself at its entry points
-/// (`docs/ARCHITECTURE.md` §2: a block of SUBs costs one `peek_first_many` per owner, never one
-/// `peek_first` per SUB).
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct StoreCounters {
-    pub peek_first: u64,
-    pub peek_first_many: u64,
-    pub writes: u64,
-    pub deletes: u64,
-    /// Journal groups whose sync failed, and changes refused since (`journal/sync.rs`).
-    pub sync_failures: u64,
-    pub sync_refused: u64,
-    /// Queue records read because the store did not hold them (`QueueStore::prepare`).
-    pub records_read: u64,
-}
+/// A store counts its calls itself, at its entry points, in the relay's own counters (their
+/// `store_*` fields, `counters.rs`; `docs/ARCHITECTURE.md` §2: a block of SUBs costs one
+/// `peek_first_many` per owner, never one `peek_first` per SUB).
+pub use crate::counters::RelayCounters as StoreCounters;
 
 // Stores live on one shard and their futures never cross threads, so the `Send` bounds that
 // `async fn` in a public trait cannot express are not needed.

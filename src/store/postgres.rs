@@ -504,7 +504,7 @@ impl PostgresStore {
         quota: usize,
         expire: Option<i64>,
     ) -> Result<(usize, WriteOutcome), StoreError> {
-        self.data.borrow_mut().counters.writes += 1;
+        self.data.borrow_mut().counters.store_writes += 1;
         if !self.data.borrow().records.contains(recipient_id) {
             return Err(StoreError::NotFound);
         }
@@ -868,7 +868,8 @@ impl QueueStore for PostgresStore {
         };
         if missing.is_empty() {
             // Queues created since the last read may have taken the cache over its bound.
-            self.data.borrow_mut().records.evict(keep);
+            let mut d = self.data.borrow_mut();
+            d.counters.store_records_evicted += d.records.evict(keep) as u64;
             return Ok(());
         }
         let asked = missing.clone();
@@ -884,7 +885,7 @@ impl QueueStore for PostgresStore {
             })
             .await;
         let mut d = self.data.borrow_mut();
-        d.counters.records_read += missing.len() as u64;
+        d.counters.store_records_read += missing.len() as u64;
         let mut failed = None;
         match read {
             Ok(recs) => {
@@ -905,7 +906,7 @@ impl QueueStore for PostgresStore {
                 d.records.pin_absent(rid);
             }
         }
-        d.records.evict(keep);
+        d.counters.store_records_evicted += d.records.evict(keep) as u64;
         failed.map_or(Ok(()), Err)
     }
 
@@ -1019,7 +1020,7 @@ impl QueueStore for PostgresStore {
             .await?;
         let rec = {
             let mut d = self.data.borrow_mut();
-            d.counters.deletes += 1;
+            d.counters.store_deletes += 1;
             d.emptied(recipient_id);
             let rec = d.records.remove(recipient_id).ok_or(StoreError::NotFound)?;
             if n > 0 {
@@ -1058,7 +1059,7 @@ impl MessageStore for PostgresStore {
     }
 
     async fn peek_first(&self, recipient_id: &[u8]) -> Result<Option<Message>, StoreError> {
-        self.data.borrow_mut().counters.peek_first += 1;
+        self.data.borrow_mut().counters.store_peek_first_calls += 1;
         if !self.data.borrow().may_have_messages(recipient_id) {
             return Ok(None);
         }
@@ -1071,7 +1072,7 @@ impl MessageStore for PostgresStore {
     ) -> Result<Vec<Option<Message>>, StoreError> {
         let asked: Vec<Vec<u8>> = {
             let mut d = self.data.borrow_mut();
-            d.counters.peek_first_many += 1;
+            d.counters.store_peek_first_many_calls += 1;
             recipient_ids
                 .iter()
                 .filter(|r| d.may_have_messages(r))
@@ -1105,7 +1106,7 @@ impl MessageStore for PostgresStore {
         recipient_id: &[u8],
         msg_id: &MsgId,
     ) -> Result<Option<Message>, StoreError> {
-        self.data.borrow_mut().counters.deletes += 1;
+        self.data.borrow_mut().counters.store_deletes += 1;
         if !self.data.borrow().may_have_messages(recipient_id) {
             return Ok(None);
         }
@@ -1133,7 +1134,7 @@ impl MessageStore for PostgresStore {
         recipient_id: &[u8],
         msg_id: &MsgId,
     ) -> Result<(Option<Message>, Option<Message>), StoreError> {
-        self.data.borrow_mut().counters.deletes += 1;
+        self.data.borrow_mut().counters.store_deletes += 1;
         if !self.data.borrow().may_have_messages(recipient_id) {
             return Ok((None, None));
         }
@@ -1321,7 +1322,7 @@ impl MessageStore for PostgresStore {
     }
 
     fn counters(&self) -> StoreCounters {
-        self.data.borrow().counters.clone()
+        self.data.borrow().counters
     }
 }
 
@@ -1501,7 +1502,7 @@ impl ShardStore for PostgresStore {
         d.queues += 1;
         d.add(&rec.recipient_id, size);
         d.records.insert(rec);
-        d.records.evict(&|_| false);
+        d.counters.store_records_evicted += d.records.evict(&|_| false) as u64;
         Ok(())
     }
 }

@@ -29,6 +29,17 @@ fn records_read(relay: &Relay) -> u64 {
     relay.metrics().get(RECORDS_READ).copied().unwrap_or(0)
 }
 
+/// `(read, evicted)` at one publication of the metrics.
+fn records_read_and_evicted(relay: &Relay) -> (u64, u64) {
+    relay.publish_metrics();
+    let m = relay.metrics();
+    let get = |name: &str| m.get(name).copied().unwrap_or(0);
+    (
+        get(RECORDS_READ),
+        get("smprelay_store_records_evicted_total"),
+    )
+}
+
 #[test]
 fn more_queues_than_the_cache_are_served_and_subscribed_records_stay() {
     let conninfo = common::pg_database();
@@ -84,10 +95,16 @@ fn more_queues_than_the_cache_are_served_and_subscribed_records_stay() {
     for (i, q) in qs[SUBSCRIBED..].iter().enumerate() {
         send_ok(&mut sc, q, None, format!("first {i}").as_bytes());
     }
-    let read = records_read(&relay);
+    let (read, evicted) = records_read_and_evicted(&relay);
     assert!(
         read >= QUEUES as u64,
         "every queue's record was read once at least: {read}"
+    );
+    // Every record held since the restart was read, and what the cache holds now is within its
+    // bound (the subscribed queues' records, kept, are fewer than it): the rest was let go.
+    assert!(
+        read - evicted <= CACHE as u64 && evicted > 0,
+        "{read} read, {evicted} let go, with a cache of {CACHE}"
     );
 
     // The subscribed queues' records stayed: SEND, the pushed MSG and its ACK read none again.

@@ -285,7 +285,7 @@ impl<F: Fs> Data<F> {
             let grp = self.groups.entry(g).or_default();
             if !grp.sync_failure_logged {
                 grp.sync_failure_logged = true;
-                self.counters.sync_failures += 1;
+                self.counters.store_sync_failures += 1;
                 tracing::error!(
                     group = g,
                     "the journal's sync failed: what it took since its last sync may be lost, so \
@@ -293,7 +293,7 @@ impl<F: Fs> Data<F> {
                      reads what is on the disk; check the disk (dmesg), then restart the relay"
                 );
             }
-            self.counters.sync_refused += 1;
+            self.counters.store_sync_refused += 1;
             if let crate::log_limit::Decision::Write { suppressed } =
                 SYNC_REFUSED.decide(std::time::Instant::now())
             {

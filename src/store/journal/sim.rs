@@ -1611,8 +1611,8 @@ mod tests {
                 Ok(WriteOutcome::Written { was_empty: true }),
                 "the other group goes on"
             );
-            assert_eq!(st.counters().sync_failures, 1);
-            assert_eq!(st.counters().sync_refused, 2);
+            assert_eq!(st.counters().store_sync_failures, 1);
+            assert_eq!(st.counters().store_sync_refused, 2);
             // A restart reads what the disk has: the queues, and the message or not.
             let image = fs.power_loss(CrashMode::SomeUnsynced);
             manual.run_all();
