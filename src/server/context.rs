@@ -201,8 +201,10 @@ impl ShardContext {
             return;
         };
         let admitted = h.state.admit(groups, block_seq.is_none());
-        self.conn_stats
-            .count(|c| c.output_drops += admitted.dropped as u64);
+        if admitted.dropped > 0 {
+            self.conn_stats
+                .count(|c| c.output_drops += admitted.dropped as u64);
+        }
         // An empty output still wakes the writer: it releases the block's permit, or ends a
         // connection that was just doomed.
         let _ = h.out.try_send(Output {
