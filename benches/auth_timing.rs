@@ -18,8 +18,10 @@ use smp_relay::crypto::keys::PublicAuthKey;
 use smp_relay::protocol::command::Command;
 use smp_relay::protocol::transmission::client_signed_bytes;
 use smp_relay::server::directory::Directory;
+use smp_relay::server::mesh::{Mesh, ShardMesh};
+use smp_relay::server::messages::{ConnMsg, ShardMsg};
 use smp_relay::server::owner::Owner;
-use smp_relay::server::router::{ConnRef, Mesh, Request, SessionInfo, ShardMesh, ShardMsg};
+use smp_relay::server::router::{ConnRef, Request, SessionInfo};
 use smp_relay::store::memory::MemoryStore;
 use smp_relay::store::{QueueRec, QueueStatus, QueueStore};
 
@@ -150,7 +152,7 @@ fn main() {
                         ));
                         // Keep the inbox empty; the reply is AUTH on both paths.
                         let reply = inboxes[0].try_recv();
-                        debug_assert!(matches!(reply, Ok(ShardMsg::Reply { .. })));
+                        debug_assert!(matches!(reply, Ok(ShardMsg::Conn(ConnMsg::Reply { .. }))));
                     }
                     per_run.push(start.elapsed().as_secs_f64() * 1e6 / ITERATIONS as f64);
                 }

@@ -4,10 +4,10 @@
 //! Every time the relay's logic reads (message timestamps, expiration, a queue's `updated_at`, the
 //! metrics file's header) comes from [`now_secs`] / [`now_ms`]: wall time plus an offset. The offset
 //! is 0 unless the hidden test flags (`--test-clock-offset-secs`, `--test-clock-control`, see
-//! `src/server/clock_control.rs`) move it, so that the expiry and persistence tests advance time
+//! `src/server/shard/clock_control.rs`) move it, so that the expiry and persistence tests advance time
 //! instead of sleeping. On the request path it costs one relaxed atomic load.
 //!
-//! Durations the relay measures (the slow-reader limit, `src/server/conn.rs`) use [`Stamp`]: the
+//! Durations the relay measures (the slow-reader limit, `src/server/conn/mod.rs`) use [`Stamp`]: the
 //! monotonic clock plus whatever the test hooks advanced since, so that a test advances the clock
 //! past a limit instead of waiting for it, and wall-clock steps never move it.
 

@@ -128,9 +128,9 @@ pub struct TestHooks {
     pub store_delay: Option<(usize, Duration)>,
     /// Shard `.0` fails its start in the way `.1` names (failed-start tests).
     pub fail_start: Option<(usize, StartFault)>,
-    /// Shard 0 serves clock-control commands on this Unix socket (`src/server/clock_control.rs`).
+    /// Shard 0 serves clock-control commands on this Unix socket (`src/server/shard/clock_control.rs`).
     pub clock_control: Option<PathBuf>,
-    /// How often the slow-reader watchdog looks (`src/server/conn.rs`), instead of a quarter of
+    /// How often the slow-reader watchdog looks (`src/server/conn/mod.rs`), instead of a quarter of
     /// the limit: tests that advance the clock past a long limit need not wait for it.
     pub slow_reader_tick: Option<Duration>,
     /// SUBs register their subscriber a second after their first-message read, as the

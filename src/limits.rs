@@ -25,7 +25,7 @@ pub const SOCKET_READ_BYTES: usize = 32 * 1024;
 pub const TLS_CAPTURE_MAX_BYTES: usize = 64 * 1024;
 
 /// Bytes of a WebSocket upgrade request (request line and headers) read at most; a longer one is
-/// answered `431` and closed (`server/ws.rs`). Browsers send well under 2 KiB.
+/// answered `431` and closed (`server/conn/ws.rs`). Browsers send well under 2 KiB.
 pub const WS_UPGRADE_MAX_BYTES: usize = 8 * 1024;
 
 /// Header lines of a WebSocket upgrade request accepted at most (`transport/websocket.rs`).

@@ -1,7 +1,7 @@
 //! The metrics file `<data-dir>/smp-server-metrics.txt`: Prometheus text, rewritten every
 //! `prometheus_interval` seconds (simplexmq `Server/Prometheus.hs`), for a node exporter's
 //! textfile collector or any scraper that reads files (and served on `GET /metrics` when
-//! `metrics_listen` is set, `server/stats.rs`).
+//! `metrics_listen` is set, `server/shard/stats.rs`).
 //!
 //! Every family of the reference is written in its order and layout — section titles, the
 //! `# <counter>` line after each sample, exact names (spelling included, e.g. `subscribtion`) and

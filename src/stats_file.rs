@@ -2,7 +2,7 @@
 //! line of `smp-server-stats.daily.log` and the `key=value` backup `smp-server-stats.log` that a
 //! clean stop writes and the next start restores (simplexmq `src/Simplex/Messaging/Server.hs`,
 //! `logServerStats`, `saveServerStats`, `restoreServerStats`; `Server/Stats.hs`, the
-//! `StrEncoding` of `ServerStatsData`). No I/O here: `server/stats.rs` writes and reads them.
+//! `StrEncoding` of `ServerStatsData`). No I/O here: `server/shard/stats.rs` writes and reads them.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};

@@ -4,7 +4,7 @@
 //! client wrote. Optionally a WebSocket over it (`websocket_upgrade`): then every block is one
 //! masked binary frame out and one binary message in (simplexmq
 //! `src/Simplex/Messaging/Transport/WebSockets.hs`). The framing here is the client's own, written
-//! from RFC 6455, not the relay's (`server/ws.rs`), so that a bug in one is not hidden by the other.
+//! from RFC 6455, not the relay's (`server/conn/ws.rs`), so that a bug in one is not hidden by the other.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};

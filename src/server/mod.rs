@@ -7,31 +7,23 @@
 //! still loading and a start that fails leaves the saved store as it was. A clean stop (SIGINT or
 //! SIGTERM) tells every shard to stop, and each saves its store.
 
-pub mod admission;
-pub mod clock_control;
-pub mod commands;
-/// RFWD, the destination role of private routing, lives with the other commands.
-pub use commands::forward;
+//! The connection side (`conn/`: a connection's reader, writer, output and framings), the owner
+//! side (`owner/`: a shard's queues, its jobs and the commands they run), and what runs a shard
+//! (`shard/`: its inbox loop, listeners, shared context and statistics). What the two sides send
+//! each other is `messages.rs`, carried by the inboxes of `mesh.rs`.
 pub mod conn;
-pub mod context;
 pub mod control;
 pub mod count;
 pub mod directory;
-pub mod dispatch;
-pub mod listen;
 pub mod lock;
-pub mod output;
+pub mod mesh;
+pub mod messages;
 pub mod owner;
-pub mod pipeline;
 pub mod proxy;
 pub mod router;
-pub mod service_state;
 pub mod shard;
-#[cfg(test)]
-pub(crate) mod sim;
-pub mod stats;
-pub mod tls_stream;
-pub mod ws;
+/// RFWD, the destination role of private routing, lives with the other commands.
+pub use owner::commands::forward;
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -44,8 +36,13 @@ use crate::limits::IO_MEMORY_BYTES;
 use crate::store::services::Services;
 use crate::store::{with_store, ShardStore, StoreSettings, WithStore};
 use crate::transport::{certs, tls};
+use conn::ws;
 use directory::{Directory, IdSpace};
-use router::{groups_of_shard, Mesh, ShardMsg};
+use mesh::Mesh;
+use messages::ShardMsg;
+use owner::commands;
+use router::groups_of_shard;
+use shard::{admission, context, listen, stats};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -252,7 +249,7 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
                 #[cfg(feature = "test-kit")]
                 let late_registration = config.test.late_registration;
                 // The connections and the owner send through one outbox (O1, `ShardMesh`).
-                let mesh = router::ShardMesh::new(mesh, shard_id);
+                let mesh = mesh::ShardMesh::new(mesh, shard_id);
                 let mut ctx = context::ShardContext::new(
                     shard_id,
                     config,
@@ -573,9 +570,9 @@ fn index_queues<S: ShardStore>(
     directory: &Directory,
     store: &S,
     shards: usize,
-) -> Result<service_state::ServiceState, String> {
+) -> Result<owner::services::ServiceState, String> {
     directory.reserve(IdSpace::Sender, store.queue_count() * shards);
-    let services = service_state::ServiceState::default();
+    let services = owner::services::ServiceState::default();
     store.for_each_queue_ids(&mut |q| {
         services.index_ids(q);
         let rid = q.recipient_id;

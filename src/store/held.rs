@@ -6,7 +6,7 @@
 //!   (`peek_first`, `peek_first_many`: what SUB, GET and QUE wait for) take that long, over real
 //!   connections (`tests/flow/ordering.rs`). The rest is not delayed, so that tests can still set up
 //!   many queues quickly.
-//! - `Latch` (unit tests and the owner simulation, `server/sim.rs`): every operation waits until
+//! - `Latch` (unit tests and the owner simulation, `server/owner/sim.rs`): every operation waits until
 //!   the test lets it complete, in any order it chooses.
 
 use std::time::Duration;

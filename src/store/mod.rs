@@ -218,7 +218,7 @@ pub struct MsgNtf {
 }
 
 /// What `store_error` makes of [`StoreError::Uncertain`] for the command code: a refusal that is
-/// never sent (the owner closes the request's connection instead, `server/commands/mod.rs`).
+/// never sent (the owner closes the request's connection instead, `server/owner/commands/mod.rs`).
 pub const OUTCOME_UNKNOWN: &str = "outcome unknown";
 
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -233,7 +233,7 @@ pub enum StoreError {
     Failed(String),
     /// The store may or may not have done it: the change was made, and whether it will survive
     /// a crash is unknown (the journal's sync of it failed). Not answered: the request's
-    /// connection is closed, as a crash would do (`server/commands/mod.rs`).
+    /// connection is closed, as a crash would do (`server/owner/commands/mod.rs`).
     #[error("store: outcome unknown: {0}")]
     Uncertain(String),
 }

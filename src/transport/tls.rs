@@ -122,7 +122,7 @@ pub fn server_config(
 
 /// The WebSocket ports' config: `base` with ALPN `http/1.1` only. A browser offers `h2` too; the
 /// upgrade is HTTP/1.1's (RFC 6455), so `h2` must never be chosen there. A client offering neither
-/// gets no ALPN, and is served all the same (`server/conn.rs`).
+/// gets no ALPN, and is served all the same (`server/conn/mod.rs`).
 pub fn websocket_config(base: &Arc<ServerConfig>) -> Arc<ServerConfig> {
     let mut config = ServerConfig::clone(base);
     config.alpn_protocols = vec![ALPN_HTTP11.to_vec()];

@@ -2,7 +2,7 @@
 //! layout. The reference serves SMP over WebSocket with every 16384-byte block one binary message,
 //! frames of at most one block, messages of at most 65536 bytes, no compression and no subprotocol
 //! (simplexmq `src/Simplex/Messaging/Transport/WebSockets.hs`, `websocketsOpts`, `cGet`, `cPut`).
-//! The I/O around it is `server/ws.rs`.
+//! The I/O around it is `server/conn/ws.rs`.
 
 use base64::Engine;
 

@@ -429,7 +429,7 @@ impl Relay {
 
     /// As `metrics_until`, moving the relay's clock `secs` forward before each look: a wait for
     /// what the relay does once time has passed on its clock (the slow-reader close,
-    /// `src/server/conn.rs`), which may not have started counting yet at the first look.
+    /// `src/server/conn/mod.rs`), which may not have started counting yet at the first look.
     pub fn metrics_advancing(
         &self,
         secs: u32,
@@ -445,7 +445,7 @@ impl Relay {
         })
     }
 
-    /// Moves the relay's clock `secs` seconds forward (`src/server/clock_control.rs`); returns once
+    /// Moves the relay's clock `secs` seconds forward (`src/server/shard/clock_control.rs`); returns once
     /// the relay has applied it. Nothing runs because of it: see [`Relay::run_expiration`].
     pub fn advance_clock(&self, secs: u32) {
         self.clock_control(&format!("advance {secs}"));

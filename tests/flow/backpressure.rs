@@ -63,7 +63,7 @@ const RESUME_LIMIT: Duration = Duration::from_secs(120);
 /// queue. Socket buffers are kernel memory and do not count.
 const RSS_GROWTH_BOUND_KB: u64 = 64 * 1024;
 /// The slow-reader limit the close test starts the relay with: on the relay's clock, which the
-/// test advances past it (`src/server/conn.rs`), so long that real time never reaches it.
+/// test advances past it (`src/server/conn/mod.rs`), so long that real time never reaches it.
 const SLOW_READER_CLOSE_SECS: u32 = 60;
 /// How often the relay's slow-reader watchdog looks in the tests that advance its clock.
 const SLOW_READER_TICK_MS: &str = "10";

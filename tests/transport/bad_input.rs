@@ -443,7 +443,7 @@ fn the_connection_limit_is_one_number_over_the_shards() {
         assert_eq!(c.ping().expect("PING").command, b"PONG");
     }
     // A closed connection gives its place back (once the relay has seen the close) at once: under
-    // the 5 s the relay's drain of unanswered blocks (src/server/conn.rs) waited when the read of
+    // the 5 s the relay's drain of unanswered blocks (src/server/conn/mod.rs) waited when the read of
     // the block that never came kept its permit.
     drop(held.pop());
     let deadline = Instant::now() + Duration::from_secs(3);

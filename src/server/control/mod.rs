@@ -21,13 +21,13 @@ use glommio::net::{TcpListener, TcpStream};
 
 use self::parse::{BlockQuota, ControlCommand, Role};
 use self::request::{ClientRow, ControlMsg, QueueOp, QueueOutcome, ShardClients};
-use super::context::ShardContext;
 use super::directory::IdSpace;
-use super::router::ShardMsg;
 use crate::limits::{MAX_CONTROL_CONNECTIONS, MAX_CONTROL_LINE_BYTES};
 use crate::log_limit::{self, RateLimited};
 use crate::metrics::{MetricsSnapshot, ProxyStats};
 use crate::protocol::error::ErrorType;
+use crate::server::messages::ShardMsg;
+use crate::server::shard::context::ShardContext;
 use crate::store::QueueStatus;
 
 /// Binds 127.0.0.1:`port` (only loopback: the reference's `runLocalTCPServer`), before the shard
@@ -321,7 +321,7 @@ impl Port {
 
     /// `stats`: the counters under the reference's names and in its order (simplexmq `Server.hs`,
     /// `CPStats`), as the metrics file shows them: the shards' sum with what the statistics
-    /// backup restored and without what daily lines reported (`server/stats.rs`, `Daily`).
+    /// backup restored and without what daily lines reported (`server/shard/stats.rs`, `Daily`).
     async fn stats(&self, admin: bool) -> String {
         let Some(parts) = self.gather(|reply| ControlMsg::Stats { reply }).await else {
             return STOPPING.into();
@@ -366,7 +366,7 @@ impl Port {
     }
 
     /// `sockets`: for each port, connections accepted, closed and open (the counters every
-    /// shard's accept loop keeps for the metrics file, `server/stats.rs`).
+    /// shard's accept loop keeps for the metrics file, `server/shard/stats.rs`).
     async fn sockets(&self) -> String {
         use std::sync::atomic::Ordering::Relaxed;
         let blocks: Vec<String> = self

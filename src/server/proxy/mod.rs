@@ -139,7 +139,7 @@ impl ProxyAgent {
                 settings: p.clone(),
                 tls,
                 resolver: resolve::Resolver::new(MAX_RESOLVES_IN_FLIGHT),
-                read_scratch: crate::server::tls_stream::new_scratch(),
+                read_scratch: crate::server::conn::tls_stream::new_scratch(),
             }),
             Err(e) => {
                 tracing::error!(error = %e, "proxy: cannot build the TLS client configuration");

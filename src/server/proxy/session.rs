@@ -121,7 +121,7 @@ pub struct Connector {
     pub tls: Arc<ClientConfig>,
     pub resolver: Resolver,
     /// Where this shard's destination sessions read from their sockets (see `tls_stream`).
-    pub read_scratch: crate::server::tls_stream::ReadScratch,
+    pub read_scratch: crate::server::conn::tls_stream::ReadScratch,
 }
 
 /// An answer from the destination.

@@ -10,7 +10,7 @@ use glommio::net::TcpStream;
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, ClientConnection};
 
-use crate::server::tls_stream::{SharedTls, TlsStream};
+use crate::server::conn::tls_stream::{SharedTls, TlsStream};
 use crate::transport::tls::{ClientCapture, TlsError};
 
 /// Bytes read from the socket in one call.
@@ -60,4 +60,4 @@ pub async fn handshake(
 pub type ClientStream = TlsStream<ClientConnection>;
 pub type SharedClient = SharedTls<ClientConnection>;
 
-pub use crate::server::tls_stream::{close, flush, read_block};
+pub use crate::server::conn::tls_stream::{close, flush, read_block};

@@ -10,7 +10,7 @@
 //! until the relay is restarted and recovery reads what is really on the disk. A change that
 //! waited for its own sync (`every-batch`) and saw it fail gets [`StoreError::Uncertain`]: its
 //! record is in the index and may or may not be on the disk, so it is not answered at all, and
-//! its connection is closed, as a crash would do (`server/commands/mod.rs`).
+//! its connection is closed, as a crash would do (`server/owner/commands/mod.rs`).
 
 use smp_journal::{Fs, SyncHandle, SyncPoint};
 

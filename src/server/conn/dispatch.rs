@@ -6,10 +6,6 @@
 
 use std::collections::BTreeMap;
 
-use super::directory::{Directory, IdSpace};
-use super::forward::{self, Decoded};
-use super::proxy::ProxyJob;
-use super::router::{Request, ServiceCheck, Session, ShardMesh};
 use crate::protocol::batch::parse_batch;
 use crate::protocol::command::{
     check_credentials, parse_command, Command, EntityKind, Party, Runs, ServiceRole, ServiceSubs,
@@ -19,8 +15,13 @@ use crate::protocol::response::BrokerMsg;
 use crate::protocol::transmission::{
     authorized_bytes, parse_transmission, RawTransmission, TransmissionError,
 };
-use crate::server::commands::random_id;
+use crate::server::directory::{Directory, IdSpace};
+use crate::server::forward::{self, Decoded};
+use crate::server::mesh::ShardMesh;
+use crate::server::owner::commands::random_id;
+use crate::server::proxy::ProxyJob;
 use crate::server::router::encode;
+use crate::server::router::{Request, ServiceCheck, Session};
 
 /// A routed block: what the connection answers itself, and the requests for each owner shard.
 #[derive(Default)]
@@ -260,9 +261,10 @@ fn route_transmission(
             } else {
                 t.entity_id
             };
-            routed
-                .local
-                .push(local(super::commands::connection::answer(&cmd), entity));
+            routed.local.push(local(
+                crate::server::owner::commands::connection::answer(&cmd),
+                entity,
+            ));
             return parsed;
         }
         Runs::Proxy => {

@@ -1,6 +1,6 @@
 //! A seeded, in-process simulation of one owner and the connections it serves, checked against the
 //! delivery invariants I1–I5 (`docs/ARCHITECTURE.md` §3). No sockets, no executors: the owner's
-//! work goes through the shard's own hand-over (`shard::owner_job`) into the pipeline of jobs
+//! work goes through the shard's own hand-over (`owner::owner_job`) into the pipeline of jobs
 //! (`pipeline.rs`), on a memory store whose every operation waits until the seed completes it
 //! (`store::held::Latch`), so store operations complete in any order the per-queue rule allows
 //! and after any delay. The owner's output goes through the real `OutputState` of each simulated
@@ -20,12 +20,6 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use x25519_dalek::StaticSecret;
 
-use super::directory::{Directory, IdSpace};
-use super::output::{ask_again, OutputState};
-use super::owner::{Fault, Owner};
-use super::pipeline::Pipeline;
-use super::router::{ConnRef, GroupKind, Mesh, Request, Session, SessionInfo, ShardMesh, ShardMsg};
-use super::shard::owner_job;
 use crate::client::queue::decrypt_msg;
 use crate::config::Settings;
 use crate::crypto::keys::PublicAuthKey;
@@ -33,6 +27,14 @@ use crate::limits::OutputLimits;
 use crate::protocol::command::{Command, MsgFlags};
 use crate::protocol::response::BrokerMsg;
 use crate::protocol::transmission::parse_transmission;
+use crate::server::conn::output::{ask_again, OutputState};
+use crate::server::directory::{Directory, IdSpace};
+use crate::server::mesh::{Mesh, ShardMesh};
+use crate::server::messages::{ConnMsg, OwnerMsg, ShardMsg};
+use crate::server::owner::owner_job;
+use crate::server::owner::pipeline::Pipeline;
+use crate::server::owner::{Fault, Owner};
+use crate::server::router::{ConnRef, GroupKind, Request, Session, SessionInfo};
 use crate::store::held::{Held, Latch, LatchMode};
 use crate::store::memory::MemoryStore;
 use crate::store::{QueueRec, QueueStatus, QueueStore};
@@ -286,15 +288,15 @@ impl World {
             }
         }
         let session = self.conns[c].session.clone();
-        self.owner_msg(ShardMsg::Work {
+        self.owner_msg(OwnerMsg::Work {
             session,
             block_seq: 0,
             requests: reqs,
         });
     }
 
-    /// A message to the owner, as the shard's inbox loop hands it over (`shard::owner_job`).
-    fn owner_msg(&mut self, msg: ShardMsg) {
+    /// A message to the owner, as the shard's inbox loop hands it over (`owner::owner_job`).
+    fn owner_msg(&mut self, msg: OwnerMsg) {
         owner_job(&self.owner, &self.pipeline, msg);
     }
 
@@ -322,14 +324,14 @@ impl World {
         self.produced += 1;
         let stamp = self.produced;
         let (conn, groups, is_event, answer_to_ask) = match msg {
-            ShardMsg::Reply { conn, groups, .. } => (conn, groups, false, false),
-            ShardMsg::Event { conn, groups } => (conn, groups, true, false),
-            ShardMsg::Redelivered { conn, groups } => (conn, groups, true, true),
-            ShardMsg::Close { conn } => {
+            ShardMsg::Conn(ConnMsg::Reply { conn, groups, .. }) => (conn, groups, false, false),
+            ShardMsg::Conn(ConnMsg::Event { conn, groups }) => (conn, groups, true, false),
+            ShardMsg::Conn(ConnMsg::Redelivered { conn, groups }) => (conn, groups, true, true),
+            ShardMsg::Conn(ConnMsg::Close { conn }) => {
                 self.close_conn_ref(conn);
                 return true;
             }
-            m @ (ShardMsg::RegisterSub { .. } | ShardMsg::Redeliver { .. }) => {
+            ShardMsg::Owner(m @ (OwnerMsg::RegisterSub { .. } | OwnerMsg::Redeliver { .. })) => {
                 self.owner_msg(m);
                 return true;
             }
@@ -348,7 +350,7 @@ impl World {
             }
         }
         if answer_to_ask {
-            super::count::take(&sc.out.asking, 1, "asks out");
+            crate::server::count::take(&sc.out.asking, 1, "asks out");
         }
         self.ask(i);
         true
@@ -368,9 +370,9 @@ impl World {
         };
         {
             let out = &self.conns[i].out;
-            super::count::take(&out.queued_bytes, t.len(), "queued bytes");
+            crate::server::count::take(&out.queued_bytes, t.len(), "queued bytes");
             if event {
-                super::count::take(&out.event_bytes, t.len(), "event bytes");
+                crate::server::count::take(&out.event_bytes, t.len(), "event bytes");
             }
         }
         self.observe(i, &t, stamp);
@@ -486,7 +488,7 @@ impl World {
     /// Connection `i` closes and a new one takes its place.
     fn close(&mut self, i: usize) {
         let conn = self.conns[i].session.conn;
-        self.owner_msg(ShardMsg::Closed { conn });
+        self.owner_msg(OwnerMsg::Closed { conn });
         let c = self.new_conn();
         self.conns[i] = c;
     }
@@ -578,7 +580,7 @@ impl World {
             let mut req = self.recipient(q, Command::Sub);
             for _ in 0..10_000 {
                 let session = self.conns[d].session.clone();
-                self.owner_msg(ShardMsg::Work {
+                self.owner_msg(OwnerMsg::Work {
                     session,
                     block_seq: 0,
                     requests: vec![req],

@@ -20,9 +20,9 @@ use std::io;
 
 use glommio::channels::local_channel::LocalSender;
 
-use super::output::Output;
-use super::tls_stream::{self, SharedTls, TlsStream};
 use crate::limits::{WS_MAX_MESSAGE_BYTES, WS_UPGRADE_MAX_BYTES};
+use crate::server::conn::output::Output;
+use crate::server::conn::tls_stream::{self, SharedTls, TlsStream};
 use crate::transport::block::BLOCK_SIZE;
 use crate::transport::websocket::{
     self as wsp, FrameStart, UpgradeError, BLOCK_FRAME_HEADER, CHALLENGE_BYTES, CLOSE_NORMAL,

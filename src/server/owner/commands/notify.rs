@@ -13,11 +13,10 @@ use crate::protocol::encoding::{put_int64, put_short_unchecked};
 use crate::protocol::error::ErrorType;
 use crate::protocol::response::BrokerMsg;
 use crate::server::directory::IdSpace;
+use crate::server::messages::ConnMsg;
+use crate::server::owner::services::same_service;
 use crate::server::owner::{Owner, Turn};
-use crate::server::router::{
-    encode, Group, GroupKind, NtfReturn, Pending, Request, Session, ShardMsg,
-};
-use crate::server::service_state::same_service;
+use crate::server::router::{encode, Group, GroupKind, NtfReturn, Pending, Request, Session};
 use crate::store::{Message, MessageStore, MsgNtf, NotifierCreds, QueueRec, QueueStore};
 
 /// Attempts at a free notifier ID (the reference's 3).
@@ -268,7 +267,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 let more = self.more_ntfs(&n.notifier_id);
                 self.mesh.send(
                     s.conn.shard,
-                    ShardMsg::Event {
+                    ConnMsg::Event {
                         conn: s.conn,
                         groups: vec![more],
                     },
@@ -283,7 +282,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 drop(st);
                 self.mesh.send(
                     conn.shard,
-                    ShardMsg::Event {
+                    ConnMsg::Event {
                         conn,
                         groups: vec![g],
                     },

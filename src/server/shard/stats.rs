@@ -13,13 +13,15 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::router::{ConnRef, Mesh, ShardMsg};
 use crate::config::StartConfig;
 use crate::limits::{
     METRICS_HTTP_FRESH, METRICS_HTTP_MAX_CONNECTIONS, METRICS_HTTP_MAX_REQUEST_BYTES,
     METRICS_HTTP_READ_TIMEOUT,
 };
 use crate::metrics::{Activity, MetricsSnapshot, SocketCounts, TimeBuckets};
+use crate::server::mesh::Mesh;
+use crate::server::messages::StatsMsg;
+use crate::server::router::ConnRef;
 use crate::stats_file::{self, Backup};
 
 /// Shard 0's view of the counters' period: when it began, what to add (restored from the backup)
@@ -70,7 +72,7 @@ pub struct Shared {
     pub latest: Mutex<(Option<std::time::Instant>, String)>,
     pub sockets: Vec<PortSockets>,
     /// Each shard's ACK times and pending deliveries' ages, left for shard 0 as it answers a
-    /// metrics round (they do not fit the plain numbers of its `StatsPart`).
+    /// metrics round (they do not fit the plain numbers of its `StatsMsg::Part`).
     pub times: Mutex<Vec<(TimeBuckets, TimeBuckets)>>,
     /// Each shard's connections with a subscription, with a delivery waiting for its ACK, with
     /// a notifier subscription: a connection may hold them on several owners, so shard 0 counts
@@ -410,7 +412,7 @@ fn answer(mut stream: TcpStream, mesh: &Mesh, shared: &Shared, head_read: impl F
                 .is_some_and(|at| at.elapsed() < METRICS_HTTP_FRESH);
             if !fresh {
                 let (tx, rx) = flume::bounded(1);
-                mesh.send(0, ShardMsg::MetricsNow { done: tx });
+                mesh.send(0, StatsMsg::MetricsNow { done: tx });
                 let _ = rx.recv_timeout(Duration::from_secs(5));
             }
             ("200 OK", lock(&shared.latest).1.clone())

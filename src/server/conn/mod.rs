@@ -4,7 +4,12 @@
 //! what owners answer, packed into as few blocks as fit. At most `MAX_BLOCKS_IN_FLIGHT` blocks are
 //! being answered at once; beyond that the reader stops reading the socket
 //! (`docs/ARCHITECTURE.md` §4). On a WebSocket port the same session runs after an HTTP upgrade;
-//! only how a block is read and written differs (`ws::Framing`, `server/ws.rs`).
+//! only how a block is read and written differs (`ws::Framing`, `server/conn/ws.rs`).
+
+pub mod dispatch;
+pub mod output;
+pub mod tls_stream;
+pub mod ws;
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
@@ -24,16 +29,7 @@ use rand::rngs::OsRng;
 use tracing::Instrument;
 use x25519_dalek::{PublicKey as X25519Public, StaticSecret};
 
-use super::admission::Handshaking;
-use super::context::ShardContext;
-use super::dispatch::ServiceJob;
-use super::dispatch::{self, RouteCtx};
-use super::output::{ask_again, coalesce, ConnHandle, Output, OutputState, MAX_COALESCED_OUTPUTS};
-use super::router::{
-    ConnRef, CountHash, Group, GroupKind, ServiceSession, Session, SessionInfo, ShardMsg,
-};
-use super::tls_stream::{self, SharedTls, TlsStream};
-use super::ws::{self, Framing, PortKind, WsError};
+use super::router::{ConnRef, CountHash, Group, GroupKind, ServiceSession, Session, SessionInfo};
 use crate::crypto::keys::PublicAuthKey;
 use crate::crypto::{signed_key, sxbox};
 use crate::limits::{MAX_BLOCKS_IN_FLIGHT, MAX_PROXIED_IN_FLIGHT, SLOW_READER_MIN_PROGRESS_BYTES};
@@ -46,11 +42,19 @@ use crate::protocol::handshake::{
 use crate::protocol::pad;
 use crate::protocol::response::BrokerMsg;
 use crate::protocol::version::{self, VersionRange, SERVER_VERSIONS};
+use crate::server::messages::OwnerMsg;
+use crate::server::shard::admission::Handshaking;
+use crate::server::shard::context::ShardContext;
 use crate::store::services::ServiceRec;
 use crate::transport::block::{BlockCodec, BLOCK_SIZE};
 use crate::transport::service_cert;
 use crate::transport::tls::{alpn_versions, AcceptState};
 use crate::transport::websocket::CHALLENGE_BYTES;
+use dispatch::RouteCtx;
+use dispatch::ServiceJob;
+use output::{ask_again, coalesce, ConnHandle, Output, OutputState, MAX_COALESCED_OUTPUTS};
+use tls_stream::{SharedTls, TlsStream};
+use ws::{Framing, PortKind, WsError};
 
 /// Why a connection ended; logged at debug level, never sent to the client.
 #[derive(Debug, thiserror::Error)]
@@ -284,13 +288,13 @@ async fn session(
     }
     // Owners drop this connection's subscriptions; only shards it sent work to hold any, but a
     // service connection may have been made its service's subscriber on every owner
-    // (`ShardMsg::ServiceSwitch`, sent by the service's home shard), shards it never sent work to
+    // (`OwnerMsg::ServiceSwitch`, sent by the service's home shard), shards it never sent work to
     // included. (A switch that reaches an owner after this `Closed` finds the connection gone
     // from the directory's live services and installs nothing.)
     let all = info.service.is_some();
     for shard in 0..ctx.mesh.shards() {
         if all || sent_to.get() & (1u64 << (shard % 64)) != 0 {
-            ctx.mesh.send(shard, ShardMsg::Closed { conn });
+            ctx.mesh.send(shard, OwnerMsg::Closed { conn });
         }
     }
     result
@@ -399,7 +403,7 @@ async fn read_loop(
             sent_to.set(sent_to.get() | (1u64 << (shard % 64)));
             ctx.mesh.send(
                 shard,
-                ShardMsg::Work {
+                OwnerMsg::Work {
                     session: info.clone(),
                     block_seq: seq,
                     requests,
@@ -441,7 +445,7 @@ async fn subscribe_service(
         // if another connection took the service over.
         let home = ctx.mesh.owner_of(&service.service_id);
         let current = ctx
-            .gather_services(Some(home), |round| ShardMsg::ServiceCurrent {
+            .gather_services(Some(home), |round| OwnerMsg::ServiceCurrent {
                 key: key.clone(),
                 conn: info.conn,
                 reply_to,
@@ -454,7 +458,7 @@ async fn subscribe_service(
     }
     subscribed.borrow_mut().insert(job.role);
     let counted = ctx
-        .gather_services(None, |round| ShardMsg::ServiceCount {
+        .gather_services(None, |round| OwnerMsg::ServiceCount {
             key: key.clone(),
             reply_to,
             round,
@@ -484,13 +488,13 @@ async fn subscribe_service(
     }
     answer(soks(counted), Some(seq), &job.corr_id, &service.service_id);
     // A connection that closed meanwhile must not become the subscriber: its owners may have
-    // forgotten it already (`ShardMsg::Closed` was sent when it left the table).
+    // forgotten it already (`OwnerMsg::Closed` was sent when it left the table).
     if !ctx.connections_table.borrow().contains_key(&info.conn.id) {
         return;
     }
     let session = info.clone();
     let taken = ctx
-        .gather_services(None, |round| ShardMsg::ServiceTake {
+        .gather_services(None, |round| OwnerMsg::ServiceTake {
             key: key.clone(),
             session: session.clone(),
             answered: counted,
@@ -837,11 +841,11 @@ async fn service_session(
             let mut chain_bytes = Vec::new();
             encode_chain(&offered.chain, &mut chain_bytes);
             let rec = ServiceRec {
-                service_id: crate::server::commands::random_id(),
+                service_id: crate::server::owner::commands::random_id(),
                 role,
                 cert_chain: chain_bytes,
                 cert_hash: cert.fingerprint,
-                created_at: crate::server::commands::now_secs() / 86400 * 86400,
+                created_at: crate::server::owner::commands::now_secs() / 86400 * 86400,
             };
             let services = ctx.services.clone();
             glommio::executor()
@@ -874,7 +878,7 @@ async fn write_plain_block(
 }
 
 /// The reference's batch counters and RSLVs of one block (`dispatch::Routed`).
-fn count_block(stats: &super::context::ConnStats, routed: &dispatch::Routed) {
+fn count_block(stats: &crate::server::shard::context::ConnStats, routed: &dispatch::Routed) {
     use dispatch::BatchKind;
     let c = match routed.batch_of {
         Some(BatchKind::Sub) => Some(&stats.sub_batches),

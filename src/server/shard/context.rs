@@ -6,11 +6,13 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::admission::Admission;
-use super::directory::Directory;
-use super::output::{ask_again, ConnHandle, Output};
-use super::router::{ConnRef, Gathering, Group, GroupKind, ShardMesh, ShardMsg};
 use crate::config::StartConfig;
+use crate::server::conn::output::{ask_again, ConnHandle, Output};
+use crate::server::directory::Directory;
+use crate::server::mesh::ShardMesh;
+use crate::server::messages::{ConnMsg, OwnerMsg};
+use crate::server::router::{ConnRef, Gathering, Group, GroupKind};
+use crate::server::shard::admission::Admission;
 use glommio::channels::local_channel::{self, LocalSender};
 
 use crate::metrics::MetricsSnapshot;
@@ -41,7 +43,7 @@ pub struct ShardContext {
     /// The relay's connection limits, shared by every shard.
     pub admission: Arc<Admission>,
     /// Every socket read of this shard lands here first (see `tls_stream`).
-    pub read_scratch: super::tls_stream::ReadScratch,
+    pub read_scratch: crate::server::conn::tls_stream::ReadScratch,
     pub directory: Arc<Directory>,
     /// The relay's services, read at a service's handshake (`store::services`).
     pub services: Arc<Services>,
@@ -50,21 +52,21 @@ pub struct ShardContext {
     pub connections_table: RefCell<HashMap<u64, ConnHandle>>,
     next_conn: Cell<u64>,
     /// The proxy role: this shard's sessions to destination relays.
-    pub proxy: super::proxy::ProxyAgent,
-    /// Shard 0's gathering of every shard's numbers for the metrics file (`ShardMsg::Metrics`).
-    pub(super) stats_round: RefCell<Option<Gathering<MetricsSnapshot>>>,
-    pub(super) next_stats_round: Cell<u64>,
+    pub proxy: crate::server::proxy::ProxyAgent,
+    /// Shard 0's gathering of every shard's numbers for the metrics file (`StatsMsg::Metrics`).
+    pub(in crate::server) stats_round: RefCell<Option<Gathering<MetricsSnapshot>>>,
+    pub(in crate::server) next_stats_round: Cell<u64>,
     /// Test hook (`clock_control`): told when the next metrics file is written.
-    pub(super) stats_waiters: RefCell<Vec<flume::Sender<()>>>,
+    pub(in crate::server) stats_waiters: RefCell<Vec<flume::Sender<()>>>,
     /// Back-pressure counters of this shard's connections, exported as metrics.
     pub conn_stats: ConnStats,
-    /// Statistics shared with the other shards and the stop (`server/stats.rs`).
-    pub stats: Arc<super::stats::Shared>,
+    /// Statistics shared with the other shards and the stop (`server/shard/stats.rs`).
+    pub stats: Arc<crate::server::shard::stats::Shared>,
     /// Shard 0: the counters' period (`stats::Daily`), and its gathering of every shard's
     /// numbers for a daily line.
-    pub(super) daily: RefCell<super::stats::Daily>,
-    pub(super) daily_round: RefCell<Option<Gathering<MetricsSnapshot>>>,
-    pub(super) daily_waiters: RefCell<Vec<flume::Sender<()>>>,
+    pub(in crate::server) daily: RefCell<crate::server::shard::stats::Daily>,
+    pub(in crate::server) daily_round: RefCell<Option<Gathering<MetricsSnapshot>>>,
+    pub(in crate::server) daily_waiters: RefCell<Vec<flume::Sender<()>>>,
     /// `SUBS`/`NSUBS` of this shard's connections waiting for every shard's part, by round.
     service_waits: RefCell<HashMap<u64, LocalSender<CountHash>>>,
     next_service_round: Cell<u64>,
@@ -105,7 +107,7 @@ impl ShardContext {
     pub async fn gather_services(
         &self,
         only: Option<usize>,
-        msg: impl Fn(u64) -> ShardMsg,
+        msg: impl Fn(u64) -> OwnerMsg,
     ) -> Option<CountHash> {
         let round = self.next_service_round.get() + 1;
         self.next_service_round.set(round);
@@ -156,7 +158,7 @@ impl ShardContext {
         services: Arc<Services>,
         mesh: ShardMesh,
     ) -> Self {
-        let proxy = super::proxy::ProxyAgent::new(&config.settings);
+        let proxy = crate::server::proxy::ProxyAgent::new(&config.settings);
         ShardContext {
             shard_id,
             config,
@@ -164,7 +166,7 @@ impl ShardContext {
             tls,
             connections: Cell::new(0),
             admission,
-            read_scratch: super::tls_stream::new_scratch(),
+            read_scratch: crate::server::conn::tls_stream::new_scratch(),
             directory,
             services,
             mesh,
@@ -190,10 +192,31 @@ impl ShardContext {
         id
     }
 
+    /// One connection message of the inbox: answers and events to the connection's output,
+    /// service counts to the gathering that asked for them.
+    pub(in crate::server) fn conn_msg(&self, msg: ConnMsg) {
+        match msg {
+            ConnMsg::Reply {
+                conn,
+                block_seq,
+                groups,
+            } => self.deliver(conn, groups, Some(block_seq)),
+            ConnMsg::Event { conn, groups } => self.deliver(conn, groups, None),
+            ConnMsg::Redelivered { conn, groups } => self.redelivered(conn, groups),
+            ConnMsg::Close { conn } => self.close(conn),
+            ConnMsg::ServicePart { round, part } => self.service_part(round, part),
+        }
+    }
+
     /// Hands groups to a connection of this shard. A connection that has gone drops them (its
     /// owners are told by `Closed` and forget it), except notifications, which go back to their
     /// owners to be stored.
-    pub(super) fn deliver(&self, conn: ConnRef, groups: Vec<Group>, block_seq: Option<u64>) {
+    pub(in crate::server) fn deliver(
+        &self,
+        conn: ConnRef,
+        groups: Vec<Group>,
+        block_seq: Option<u64>,
+    ) {
         let table = self.connections_table.borrow();
         let Some(h) = table.get(&conn.id) else {
             drop(table);
@@ -226,7 +249,7 @@ impl ShardContext {
             if let GroupKind::Ntfs(r) = g.kind {
                 self.mesh.send(
                     r.owner,
-                    ShardMsg::ReturnNtfs {
+                    OwnerMsg::ReturnNtfs {
                         notifier_id: r.notifier_id,
                         ntfs: r.ntfs,
                     },
@@ -237,11 +260,11 @@ impl ShardContext {
 
     /// An owner answered a connection's ask (`conn::ask_again`): queue what it sent, and ask for
     /// the next items once every owner asked has answered.
-    pub(super) fn redelivered(&self, conn: ConnRef, groups: Vec<Group>) {
+    pub(in crate::server) fn redelivered(&self, conn: ConnRef, groups: Vec<Group>) {
         self.deliver(conn, groups, None);
         let table = self.connections_table.borrow();
         if let Some(h) = table.get(&conn.id) {
-            super::count::take(&h.state.asking, 1, "asks out");
+            crate::server::count::take(&h.state.asking, 1, "asks out");
             if ask_again(&self.mesh, conn, &h.state) {
                 self.conn_stats.count(|c| c.output_reasks += 1);
             }
@@ -253,7 +276,7 @@ impl ShardContext {
     }
 
     /// Ends a connection at its owner's request.
-    pub(super) fn close(&self, conn: ConnRef) {
+    pub(in crate::server) fn close(&self, conn: ConnRef) {
         if let Some(h) = self.connections_table.borrow().get(&conn.id) {
             h.state.doomed.set(true);
             let _ = h.out.try_send(Output {

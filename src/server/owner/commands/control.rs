@@ -7,8 +7,8 @@ use super::{store_error, Owner};
 use crate::protocol::error::{BlockingInfo, ErrorType};
 use crate::protocol::response::BrokerMsg;
 use crate::server::control::request::{QueueOp, QueueOutcome};
+use crate::server::owner::services::associations_of;
 use crate::server::router::encode;
-use crate::server::service_state::associations_of;
 use crate::store::{MessageStore, QueueRec, QueueStatus, QueueStore};
 
 impl<S: QueueStore + MessageStore> Owner<S> {

@@ -207,7 +207,7 @@ impl FoldDone {
 
     /// One job ended.
     pub fn one(&self) {
-        super::count::take(&self.left, 1, "jobs left");
+        crate::server::count::take(&self.left, 1, "jobs left");
         if self.left.get() == 0 {
             self.finish();
         }

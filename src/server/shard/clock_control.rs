@@ -27,7 +27,8 @@ use std::time::Duration;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::{UnixListener, UnixStream};
 
-use super::router::{Mesh, ShardMsg};
+use crate::server::mesh::Mesh;
+use crate::server::messages::{OwnerMsg, ShardMsg, StatsMsg};
 
 /// The longest command line read.
 const MAX_LINE: usize = 64;
@@ -97,16 +98,16 @@ async fn run(
         }
         (Some("expire"), None, None) => {
             let shards: Vec<usize> = (0..mesh.shards()).collect();
-            on_shards(mesh, &shards, |done| ShardMsg::ExpireNow { done }).await
+            on_shards(mesh, &shards, |done| OwnerMsg::ExpireNow { done }).await
         }
         // Shard 0 asks every shard for its numbers and answers once it has written their sum.
         (Some("metrics"), None, None) => {
-            on_shards(mesh, &[0], |done| ShardMsg::MetricsNow { done }).await
+            on_shards(mesh, &[0], |done| StatsMsg::MetricsNow { done }).await
         }
         // Shard 0 writes the daily statistics line if it is due (`log_stats`), and answers once
         // it is written.
         (Some("stats-log"), None, None) => {
-            on_shards(mesh, &[0], |done| ShardMsg::Daily { done: Some(done) }).await
+            on_shards(mesh, &[0], |done| StatsMsg::Daily { done: Some(done) }).await
         }
         (Some("hold"), Some(shard), None) => {
             let shard: usize = shard
@@ -119,7 +120,7 @@ async fn run(
             }
             let (tx, release) = flume::bounded(1);
             *held.borrow_mut() = Some(tx);
-            on_shards(mesh, &[shard], |started| ShardMsg::HoldNow {
+            on_shards(mesh, &[shard], |started| ShardMsg::Hold {
                 started,
                 release: release.clone(),
             })
@@ -134,10 +135,10 @@ async fn run(
 }
 
 /// Sends each of `shards` the message `make` builds and waits until every one has done it.
-async fn on_shards(
+async fn on_shards<M: Into<ShardMsg>>(
     mesh: &Mesh,
     shards: &[usize],
-    make: impl Fn(flume::Sender<()>) -> ShardMsg,
+    make: impl Fn(flume::Sender<()>) -> M,
 ) -> Result<(), String> {
     let (tx, rx) = flume::unbounded();
     for &shard in shards {

@@ -15,7 +15,7 @@
 //! A job that never waits (the memory store's) runs at once inside `submit`, with no line
 //! touched. No executor is involved: the pipeline polls its jobs itself when their wakers fire,
 //! so the same code runs in the shard (`drive`) and in the owner simulation (`poll_woken`,
-//! `server/sim.rs`), where store operations complete in an order the seed chooses.
+//! `server/owner/sim.rs`), where store operations complete in an order the seed chooses.
 //!
 //! Keys are the first 8 bytes of a recipient ID (IDs are random): two queues that share them
 //! only wait for each other more than they need to.
@@ -33,7 +33,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Wake, Waker};
 
-use super::router::ConnRef;
+use crate::server::router::ConnRef;
 
 /// A job: owner work as a future.
 pub type Job = Pin<Box<dyn Future<Output = ()>>>;

@@ -21,15 +21,14 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::Poll;
 
-use super::owner::{Owner, Turn};
-use super::router::{
-    encode, Forwarded, Group, GroupKind, Request, ServiceCheck, Session, ShardMsg,
-};
 use crate::protocol::command::Command;
 use crate::protocol::command::ServiceRole;
 use crate::protocol::error::{CommandError, ErrorType};
 use crate::protocol::response::BrokerMsg;
-use crate::server::service_state::associations_of;
+use crate::server::messages::ConnMsg;
+use crate::server::owner::services::associations_of;
+use crate::server::owner::{Owner, Turn};
+use crate::server::router::{encode, Forwarded, Group, GroupKind, Request, ServiceCheck, Session};
 use crate::store::{EntityId, Message, MessageStore, QueueRec, QueueStatus, QueueStore};
 
 /// Unix seconds now, from the relay's clock (which the tests can move, `src/clock.rs`).
@@ -69,13 +68,13 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                  closed without an answer"
             );
             self.mesh
-                .send(session.conn.shard, ShardMsg::Close { conn: session.conn });
+                .send(session.conn.shard, ConnMsg::Close { conn: session.conn });
             return;
         }
         let groups = pack_turn(turn);
         self.mesh.send(
             session.conn.shard,
-            ShardMsg::Reply {
+            ConnMsg::Reply {
                 conn: session.conn,
                 block_seq,
                 groups,

@@ -1,8 +1,8 @@
 //! Commands the connection's shard answers itself, with no queue and no owner (`Runs::Connection`
 //! in `Command::facts`): PING and RSLV (the names role is off: simplexmq `Server.hs` answers
 //! `ERR NAME NO_RESOLVER` without a resolver). SUBS and NSUBS run on the connection too, but never
-//! come here: `dispatch.rs` (`service_subs`) refuses them with `ERR SERVICE` outside a service
-//! session or without its signature, and hands the others to `conn.rs` (`subscribe_service`).
+//! come here: `conn/dispatch.rs` (`service_subs`) refuses them with `ERR SERVICE` outside a service
+//! session or without its signature, and hands the others to `conn/mod.rs` (`subscribe_service`).
 
 use crate::protocol::command::Command;
 use crate::protocol::error::{ErrorType, NameError};

@@ -7,8 +7,10 @@ use std::rc::Rc;
 
 use glommio::channels::local_channel::LocalSender;
 
-use super::router::{ConnRef, Delivery, Group, GroupKind, NtfReturn, Pending, ShardMesh, ShardMsg};
 use crate::limits::{OutputLimits, MAX_PENDING_PER_CONNECTION};
+use crate::server::mesh::ShardMesh;
+use crate::server::messages::OwnerMsg;
+use crate::server::router::{ConnRef, Delivery, Group, GroupKind, NtfReturn, Pending};
 use crate::store::EntityId;
 
 /// What the shard keeps of a connection: where its output goes, and how much is waiting.
@@ -208,7 +210,7 @@ pub fn ask_again(mesh: &ShardMesh, conn: ConnRef, state: &OutputState) -> bool {
     }
     state.asking.set(by_owner.len());
     for (owner, items) in by_owner {
-        mesh.send(owner, ShardMsg::Redeliver { conn, items });
+        mesh.send(owner, OwnerMsg::Redeliver { conn, items });
     }
     true
 }

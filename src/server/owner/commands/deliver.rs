@@ -18,11 +18,14 @@ use crate::protocol::pad::PAD_BYTE;
 use crate::protocol::response::BrokerMsg;
 use crate::protocol::transmission::encode_server_transmission;
 use crate::protocol::version::max_message_length;
+use crate::server::messages::ConnMsg;
+#[cfg(feature = "test-kit")]
+use crate::server::messages::OwnerMsg;
+use crate::server::owner::services::same_service;
 use crate::server::owner::{Owner, Subscriber, Turn};
 use crate::server::router::{
-    encode, ConnRef, Delivery, Group, GroupKind, Pending, Request, Session, ShardMsg,
+    encode, ConnRef, Delivery, Group, GroupKind, Pending, Request, Session,
 };
-use crate::server::service_state::same_service;
 use crate::store::{EntityId, Message, MessageStore, MsgId, QueueStatus, QueueStore, WriteOutcome};
 
 /// MSG bodies are always padded to this before sealing: `MaxRcvMessageLen + 2`
@@ -142,7 +145,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             }
         }
         self.mesh
-            .send(conn.shard, ShardMsg::Redelivered { conn, groups });
+            .send(conn.shard, ConnMsg::Redelivered { conn, groups });
     }
 
     async fn redeliver_msg(&self, conn: ConnRef, d: Delivery) -> Option<Group> {
@@ -278,7 +281,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             let recipient_id = rid;
             mesh.send(
                 shard,
-                ShardMsg::RegisterSub {
+                OwnerMsg::RegisterSub {
                     session,
                     recipient_id,
                     epoch,
@@ -290,7 +293,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             glommio::timer::Timer::new(crate::server::owner::T1_VARIANT_DELAY).await;
             mesh.send(
                 shard,
-                ShardMsg::RegisterSub {
+                OwnerMsg::RegisterSub {
                     session,
                     recipient_id: rid,
                     epoch,

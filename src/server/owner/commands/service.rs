@@ -16,11 +16,12 @@ use super::deliver::msg_transmission;
 use crate::protocol::command::{Command, ServiceRole};
 use crate::protocol::ids_hash::{id_hash, xor_into};
 use crate::protocol::response::BrokerMsg;
+use crate::server::messages::{ConnMsg, OwnerMsg};
+use crate::server::owner::services::{associations_of, Associations};
 use crate::server::owner::{Owner, Subscriber};
 use crate::server::router::{
-    encode, ConnRef, CountHash, Request, ServiceCheck, ServiceKey, Session, ShardMsg,
+    encode, ConnRef, CountHash, Request, ServiceCheck, ServiceKey, Session,
 };
-use crate::server::service_state::{associations_of, Associations};
 use crate::store::{EntityId, MessageStore, QueueStore};
 
 impl<S: QueueStore + MessageStore> Owner<S> {
@@ -39,7 +40,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         let key = (s.service_id.clone(), role);
         self.mesh.send(
             self.mesh.owner_of(&key.0),
-            ShardMsg::ServiceSubscribed {
+            OwnerMsg::ServiceSubscribed {
                 key,
                 session: session.clone(),
                 hash: id_hash(id),
@@ -63,7 +64,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         for (key, hash) in gone {
             if self.services.subscriber(&key.0, key.1).is_some() {
                 let home = self.mesh.owner_of(&key.0);
-                self.mesh.send(home, ShardMsg::ServiceDropped { key, hash });
+                self.mesh.send(home, OwnerMsg::ServiceDropped { key, hash });
             }
         }
     }
@@ -110,7 +111,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         if let Some((s, (n, h))) = before {
             self.send_ends(&key, &s, (n, h));
         }
-        self.mesh.fan_out(|_| ShardMsg::ServiceSwitch {
+        self.mesh.fan_out(|_| OwnerMsg::ServiceSwitch {
             key: key.clone(),
             session: session.clone(),
         });
@@ -489,7 +490,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             if !groups.is_empty() {
                 self.mesh.send(
                     session.conn.shard,
-                    ShardMsg::Event {
+                    ConnMsg::Event {
                         conn: session.conn,
                         groups,
                     },

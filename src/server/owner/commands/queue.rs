@@ -10,10 +10,10 @@ use crate::protocol::command::{Command, QueueMode, QueueReq, ServiceRole, SubMod
 use crate::protocol::error::{CommandError, ErrorType};
 use crate::protocol::response::{BrokerMsg, QueueIds, ServerNtfCreds};
 use crate::server::directory::IdSpace;
+use crate::server::owner::services::associations_of;
 use crate::server::owner::{Owner, Subscriber, Turn};
 use crate::server::router::encode;
 use crate::server::router::{owner_shard, Request, Session};
-use crate::server::service_state::associations_of;
 use crate::store::{
     EntityId, Message, MessageStore, NotifierCreds, QueueLink, QueueRec, QueueStatus, QueueStore,
     StoreError,

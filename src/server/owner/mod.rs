@@ -7,20 +7,28 @@
 //! (the reference's race, `docs/ARCHITECTURE.md` §3), while jobs on other queues run meanwhile.
 //! Within a turn requests run in block order. Command semantics live in `commands/`.
 
+pub mod commands;
+mod jobs;
+pub mod pipeline;
+pub mod services;
+#[cfg(test)]
+pub(crate) mod sim;
+
+pub use jobs::{control_job, owner_job};
+
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::Arc;
 
 use super::directory::Directory;
-use super::router::{
-    ConnRef, Delivery, Group, GroupKind, Pending, Request, ServiceCheck, Session, ShardMesh,
-    ShardMsg,
-};
+use super::mesh::ShardMesh;
+use super::router::{ConnRef, Delivery, Group, GroupKind, Pending, Request, ServiceCheck, Session};
 use crate::config::Settings;
 use crate::crypto::auth::{self, Authorization};
 use crate::crypto::keys::PublicAuthKey;
 use crate::limits::{FAILED_VERIFY_BUDGET, FAILED_VERIFY_REFILL_PER_SEC};
+use crate::server::messages::ConnMsg;
 use crate::store::{EntityId, MessageStore, MsgId, QueueStore};
 
 /// The SUB-mode subscriber of a queue: at most one connection, with at most one message delivered
@@ -95,7 +103,7 @@ pub const BATCH_FAIL_LIMIT: u32 = 64;
 pub const T1_VARIANT_DELAY: std::time::Duration = std::time::Duration::from_millis(1000);
 
 /// The owner's state is in cells, each borrowed only for a step that does not await: the shard
-/// runs several turns at once (`server/pipeline.rs`), each of which may be waiting for the store,
+/// runs several turns at once (`server/owner/pipeline.rs`), each of which may be waiting for the store,
 /// and the per-queue order keeps them off each other's queues (`docs/ARCHITECTURE.md` §2). After
 /// an await a turn reads again what it needs; a connection's close may have changed it.
 /// A deliberately broken owner, to show that the simulation (`sim.rs`) catches it.
@@ -147,7 +155,7 @@ pub struct Owner<S> {
     /// Source of subscription epochs.
     next_epoch: Cell<u64>,
     /// Services: associations, subscribed connections (`commands/service.rs`).
-    pub services: crate::server::service_state::ServiceState,
+    pub services: crate::server::owner::services::ServiceState,
     /// A deliberately broken variant, for the simulation (`server::sim`) and the race tests to
     /// catch.
     #[cfg(feature = "test-kit")]
@@ -247,7 +255,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         mesh: ShardMesh,
         settings: Rc<Settings>,
     ) -> Self {
-        let services = crate::server::service_state::ServiceState::default();
+        let services = crate::server::owner::services::ServiceState::default();
         store.for_each_queue(&mut |q| services.index(q));
         Self::with_services(shard, store, services, directory, mesh, settings)
     }
@@ -257,7 +265,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     pub fn with_services(
         shard: usize,
         store: S,
-        services: crate::server::service_state::ServiceState,
+        services: crate::server::owner::services::ServiceState,
         directory: Arc<Directory>,
         mesh: ShardMesh,
         settings: Rc<Settings>,
@@ -377,7 +385,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             if !b.closing {
                 b.closing = true;
                 self.stats.borrow_mut().relay.verify_budget_closes += 1;
-                self.mesh.send(conn.shard, ShardMsg::Close { conn });
+                self.mesh.send(conn.shard, ConnMsg::Close { conn });
             }
             return false;
         }
@@ -541,7 +549,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// Sends groups of transmissions to a connection that is not the one being answered.
     pub fn send_event(&self, conn: ConnRef, groups: Vec<Vec<Vec<u8>>>) {
         let groups = groups.into_iter().map(Group::plain).collect();
-        self.mesh.send(conn.shard, ShardMsg::Event { conn, groups });
+        self.mesh.send(conn.shard, ConnMsg::Event { conn, groups });
     }
 
     /// Sends one MSG delivery to a connection that is not the one being answered.
@@ -550,7 +558,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             transmissions: vec![t],
             kind: GroupKind::Msg(delivery),
         }];
-        self.mesh.send(conn.shard, ShardMsg::Event { conn, groups });
+        self.mesh.send(conn.shard, ConnMsg::Event { conn, groups });
     }
 
     /// Whether `d` is still what the subscription of `d.recipient_id` on `conn` waits to have
@@ -577,12 +585,14 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     }
 
     /// The queues a block part works on, for the per-queue order (`pipeline.rs`).
-    pub fn work_keys(&self, requests: &[Request]) -> super::pipeline::Keys {
+    pub fn work_keys(&self, requests: &[Request]) -> crate::server::owner::pipeline::Keys {
         #[cfg(test)]
         if self.fault.get() == Fault::NoQueueOrder {
-            return super::pipeline::Keys::Queues(Vec::new());
+            return crate::server::owner::pipeline::Keys::Queues(Vec::new());
         }
-        super::pipeline::Keys::of(requests.iter().filter_map(|r| r.recipient_id.as_deref()))
+        crate::server::owner::pipeline::Keys::of(
+            requests.iter().filter_map(|r| r.recipient_id.as_deref()),
+        )
     }
 
     /// The queue a held item is about, for the per-queue order.
@@ -690,7 +700,9 @@ mod tests {
     use crate::protocol::response::BrokerMsg;
     use crate::protocol::transmission::{client_signed_bytes, parse_transmission};
     use crate::server::directory::IdSpace;
-    use crate::server::router::{ConnRef, Mesh, Request, SessionInfo};
+    use crate::server::mesh::Mesh;
+    use crate::server::messages::{OwnerMsg, ShardMsg};
+    use crate::server::router::{ConnRef, Request, SessionInfo};
     use crate::server::router::{GroupKind, Pending};
     use crate::store::memory::MemoryStore;
     use crate::store::{Message, MsgNtf, NotifierCreds, QueueRec, QueueStatus};
@@ -787,7 +799,7 @@ mod tests {
                 (1, 0, 0),
                 "{path}: exactly one Ed25519 verification"
             );
-            let Ok(ShardMsg::Reply { groups, .. }) = inboxes[0].try_recv() else {
+            let Ok(ShardMsg::Conn(ConnMsg::Reply { groups, .. })) = inboxes[0].try_recv() else {
                 panic!("{path}: no reply");
             };
             let t = &groups[0].transmissions[0];
@@ -820,7 +832,7 @@ mod tests {
     fn auths(inbox: &flume::Receiver<ShardMsg>) -> Vec<bool> {
         let groups = loop {
             match inbox.try_recv() {
-                Ok(ShardMsg::Reply { groups, .. }) => break groups,
+                Ok(ShardMsg::Conn(ConnMsg::Reply { groups, .. })) => break groups,
                 Ok(_) => continue,
                 Err(_) => panic!("no reply"),
             }
@@ -1067,10 +1079,10 @@ mod tests {
 
     fn what(m: &ShardMsg) -> &'static str {
         match m {
-            ShardMsg::Reply { .. } => "Reply",
-            ShardMsg::Event { .. } => "Event",
-            ShardMsg::Redelivered { .. } => "Redelivered",
-            ShardMsg::Close { .. } => "Close",
+            ShardMsg::Conn(ConnMsg::Reply { .. }) => "Reply",
+            ShardMsg::Conn(ConnMsg::Event { .. }) => "Event",
+            ShardMsg::Conn(ConnMsg::Redelivered { .. }) => "Redelivered",
+            ShardMsg::Conn(ConnMsg::Close { .. }) => "Close",
             _ => "other",
         }
     }
@@ -1081,9 +1093,9 @@ mod tests {
         let kinds: Vec<_> = all.iter().map(what).collect();
         assert_eq!(kinds, ["Reply"], "exactly one Reply");
         match all.into_iter().next() {
-            Some(ShardMsg::Reply {
+            Some(ShardMsg::Conn(ConnMsg::Reply {
                 conn: c, groups, ..
-            }) => {
+            })) => {
                 assert_eq!(c.id, conn);
                 groups
             }
@@ -1192,7 +1204,9 @@ mod tests {
             block_on(o.redeliver(s.conn, vec![p]));
             let all: Vec<ShardMsg> = inbox.try_iter().collect();
             assert_eq!(all.iter().map(what).collect::<Vec<_>>(), ["Redelivered"]);
-            let Some(ShardMsg::Redelivered { conn, groups }) = all.into_iter().next() else {
+            let Some(ShardMsg::Conn(ConnMsg::Redelivered { conn, groups })) =
+                all.into_iter().next()
+            else {
                 unreachable!()
             };
             assert_eq!(conn, s.conn);
@@ -1216,7 +1230,7 @@ mod tests {
         block_on(o.process(sender.clone(), 2, vec![send_req(&sender, &rid, true)]));
         let all: Vec<ShardMsg> = inbox.try_iter().collect();
         assert_eq!(all.iter().map(what).collect::<Vec<_>>(), ["Event", "Reply"]);
-        let Some(ShardMsg::Event { conn, groups }) = all.into_iter().next() else {
+        let Some(ShardMsg::Conn(ConnMsg::Event { conn, groups })) = all.into_iter().next() else {
             unreachable!()
         };
         assert_eq!(conn, s.conn);
@@ -1276,11 +1290,11 @@ mod tests {
         let all: Vec<ShardMsg> = inbox.try_iter().collect();
         assert_eq!(all.iter().map(what).collect::<Vec<_>>(), ["Event", "Reply"]);
         let mut all = all.into_iter();
-        let Some(ShardMsg::Event { conn, groups }) = all.next() else {
+        let Some(ShardMsg::Conn(ConnMsg::Event { conn, groups })) = all.next() else {
             unreachable!()
         };
         assert_eq!((conn, decoded(&groups)), (s2.conn, vec![BrokerMsg::Deld]));
-        let Some(ShardMsg::Reply { groups, .. }) = all.next() else {
+        let Some(ShardMsg::Conn(ConnMsg::Reply { groups, .. })) = all.next() else {
             unreachable!()
         };
         assert_eq!(decoded(&groups), [BrokerMsg::Ok]);
@@ -1335,11 +1349,11 @@ mod tests {
             block_on(o.process(b.clone(), block, subs));
             for m in inbox.try_iter() {
                 match m {
-                    ShardMsg::Reply { conn, groups, .. } => {
+                    ShardMsg::Conn(ConnMsg::Reply { conn, groups, .. }) => {
                         assert_eq!(conn, b.conn);
                         assert_eq!(decoded(&groups), vec![BrokerMsg::Err(ErrorType::Auth); 4]);
                     }
-                    ShardMsg::Close { conn } => {
+                    ShardMsg::Conn(ConnMsg::Close { conn }) => {
                         assert_eq!(conn, b.conn);
                         closes += 1;
                     }
@@ -1379,7 +1393,7 @@ mod tests {
         block_on(o.process(c.clone(), 1, vec![signed_sub(&c, &rid, &keys[254])]));
         let all: Vec<ShardMsg> = inbox.try_iter().collect();
         assert_eq!(all.iter().map(what).collect::<Vec<_>>(), ["Event", "Reply"]);
-        let Some(ShardMsg::Reply { groups, .. }) = all.into_iter().nth(1) else {
+        let Some(ShardMsg::Conn(ConnMsg::Reply { groups, .. })) = all.into_iter().nth(1) else {
             unreachable!()
         };
         assert_eq!(decoded(&groups), [BrokerMsg::Sok(None)]);
@@ -1565,7 +1579,7 @@ mod tests {
         );
         let k = SigningKey::from_bytes(&[1; 32]);
         // Touched today already: the SEND appends its message and nothing else.
-        let today = crate::server::commands::now_secs() / 86400 * 86400;
+        let today = crate::server::owner::commands::now_secs() / 86400 * 86400;
         let q = QueueRec {
             updated_at: Some(today),
             ..queue(&rid, pk(&k))
@@ -1581,7 +1595,7 @@ mod tests {
         ));
         let out: Vec<ShardMsg> = inboxes[0].try_iter().collect();
         assert_eq!(out.iter().map(what).collect::<Vec<_>>(), ["Close"]);
-        assert!(matches!(&out[0], ShardMsg::Close { conn } if conn.id == 1));
+        assert!(matches!(&out[0], ShardMsg::Conn(ConnMsg::Close { conn }) if conn.id == 1));
         assert_eq!(o.store.size(&rid), 1, "the message is in the store");
 
         block_on(o.process(
@@ -1619,7 +1633,7 @@ mod tests {
         let all: Vec<ShardMsg> = inbox.try_iter().collect();
         assert_eq!(all.iter().map(what).collect::<Vec<_>>(), ["Event", "Reply"]);
         let mut all = all.into_iter();
-        let Some(ShardMsg::Event { conn, mut groups }) = all.next() else {
+        let Some(ShardMsg::Conn(ConnMsg::Event { conn, mut groups })) = all.next() else {
             unreachable!()
         };
         assert_eq!((conn, groups.len()), (a.conn, 1));
@@ -1662,7 +1676,7 @@ mod tests {
     #[allow(clippy::type_complexity)]
     fn latched_owner() -> (
         Rc<Owner<crate::store::held::Held<MemoryStore, Rc<crate::store::held::Latch>>>>,
-        crate::server::pipeline::Pipeline,
+        crate::server::owner::pipeline::Pipeline,
         Rc<crate::store::held::Latch>,
         Vec<flume::Receiver<ShardMsg>>,
     ) {
@@ -1676,17 +1690,22 @@ mod tests {
         };
         let settings = Rc::new(Settings::default());
         let o = Rc::new(Owner::new(0, store, Directory::new(), mesh, settings));
-        (o, crate::server::pipeline::Pipeline::new(), latch, inboxes)
+        (
+            o,
+            crate::server::owner::pipeline::Pipeline::new(),
+            latch,
+            inboxes,
+        )
     }
 
-    /// `docs/ARCHITECTURE.md` §2, over the owner as the shard runs it (`shard::owner_job` and the
+    /// `docs/ARCHITECTURE.md` §2, over the owner as the shard runs it (`owner::owner_job` and the
     /// pipeline): while a SEND on queue A waits for its store (a latch holds every operation on A),
     /// a SEND on B is answered and its MSG pushed to B's subscriber; A's next SEND waits behind
     /// the first; released, A's operations run one at a time and its SENDs are answered and
     /// stored in order.
     #[test]
     fn a_held_store_operation_holds_up_its_queue_only_and_its_later_commands_follow_in_order() {
-        use crate::server::shard::owner_job;
+        use crate::server::owner::owner_job;
         use crate::store::held::LatchMode;
 
         let (o, p, latch, inboxes) = latched_owner();
@@ -1697,7 +1716,7 @@ mod tests {
             block_on(o.store.create(queue(rid, pk(&key)))).unwrap();
         }
         let work = |conn: u64, requests: Vec<Request>| {
-            let msg = ShardMsg::Work {
+            let msg = OwnerMsg::Work {
                 session: session_on(conn),
                 block_seq: 0,
                 requests,
@@ -1714,9 +1733,9 @@ mod tests {
         let replies_to = |out: &[ShardMsg], conn: u64| -> Vec<Vec<BrokerMsg>> {
             out.iter()
                 .filter_map(|m| match m {
-                    ShardMsg::Reply {
+                    ShardMsg::Conn(ConnMsg::Reply {
                         conn: c, groups, ..
-                    } if c.id == conn => Some(decoded(groups)),
+                    }) if c.id == conn => Some(decoded(groups)),
                     _ => None,
                 })
                 .collect()
@@ -1746,7 +1765,9 @@ mod tests {
         let pushed: Vec<Vec<u8>> = out
             .iter()
             .filter_map(|m| match m {
-                ShardMsg::Event { conn, groups } if conn.id == 1 => Some(decoded(groups)),
+                ShardMsg::Conn(ConnMsg::Event { conn, groups }) if conn.id == 1 => {
+                    Some(decoded(groups))
+                }
                 _ => None,
             })
             .flatten()
@@ -1803,7 +1824,7 @@ mod tests {
 
     #[test]
     fn the_periodic_expiration_on_a_waiting_store_holds_only_the_queues_of_its_jobs() {
-        use crate::server::shard::owner_job;
+        use crate::server::owner::owner_job;
         use crate::store::held::{LatchMode, Op};
 
         let (o, p, latch, inboxes) = latched_owner();
@@ -1821,7 +1842,7 @@ mod tests {
                 flags: MsgFlags::new(false),
                 body: b"later".to_vec(),
             };
-            let msg = ShardMsg::Work {
+            let msg = OwnerMsg::Work {
                 session: session_on(conn),
                 block_seq: 0,
                 requests: vec![request(&session_on(conn), &[2; 24], rid, cmd, None)],
@@ -1832,7 +1853,7 @@ mod tests {
         // The expiration job that holds the first queue is held by the store.
         latch.set_mode(LatchMode::Only(vec![rids[0].clone()]));
         let (done_tx, done_rx) = flume::bounded(1);
-        owner_job(&o, &p, ShardMsg::ExpireNow { done: done_tx });
+        owner_job(&o, &p, OwnerMsg::ExpireNow { done: done_tx });
         let waiting = latch.waiting();
         assert_eq!(waiting.len(), 1, "one expiration job held: {waiting:?}");
         let (held_op, (_, op, held_ids)) = (waiting[0].0, &waiting[0]);
@@ -1976,7 +1997,8 @@ mod tests {
             let got = drain(busy, 1);
             for m in &got {
                 match m {
-                    ShardMsg::Event { conn, groups } | ShardMsg::Redelivered { conn, groups } => {
+                    ShardMsg::Conn(ConnMsg::Event { conn, groups })
+                    | ShardMsg::Conn(ConnMsg::Redelivered { conn, groups }) => {
                         assert_eq!(*conn, sub.conn);
                         for g in groups {
                             match &g.kind {
