@@ -157,15 +157,26 @@ pub fn raise_nofile() -> u64 {
     }
 }
 
-/// A directory removed on drop.
+/// A fresh directory under the system temp dir, removed on drop; shared by the load generator and
+/// the tests (`tests/common`). Readable by its owner only, as an operator's data directory should
+/// be (`start` warns about one others can read).
 pub struct TempDir(PathBuf);
 
 impl TempDir {
     pub fn new(tag: &str) -> std::io::Result<TempDir> {
+        use std::os::unix::fs::PermissionsExt;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
         let n = DIR_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let p = std::env::temp_dir().join(format!("smp-load-{tag}-{}-{n}", std::process::id()));
+        let p = std::env::temp_dir().join(format!(
+            "smp-relay-{tag}-{}-{n}-{nanos}",
+            std::process::id()
+        ));
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(&p)?;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700))?;
         Ok(TempDir(p))
     }
 
@@ -239,12 +250,14 @@ pub fn copy_data_dir(from: &Path, to: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The relay's key hash, from the `fingerprint` file `init` writes.
 pub fn read_fingerprint(dir: &Path) -> Result<[u8; 32], String> {
     let text = std::fs::read_to_string(dir.join("fingerprint"))
         .map_err(|e| format!("{}: {e}", dir.join("fingerprint").display()))?;
     decode_key_hash(text.trim())
 }
 
+/// A key hash as the relay prints it: base64url of 32 bytes, padded or not.
 pub fn decode_key_hash(s: &str) -> Result<[u8; 32], String> {
     use base64::engine::general_purpose::{URL_SAFE, URL_SAFE_NO_PAD};
     URL_SAFE
@@ -255,7 +268,8 @@ pub fn decode_key_hash(s: &str) -> Result<[u8; 32], String> {
         .ok_or_else(|| format!("key hash {s:?} is not base64url of 32 bytes"))
 }
 
-fn free_port() -> std::io::Result<u16> {
+/// A port that was free a moment ago (another process may take it before the relay binds it).
+pub fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 

@@ -3,20 +3,16 @@
 
 #![allow(dead_code)]
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use base64::Engine;
 use smp_relay::client::{Client, ClientError, ClientOptions};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_smp-relay");
 pub const START_TIMEOUT: Duration = Duration::from_secs(30);
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
-
-static DIR_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// Every test sleeps through this: with `SMP_TEST_SLEEP_LOG=FILE` each sleep appends `<test
 /// binary> <seconds> <test>` to FILE (the test is the thread's name, `-` on a thread the test
@@ -45,38 +41,9 @@ pub fn sleep(d: Duration) {
     }
 }
 
-/// A fresh directory under the system temp dir, removed on drop.
-pub struct TempDir(PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let n = DIR_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!(
-            "smp-relay-{tag}-{}-{n}-{nanos}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&path).expect("create temp dir");
-        // As an operator's data directory should be (`start` warns about one others can read).
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700))
-            .expect("chmod temp dir");
-        TempDir(path)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+/// A fresh directory under the system temp dir, removed on drop (the load generator's, so that
+/// both make and clean them the same way).
+pub use smp_relay::load::proc::TempDir;
 
 /// Runs `smp-relay --data-dir DIR <args>` to completion (bounded by `COMMAND_TIMEOUT`).
 pub fn run_cli(dir: &Path, args: &[&str]) -> Output {
@@ -183,27 +150,19 @@ pub fn init(dir: &Path) -> [u8; 32] {
 }
 
 pub fn read_fingerprint(dir: &Path) -> [u8; 32] {
-    let text = std::fs::read_to_string(dir.join("fingerprint")).expect("read fingerprint");
-    decode_fingerprint(text.trim()).expect("fingerprint is base64url of 32 bytes")
+    proc::read_fingerprint(dir).expect("a fingerprint file of base64url of 32 bytes")
 }
 
 pub fn decode_fingerprint(s: &str) -> Option<[u8; 32]> {
-    base64::engine::general_purpose::URL_SAFE
-        .decode(s)
-        .ok()?
-        .try_into()
-        .ok()
+    proc::decode_key_hash(s).ok()
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind an ephemeral port")
-        .port()
+    proc::free_port().expect("bind an ephemeral port")
 }
 
 /// The relay's stderr lines, shared with the thread that drains them.
-use smp_relay::load::proc::SharedLog;
+use smp_relay::load::proc::{self, SharedLog};
 
 /// How to start the relay.
 #[derive(Clone, Debug)]
@@ -245,7 +204,7 @@ impl Relay {
     }
 
     pub fn start_with(opts: RelayOptions) -> Relay {
-        let dir = TempDir::new("relay");
+        let dir = TempDir::new("relay").expect("a temp dir");
         init(dir.path());
         Self::start_in(dir, opts)
     }
@@ -642,7 +601,7 @@ fn spawn(dir: &Path, port: u16, opts: &RelayOptions) -> Result<(Child, SharedLog
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("spawn: {e}"))?;
-    smp_relay::load::proc::wait_listening(child, START_TIMEOUT)
+    proc::wait_listening(child, START_TIMEOUT)
 }
 
 /// A TCP connection to `addr` from the loopback address `src` (127.0.0.2, …): the relay sees

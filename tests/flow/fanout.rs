@@ -24,7 +24,7 @@ const ADMIN: &str = "fanout-admin";
 
 /// A 2-shard relay with the control port on; returns it and the port.
 fn relay_with_control() -> (Relay, u16) {
-    let dir = TempDir::new("fanout");
+    let dir = TempDir::new("fanout").expect("a temp dir");
     init(dir.path());
     let ini = dir.path().join("smp-server.ini");
     let text = std::fs::read_to_string(&ini).expect("read the ini");

@@ -2,20 +2,14 @@
 //! storm and a displace run deliver every message (prefilled and sent) with no errors, and the
 //! JSON records carry the figures the README's table is made of.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 const LOAD: &str = env!("CARGO_BIN_EXE_smp-load");
 const RELAY: &str = env!("CARGO_BIN_EXE_smp-relay");
 const QUEUES: u64 = 200;
 
-struct Dir(PathBuf);
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use smp_relay::load::proc::TempDir;
 
 fn load(args: &[&str]) -> Output {
     let out = Command::new(LOAD)
@@ -72,9 +66,8 @@ fn run_scenario(scenario: &str, file: &Path) -> String {
 
 #[test]
 fn storm_and_displace_deliver_every_message() {
-    let dir = Dir(std::env::temp_dir().join(format!("smp-load-smoke-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).expect("temp dir");
-    let file = dir.0.join("queues");
+    let dir = TempDir::new("load-smoke").expect("a temp dir");
+    let file = dir.path().join("queues");
     let q = QUEUES.to_string();
     load(&[
         "setup",
@@ -141,9 +134,8 @@ fn journal_totals(data_dir: &Path) -> (u64, u64) {
 /// changing what it holds.
 #[test]
 fn setup_fills_queues_and_restart_time_times_a_start() {
-    let dir = Dir(std::env::temp_dir().join(format!("smp-load-restart-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).expect("temp dir");
-    let file = dir.0.join("queues");
+    let dir = TempDir::new("load-restart").expect("a temp dir");
+    let file = dir.path().join("queues");
     let file_s = file.to_str().expect("utf-8 path");
     let q = QUEUES.to_string();
     load(&[
@@ -157,7 +149,7 @@ fn setup_fills_queues_and_restart_time_times_a_start() {
         "--message-size",
         "300",
     ]);
-    let data_dir = dir.0.join("queues.relay");
+    let data_dir = dir.path().join("queues.relay");
     assert_eq!(journal_totals(&data_dir), (2 * QUEUES, 2 * QUEUES * 300));
 
     let out = load(&["restart-time", "--file", file_s, "--runs", "2", "--json"]);

@@ -361,7 +361,7 @@ fn forwarded_send_skey_lkey_lget_reach_the_destination() {
 #[test]
 fn web_clients_send_through_the_proxy() {
     let dest = Relay::start();
-    let files = TempDir::new("web-cert");
+    let files = TempDir::new("web-cert").expect("a temp dir");
     let cert = common::web::write(files.path());
     let (shared, ws) = (common::free_port(), common::free_port());
     let mut args = cert.args(shared);
@@ -663,14 +663,14 @@ enum Lie {
 }
 
 fn fake_destination_with(versions: VersionRange, lie: Lie) -> FakeDestination {
-    let dir = TempDir::new("fake-dest");
+    let dir = TempDir::new("fake-dest").expect("a temp dir");
     certs::generate("127.0.0.1")
         .expect("certificates")
         .write_files(dir.path())
         .expect("write certificates");
     let creds = certs::load(dir.path()).expect("load certificates");
     let key_hash = creds.key_hash;
-    let other_dir = TempDir::new("fake-dest-other");
+    let other_dir = TempDir::new("fake-dest-other").expect("a temp dir");
     certs::generate("127.0.0.1")
         .expect("certificates")
         .write_files(other_dir.path())

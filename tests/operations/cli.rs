@@ -25,7 +25,7 @@ fn text(b: &[u8]) -> String {
 
 #[test]
 fn init_writes_credentials_and_prints_the_address() {
-    let dir = TempDir::new("cli-init");
+    let dir = TempDir::new("cli-init").expect("a temp dir");
     let out = run_cli(
         dir.path(),
         &[
@@ -72,7 +72,7 @@ fn init_writes_credentials_and_prints_the_address() {
 
 #[test]
 fn init_with_a_password_puts_it_in_the_address() {
-    let dir = TempDir::new("cli-pass");
+    let dir = TempDir::new("cli-pass").expect("a temp dir");
     let out = run_cli(dir.path(), &["init", "--host", "127.0.0.1"]);
     assert!(out.status.success(), "init: {}", text(&out.stderr));
     let fp = std::fs::read_to_string(dir.path().join("fingerprint")).expect("fingerprint");
@@ -103,7 +103,7 @@ fn init_with_a_password_puts_it_in_the_address() {
 
 #[test]
 fn init_refuses_to_overwrite() {
-    let dir = TempDir::new("cli-twice");
+    let dir = TempDir::new("cli-twice").expect("a temp dir");
     common::init(dir.path());
     let before: Vec<Vec<u8>> = CREDENTIAL_FILES
         .iter()
@@ -206,7 +206,7 @@ fn help_works_for_every_subcommand() {
 #[test]
 fn certificates_made_as_the_reference_makes_them_are_served_ed448_and_ed25519() {
     for alg in ["ED448", "ED25519"] {
-        let dir = TempDir::new("cli-reference-certs");
+        let dir = TempDir::new("cli-reference-certs").expect("a temp dir");
         common::reference_certificates(dir.path(), alg, "127.0.0.1");
         let relay = Relay::start_in(dir, common::RelayOptions::default());
         let mut c = relay.client();
@@ -267,7 +267,10 @@ fn start_fails(dir: &std::path::Path, extra: &[&str]) -> String {
 
 /// Two directories initialised separately: two identities.
 fn two_inits() -> (TempDir, TempDir) {
-    let (a, b) = (TempDir::new("cli-own"), TempDir::new("cli-other"));
+    let (a, b) = (
+        TempDir::new("cli-own").expect("a temp dir"),
+        TempDir::new("cli-other").expect("a temp dir"),
+    );
     common::init(a.path());
     common::init(b.path());
     (a, b)
@@ -317,7 +320,7 @@ fn start_names_both_files_when_server_key_does_not_match_server_crt() {
 
 #[test]
 fn start_names_a_missing_server_key_instead_of_initialising() {
-    let dir = TempDir::new("cli-nokey");
+    let dir = TempDir::new("cli-nokey").expect("a temp dir");
     common::init(dir.path());
     std::fs::remove_file(dir.path().join("server.key")).expect("remove server.key");
     let stderr = start_fails(dir.path(), &["--cores", "1"]);
@@ -333,7 +336,7 @@ fn start_names_a_missing_server_key_instead_of_initialising() {
 
 #[test]
 fn a_corrupt_group_file_is_reported_by_its_file_not_as_shard_0() {
-    let dir = TempDir::new("cli-group");
+    let dir = TempDir::new("cli-group").expect("a temp dir");
     common::init(dir.path());
     let store = dir.path().join("memory-store");
     std::fs::create_dir_all(&store).expect("store dir");
@@ -347,7 +350,7 @@ fn a_corrupt_group_file_is_reported_by_its_file_not_as_shard_0() {
 
 #[test]
 fn cores_over_the_shard_limit_is_an_error_not_cut() {
-    let dir = TempDir::new("cli-cores");
+    let dir = TempDir::new("cli-cores").expect("a temp dir");
     common::init(dir.path());
     let max = smp_relay::limits::MAX_SHARDS.to_string();
     let over = (smp_relay::limits::MAX_SHARDS + 1).to_string();
@@ -432,7 +435,7 @@ fn start_raises_its_open_file_limit_to_fit_max_connections() {
         "this test needs a hard limit over {}",
         max_connections * 2
     );
-    let dir = TempDir::new("cli-nofile");
+    let dir = TempDir::new("cli-nofile").expect("a temp dir");
     common::init(dir.path());
     let cmd = start_with_nofile(
         dir.path(),
@@ -459,7 +462,7 @@ fn start_raises_its_open_file_limit_to_fit_max_connections() {
 
 #[test]
 fn start_refuses_max_connections_the_hard_limit_cannot_hold() {
-    let dir = TempDir::new("cli-nofile-low");
+    let dir = TempDir::new("cli-nofile-low").expect("a temp dir");
     common::init(dir.path());
     let hard = 2 * SHELL_SOFT_LIMIT;
     let cmd = start_with_nofile(
@@ -484,7 +487,7 @@ fn start_refuses_max_connections_the_hard_limit_cannot_hold() {
 
 #[test]
 fn the_default_connection_limit_fits_a_low_hard_limit() {
-    let dir = TempDir::new("cli-nofile-default");
+    let dir = TempDir::new("cli-nofile-default").expect("a temp dir");
     common::init(dir.path());
     let hard = 4 * SHELL_SOFT_LIMIT;
     let cmd = start_with_nofile(dir.path(), SHELL_SOFT_LIMIT, hard, &[]);
@@ -509,7 +512,7 @@ fn the_default_connection_limit_fits_a_low_hard_limit() {
 
 #[test]
 fn start_on_a_directory_with_only_a_configuration_says_how_to_initialise() {
-    let dir = TempDir::new("cli-ini-only");
+    let dir = TempDir::new("cli-ini-only").expect("a temp dir");
     std::fs::write(dir.path().join("smp-server.ini"), "[RELAY]\nquota = 2\n").expect("write ini");
     let stderr = start_fails(dir.path(), &["--cores", "1"]);
     let ini = dir.path().join("smp-server.ini").display().to_string();
@@ -524,7 +527,7 @@ fn start_on_a_directory_with_only_a_configuration_says_how_to_initialise() {
 
 #[test]
 fn start_refuses_a_hard_limit_below_what_the_shards_need() {
-    let dir = TempDir::new("cli-nofile-tiny");
+    let dir = TempDir::new("cli-nofile-tiny").expect("a temp dir");
     common::init(dir.path());
     let cmd = start_with_nofile(dir.path(), SHELL_SOFT_LIMIT, SHELL_SOFT_LIMIT, &[]);
     let out = common::wait_output(
@@ -582,7 +585,7 @@ fn debug_logs_name_each_connection_and_the_stop_says_what_was_saved() {
 /// certificate's unless given, and the relay serves the new one; without `ca.key` it says so.
 #[test]
 fn cert_makes_a_new_online_certificate_under_the_same_ca() {
-    let dir = TempDir::new("cli-cert");
+    let dir = TempDir::new("cli-cert").expect("a temp dir");
     common::reference_certificates(dir.path(), "ED448", "127.0.0.1");
     let fingerprint = std::fs::read_to_string(dir.path().join("fingerprint")).unwrap();
     let leaf = |dir: &Path| std::fs::read(dir.join("server.crt")).unwrap();
@@ -639,7 +642,7 @@ fn cert_makes_a_new_online_certificate_under_the_same_ca() {
         .ping()
         .expect("clients accept it under the old address");
 
-    let offline = TempDir::new("cli-cert-offline");
+    let offline = TempDir::new("cli-cert-offline").expect("a temp dir");
     common::reference_certificates(offline.path(), "ED25519", "127.0.0.1");
     std::fs::remove_file(offline.path().join("ca.key")).unwrap();
     let out = run_cli(offline.path(), &["cert"]);
@@ -657,8 +660,8 @@ fn cert_makes_a_new_online_certificate_under_the_same_ca() {
 /// goes to the second.
 #[test]
 fn the_reference_directories_by_environment_and_by_option() {
-    let etc = TempDir::new("cli-etc");
-    let var = TempDir::new("cli-var");
+    let etc = TempDir::new("cli-etc").expect("a temp dir");
+    let var = TempDir::new("cli-var").expect("a temp dir");
     let (cfg, log) = (etc.path().join("simplex"), var.path().join("simplex"));
     let with_env = |args: &[&str]| common::run_with_reference_env(&cfg, &log, args);
     let out = with_env(&["init", "--host", "relay.example", "--no-password"]);
@@ -678,7 +681,7 @@ fn the_reference_directories_by_environment_and_by_option() {
     assert!(printed.ends_with("@relay.example"), "{printed}");
 
     // `start` with the options: a message kept over a restart lives in the log directory.
-    let data = TempDir::new("cli-var-data");
+    let data = TempDir::new("cli-var-data").expect("a temp dir");
     std::fs::remove_dir_all(data.path()).unwrap();
     std::fs::rename(&log, data.path()).unwrap();
     let mut relay = Relay::start_in(
@@ -751,7 +754,7 @@ fn the_reference_directories_by_environment_and_by_option() {
 /// instead of every shard failing.
 #[test]
 fn start_raises_or_names_a_locked_memory_limit_below_what_io_uring_needs() {
-    let dir = TempDir::new("cli-memlock");
+    let dir = TempDir::new("cli-memlock").expect("a temp dir");
     common::init(dir.path());
     let mut cmd = start_with_limit(dir.path(), libc::RLIMIT_MEMLOCK, 65536, 65536, &[]);
     let out = common::wait_output(cmd.spawn().expect("spawn"), Duration::from_secs(30));
@@ -814,12 +817,12 @@ fn a_privileged_port_is_named_as_such_not_as_in_use() {
         .find(|p| !root || std::net::TcpListener::bind(("0.0.0.0", *p)).is_ok())
         .expect("a free privileged port");
 
-    let bin_dir = TempDir::new("cli-privileged-bin");
+    let bin_dir = TempDir::new("cli-privileged-bin").expect("a temp dir");
     let bin = bin_dir.path().join("smp-relay");
     std::fs::copy(common::BIN, &bin).expect("copy the binary");
     std::fs::set_permissions(bin_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let data = TempDir::new("cli-privileged-data");
+    let data = TempDir::new("cli-privileged-data").expect("a temp dir");
     if root {
         let c = std::ffi::CString::new(data.path().to_str().unwrap()).unwrap();
         // SAFETY: chown(2) on a NUL-terminated path this test owns.
@@ -887,7 +890,7 @@ fn modes_under(dir: &Path) -> Vec<(std::path::PathBuf, u32)> {
 /// 0600 already. A directory someone else made readable is warned about at start.
 #[test]
 fn the_store_is_readable_by_the_relay_s_user_alone() {
-    let parent = TempDir::new("cli-modes");
+    let parent = TempDir::new("cli-modes").expect("a temp dir");
     let data = parent.path().join("data");
     let out = run_cli(&data, &["init", "--no-password"]);
     assert!(out.status.success(), "init: {}", text(&out.stderr));
@@ -932,7 +935,7 @@ fn the_store_is_readable_by_the_relay_s_user_alone() {
 
     for store in ["journal", "memory"] {
         // A data directory others may read: the start warns, naming the fix.
-        let dir = TempDir::new("cli-modes-store");
+        let dir = TempDir::new("cli-modes-store").expect("a temp dir");
         std::fs::set_permissions(
             dir.path(),
             std::os::unix::fs::PermissionsExt::from_mode(0o755),

@@ -30,7 +30,7 @@ fn relay_with_control(quota: Option<i64>) -> (Relay, u16) {
 }
 
 fn relay_with_control_on(quota: Option<i64>, opts: RelayOptions) -> (Relay, u16) {
-    let dir = TempDir::new("control");
+    let dir = TempDir::new("control").expect("a temp dir");
     init(dir.path());
     let ini = dir.path().join("smp-server.ini");
     let text = std::fs::read_to_string(&ini).expect("read the ini");
@@ -484,7 +484,7 @@ fn bounded_lines_and_connections_on_loopback_only() {
 /// `init --control-port PORT` turns the port on with two new passwords, as the reference's `init`.
 #[test]
 fn init_with_control_port_writes_its_passwords() {
-    let dir = TempDir::new("control-init");
+    let dir = TempDir::new("control-init").expect("a temp dir");
     let port = free_port();
     let out = run_cli(
         dir.path(),

@@ -313,7 +313,7 @@ fn journal_store(extra: &[&str]) -> RelayOptions {
 
 #[test]
 fn a_full_disk_refuses_send_and_new_keeps_deletes_and_recovers_when_space_returns() {
-    let dir = TempDir::new("disk-full");
+    let dir = TempDir::new("disk-full").expect("a temp dir");
     let Some(fs) = Tmpfs::mount(dir.path(), TMPFS_BYTES) else {
         return;
     };
@@ -407,7 +407,7 @@ fn at_the_size_cap_each_group_fills_the_segment_it_has_before_refusing() {
 /// first segments fails naming the segment, instead of crashing later.
 #[test]
 fn init_and_start_on_a_full_disk_fail_with_the_reason_and_leave_nothing_half_done() {
-    let dir = TempDir::new("disk-full-init");
+    let dir = TempDir::new("disk-full-init").expect("a temp dir");
     let Some(fs) = Tmpfs::mount(dir.path(), 1 << 20) else {
         return;
     };

@@ -434,8 +434,8 @@ fn init_variants() -> Vec<(&'static str, InitOptions, Option<Messages>)> {
 #[test]
 fn the_reference_configuration_and_data_of_every_init_variant_run_unchanged() {
     for (name, o, messages) in init_variants() {
-        let etc = TempDir::new("drop-in-etc");
-        let var = TempDir::new("drop-in-var");
+        let etc = TempDir::new("drop-in-etc").expect("a temp dir");
+        let var = TempDir::new("drop-in-var").expect("a temp dir");
         let printed = reference_init(etc.path(), var.path(), &o);
         let fixture = messages.map(|m| {
             if m == Messages::Journal {

@@ -81,7 +81,7 @@ fn the_reference_memory_store_moves_into_the_journal_store() {
 /// a journal's acknowledged lines before the read position are not imported.
 #[test]
 fn the_reference_journal_store_moves_into_the_memory_store() {
-    let from = TempDir::new("ref-from");
+    let from = TempDir::new("ref-from").expect("a temp dir");
     let f = write_fixture(from.path(), Messages::Journal);
     let log = from.path().join("smp-server-store.log");
     let start_file = from.path().join("smp-server-store.log.start");
@@ -135,7 +135,7 @@ fn both_message_stores_present_are_refused() {
         out.contains("holds both smp-server-messages.log and messages/"),
         "{out}"
     );
-    let empty = TempDir::new("ref-none");
+    let empty = TempDir::new("ref-none").expect("a temp dir");
     let (ok, out) = cli(
         dir.path(),
         &[
@@ -159,7 +159,7 @@ fn export_reference_gives_back_what_was_imported() {
     let dir = data_dir("ref-back");
     write_fixture(dir.path(), Messages::Log);
     import(dir.path(), &["--store", "journal"]);
-    let files = TempDir::new("ref-back-files");
+    let files = TempDir::new("ref-back-files").expect("a temp dir");
     let stream = |d: &Path, store: &str, name: &str| {
         let out = files.path().join(name);
         let (ok, text) = cli(
@@ -177,7 +177,7 @@ fn export_reference_gives_back_what_was_imported() {
         std::fs::read(&out).expect("the stream")
     };
     let first = stream(dir.path(), "journal", "first.smpx");
-    let back = TempDir::new("ref-back-to");
+    let back = TempDir::new("ref-back-to").expect("a temp dir");
     let (ok, out) = cli(
         dir.path(),
         &[

@@ -85,7 +85,7 @@ fn import(dir: &Path, file: &Path) -> String {
 /// A data directory with `from`'s identity (keys, fingerprint, configuration) and no store: where
 /// an operator moves a relay to, keeping its address.
 fn dir_with_identity_of(from: &Path, tag: &str) -> TempDir {
-    let dir = TempDir::new(tag);
+    let dir = TempDir::new(tag).expect("a temp dir");
     for f in [
         "ca.key",
         "ca.crt",
@@ -101,7 +101,7 @@ fn dir_with_identity_of(from: &Path, tag: &str) -> TempDir {
 
 /// What the store summary of an empty store says.
 fn assert_store_empty(dir: &Path) {
-    let out = TempDir::new("transfer-check");
+    let out = TempDir::new("transfer-check").expect("a temp dir");
     let file = out.path().join("check.bin");
     let err = cli_ok(
         dir,
@@ -261,7 +261,7 @@ fn a_store_moves_to_another_data_dir_with_everything_in_it() {
         &["block", &b64url(sc.blocked.sid()), "--reason", "spam"],
     );
 
-    let files = TempDir::new("transfer-files");
+    let files = TempDir::new("transfer-files").expect("a temp dir");
     let first = files.path().join("first.bin");
     let stream = export(a.dir.path(), &first);
     assert!(
@@ -359,7 +359,7 @@ fn record_offsets(stream: &[u8]) -> Vec<(usize, u8)> {
 /// then imports into that same directory.
 #[test]
 fn a_damaged_stream_is_refused_naming_the_offset_and_leaves_the_target_empty() {
-    let files = TempDir::new("transfer-damaged");
+    let files = TempDir::new("transfer-damaged").expect("a temp dir");
     let (_relay, good, stream) = small_export(&files);
     let records = record_offsets(&stream);
     assert_eq!(
@@ -367,7 +367,7 @@ fn a_damaged_stream_is_refused_naming_the_offset_and_leaves_the_target_empty() {
         b"QMMMQMMME",
         "two queues of three messages, then the trailer"
     );
-    let target = TempDir::new("transfer-target");
+    let target = TempDir::new("transfer-target").expect("a temp dir");
 
     // Cut inside the last message record.
     let cut = records[7].0 + 9;
@@ -452,7 +452,7 @@ fn a_damaged_stream_is_refused_naming_the_offset_and_leaves_the_target_empty() {
 /// holds queues, naming the directory.
 #[test]
 fn refused_on_a_running_relay_and_into_a_non_empty_store() {
-    let files = TempDir::new("transfer-refused");
+    let files = TempDir::new("transfer-refused").expect("a temp dir");
     let (mut stopped, good, _) = small_export(&files);
 
     let running = Relay::start();
@@ -495,7 +495,7 @@ fn refused_on_a_running_relay_and_into_a_non_empty_store() {
 fn export_and_import_stream_through_stdout_and_stdin() {
     use std::io::Write;
     use std::process::{Command as Process, Stdio};
-    let files = TempDir::new("transfer-pipe");
+    let files = TempDir::new("transfer-pipe").expect("a temp dir");
     let (relay, good, stream) = small_export(&files);
     let out = Process::new(common::BIN)
         .args(["--data-dir", relay.dir.path().to_str().unwrap()])
@@ -510,7 +510,7 @@ fn export_and_import_stream_through_stdout_and_stdin() {
     );
     assert!(out.stderr.is_empty(), "--quiet: {}", text(&out.stderr));
 
-    let target = TempDir::new("transfer-pipe-target");
+    let target = TempDir::new("transfer-pipe-target").expect("a temp dir");
     let mut child = Process::new(common::BIN)
         .args(["--data-dir", target.path().to_str().unwrap()])
         .args(["store", "import", "--input", "-"])
@@ -556,7 +556,7 @@ fn a_store_moves_into_postgres_with_everything_in_it() {
         a.dir.path(),
         &["block", &b64url(sc.blocked.sid()), "--reason", "spam"],
     );
-    let files = TempDir::new("transfer-pg-files");
+    let files = TempDir::new("transfer-pg-files").expect("a temp dir");
     let first = files.path().join("first.bin");
     let stream = export(a.dir.path(), &first);
 
@@ -679,7 +679,7 @@ fn services_and_their_queues_move_with_the_store() {
     }
     drop((svc, rc));
     stop_cleanly(&mut a);
-    let files = TempDir::new("transfer-services");
+    let files = TempDir::new("transfer-services").expect("a temp dir");
     let stream_file = files.path().join("services.bin");
     let stream = export(a.dir.path(), &stream_file);
     assert!(stream.starts_with(b"SMPRXFR\0\x00\x02"), "version 2");
@@ -694,7 +694,10 @@ fn services_and_their_queues_move_with_the_store() {
     ];
     for (kind, extra, in_place) in into {
         let dir = match in_place {
-            true => std::mem::replace(&mut a.dir, TempDir::new("transfer-services-moved")),
+            true => std::mem::replace(
+                &mut a.dir,
+                TempDir::new("transfer-services-moved").expect("a temp dir"),
+            ),
             false => dir_with_identity_of(a.dir.path(), "transfer-services-b"),
         };
         let mut args = vec!["store", "import", "--store", kind];

@@ -58,7 +58,7 @@ fn relay_on(conninfo: &str, extra: &[&str]) -> Relay {
 /// Runs `start` on postgres to its end in a fresh data directory, for starts that must fail;
 /// its exit status and its stderr.
 fn failed_start(conninfo: &str, extra: &[&str]) -> (std::process::ExitStatus, String) {
-    let dir = TempDir::new("pg-faults");
+    let dir = TempDir::new("pg-faults").expect("a temp dir");
     common::init(dir.path());
     let port = common::free_port().to_string();
     let mut args = vec![
@@ -602,7 +602,7 @@ fn tls_to_the_database_checks_the_certificate_and_is_used() {
     // TLS is set up at the server's start: a start that fails here names a bad certificate.
     cluster.restart("fast").expect("the server with TLS");
     let db = cluster.create_database().expect("a database");
-    let dir = TempDir::new("pg-tls");
+    let dir = TempDir::new("pg-tls").expect("a temp dir");
     let ca_path = dir.path().join("ca.pem");
     std::fs::write(&ca_path, &ca).expect("write the CA");
     let tcp = |extra: &str| {
@@ -763,7 +763,7 @@ impl Proxy {
         };
         let (host, port) = (field("host="), field("port="));
         let target = format!("{host}/.s.PGSQL.{port}");
-        let dir = TempDir::new("pg-proxy");
+        let dir = TempDir::new("pg-proxy").expect("a temp dir");
         let listener =
             UnixListener::bind(dir.path().join(format!(".s.PGSQL.{port}"))).expect("bind");
         let open: Arc<std::sync::Mutex<Vec<(UnixStream, UnixStream)>>> = Arc::default();

@@ -1244,7 +1244,7 @@ fn relay_rows_are_in_the_reference_s_encodings_and_survive_restart() {
 
 /// Runs `start` on postgres to its end, for starts that must fail.
 fn failed_start(conninfo: &str) -> (std::process::ExitStatus, String) {
-    let dir = common::TempDir::new("pg-schema");
+    let dir = common::TempDir::new("pg-schema").expect("a temp dir");
     common::init(dir.path());
     let port = common::free_port().to_string();
     let out = common::run_cli(

@@ -51,7 +51,7 @@ fn relay_with_ini(change: impl FnOnce(&Path), args: &[&str]) -> Relay {
 /// `start` on an initialised directory whose file was changed by `change`: it must fail; returns
 /// its stderr and the file's line count.
 fn start_fails(change: impl FnOnce(&Path)) -> (String, usize) {
-    let dir = TempDir::new("config");
+    let dir = TempDir::new("config").expect("a temp dir");
     common::init(dir.path());
     change(dir.path());
     let port = free_port().to_string();

@@ -38,7 +38,7 @@ fn relay_with_ws(extra: &[&str]) -> (Relay, SocketAddr) {
 /// A relay whose second SMP port also serves web clients by SNI (`[WEB] https`); returns it, that
 /// port's address, the web certificate and the folder holding its files.
 fn relay_with_shared_port() -> (Relay, SocketAddr, web::WebCert, TempDir) {
-    let files = TempDir::new("web-cert");
+    let files = TempDir::new("web-cert").expect("a temp dir");
     let cert = web::write(files.path());
     let port = free_port();
     let relay = Relay::start_with(RelayOptions {

@@ -306,7 +306,7 @@ pub fn journal_queue(root: &Path, q: &Queue, files: &[(&str, &[String])], state:
 
 /// A data directory with the relay's identity (`smp-relay init`).
 pub fn data_dir(tag: &str) -> TempDir {
-    let dir = TempDir::new(tag);
+    let dir = TempDir::new(tag).expect("a temp dir");
     common::init(dir.path());
     dir
 }
