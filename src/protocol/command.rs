@@ -830,7 +830,7 @@ impl Command {
                 B::Recipient,
             ),
             // Answered by the connection: `ERR SERVICE` outside a service session, else over every
-            // shard (server/conn/mod.rs, `subscribe_service`).
+            // shard (server/conn/services.rs).
             Command::Subs(_) => f(
                 Party::RecipientService,
                 E::Service,

@@ -8,6 +8,7 @@
 
 pub mod dispatch;
 pub mod output;
+mod services;
 pub mod tls_stream;
 pub mod ws;
 
@@ -29,18 +30,17 @@ use rand::rngs::OsRng;
 use tracing::Instrument;
 use x25519_dalek::{PublicKey as X25519Public, StaticSecret};
 
-use super::router::{ConnRef, CountHash, Group, GroupKind, ServiceSession, Session, SessionInfo};
+use super::router::{ConnRef, Group, GroupKind, ServiceSession, SessionInfo};
 use crate::crypto::keys::PublicAuthKey;
 use crate::crypto::{signed_key, sxbox};
 use crate::limits::{MAX_BLOCKS_IN_FLIGHT, MAX_PROXIED_IN_FLIGHT, SLOW_READER_MIN_PROGRESS_BYTES};
 use crate::protocol::batch;
 use crate::protocol::command::{Command, ServiceRole};
-use crate::protocol::error::{ErrorType, HandshakeError, TransportError};
+use crate::protocol::error::{HandshakeError, TransportError};
 use crate::protocol::handshake::{
     encode_chain, CertChainPubKey, ClientHello, ClientService, ServerHello, ServiceResponse,
 };
 use crate::protocol::pad;
-use crate::protocol::response::BrokerMsg;
 use crate::protocol::version::{self, VersionRange, SERVER_VERSIONS};
 use crate::server::messages::OwnerMsg;
 use crate::server::shard::admission::Handshaking;
@@ -51,7 +51,6 @@ use crate::transport::service_cert;
 use crate::transport::tls::{alpn_versions, AcceptState};
 use crate::transport::websocket::CHALLENGE_BYTES;
 use dispatch::RouteCtx;
-use dispatch::ServiceJob;
 use output::{ask_again, coalesce, ConnHandle, Output, OutputState, MAX_COALESCED_OUTPUTS};
 use tls_stream::{SharedTls, TlsStream};
 use ws::{Framing, PortKind, WsError};
@@ -394,7 +393,7 @@ async fn read_loop(
             let (ctx, info, out, state) = (ctx.clone(), info.clone(), out.clone(), state.clone());
             let subscribed = subscribed.clone();
             glommio::spawn_local(async move {
-                subscribe_service(&ctx, &info, &subscribed, job, &out, &state, seq).await;
+                services::subscribe_service(&ctx, &info, &subscribed, job, &out, &state, seq).await;
             })
             .detach();
         }
@@ -409,104 +408,6 @@ async fn read_loop(
                     requests,
                 },
             );
-        }
-    }
-}
-
-/// `SUBS`/`NSUBS` (simplexmq `Server.hs`, `sharedSubscribeService`): the service's count and ID
-/// hash gathered from every owner answer it (`SOKS`, as the block's answer); then every owner
-/// makes this connection the service's subscriber and (SUBS) hands it the service's queues'
-/// messages, after which `ALLS` follows. A second one on the same connection is answered what
-/// the first was, and does nothing else.
-async fn subscribe_service(
-    ctx: &ShardContext,
-    info: &Session,
-    subscribed: &RefCell<HashSet<ServiceRole>>,
-    job: ServiceJob,
-    out: &LocalSender<Output>,
-    state: &OutputState,
-    seq: u64,
-) {
-    let Some(service) = info.service.as_ref() else {
-        return;
-    };
-    let answer = |msg: BrokerMsg, block_seq: Option<u64>, corr_id: &[u8], entity: &[u8]| {
-        let t = super::router::encode(info, corr_id, entity, &msg);
-        let _ = out.try_send(Output {
-            groups: state.admit(vec![Group::plain(vec![t])], false).kept,
-            block_seq,
-        });
-    };
-    let soks = |(count, ids_hash): CountHash| BrokerMsg::Soks { count, ids_hash };
-    let key = (service.service_id.clone(), job.role);
-    let reply_to = ctx.shard_id;
-    if subscribed.borrow().contains(&job.role) {
-        // What the connection holds now: its count grew with its service SUBs since, or fell to 0
-        // if another connection took the service over.
-        let home = ctx.mesh.owner_of(&service.service_id);
-        let current = ctx
-            .gather_services(Some(home), |round| OwnerMsg::ServiceCurrent {
-                key: key.clone(),
-                conn: info.conn,
-                reply_to,
-                round,
-            })
-            .await
-            .unwrap_or((0, [0; 16]));
-        answer(soks(current), Some(seq), &job.corr_id, &service.service_id);
-        return;
-    }
-    subscribed.borrow_mut().insert(job.role);
-    let counted = ctx
-        .gather_services(None, |round| OwnerMsg::ServiceCount {
-            key: key.clone(),
-            reply_to,
-            round,
-        })
-        .await;
-    let Some(counted) = counted else {
-        answer(
-            BrokerMsg::Err(ErrorType::Internal),
-            Some(seq),
-            &job.corr_id,
-            &service.service_id,
-        );
-        return;
-    };
-    let stats = match job.role {
-        ServiceRole::Notifier => &ctx.conn_stats.ntf_services,
-        _ => &ctx.conn_stats.rcv_services,
-    };
-    stats.borrow_mut().count_subs(job.expected, counted);
-    if let Some((n, h)) = job.expected.filter(|e| e.0 >= 0 && *e != counted) {
-        tracing::debug!(
-            expected = n,
-            counted = counted.0,
-            same_hash = h == counted.1,
-            "SUBS counts differ"
-        );
-    }
-    answer(soks(counted), Some(seq), &job.corr_id, &service.service_id);
-    // A connection that closed meanwhile must not become the subscriber: its owners may have
-    // forgotten it already (`OwnerMsg::Closed` was sent when it left the table).
-    if !ctx.connections_table.borrow().contains_key(&info.conn.id) {
-        return;
-    }
-    let session = info.clone();
-    let taken = ctx
-        .gather_services(None, |round| OwnerMsg::ServiceTake {
-            key: key.clone(),
-            session: session.clone(),
-            answered: counted,
-            round,
-        })
-        .await;
-    // ALLS follows every MSG of the fold, as the reference's (which writes both to one queue):
-    // those the output bound dropped to markers come first, when they are asked for again.
-    if taken.is_some() && job.role == ServiceRole::Messaging {
-        let alls = super::router::encode(info, b"", b"", &BrokerMsg::Alls);
-        if let Some(alls) = state.after_held(alls) {
-            ctx.deliver(info.conn, vec![Group::plain(vec![alls])], None);
         }
     }
 }

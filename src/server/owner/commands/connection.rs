@@ -2,7 +2,7 @@
 //! in `Command::facts`): PING and RSLV (the names role is off: simplexmq `Server.hs` answers
 //! `ERR NAME NO_RESOLVER` without a resolver). SUBS and NSUBS run on the connection too, but never
 //! come here: `conn/dispatch.rs` (`service_subs`) refuses them with `ERR SERVICE` outside a service
-//! session or without its signature, and hands the others to `conn/mod.rs` (`subscribe_service`).
+//! session or without its signature, and hands the others to `conn/services.rs`.
 
 use crate::protocol::command::Command;
 use crate::protocol::error::{ErrorType, NameError};
