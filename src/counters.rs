@@ -1,8 +1,9 @@
 //! This relay's own counters: the `smprelay_…` families of the metrics file, after the
 //! reference's (`metrics::render`). Each is declared once, below — its field, its metric name,
 //! and its doc comment, which is the metric's help — and counted where it happens: a store, an
-//! owner (`metrics::OwnerStats::relay`) and a shard's connections (`server::context::ConnStats`)
-//! each keep a [`RelayCounters`] and bump the fields that concern them; a shard's numbers are
+//! owner (`Owner::stats`, its `relay` field) and a shard's connections (`ConnStats`,
+//! `server/shard/context.rs`) each keep a [`RelayCounters`] and bump the fields that concern
+//! them; a shard's numbers are
 //! their sum (`metrics::MetricsSnapshot::relay`). Adding a counter is one line here plus the
 //! `+= 1` where it happens.
 

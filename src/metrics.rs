@@ -206,72 +206,15 @@ impl ServiceStats {
     }
 }
 
-/// Counters of an owner, exported as metrics (each named as the reference's `ServerStats` field it
-/// follows, simplexmq `src/Simplex/Messaging/Server/Stats.hs`).
-#[derive(Debug, Default, Clone)]
-pub struct OwnerStats {
-    pub queues_created: u64,
-    pub queues_secured: u64,
-    pub queues_deleted: u64,
-    /// DELs of queues never secured, and of secured ones (`qDeletedNew`, `qDeletedSecured`).
-    pub queues_deleted_new: u64,
-    pub queues_deleted_secured: u64,
-    /// Queues the control port blocked (`qBlocked`, what `daily_block_queue_quota` limits).
-    pub queues_blocked: u64,
-    pub msg_sent: u64,
-    pub msg_sent_auth: u64,
-    pub msg_sent_quota: u64,
-    pub msg_sent_large: u64,
-    /// SENDs refused with `ERR BLOCKED` (the reference's `msgSentBlock`).
-    pub msg_sent_block: u64,
-    pub msg_recv: u64,
-    pub msg_expired: u64,
-    pub msg_ntfs: u64,
-    /// New subscriptions that delivered a waiting message (`qSub`), SUBs refused AUTH, repeated
-    /// on the same connection, refused on a GET-mode queue; END and DELD events sent.
-    pub subs: u64,
-    pub sub_auth: u64,
-    pub sub_duplicate: u64,
-    pub sub_prohibited: u64,
-    pub sub_end: u64,
-    /// SENDs and ACKs of messages with the notification flag (`msgSentNtf`, `msgRecvNtf`).
-    pub msg_sent_ntf: u64,
-    pub msg_recv_ntf: u64,
-    /// GET: a message returned, its ACK, no message, AUTH, a GET while a message was
-    /// outstanding, a GET on a subscribed queue.
-    pub msg_get: u64,
-    pub msg_recv_get: u64,
-    pub msg_get_no_msg: u64,
-    pub msg_get_auth: u64,
-    pub msg_get_duplicate: u64,
-    pub msg_get_prohibited: u64,
-    /// Notifier credentials: made by NKEY, made with NEW, deleted; NSUBs that subscribed, that
-    /// repeated a subscription, refused AUTH; batches of NMSGs sent; notifications expired.
-    pub ntf_created: u64,
-    pub ntf_new_created: u64,
-    pub ntf_deleted: u64,
-    pub ntf_sub: u64,
-    pub ntf_sub_duplicate: u64,
-    pub ntf_sub_auth: u64,
-    pub msg_ntfs_batches: u64,
-    pub msg_ntf_expired: u64,
-    /// The relay's own counters an owner keeps (signature verification).
-    pub relay: crate::counters::RelayCounters,
-    /// MSGs handed to a messaging service's connection by its `SUBS`, and queues it already
-    /// held (the reference's `rcvServicesSubMsg`, `rcvServicesSubDuplicate`).
-    pub service_sub_msgs: u64,
-    pub service_sub_duplicates: u64,
-    /// RRES answers sealed by this owner (`pMsgFwdsRecv`; the connections count theirs).
-    pub msg_fwds_recv: u64,
-    /// Messaging and notification services' statistics.
-    pub rcv_service_stats: ServiceStats,
-    pub ntf_service_stats: ServiceStats,
-}
-
 /// Declares [`MetricsSnapshot`] with its plain `u64` fields listed once, so that summing shards,
-/// subtracting a baseline and the unit tests cannot forget one.
+/// subtracting a baseline, the daily reset and the unit tests cannot forget one. A field marked
+/// `[daily]` is one the reference's daily statistics line reports and then starts again from 0
+/// (simplexmq `Server.hs`, `logServerStats`: the counters it swaps with 0).
 macro_rules! snapshot {
-    ($($(#[$doc:meta])* $field:ident,)*) => {
+    (@daily $d:ident, $s:ident, $field:ident, daily) => {
+        $d.$field = $s.$field;
+    };
+    ($($(#[$doc:meta])* $field:ident $([$mark:ident])?,)*) => {
         /// Plain numbers, per shard or summed over shards. Counters only grow while the relay runs
         /// (until a daily statistics line resets the reference's, `log_stats`); gauges are
         /// current values.
@@ -302,6 +245,18 @@ macro_rules! snapshot {
                 self.rcv_service_stats.add(&o.rcv_service_stats);
                 self.ntf_service_stats.add(&o.ntf_service_stats);
                 self.relay.add(&o.relay);
+            }
+
+            /// The counters a daily statistics line reports and then resets (the fields marked
+            /// `[daily]`, and the proxy's); every other field 0.
+            pub fn daily_part(&self) -> MetricsSnapshot {
+                let mut d = MetricsSnapshot::default();
+                $($(snapshot!(@daily d, self, $field, $mark);)?)*
+                d.p_relays = self.p_relays;
+                d.p_relays_own = self.p_relays_own;
+                d.p_msg_fwds = self.p_msg_fwds;
+                d.p_msg_fwds_own = self.p_msg_fwds_own;
+                d
             }
 
             /// Takes `o` from these numbers (a baseline: what the last daily line showed).
@@ -336,61 +291,61 @@ macro_rules! snapshot {
 }
 
 snapshot! {
-    queues_created,
-    queues_secured,
-    queues_deleted,
+    queues_created [daily],
+    queues_secured [daily],
+    queues_deleted [daily],
     /// `qDeletedNew`, `qDeletedSecured`, `qDeletedAllB` (blocks of DELs), `qBlocked`.
-    queues_deleted_new,
-    queues_deleted_secured,
-    queues_deleted_batches,
-    queues_blocked,
-    msg_sent,
-    msg_sent_auth,
-    msg_sent_quota,
-    msg_sent_large,
+    queues_deleted_new [daily],
+    queues_deleted_secured [daily],
+    queues_deleted_batches [daily],
+    queues_blocked [daily],
+    msg_sent [daily],
+    msg_sent_auth [daily],
+    msg_sent_quota [daily],
+    msg_sent_large [daily],
     msg_sent_block,
-    msg_recv,
-    msg_expired,
+    msg_recv [daily],
+    msg_expired [daily],
     /// Notifications sent to notification servers (`msgNtfs`), in batches (`msgNtfsB`); none
     /// is ever lost or sent without a subscriber here (`msgNtfNoSub`, `msgNtfLost`: 0, as on the
     /// reference); expired (`msgNtfExpired`).
-    msg_ntfs,
-    msg_ntfs_batches,
-    msg_ntf_no_sub,
-    msg_ntf_lost,
-    msg_ntf_expired,
+    msg_ntfs [daily],
+    msg_ntfs_batches [daily],
+    msg_ntf_no_sub [daily],
+    msg_ntf_lost [daily],
+    msg_ntf_expired [daily],
     /// New subscriptions that delivered a waiting message (`qSub`).
-    sub_successes,
+    sub_successes [daily],
     /// Blocks of SUBs (`qSubAllB`).
-    sub_batches,
-    sub_auth,
-    sub_duplicate,
-    sub_prohibited,
+    sub_batches [daily],
+    sub_auth [daily],
+    sub_duplicate [daily],
+    sub_prohibited [daily],
     /// END and DELD events sent (`qSubEnd`), in batches (`qSubEndB`).
-    sub_end,
-    sub_end_batches,
-    msg_sent_ntf,
-    msg_recv_ntf,
-    msg_get,
-    msg_recv_get,
-    msg_get_no_msg,
-    msg_get_auth,
-    msg_get_duplicate,
-    msg_get_prohibited,
-    ntf_created,
+    sub_end [daily],
+    sub_end_batches [daily],
+    msg_sent_ntf [daily],
+    msg_recv_ntf [daily],
+    msg_get [daily],
+    msg_recv_get [daily],
+    msg_get_no_msg [daily],
+    msg_get_auth [daily],
+    msg_get_duplicate [daily],
+    msg_get_prohibited [daily],
+    ntf_created [daily],
     ntf_new_created,
-    ntf_deleted,
-    ntf_deleted_batches,
-    ntf_sub,
-    ntf_sub_batches,
-    ntf_sub_auth,
-    ntf_sub_duplicate,
+    ntf_deleted [daily],
+    ntf_deleted_batches [daily],
+    ntf_sub [daily],
+    ntf_sub_batches [daily],
+    ntf_sub_auth [daily],
+    ntf_sub_duplicate [daily],
     /// RSLV requests, and those refused for want of a resolver (every one here).
-    rslv_reqs,
-    rslv_success,
-    rslv_not_found,
-    rslv_resolver_errs,
-    rslv_disabled,
+    rslv_reqs [daily],
+    rslv_success [daily],
+    rslv_not_found [daily],
+    rslv_resolver_errs [daily],
+    rslv_disabled [daily],
     /// Gauges: distinct queues with a message sent or received today, this week, this month (as
     /// the reference's `activeQueues`), and of messages with the notification flag.
     active_day,
@@ -418,7 +373,7 @@ snapshot! {
     /// Gauge: open client connections.
     connections,
     /// Destination role: RFWDs answered (`pMsgFwdsRecv`).
-    p_msg_fwds_recv,
+    p_msg_fwds_recv [daily],
     /// Services with a subscribed connection, and the subscriptions those connections hold, per
     /// role (the reference's `serviceSubscribers` and `totalServiceSubs`).
     rcv_services,
@@ -438,116 +393,12 @@ snapshot! {
 
 impl MetricsSnapshot {
     /// The counters of one shard; the gauges are left at 0 for the caller to set.
-    pub fn from_shard(owner: &OwnerStats, store: &StoreCounters) -> Self {
-        MetricsSnapshot {
-            queues_created: owner.queues_created,
-            queues_secured: owner.queues_secured,
-            queues_deleted: owner.queues_deleted,
-            queues_deleted_new: owner.queues_deleted_new,
-            queues_blocked: owner.queues_blocked,
-            queues_deleted_secured: owner.queues_deleted_secured,
-            msg_sent: owner.msg_sent,
-            msg_sent_auth: owner.msg_sent_auth,
-            msg_sent_quota: owner.msg_sent_quota,
-            msg_sent_large: owner.msg_sent_large,
-            msg_sent_block: owner.msg_sent_block,
-            msg_recv: owner.msg_recv,
-            msg_expired: owner.msg_expired,
-            msg_ntfs: owner.msg_ntfs,
-            msg_ntfs_batches: owner.msg_ntfs_batches,
-            msg_ntf_expired: owner.msg_ntf_expired,
-            sub_successes: owner.subs,
-            sub_auth: owner.sub_auth,
-            sub_duplicate: owner.sub_duplicate,
-            sub_prohibited: owner.sub_prohibited,
-            sub_end: owner.sub_end,
-            // Each END or DELD goes out at once, a batch of its own (`docs/ARCHITECTURE.md` §3, O5).
-            sub_end_batches: owner.sub_end,
-            msg_sent_ntf: owner.msg_sent_ntf,
-            msg_recv_ntf: owner.msg_recv_ntf,
-            msg_get: owner.msg_get,
-            msg_recv_get: owner.msg_recv_get,
-            msg_get_no_msg: owner.msg_get_no_msg,
-            msg_get_auth: owner.msg_get_auth,
-            msg_get_duplicate: owner.msg_get_duplicate,
-            msg_get_prohibited: owner.msg_get_prohibited,
-            ntf_created: owner.ntf_created,
-            ntf_new_created: owner.ntf_new_created,
-            ntf_deleted: owner.ntf_deleted,
-            ntf_sub: owner.ntf_sub,
-            ntf_sub_duplicate: owner.ntf_sub_duplicate,
-            ntf_sub_auth: owner.ntf_sub_auth,
-            rcv_services_sub_msg: owner.service_sub_msgs,
-            rcv_services_sub_duplicate: owner.service_sub_duplicates,
-            p_msg_fwds_recv: owner.msg_fwds_recv,
-            rcv_service_stats: owner.rcv_service_stats,
-            ntf_service_stats: owner.ntf_service_stats,
-            relay: {
-                let mut r = *store;
-                r.add(&owner.relay);
-                r
-            },
-            ..MetricsSnapshot::default()
-        }
-    }
-
-    /// The counters a daily statistics line reports and then resets (simplexmq `Server.hs`,
-    /// `logServerStats`: the ones it swaps with 0); every other field 0.
-    pub fn daily_part(&self) -> MetricsSnapshot {
-        let s = self;
-        MetricsSnapshot {
-            queues_created: s.queues_created,
-            queues_secured: s.queues_secured,
-            queues_deleted: s.queues_deleted,
-            queues_deleted_batches: s.queues_deleted_batches,
-            queues_deleted_new: s.queues_deleted_new,
-            queues_deleted_secured: s.queues_deleted_secured,
-            queues_blocked: s.queues_blocked,
-            sub_successes: s.sub_successes,
-            sub_batches: s.sub_batches,
-            sub_auth: s.sub_auth,
-            sub_duplicate: s.sub_duplicate,
-            sub_prohibited: s.sub_prohibited,
-            sub_end: s.sub_end,
-            sub_end_batches: s.sub_end_batches,
-            ntf_created: s.ntf_created,
-            ntf_deleted: s.ntf_deleted,
-            ntf_deleted_batches: s.ntf_deleted_batches,
-            ntf_sub: s.ntf_sub,
-            ntf_sub_batches: s.ntf_sub_batches,
-            ntf_sub_auth: s.ntf_sub_auth,
-            ntf_sub_duplicate: s.ntf_sub_duplicate,
-            msg_sent: s.msg_sent,
-            msg_sent_auth: s.msg_sent_auth,
-            msg_sent_quota: s.msg_sent_quota,
-            msg_sent_large: s.msg_sent_large,
-            msg_recv: s.msg_recv,
-            msg_recv_get: s.msg_recv_get,
-            msg_get: s.msg_get,
-            msg_get_no_msg: s.msg_get_no_msg,
-            msg_get_auth: s.msg_get_auth,
-            msg_get_duplicate: s.msg_get_duplicate,
-            msg_get_prohibited: s.msg_get_prohibited,
-            msg_expired: s.msg_expired,
-            msg_sent_ntf: s.msg_sent_ntf,
-            msg_recv_ntf: s.msg_recv_ntf,
-            msg_ntfs: s.msg_ntfs,
-            msg_ntfs_batches: s.msg_ntfs_batches,
-            msg_ntf_no_sub: s.msg_ntf_no_sub,
-            msg_ntf_lost: s.msg_ntf_lost,
-            msg_ntf_expired: s.msg_ntf_expired,
-            p_relays: s.p_relays,
-            p_relays_own: s.p_relays_own,
-            p_msg_fwds: s.p_msg_fwds,
-            p_msg_fwds_own: s.p_msg_fwds_own,
-            p_msg_fwds_recv: s.p_msg_fwds_recv,
-            rslv_reqs: s.rslv_reqs,
-            rslv_success: s.rslv_success,
-            rslv_not_found: s.rslv_not_found,
-            rslv_resolver_errs: s.rslv_resolver_errs,
-            rslv_disabled: s.rslv_disabled,
-            ..MetricsSnapshot::default()
-        }
+    pub fn from_shard(owner: &MetricsSnapshot, store: &StoreCounters) -> Self {
+        let mut m = *owner;
+        m.relay.add(store);
+        // Each END or DELD goes out at once, a batch of its own (`docs/ARCHITECTURE.md` §3, O5).
+        m.sub_end_batches = m.sub_end;
+        m
     }
 }
 
@@ -1765,6 +1616,13 @@ mod tests {
             total.ntf_new_created,
             2 * MetricsSnapshot::numbered(0).ntf_new_created
         );
+        // As the reference's `logServerStats`: msgSentBlock is not reset, pMsgFwdsRecv and the
+        // RSLV counters are.
+        assert_eq!(
+            total.msg_sent_block,
+            2 * MetricsSnapshot::numbered(0).msg_sent_block
+        );
+        assert_eq!((total.p_msg_fwds_recv, total.rslv_disabled), (0, 0));
     }
 
     #[test]
@@ -1816,30 +1674,30 @@ mod tests {
     }
 
     #[test]
-    fn from_shard_copies_the_counters() {
-        let owner = OwnerStats {
+    fn from_shard_adds_the_store_and_counts_each_end_as_its_batch() {
+        let owner = MetricsSnapshot {
             queues_created: 3,
-            subs: 5,
+            sub_successes: 5,
+            sub_end: 2,
             msg_get_duplicate: 2,
-            ..OwnerStats::default()
+            relay: crate::counters::RelayCounters {
+                verify_batches: 4,
+                store_peek_first_calls: 10,
+                ..Default::default()
+            },
+            ..MetricsSnapshot::default()
         };
         let store = StoreCounters {
             store_peek_first_calls: 1,
             store_peek_first_many_calls: 2,
             ..StoreCounters::default()
         };
-        let owner = OwnerStats {
-            relay: crate::counters::RelayCounters {
-                verify_batches: 4,
-                ..Default::default()
-            },
-            ..owner
-        };
         let s = MetricsSnapshot::from_shard(&owner, &store);
         assert_eq!(s.queues_created, 3);
         assert_eq!(s.sub_successes, 5);
         assert_eq!(s.msg_get_duplicate, 2);
-        assert_eq!(s.relay.store_peek_first_calls, 1);
+        assert_eq!((s.sub_end, s.sub_end_batches), (2, 2));
+        assert_eq!(s.relay.store_peek_first_calls, 11);
         assert_eq!(s.relay.store_peek_first_many_calls, 2);
         assert_eq!(s.relay.verify_batches, 4);
     }

@@ -51,9 +51,6 @@ pub struct ConnEntries {
     pub ntf_subs: HashSet<EntityId>,
 }
 
-/// Counters of an owner, kept with the metrics that export them.
-pub use crate::metrics::OwnerStats;
-
 /// A connection's allowance of failed signature verifications on one owner: a token bucket.
 struct VerifyBudget {
     left: u32,
@@ -142,7 +139,9 @@ pub struct Owner<S> {
     /// Notifier ID → the connection subscribed to its notifications.
     pub ntf_subs: RefCell<HashMap<EntityId, Session>>,
     pub by_conn: RefCell<HashMap<ConnRef, ConnEntries>>,
-    pub stats: RefCell<OwnerStats>,
+    /// The owner's counters, as the metrics snapshot declares them (`metrics.rs`, `snapshot!`):
+    /// a shard's numbers are these with its store's and connections' added (`shard/rounds.rs`).
+    pub stats: RefCell<crate::metrics::MetricsSnapshot>,
     /// Queues with messages sent or received this day, week and month (`metrics::Activity`).
     pub activity: RefCell<crate::metrics::Activity>,
     /// Seconds from a SUB-mode delivery to its ACK.

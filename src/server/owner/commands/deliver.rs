@@ -224,7 +224,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 s.delivered_at = now_secs();
             }
             if !repeated {
-                self.stats.borrow_mut().subs += 1;
+                self.stats.borrow_mut().sub_successes += 1;
             }
             let delivery = self.delivery(rid, m.msg_id());
             turn.sub_msgs

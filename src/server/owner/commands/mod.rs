@@ -502,7 +502,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             Some(f) => {
                 let (t, sealed) = forward::respond(session, f, corr_id, entity, msg);
                 if sealed {
-                    self.stats.borrow_mut().msg_fwds_recv += 1;
+                    self.stats.borrow_mut().p_msg_fwds_recv += 1;
                 }
                 t
             }

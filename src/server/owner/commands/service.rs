@@ -299,7 +299,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             let holder = self.subs.borrow().get(&rid).map(|s| s.session.conn);
             match holder {
                 Some(c) if c == session.conn => {
-                    self.stats.borrow_mut().service_sub_duplicates += 1;
+                    self.stats.borrow_mut().rcv_services_sub_duplicate += 1;
                 }
                 Some(c) if Some(c) == prev => {
                     self.subs.borrow_mut().remove(&rid);
@@ -348,7 +348,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 },
             );
             self.entries(session.conn, |e| e.subs.insert(rid.clone()));
-            self.stats.borrow_mut().service_sub_msgs += 1;
+            self.stats.borrow_mut().rcv_services_sub_msg += 1;
             let t = msg_transmission(session, b"", rid, &secret, &m);
             let delivery = self.delivery(rid, m.msg_id());
             self.send_delivery(session.conn, t, delivery);
