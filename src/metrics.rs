@@ -209,12 +209,25 @@ impl ServiceStats {
 /// Declares [`MetricsSnapshot`] with its plain `u64` fields listed once, so that summing shards,
 /// subtracting a baseline, the daily reset and the unit tests cannot forget one. A field marked
 /// `[daily]` is one the reference's daily statistics line reports and then starts again from 0
-/// (simplexmq `Server.hs`, `logServerStats`: the counters it swaps with 0).
+/// (simplexmq `Server.hs`, `logServerStats`: the counters it swaps with 0); `= "key"` is its
+/// name in the reference (`keys`), which the backup file, the control port's `stats` and the
+/// metrics' comments print. A reference counter is then this line, its `+=` (an owner's
+/// `Owner::stats`, or the shard's own numbers in `shard/rounds.rs`) and its place in each of the
+/// reference's layouts (`render`, `stats_file.rs`, the control port's `render_stats`), which
+/// name it by field.
 macro_rules! snapshot {
     (@daily $d:ident, $s:ident, $field:ident, daily) => {
         $d.$field = $s.$field;
     };
-    ($($(#[$doc:meta])* $field:ident $([$mark:ident])?,)*) => {
+    ($($(#[$doc:meta])* $field:ident $([$mark:ident])? $(= $key:literal)?,)*) => {
+        /// The reference's name of each counter that has one (its `ServerStats` field, simplexmq
+        /// `src/Simplex/Messaging/Server/Stats.hs`): the key of its line in the statistics backup
+        /// and in the control port's `stats`, and the comment of its metric.
+        #[allow(non_upper_case_globals)]
+        pub mod keys {
+            $($(pub const $field: &str = $key;)?)*
+        }
+
         /// Plain numbers, per shard or summed over shards. Counters only grow while the relay runs
         /// (until a daily statistics line resets the reference's, `log_stats`); gauges are
         /// current values.
@@ -291,55 +304,55 @@ macro_rules! snapshot {
 }
 
 snapshot! {
-    queues_created [daily],
-    queues_secured [daily],
-    queues_deleted [daily],
+    queues_created [daily] = "qCreated",
+    queues_secured [daily] = "qSecured",
+    queues_deleted [daily] = "qDeletedAll",
     /// `qDeletedNew`, `qDeletedSecured`, `qDeletedAllB` (blocks of DELs), `qBlocked`.
-    queues_deleted_new [daily],
-    queues_deleted_secured [daily],
-    queues_deleted_batches [daily],
-    queues_blocked [daily],
-    msg_sent [daily],
-    msg_sent_auth [daily],
-    msg_sent_quota [daily],
-    msg_sent_large [daily],
-    msg_sent_block,
-    msg_recv [daily],
-    msg_expired [daily],
+    queues_deleted_new [daily] = "qDeletedNew",
+    queues_deleted_secured [daily] = "qDeletedSecured",
+    queues_deleted_batches [daily] = "qDeletedAllB",
+    queues_blocked [daily] = "qBlocked",
+    msg_sent [daily] = "msgSent",
+    msg_sent_auth [daily] = "msgSentAuth",
+    msg_sent_quota [daily] = "msgSentQuota",
+    msg_sent_large [daily] = "msgSentLarge",
+    msg_sent_block = "msgSentBlock",
+    msg_recv [daily] = "msgRecv",
+    msg_expired [daily] = "msgExpired",
     /// Notifications sent to notification servers (`msgNtfs`), in batches (`msgNtfsB`); none
     /// is ever lost or sent without a subscriber here (`msgNtfNoSub`, `msgNtfLost`: 0, as on the
     /// reference); expired (`msgNtfExpired`).
-    msg_ntfs [daily],
-    msg_ntfs_batches [daily],
-    msg_ntf_no_sub [daily],
-    msg_ntf_lost [daily],
-    msg_ntf_expired [daily],
+    msg_ntfs [daily] = "msgNtfs",
+    msg_ntfs_batches [daily] = "msgNtfsB",
+    msg_ntf_no_sub [daily] = "msgNtfNoSub",
+    msg_ntf_lost [daily] = "msgNtfLost",
+    msg_ntf_expired [daily] = "msgNtfExpired",
     /// New subscriptions that delivered a waiting message (`qSub`).
-    sub_successes [daily],
+    sub_successes [daily] = "qSub",
     /// Blocks of SUBs (`qSubAllB`).
-    sub_batches [daily],
-    sub_auth [daily],
-    sub_duplicate [daily],
-    sub_prohibited [daily],
+    sub_batches [daily] = "qSubAllB",
+    sub_auth [daily] = "qSubAuth",
+    sub_duplicate [daily] = "qSubDuplicate",
+    sub_prohibited [daily] = "qSubProhibited",
     /// END and DELD events sent (`qSubEnd`), in batches (`qSubEndB`).
-    sub_end [daily],
-    sub_end_batches [daily],
-    msg_sent_ntf [daily],
-    msg_recv_ntf [daily],
-    msg_get [daily],
-    msg_recv_get [daily],
-    msg_get_no_msg [daily],
-    msg_get_auth [daily],
-    msg_get_duplicate [daily],
-    msg_get_prohibited [daily],
-    ntf_created [daily],
-    ntf_new_created,
-    ntf_deleted [daily],
-    ntf_deleted_batches [daily],
-    ntf_sub [daily],
-    ntf_sub_batches [daily],
-    ntf_sub_auth [daily],
-    ntf_sub_duplicate [daily],
+    sub_end [daily] = "qSubEnd",
+    sub_end_batches [daily] = "qSubEndB",
+    msg_sent_ntf [daily] = "msgSentNtf",
+    msg_recv_ntf [daily] = "msgRecvNtf",
+    msg_get [daily] = "msgGet",
+    msg_recv_get [daily] = "msgRecvGet",
+    msg_get_no_msg [daily] = "msgGetNoMsg",
+    msg_get_auth [daily] = "msgGetAuth",
+    msg_get_duplicate [daily] = "msgGetDuplicate",
+    msg_get_prohibited [daily] = "msgGetProhibited",
+    ntf_created [daily] = "ntfCreated",
+    ntf_new_created = "ntfNewCreated",
+    ntf_deleted [daily] = "ntfDeleted",
+    ntf_deleted_batches [daily] = "ntfDeletedB",
+    ntf_sub [daily] = "ntfSub",
+    ntf_sub_batches [daily] = "ntfSubB",
+    ntf_sub_auth [daily] = "ntfSubAuth",
+    ntf_sub_duplicate [daily] = "ntfSubDuplicate",
     /// RSLV requests, and those refused for want of a resolver (every one here).
     rslv_reqs [daily],
     rslv_success [daily],
@@ -355,7 +368,7 @@ snapshot! {
     active_ntf_week,
     active_ntf_month,
     /// Gauge: queues in the store.
-    queue_count,
+    queue_count = "qCount",
     /// Gauge: messages in the store (quota markers included).
     msg_count,
     /// Gauges: notifications waiting (`ntfCount`), queues with a notifier.
@@ -593,14 +606,14 @@ pub fn render(s: &MetricsSnapshot, x: &Extra, now_ms: u64) -> String {
         Counter,
         "Created queues",
         s.queues_created,
-        "qCreated",
+        keys::queues_created,
     );
     w.one(
         "simplex_smp_queues_secured",
         Counter,
         "Secured queues",
         s.queues_secured,
-        "qSecured",
+        keys::queues_secured,
     );
     w.family(
         "simplex_smp_queues_deleted",
@@ -608,11 +621,15 @@ pub fn render(s: &MetricsSnapshot, x: &Extra, now_ms: u64) -> String {
         "Deleted queues",
         &[
             ("{type=\"all\"}", s.queues_deleted, "qDeleted"),
-            ("{type=\"new\"}", s.queues_deleted_new, "qDeletedNew"),
+            (
+                "{type=\"new\"}",
+                s.queues_deleted_new,
+                keys::queues_deleted_new,
+            ),
             (
                 "{type=\"secured\"}",
                 s.queues_deleted_secured,
-                "qDeletedSecured",
+                keys::queues_deleted_secured,
             ),
         ],
     );
@@ -621,21 +638,21 @@ pub fn render(s: &MetricsSnapshot, x: &Extra, now_ms: u64) -> String {
         Counter,
         "Deleted queues",
         s.queues_blocked,
-        "qBlocked",
+        keys::queues_blocked,
     );
     w.one(
         "simplex_smp_queues_deleted_batch",
         Counter,
         "Batched requests to delete queues",
         s.queues_deleted_batches,
-        "qDeletedAllB",
+        keys::queues_deleted_batches,
     );
     w.one(
         "simplex_smp_queues_total1",
         Gauge,
         "Total number of stored queues (first type of count).",
         s.queue_count,
-        "qCount",
+        keys::queue_count,
     );
     w.one(
         "simplex_smp_queues_total2",
@@ -690,37 +707,41 @@ pub fn render(s: &MetricsSnapshot, x: &Extra, now_ms: u64) -> String {
         Counter,
         "Successful subscriptions.",
         s.sub_successes,
-        "qSub",
+        keys::sub_successes,
     );
     w.one(
         "simplex_smp_subscribtion_successes_batch",
         Counter,
         "Batched successful subscriptions.",
         s.sub_batches,
-        "qSubAllB",
+        keys::sub_batches,
     );
     w.one(
         "simplex_smp_subscribtion_end",
         Counter,
         "Ended subscriptions.",
         s.sub_end,
-        "qSubEnd",
+        keys::sub_end,
     );
     w.one(
         "simplex_smp_subscribtion_end_batch",
         Counter,
         "Batched ended subscriptions.",
         s.sub_end_batches,
-        "qSubEndB",
+        keys::sub_end_batches,
     );
     w.family(
         "simplex_smp_subscribtion_errors",
         Counter,
         "Subscription errors.",
         &[
-            ("{type=\"auth\"}", s.sub_auth, "qSubAuth"),
-            ("{type=\"duplicate\"}", s.sub_duplicate, "qSubDuplicate"),
-            ("{type=\"prohibited\"}", s.sub_prohibited, "qSubProhibited"),
+            ("{type=\"auth\"}", s.sub_auth, keys::sub_auth),
+            ("{type=\"duplicate\"}", s.sub_duplicate, keys::sub_duplicate),
+            (
+                "{type=\"prohibited\"}",
+                s.sub_prohibited,
+                keys::sub_prohibited,
+            ),
         ],
     );
     w.section("Messages", true);
@@ -729,17 +750,17 @@ pub fn render(s: &MetricsSnapshot, x: &Extra, now_ms: u64) -> String {
         Counter,
         "Sent messages.",
         s.msg_sent,
-        "msgSent",
+        keys::msg_sent,
     );
     w.family(
         "simplex_smp_messages_sent_errors",
         Counter,
         "Total number of messages errors by type.",
         &[
-            ("{type=\"auth\"}", s.msg_sent_auth, "msgSentAuth"),
-            ("{type=\"quota\"}", s.msg_sent_quota, "msgSentQuota"),
-            ("{type=\"large\"}", s.msg_sent_large, "msgSentLarge"),
-            ("{type=\"block\"}", s.msg_sent_block, "msgSentBlock"),
+            ("{type=\"auth\"}", s.msg_sent_auth, keys::msg_sent_auth),
+            ("{type=\"quota\"}", s.msg_sent_quota, keys::msg_sent_quota),
+            ("{type=\"large\"}", s.msg_sent_large, keys::msg_sent_large),
+            ("{type=\"block\"}", s.msg_sent_block, keys::msg_sent_block),
         ],
     );
     w.one(
@@ -747,14 +768,14 @@ pub fn render(s: &MetricsSnapshot, x: &Extra, now_ms: u64) -> String {
         Counter,
         "Received messages.",
         s.msg_recv,
-        "msgRecv",
+        keys::msg_recv,
     );
     w.one(
         "simplex_smp_messages_expired",
         Counter,
         "Expired messages.",
         s.msg_expired,
-        "msgExpired",
+        keys::msg_expired,
     );
     w.one(
         "simplex_smp_messages_total",
@@ -769,45 +790,45 @@ pub fn render(s: &MetricsSnapshot, x: &Extra, now_ms: u64) -> String {
         Counter,
         "Sent messages with notification flag (cleint).",
         s.msg_sent_ntf,
-        "msgSentNtf",
+        keys::msg_sent_ntf,
     );
     w.one(
         "simplex_smp_messages_notify_received",
         Counter,
         "Received messages with notification flag (client).",
         s.msg_recv_ntf,
-        "msgRecvNtf",
+        keys::msg_recv_ntf,
     );
     w.one(
         "simplex_smp_messages_notify_get_sent",
         Counter,
         "Requests to get messages with notification flag (client).",
         s.msg_get,
-        "msgGet",
+        keys::msg_get,
     );
     w.one(
         "simplex_smp_messages_notify_get_received",
         Counter,
         "Succesfully received get requests messages with notification flag (client).",
         s.msg_recv_get,
-        "msgRecvGet",
+        keys::msg_recv_get,
     );
     w.family(
         "simplex_smp_messages_notify_get_errors",
         Counter,
         "Error events with messages with notification flag (client). ",
         &[
-            ("{type=\"nomsg\"}", s.msg_get_no_msg, "msgGetNoMsg"),
-            ("{type=\"auth\"}", s.msg_get_auth, "msgGetAuth"),
+            ("{type=\"nomsg\"}", s.msg_get_no_msg, keys::msg_get_no_msg),
+            ("{type=\"auth\"}", s.msg_get_auth, keys::msg_get_auth),
             (
                 "{type=\"duplicate\"}",
                 s.msg_get_duplicate,
-                "msgGetDuplicate",
+                keys::msg_get_duplicate,
             ),
             (
                 "{type=\"prohibited\"}",
                 s.msg_get_prohibited,
-                "msgGetProhibited",
+                keys::msg_get_prohibited,
             ),
         ],
     );
@@ -816,28 +837,28 @@ pub fn render(s: &MetricsSnapshot, x: &Extra, now_ms: u64) -> String {
         Counter,
         "Created queue notification credentials.",
         s.ntf_created,
-        "ntfCreated",
+        keys::ntf_created,
     );
     w.one(
         "simplex_smp_queues_notify_new_created",
         Counter,
         "Created new queues with notification credentials.",
         s.ntf_new_created,
-        "ntfNewCreated",
+        keys::ntf_new_created,
     );
     w.one(
         "simplex_smp_queues_notify_deleted",
         Counter,
         "Deleted queue notification credentials.",
         s.ntf_deleted,
-        "ntfDeleted",
+        keys::ntf_deleted,
     );
     w.one(
         "simplex_smp_queues_notify_deleted_batch",
         Counter,
         "Deleted batched queue notification credentials.",
         s.ntf_deleted_batches,
-        "ntfDeletedB",
+        keys::ntf_deleted_batches,
     );
     w.one(
         "simplex_smp_queues_notify_total1",
@@ -859,23 +880,27 @@ pub fn render(s: &MetricsSnapshot, x: &Extra, now_ms: u64) -> String {
         Counter,
         "Successful events with notification messages (to ntf server). ",
         s.msg_ntfs,
-        "msgNtfs",
+        keys::msg_ntfs,
     );
     w.one(
         "simplex_smp_messages_ntf_successes_batch",
         Counter,
         "Successful batched events with notification messages (to ntf server). ",
         s.msg_ntfs_batches,
-        "msgNtfsB",
+        keys::msg_ntfs_batches,
     );
     w.family(
         "simplex_smp_messages_ntf_errors",
         Counter,
         "Error events with notification messages (to ntf server). ",
         &[
-            ("{type=\"nosub\"}", s.msg_ntf_no_sub, "msgNtfNoSub"),
-            ("{type=\"lost\"}", s.msg_ntf_lost, "msgNtfLost"),
-            ("{type=\"expired\"}", s.msg_ntf_expired, "msgNtfExpired"),
+            ("{type=\"nosub\"}", s.msg_ntf_no_sub, keys::msg_ntf_no_sub),
+            ("{type=\"lost\"}", s.msg_ntf_lost, keys::msg_ntf_lost),
+            (
+                "{type=\"expired\"}",
+                s.msg_ntf_expired,
+                keys::msg_ntf_expired,
+            ),
         ],
     );
     w.one(
@@ -883,25 +908,25 @@ pub fn render(s: &MetricsSnapshot, x: &Extra, now_ms: u64) -> String {
         Counter,
         "Subscription requests with notification flag (from ntf server). ",
         s.ntf_sub,
-        "ntfSub",
+        keys::ntf_sub,
     );
     w.one(
         "simplex_smp_subscription_ntf_requests_batch",
         Counter,
         "Batched subscription requests with notification flag (from ntf server). ",
         s.ntf_sub_batches,
-        "ntfSubB",
+        keys::ntf_sub_batches,
     );
     w.family(
         "simplex_smp_subscribtion_ntf_errors",
         Counter,
         "Subscription errors with notification flag (from ntf server). ",
         &[
-            ("{type=\"auth\"}", s.ntf_sub_auth, "ntfSubAuth"),
+            ("{type=\"auth\"}", s.ntf_sub_auth, keys::ntf_sub_auth),
             (
                 "{type=\"duplicate\"}",
                 s.ntf_sub_duplicate,
-                "ntfSubDuplicate",
+                keys::ntf_sub_duplicate,
             ),
         ],
     );

@@ -7,7 +7,9 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use crate::metrics::{iso8601_ms, Activity, MetricsSnapshot, PeriodSets, ProxyStats, ServiceStats};
+use crate::metrics::{
+    iso8601_ms, keys, Activity, MetricsSnapshot, PeriodSets, ProxyStats, ServiceStats,
+};
 
 pub const DAILY_FILE: &str = "smp-server-stats.daily.log";
 pub const BACKUP_FILE: &str = "smp-server-stats.log";
@@ -172,50 +174,56 @@ pub struct Backup {
 
 /// The plain `key=value` counters of the file, in the reference's order, with their fields.
 fn plain_fields(s: &mut MetricsSnapshot) -> Vec<(&'static str, &mut u64)> {
-    vec![
-        ("qCreated", &mut s.queues_created),
-        ("qSecured", &mut s.queues_secured),
-        ("qDeletedAll", &mut s.queues_deleted),
-        ("qDeletedNew", &mut s.queues_deleted_new),
-        ("qDeletedSecured", &mut s.queues_deleted_secured),
-        ("qDeletedAllB", &mut s.queues_deleted_batches),
-        ("qBlocked", &mut s.queues_blocked),
-        ("qCount", &mut s.queue_count),
-        ("qSub", &mut s.sub_successes),
-        ("qSubAllB", &mut s.sub_batches),
-        ("qSubAuth", &mut s.sub_auth),
-        ("qSubDuplicate", &mut s.sub_duplicate),
-        ("qSubProhibited", &mut s.sub_prohibited),
-        ("qSubEnd", &mut s.sub_end),
-        ("qSubEndB", &mut s.sub_end_batches),
-        ("ntfCreated", &mut s.ntf_created),
-        ("ntfNewCreated", &mut s.ntf_new_created),
-        ("ntfDeleted", &mut s.ntf_deleted),
-        ("ntfDeletedB", &mut s.ntf_deleted_batches),
-        ("ntfSub", &mut s.ntf_sub),
-        ("ntfSubB", &mut s.ntf_sub_batches),
-        ("ntfSubAuth", &mut s.ntf_sub_auth),
-        ("ntfSubDuplicate", &mut s.ntf_sub_duplicate),
-        ("msgSent", &mut s.msg_sent),
-        ("msgSentAuth", &mut s.msg_sent_auth),
-        ("msgSentQuota", &mut s.msg_sent_quota),
-        ("msgSentLarge", &mut s.msg_sent_large),
-        ("msgSentBlock", &mut s.msg_sent_block),
-        ("msgRecv", &mut s.msg_recv),
-        ("msgRecvGet", &mut s.msg_recv_get),
-        ("msgGet", &mut s.msg_get),
-        ("msgGetNoMsg", &mut s.msg_get_no_msg),
-        ("msgGetAuth", &mut s.msg_get_auth),
-        ("msgGetDuplicate", &mut s.msg_get_duplicate),
-        ("msgGetProhibited", &mut s.msg_get_prohibited),
-        ("msgExpired", &mut s.msg_expired),
-        ("msgSentNtf", &mut s.msg_sent_ntf),
-        ("msgRecvNtf", &mut s.msg_recv_ntf),
-        ("msgNtfs", &mut s.msg_ntfs),
-        ("msgNtfsB", &mut s.msg_ntfs_batches),
-        ("msgNtfNoSub", &mut s.msg_ntf_no_sub),
-        ("msgNtfLost", &mut s.msg_ntf_lost),
-        ("msgNtfExpired", &mut s.msg_ntf_expired),
+    // `(key, field)` of each counter named, its key from the snapshot's declaration.
+    macro_rules! keyed {
+        ($($f:ident),* $(,)?) => {
+            vec![$((keys::$f, &mut s.$f)),*]
+        };
+    }
+    keyed![
+        queues_created,
+        queues_secured,
+        queues_deleted,
+        queues_deleted_new,
+        queues_deleted_secured,
+        queues_deleted_batches,
+        queues_blocked,
+        queue_count,
+        sub_successes,
+        sub_batches,
+        sub_auth,
+        sub_duplicate,
+        sub_prohibited,
+        sub_end,
+        sub_end_batches,
+        ntf_created,
+        ntf_new_created,
+        ntf_deleted,
+        ntf_deleted_batches,
+        ntf_sub,
+        ntf_sub_batches,
+        ntf_sub_auth,
+        ntf_sub_duplicate,
+        msg_sent,
+        msg_sent_auth,
+        msg_sent_quota,
+        msg_sent_large,
+        msg_sent_block,
+        msg_recv,
+        msg_recv_get,
+        msg_get,
+        msg_get_no_msg,
+        msg_get_auth,
+        msg_get_duplicate,
+        msg_get_prohibited,
+        msg_expired,
+        msg_sent_ntf,
+        msg_recv_ntf,
+        msg_ntfs,
+        msg_ntfs_batches,
+        msg_ntf_no_sub,
+        msg_ntf_lost,
+        msg_ntf_expired,
     ]
 }
 

@@ -24,7 +24,7 @@ use self::request::{ClientRow, ControlMsg, QueueOp, QueueOutcome, ShardClients};
 use super::directory::IdSpace;
 use crate::limits::{MAX_CONTROL_CONNECTIONS, MAX_CONTROL_LINE_BYTES};
 use crate::log_limit::{self, RateLimited};
-use crate::metrics::{MetricsSnapshot, ProxyStats};
+use crate::metrics::{keys, MetricsSnapshot, ProxyStats};
 use crate::protocol::error::ErrorType;
 use crate::server::messages::ShardMsg;
 use crate::server::shard::context::ShardContext;
@@ -515,36 +515,44 @@ fn render_stats(m: &MetricsSnapshot, from_secs: i64, notifiers: usize, admin: bo
     };
     let mut lines = vec![
         format!("fromTime: {from_time}"),
-        format!("qCreated: {}", m.queues_created),
-        format!("qSecured: {}", m.queues_secured),
-        format!("qDeletedAll: {}", m.queues_deleted),
-        format!("qDeletedAllB: {}", m.queues_deleted_batches),
-        format!("qDeletedNew: {}", m.queues_deleted_new),
-        format!("qDeletedSecured: {}", m.queues_deleted_secured),
+        format!("{}: {}", keys::queues_created, m.queues_created),
+        format!("{}: {}", keys::queues_secured, m.queues_secured),
+        format!("{}: {}", keys::queues_deleted, m.queues_deleted),
+        format!(
+            "{}: {}",
+            keys::queues_deleted_batches,
+            m.queues_deleted_batches
+        ),
+        format!("{}: {}", keys::queues_deleted_new, m.queues_deleted_new),
+        format!(
+            "{}: {}",
+            keys::queues_deleted_secured,
+            m.queues_deleted_secured
+        ),
         format!("daily active queues: {}", m.active_day),
-        format!("qSub: {}", m.sub_successes),
-        format!("qSubAllB: {}", m.sub_batches),
-        format!("qSubEnd: {}", m.sub_end),
-        format!("qSubEndB: {}", m.sub_end_batches),
+        format!("{}: {}", keys::sub_successes, m.sub_successes),
+        format!("{}: {}", keys::sub_batches, m.sub_batches),
+        format!("{}: {}", keys::sub_end, m.sub_end),
+        format!("{}: {}", keys::sub_end_batches, m.sub_end_batches),
         format!(
             "other SUB events (auth, duplicate, prohibited): ({},{},{})",
             m.sub_auth, m.sub_duplicate, m.sub_prohibited
         ),
-        format!("msgSent: {}", m.msg_sent),
-        format!("msgRecv: {}", m.msg_recv),
-        format!("msgRecvGet: {}", m.msg_recv_get),
-        format!("msgGet: {}", m.msg_get),
-        format!("msgGetNoMsg: {}", m.msg_get_no_msg),
+        format!("{}: {}", keys::msg_sent, m.msg_sent),
+        format!("{}: {}", keys::msg_recv, m.msg_recv),
+        format!("{}: {}", keys::msg_recv_get, m.msg_recv_get),
+        format!("{}: {}", keys::msg_get, m.msg_get),
+        format!("{}: {}", keys::msg_get_no_msg, m.msg_get_no_msg),
         format!(
             "other GET events (auth, duplicate, prohibited): ({},{},{})",
             m.msg_get_auth, m.msg_get_duplicate, m.msg_get_prohibited
         ),
-        format!("msgSentNtf: {}", m.msg_sent_ntf),
-        format!("msgRecvNtf: {}", m.msg_recv_ntf),
-        format!("msgNtfs: {}", m.msg_ntfs),
-        format!("msgNtfsB: {}", m.msg_ntfs_batches),
-        format!("msgNtfExpired: {}", m.msg_ntf_expired),
-        format!("qCount: {}", m.queue_count),
+        format!("{}: {}", keys::msg_sent_ntf, m.msg_sent_ntf),
+        format!("{}: {}", keys::msg_recv_ntf, m.msg_recv_ntf),
+        format!("{}: {}", keys::msg_ntfs, m.msg_ntfs),
+        format!("{}: {}", keys::msg_ntfs_batches, m.msg_ntfs_batches),
+        format!("{}: {}", keys::msg_ntf_expired, m.msg_ntf_expired),
+        format!("{}: {}", keys::queue_count, m.queue_count),
         format!("qCount 2: {}", m.queue_count),
         format!("notifiers: {notifiers}"),
         format!("msgCount: {}", m.msg_count),
