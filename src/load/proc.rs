@@ -368,15 +368,17 @@ pub fn wait_listening(mut child: Child, timeout: Duration) -> Result<(Child, Sha
         let mut seen = false;
         for line in BufReader::new(stderr).lines() {
             let Ok(line) = line else { break };
-            if !seen && line.contains("listening") {
-                seen = true;
-                let _ = tx.send(());
-            }
+            let listening = !seen && line.contains("listening");
             if let Ok(mut l) = log2.lock() {
                 if l.len() >= MAX_LOG_LINES {
                     l.remove(0);
                 }
                 l.push(line);
+            }
+            // Told after the line is in the log, so that whoever waited finds it there.
+            if listening {
+                seen = true;
+                let _ = tx.send(());
             }
         }
     });
