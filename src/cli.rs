@@ -751,6 +751,8 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
          # socks_proxy = 127.0.0.1:9050\n\
          # Destinations on these domains are counted again as \"own\" in the proxy statistics.\n\
          # own_server_domains = example.com\n\
+         # Forwarded commands of one connection answered at once.\n\
+         # client_concurrency = 32\n\
          \n\
          [INACTIVE_CLIENTS]\n\
          # Close connections without subscriptions that sent and received nothing for ttl\n\

@@ -189,6 +189,8 @@ pub struct ProxySettings {
     pub idle_close: Duration,
     /// Destination sessions per shard, connecting or open.
     pub max_sessions_per_shard: usize,
+    /// `[PROXY] client_concurrency`: forwarded commands of one connection answered at once.
+    pub client_concurrency: usize,
     /// `[PROXY] own_server_domains`: destinations on these domains (or their subdomains) are
     /// counted again as "own" in the proxy statistics.
     pub own_server_domains: Vec<String>,
@@ -207,6 +209,7 @@ impl Default for ProxySettings {
             persist_error: Duration::from_secs(30),
             idle_close: Duration::from_secs(10 * 60),
             max_sessions_per_shard: 1024,
+            client_concurrency: crate::limits::DEFAULT_PROXIED_IN_FLIGHT,
             own_server_domains: Vec::new(),
         }
     }

@@ -36,6 +36,7 @@
 //! | `[INACTIVE_CLIENTS]` | `disconnect`, `ttl`, `check_interval` | close connections without subscriptions idle for `ttl` seconds, looked for every `check_interval` (as the reference) |
 //! | `[PROXY]` | `socks_proxy` | SOCKS5 proxy (e.g. Tor) for `.onion` destinations of PFWD; without it they are refused |
 //! | | `own_server_domains` | destinations on these domains are counted again as "own" in the proxy statistics |
+//! | | `client_concurrency` | forwarded commands (PRXY, PFWD) of one connection answered at once, 1 to 4096 (default 32) |
 //! | `[WEB]` | `https` | an SMP port that also serves web clients, split by TLS SNI (with `cert` and `key`) |
 //! | | `cert`, `key` | the web certificate chain and key (PEM) that clients naming a host get on `https` |
 //! | `[RELAY]` | `quota` | messages a queue holds before ERR QUOTA (reference: fixed 128) |
@@ -282,11 +283,6 @@ const KEYS: &[KeySpec] = &[
         "PROXY",
         "required_host_mode",
         Rule::Only("off", "the proxy does not require a host mode"),
-    ),
-    k(
-        "PROXY",
-        "client_concurrency",
-        Rule::Only("32", "forwarded commands per connection are limited to 32"),
     ),
     k(
         "NAMES",
@@ -657,7 +653,7 @@ mod tests {
              socks_proxy = 127.0.0.1:9050\n\
              own_server_domains = example.com relays.example.net\n\
              socks_mode = onion\n\
-             client_concurrency = 32\n\
+             client_concurrency = 8\n\
              [INACTIVE_CLIENTS]\n\
              disconnect = on\n\
              ttl = 600\n\
@@ -683,6 +679,7 @@ mod tests {
                 db_statement_timeout: None,
                 db_pool_wait: None,
                 pg_queue_cache: None,
+                proxy_client_concurrency: Some(8),
                 ports: Some(vec![5223, 443]),
                 websockets: Some(WebSockets(vec![8443, 80])),
                 web_https: Some(443),

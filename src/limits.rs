@@ -121,8 +121,12 @@ impl Default for OutputLimits {
     }
 }
 
-/// PRXY/PFWD of one connection being answered at once (the reference's `client_concurrency`, 32).
-pub const MAX_PROXIED_IN_FLIGHT: usize = 32;
+/// PRXY/PFWD of one connection being answered at once, by default (the reference's
+/// `client_concurrency`, 32; `[PROXY] client_concurrency` sets it).
+pub const DEFAULT_PROXIED_IN_FLIGHT: usize = 32;
+/// The most `[PROXY] client_concurrency` may allow: each forwarded command in flight holds its
+/// request and its answer (a block each) on the connection.
+pub const MAX_PROXIED_IN_FLIGHT: usize = 4096;
 
 /// Shards (pinned cores) at most: a connection records the shards it sent work to in one `u64`
 /// (`server::conn`), and `--cores` / `[RELAY] cores` beyond it are refused, not cut.

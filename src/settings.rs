@@ -507,6 +507,15 @@ start_settings! {
         ini: "PROXY" "socks_proxy" => values::socket_addr,
         flag: (long, value_name = "HOST:PORT", value_parser = values::socket_addr),
     }
+    /// Forwarded commands (PRXY, PFWD) of one connection being answered at once, 1 to 4096; a
+    /// connection's next ones wait for one to end (ini `[PROXY] client_concurrency`, the
+    /// reference's default 32).
+    proxy_client_concurrency: usize {
+        set: |c, v| c.settings.proxy.client_concurrency = v,
+        default: Some(limits::DEFAULT_PROXIED_IN_FLIGHT),
+        ini: "PROXY" "client_concurrency" => values::proxy_concurrency,
+        flag: (long, value_name = "N", value_parser = values::proxy_concurrency),
+    }
     /// Destinations on these domains (or their subdomains) are counted again as "own" in the proxy
     /// statistics (the file only, as the reference).
     own_server_domains: Vec<String> {
@@ -739,6 +748,16 @@ mod tests {
         let e = flags(&["--port", "0"]).unwrap_err();
         assert!(e.contains("expected a whole number from 1 to 65535"), "{e}");
         assert!(ini::ports("5223,0").is_err());
+        // 0 would hold every forwarded command for ever; the top is a named limit.
+        let e = flags(&["--proxy-client-concurrency", "0"]).unwrap_err();
+        assert!(e.contains("expected a whole number from 1 to 4096"), "{e}");
+        assert!(flags(&["--proxy-client-concurrency", "4097"]).is_err());
+        assert_eq!(
+            flags(&["--proxy-client-concurrency", "4096"])
+                .unwrap()
+                .proxy_client_concurrency,
+            Some(crate::limits::MAX_PROXIED_IN_FLIGHT)
+        );
         // Settings of the file only have no flag.
         for file_only in ["--create-password", "--own-server-domains"] {
             assert!(flags(&[file_only, "x"]).is_err(), "{file_only}");

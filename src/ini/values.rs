@@ -193,6 +193,12 @@ pub fn max_connections(value: &str) -> Result<usize, String> {
     number(value, 1, crate::limits::MAX_CONNECTIONS as u64 * 16).map(|n| n as usize)
 }
 
+/// Forwarded commands of one connection at once, 1 to `limits::MAX_PROXIED_IN_FLIGHT`
+/// (`[PROXY] client_concurrency`; 0 would hold every forwarded command forever).
+pub fn proxy_concurrency(value: &str) -> Result<usize, String> {
+    number(value, 1, crate::limits::MAX_PROXIED_IN_FLIGHT as u64).map(|n| n as usize)
+}
+
 /// One port, 1 to 65535 (each of `ports`, and `start --port`).
 pub fn port(value: &str) -> Result<u16, String> {
     number(value, 1, u16::MAX.into()).map(|n| n as u16)

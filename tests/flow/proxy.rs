@@ -1005,3 +1005,95 @@ fn a_hello_that_does_not_match_the_tls_session_is_a_transport_error() {
         assert_eq!(fake.finish(), None);
     }
 }
+
+/// Accepts one connection on `l` within `within`; `None` if none came.
+fn accept_within(l: &TcpListener, within: Duration) -> Option<std::net::TcpStream> {
+    l.set_nonblocking(true).expect("nonblocking listener");
+    let deadline = Instant::now() + within;
+    loop {
+        match l.accept() {
+            Ok((s, _)) => return Some(s),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                common::sleep(Duration::from_millis(20))
+            }
+            Err(_) => return None,
+        }
+    }
+}
+
+/// `[PROXY] client_concurrency` (`start --proxy-client-concurrency`, simplexmq `Server.hs`,
+/// `forkProxiedCmd`: a client's proxied commands wait while `serverClientConcurrency` are being
+/// answered). The destinations accept TCP and say nothing, so each PRXY to them is in flight until
+/// the test closes its socket. With 1, a connection's second PRXY is not started while its first
+/// is in flight, and the connection reads nothing after it meanwhile (a PING behind it is
+/// answered after the first PRXY); with the default, both destinations are asked at once.
+#[test]
+fn client_concurrency_bounds_a_connection_s_forwarded_commands() {
+    for limit in [Some("1"), None] {
+        let mut extra = vec![ALLOW_PRIVATE];
+        extra.extend(limit.iter().flat_map(|n| ["--proxy-client-concurrency", n]));
+        let proxy = proxy_relay(&extra);
+        let silent = || TcpListener::bind("127.0.0.1:0").expect("bind");
+        let (a, b) = (silent(), silent());
+        let to = |l: &TcpListener| Command::Prxy {
+            server: server_of("127.0.0.1", l.local_addr().expect("addr").port(), &[1; 32]),
+            auth: None,
+        };
+        let mut c = proxy.client();
+        let send = |c: &mut Client, corr: &[u8], cmd: Command| {
+            c.send_batch(&[ClientTransmission::new(corr, b"", cmd)])
+                .expect("send")
+        };
+        send(&mut c, b"first", to(&a));
+        let held_a = accept_within(&a, common::COMMAND_TIMEOUT).expect("the first PRXY connects");
+        send(&mut c, b"second", to(&b));
+        send(&mut c, b"ping", Command::Ping);
+        let held_b = match limit {
+            // Nothing may reach b while a is asked; 2 s is long enough for a relay that ignored
+            // the limit to connect, and a correct one never does.
+            Some(_) => {
+                let early = accept_within(&b, Duration::from_secs(2));
+                assert!(early.is_none(), "the second PRXY started during the first");
+                None
+            }
+            None => Some(
+                accept_within(&b, common::COMMAND_TIMEOUT)
+                    .expect("by default both PRXYs are in flight at once"),
+            ),
+        };
+        let is_proxy_err = |t: &smp_relay::client::ServerTransmission| {
+            matches!(t.msg, Ok(BrokerMsg::Err(ErrorType::Proxy(_))))
+        };
+        // A destination that closes fails its PRXY.
+        drop(held_a);
+        // Answers in the order the relay sent them, up to the first PRXY's.
+        let mut before = Vec::new();
+        loop {
+            let t = c.recv().expect("an answer");
+            if t.corr_id == b"first" {
+                assert!(is_proxy_err(&t), "{:?}", t.msg);
+                break;
+            }
+            before.push(t.corr_id);
+        }
+        if limit.is_some() {
+            assert!(
+                before.is_empty(),
+                "answered before the first PRXY: {before:?}"
+            );
+        }
+        // The second PRXY connects now (with the limit) or did already: fail it too.
+        let held_b = held_b.or_else(|| accept_within(&b, common::COMMAND_TIMEOUT));
+        assert!(held_b.is_some(), "the second PRXY connects");
+        drop(held_b);
+        if !before.iter().any(|t| t == b"second") {
+            let second = c.recv_for(b"second").expect("the second PRXY answered");
+            assert!(is_proxy_err(&second), "{:?}", second.msg);
+        }
+        if !before.iter().any(|t| t == b"ping") {
+            let pong = c.recv_for(b"ping").expect("PING answered");
+            assert_eq!(pong.msg, Ok(BrokerMsg::Pong));
+        }
+        proxy.assert_serves();
+    }
+}

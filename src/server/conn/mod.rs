@@ -33,7 +33,7 @@ use x25519_dalek::{PublicKey as X25519Public, StaticSecret};
 use super::router::{ConnRef, Group, GroupKind, ServiceSession, SessionInfo};
 use crate::crypto::keys::PublicAuthKey;
 use crate::crypto::{signed_key, sxbox};
-use crate::limits::{MAX_BLOCKS_IN_FLIGHT, MAX_PROXIED_IN_FLIGHT, SLOW_READER_MIN_PROGRESS_BYTES};
+use crate::limits::{MAX_BLOCKS_IN_FLIGHT, SLOW_READER_MIN_PROGRESS_BYTES};
 use crate::protocol::batch;
 use crate::protocol::command::{Command, ServiceRole};
 use crate::protocol::error::{HandshakeError, TransportError};
@@ -312,8 +312,10 @@ async fn read_loop(
     state: &Rc<OutputState>,
     sent_to: &Cell<u64>,
 ) -> Result<(), ConnError> {
-    // PRXY/PFWD of this connection being answered at once (`MAX_PROXIED_IN_FLIGHT`).
-    let proxy_slots = Rc::new(Semaphore::new(MAX_PROXIED_IN_FLIGHT as u64));
+    // PRXY/PFWD of this connection being answered at once (`[PROXY] client_concurrency`).
+    let proxy_slots = Rc::new(Semaphore::new(
+        ctx.config.settings.proxy.client_concurrency as u64,
+    ));
     let service_batch_off = Cell::new(0);
     let route_ctx = RouteCtx {
         session: info,
