@@ -2,8 +2,8 @@
 //! receiving shard's owner (`OwnerMsg`), output for its connections (`ConnMsg`), rounds of
 //! statistics (`StatsMsg`), the control port's requests (`ControlMsg`), and the shard's own
 //! (`Room`, `Hold`, `Stop`). The inbox loop (`shard/mod.rs`) hands each role to the one place that
-//! handles it: `owner::owner_job`, `ShardContext::conn_msg`, `shard/rounds.rs`,
-//! `owner::control_job` (the last and the first in `owner/jobs.rs`).
+//! handles it: `owner::owner_job` (`owner/jobs.rs`), `ShardContext::conn_msg`
+//! (`shard/context.rs`), `shard/rounds.rs`, and `owner::control_job` (`owner/jobs.rs`).
 //!
 //! Senders write the role's message (`mesh.send(shard, ConnMsg::Close { conn })`): every role
 //! converts into a `ShardMsg`.
