@@ -26,7 +26,6 @@ use crate::limits::{MAX_CONTROL_CONNECTIONS, MAX_CONTROL_LINE_BYTES};
 use crate::log_limit::{self, RateLimited};
 use crate::metrics::{keys, MetricsSnapshot, ProxyStats};
 use crate::protocol::error::ErrorType;
-use crate::server::messages::ShardMsg;
 use crate::server::shard::context::ShardContext;
 use crate::store::QueueStatus;
 
@@ -288,11 +287,11 @@ impl Port {
         let (reply, answer) = flume::bounded(1);
         self.ctx.mesh.send(
             owner,
-            ShardMsg::Control(ControlMsg::Queue {
+            ControlMsg::Queue {
                 recipient_id,
                 op,
                 reply,
-            }),
+            },
         );
         match answer.recv_async().await {
             Ok(r) => r.map_err(|e| format!("error: {}", show_error(&e))),
@@ -304,9 +303,7 @@ impl Port {
     async fn gather<T>(&self, make: impl Fn(flume::Sender<T>) -> ControlMsg) -> Option<Vec<T>> {
         let shards = self.ctx.mesh.shards();
         let (tx, rx) = flume::bounded(shards);
-        self.ctx
-            .mesh
-            .fan_out(|_| ShardMsg::Control(make(tx.clone())));
+        self.ctx.mesh.fan_out(|_| make(tx.clone()));
         drop(tx);
         let mut all = Vec::with_capacity(shards);
         for _ in 0..shards {
