@@ -1,19 +1,18 @@
 //! The ID directory (`docs/ARCHITECTURE.md` §1): sender, link and notifier IDs → recipient ID,
-//! shared by all shards. Reads are lock-free (papaya); only a queue's owner writes its IDs,
+//! shared by all shards. Reads are lock-free; only a queue's owner writes its IDs,
 //! insert-if-absent, so two queues can never share an ID however the shards interleave.
+
+mod table;
 
 use std::sync::Arc;
 
-use papaya::HashMap;
-
-use crate::store::id::IdKey;
 use crate::store::EntityId;
 
-/// Its maps hold an entry for every queue (and one more per link and notifier), so IDs are kept
-/// inline (`store/id.rs`), and hash with foldhash's seeded quality hasher: a start fills them
-/// with every queue, and a client may choose some IDs (link IDs, the corrId a short link's sender
-/// ID is derived from) but not the process's random seed.
-type Map = HashMap<IdKey, IdKey, foldhash::quality::RandomState>;
+/// Its tables hold an entry for every queue (and one more per link and notifier), so entries sit
+/// inline in the table (`directory/table.rs`), and IDs hash with foldhash's seeded quality
+/// hasher: a start fills them with every queue, and a client may choose some IDs (link IDs, the
+/// corrId a short link's sender ID is derived from) but not the process's random seed.
+type Map = table::IdTable;
 
 #[derive(Default)]
 pub struct Directory {
@@ -49,22 +48,17 @@ impl Directory {
     }
 
     pub fn lookup(&self, space: IdSpace, id: &[u8]) -> Option<EntityId> {
-        self.map(space).pin().get(id).map(IdKey::to_vec)
+        self.map(space).get(id)
     }
 
     /// Inserts `id → recipient_id` unless `id` is taken; true if inserted.
     pub fn insert(&self, space: IdSpace, id: &[u8], recipient_id: &[u8]) -> bool {
-        let m = self.map(space).pin();
-        m.try_insert(IdKey::new(id), IdKey::new(recipient_id))
-            .is_ok()
+        self.map(space).insert(id, recipient_id)
     }
 
     /// Removes `id` if it still maps to `recipient_id` (an owner only ever removes its own IDs).
     pub fn remove(&self, space: IdSpace, id: &[u8], recipient_id: &[u8]) {
-        let m = self.map(space).pin();
-        if m.get(id).map(|r| r.as_slice() == recipient_id) == Some(true) {
-            m.remove(id);
-        }
+        self.map(space).remove_if(id, recipient_id);
     }
 
     pub fn service_conn_opened(&self, shard: usize, conn: u64) {
@@ -81,7 +75,7 @@ impl Directory {
 
     /// Makes room for `n` more IDs of `space` at once, instead of growing step by step.
     pub fn reserve(&self, space: IdSpace, n: usize) {
-        self.map(space).pin().reserve(n);
+        self.map(space).reserve(n);
     }
 
     pub fn len(&self, space: IdSpace) -> usize {

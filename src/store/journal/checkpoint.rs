@@ -301,9 +301,21 @@ impl<F: Fs> Data<F> {
             return Err(bad("version"));
         }
         let nq = r.word32().map_err(|_| bad("queue count"))?;
+        let mut queues = Vec::with_capacity((nq as usize).min(1 << 20));
         for _ in 0..nq {
-            self.load_queue(g, &mut r, version)
-                .map_err(|_| bad("queue"))??;
+            queues.push(
+                self.load_queue(g, &mut r, version)
+                    .map_err(|_| bad("queue"))??,
+            );
+        }
+        // Built at once, the index's B-tree has full nodes; inserted one by one in key order
+        // (the order a checkpoint keeps) it would split every node half full, costing an idle
+        // queue about 40 bytes more (`docs/ARCHITECTURE.md` §5, memory per queue).
+        let grp = self.group_mut(g);
+        if grp.queues.is_empty() {
+            grp.queues = queues.into_iter().collect();
+        } else {
+            grp.queues.extend(queues);
         }
         let nn = r.word32().map_err(|_| bad("notifier count"))?;
         for _ in 0..nn {
@@ -322,8 +334,8 @@ impl<F: Fs> Data<F> {
         g: u32,
         r: &mut Reader<'_>,
         version: u8,
-    ) -> DResult<Result<(), String>> {
-        let rid: EntityId = id(r)?.to_vec();
+    ) -> DResult<Result<(IdKey, QueueEntry), String>> {
+        let rid = IdKey::new(id(r)?);
         let ids = match record_ids(bytes(r)?) {
             Ok(ids) => ids,
             Err(e) => return Ok(Err(e)),
@@ -357,16 +369,15 @@ impl<F: Fs> Data<F> {
         for m in &msgs {
             grp.live.add(m.loc.segment, m.len);
         }
-        grp.queues.insert(
-            IdKey::new(&rid),
+        Ok(Ok((
+            rid,
             QueueEntry {
                 rec_loc,
                 rec_len,
                 msgs: msgs.into(),
                 notifier,
             },
-        );
-        Ok(Ok(()))
+        )))
     }
 
     fn load_ntfs(&mut self, g: u32, r: &mut Reader<'_>) -> DResult<Result<(), String>> {

@@ -1,0 +1,485 @@
+//! The directory's table of 24-byte IDs (`docs/ARCHITECTURE.md` §5, memory per queue): an ID →
+//! recipient ID entry is 48 bytes inline in an open-addressing table, plus one control byte, with
+//! no allocation of its own (a general concurrent map allocates a node per entry, which doubled
+//! what the directory cost per queue).
+//!
+//! The table is split into [`PARTS`] partitions by a seeded hash of the ID. A partition's slots
+//! are read without a lock: a reader notes the partition's sequence number, probes, and probes
+//! again if the number moved meanwhile (a sequence lock, made of atomics only). Writers are the
+//! queues' owners (NEW, DEL, NKEY, LSET: rare next to lookups) and take the partition's mutex, so
+//! an insert-if-absent is exact. A partition grows by a quarter when it is 7/8 full (entries and
+//! removed slots), into a new slot array published through an epoch-reclaimed pointer, so a
+//! reader still on the old array reads it whole.
+
+use std::hash::BuildHasher;
+use std::sync::atomic::{fence, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use crossbeam_epoch::{self as epoch, Atomic, Owned};
+
+use crate::store::id::IdKey;
+
+/// The ID length the table holds; the relay draws every ID it makes at this length.
+pub const ID_LEN: usize = 24;
+
+/// Partitions: enough that writers on different shards rarely meet and that one partition's
+/// growth copies a small part of the table.
+pub const PARTS: usize = 4096;
+const PART_BITS: u32 = PARTS.trailing_zeros();
+/// Hash bits that place an entry in its partition's array (below the partition's bits and
+/// above the tag's).
+const LOW_BITS: u32 = 64 - PART_BITS - 7;
+
+/// Words of an entry: the ID, then the recipient ID.
+const WORDS: usize = 2 * ID_LEN / 8;
+
+/// Control bytes: a slot is empty, was emptied (probes pass over it), or holds an entry whose
+/// hash has this tag (the high bit set).
+const EMPTY: u8 = 0;
+const REMOVED: u8 = 1;
+const FULL: u8 = 0x80;
+
+/// A partition's slots before its first growth.
+const FIRST_SLOTS: usize = 16;
+
+pub struct IdTable {
+    parts: Box<[Part]>,
+    hasher: foldhash::quality::RandomState,
+    /// Entries in `parts`.
+    len: AtomicUsize,
+    /// Entries whose ID or value is not [`ID_LEN`] bytes (a link ID a client chose, data
+    /// imported from elsewhere): rare, so a general map. An ID of [`ID_LEN`] bytes is written
+    /// here under its partition's writer lock, so an ID is never in both.
+    other: LongMap,
+}
+
+type LongMap = papaya::HashMap<IdKey, IdKey, foldhash::quality::RandomState>;
+
+#[derive(Default)]
+struct Part {
+    /// Odd while a writer changes the slots.
+    seq: AtomicU64,
+    slots: Atomic<Slots>,
+    writer: Mutex<Counts>,
+}
+
+#[derive(Default)]
+struct Counts {
+    full: usize,
+    removed: usize,
+}
+
+struct Slots {
+    ctrl: Box<[AtomicU8]>,
+    words: Box<[AtomicU64]>,
+}
+
+impl Slots {
+    fn new(n: usize) -> Self {
+        Slots {
+            ctrl: (0..n).map(|_| AtomicU8::new(EMPTY)).collect(),
+            words: (0..n * WORDS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.ctrl.len()
+    }
+
+    fn key_is(&self, slot: usize, key: &[u64; 3]) -> bool {
+        let w = &self.words[slot * WORDS..];
+        (0..3).all(|i| w[i].load(Ordering::Relaxed) == key[i])
+    }
+
+    fn value(&self, slot: usize) -> [u64; 3] {
+        let w = &self.words[slot * WORDS + 3..];
+        [0, 1, 2].map(|i| w[i].load(Ordering::Relaxed))
+    }
+
+    fn set(&self, slot: usize, tag: u8, key: &[u64; 3], value: &[u64; 3]) {
+        let w = &self.words[slot * WORDS..];
+        for i in 0..3 {
+            w[i].store(key[i], Ordering::Relaxed);
+            w[3 + i].store(value[i], Ordering::Relaxed);
+        }
+        self.ctrl[slot].store(tag, Ordering::Relaxed);
+    }
+
+    /// The slot of `key`, or `None`; every slot is looked at most once, so a probe ends even
+    /// over slots a writer is changing (the reader's sequence check then discards it).
+    fn find(&self, home: usize, tag: u8, key: &[u64; 3]) -> Option<usize> {
+        let n = self.len();
+        let mut i = home;
+        for _ in 0..n {
+            match self.ctrl[i].load(Ordering::Relaxed) {
+                EMPTY => return None,
+                c if c == tag && self.key_is(i, key) => return Some(i),
+                _ => {}
+            }
+            i = if i + 1 == n { 0 } else { i + 1 };
+        }
+        None
+    }
+
+    /// The first slot from `home` that takes a new entry (empty or removed). The caller has
+    /// made sure one exists.
+    fn free_from(&self, home: usize) -> usize {
+        let n = self.len();
+        let mut i = home;
+        while self.ctrl[i].load(Ordering::Relaxed) >= FULL {
+            i = if i + 1 == n { 0 } else { i + 1 };
+        }
+        i
+    }
+}
+
+fn words(id: &[u8]) -> [u64; 3] {
+    let mut w = [0u64; 3];
+    for (i, c) in id.chunks_exact(8).enumerate() {
+        w[i] = u64::from_le_bytes(c.try_into().expect("8-byte chunk"));
+    }
+    w
+}
+
+fn bytes(w: &[u64; 3]) -> Vec<u8> {
+    w.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Where a hash points: its partition (top bits), its tag, and its home slot among `n`.
+struct Hashed {
+    part: usize,
+    tag: u8,
+    low: u64,
+}
+
+impl Hashed {
+    fn home(&self, n: usize) -> usize {
+        ((u128::from(self.low) * n as u128) >> LOW_BITS) as usize
+    }
+}
+
+impl Default for IdTable {
+    fn default() -> Self {
+        IdTable {
+            parts: (0..PARTS).map(|_| Part::default()).collect(),
+            hasher: foldhash::quality::RandomState::default(),
+            len: AtomicUsize::new(0),
+            other: LongMap::default(),
+        }
+    }
+}
+
+impl IdTable {
+    fn hashed(&self, id: &[u8]) -> Hashed {
+        let h = self.hasher.hash_one(id);
+        Hashed {
+            part: (h >> (64 - PART_BITS)) as usize,
+            tag: FULL | (h as u8 & 0x7f),
+            low: (h >> 7) & ((1u64 << LOW_BITS) - 1),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed) + self.other.len()
+    }
+
+    /// The value `id` maps to.
+    pub fn get(&self, id: &[u8]) -> Option<Vec<u8>> {
+        let found = if id.len() == ID_LEN {
+            self.get_inline(id)
+        } else {
+            None
+        };
+        found.or_else(|| {
+            (!self.other.is_empty())
+                .then(|| self.other.pin().get(id).map(IdKey::to_vec))
+                .flatten()
+        })
+    }
+
+    /// Inserts `id → value` unless `id` is present; true if inserted.
+    pub fn insert(&self, id: &[u8], value: &[u8]) -> bool {
+        if id.len() != ID_LEN {
+            return self
+                .other
+                .pin()
+                .try_insert(IdKey::new(id), IdKey::new(value))
+                .is_ok();
+        }
+        self.write(id, |part, counts, slots, h, key| {
+            if slots.find(h.home(slots.len()), h.tag, key).is_some()
+                || (!self.other.is_empty() && self.other.pin().contains_key(id))
+            {
+                return false;
+            }
+            if value.len() != ID_LEN {
+                return self
+                    .other
+                    .pin()
+                    .try_insert(IdKey::new(id), IdKey::new(value))
+                    .is_ok();
+            }
+            let slot = slots.free_from(h.home(slots.len()));
+            if slots.ctrl[slot].load(Ordering::Relaxed) == REMOVED {
+                counts.removed -= 1;
+            }
+            Self::changing(part, || slots.set(slot, h.tag, key, &words(value)));
+            counts.full += 1;
+            self.len.fetch_add(1, Ordering::Relaxed);
+            true
+        })
+    }
+
+    /// Removes `id` if it maps to `value`; true if removed.
+    pub fn remove_if(&self, id: &[u8], value: &[u8]) -> bool {
+        let remove_other = || {
+            let m = self.other.pin();
+            m.get(id).is_some_and(|v| v.as_slice() == value) && m.remove(id).is_some()
+        };
+        if id.len() != ID_LEN {
+            return remove_other();
+        }
+        self.write(id, |part, counts, slots, h, key| {
+            let Some(slot) = slots.find(h.home(slots.len()), h.tag, key) else {
+                return !self.other.is_empty() && remove_other();
+            };
+            if value.len() != ID_LEN || slots.value(slot) != words(value) {
+                return false;
+            }
+            Self::changing(part, || slots.ctrl[slot].store(REMOVED, Ordering::Relaxed));
+            counts.full -= 1;
+            counts.removed += 1;
+            self.len.fetch_sub(1, Ordering::Relaxed);
+            true
+        })
+    }
+
+    fn get_inline(&self, id: &[u8]) -> Option<Vec<u8>> {
+        let h = self.hashed(id);
+        let key = words(id);
+        let part = &self.parts[h.part];
+        let guard = epoch::pin();
+        loop {
+            let before = part.seq.load(Ordering::Acquire);
+            if before & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let found = Self::slots_of(part, &guard)
+                .and_then(|s| s.find(h.home(s.len()), h.tag, &key).map(|i| s.value(i)));
+            fence(Ordering::Acquire);
+            if part.seq.load(Ordering::Relaxed) == before {
+                return found.map(|v| bytes(&v));
+            }
+        }
+    }
+
+    /// Makes room in every partition for `n` entries over the whole table.
+    pub fn reserve(&self, n: usize) {
+        let per_part = n.div_ceil(PARTS);
+        for part in self.parts.iter() {
+            let mut counts = part.writer.lock().unwrap_or_else(|e| e.into_inner());
+            let guard = epoch::pin();
+            let have = Self::slots_of(part, &guard).map_or(0, Slots::len);
+            if (counts.full + per_part) * 8 > have * 7 {
+                self.grow(part, counts.full + per_part, &guard);
+                counts.removed = 0;
+            }
+        }
+    }
+
+    fn slots_of<'g>(part: &Part, guard: &'g epoch::Guard) -> Option<&'g Slots> {
+        // SAFETY: a slot array is freed only by `defer_destroy` after `grow` replaced it (or by
+        // `Part`'s drop, when nothing can read the table); `guard` was pinned before this load
+        // and the reference lives no longer than it, so the epoch keeps the array alive.
+        unsafe { part.slots.load(Ordering::Acquire, guard).as_ref() }
+    }
+
+    /// Runs `f` with the partition's writer lock held and room for one more entry.
+    fn write<R>(
+        &self,
+        id: &[u8],
+        f: impl FnOnce(&Part, &mut Counts, &Slots, &Hashed, &[u64; 3]) -> R,
+    ) -> R {
+        let h = self.hashed(id);
+        let key = words(id);
+        let part = &self.parts[h.part];
+        let mut counts = part.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let guard = epoch::pin();
+        let n = Self::slots_of(part, &guard).map_or(0, Slots::len);
+        if (counts.full + counts.removed + 1) * 8 > n * 7 {
+            self.grow(part, counts.full + 1, &guard);
+            counts.removed = 0;
+        }
+        let slots = Self::slots_of(part, &guard).expect("grown above");
+        f(part, &mut counts, slots, &h, &key)
+    }
+
+    /// Runs a change of the slots between the two steps of the sequence number.
+    fn changing(part: &Part, change: impl FnOnce()) {
+        let s = part.seq.load(Ordering::Relaxed);
+        part.seq.store(s + 1, Ordering::Relaxed);
+        fence(Ordering::Release);
+        change();
+        part.seq.store(s + 2, Ordering::Release);
+    }
+
+    /// Moves the partition's entries into a new array sized for `want` entries at 4/5 full (and
+    /// at least a quarter more than the old one), leaving removed slots behind. Readers on the
+    /// old array read it whole: it does not change, and is freed once none can hold it.
+    fn grow(&self, part: &Part, want: usize, guard: &epoch::Guard) {
+        let old = Self::slots_of(part, guard);
+        let old_len = old.map_or(0, Slots::len);
+        let n = (want * 5 / 4 + 1)
+            .max(old_len + old_len / 4)
+            .max(FIRST_SLOTS);
+        let new = Slots::new(n);
+        if let Some(old) = old {
+            for i in 0..old_len {
+                let tag = old.ctrl[i].load(Ordering::Relaxed);
+                if tag >= FULL {
+                    let w = &old.words[i * WORDS..];
+                    let key = [0, 1, 2].map(|j| w[j].load(Ordering::Relaxed));
+                    let slot = new.free_from(self.hashed(&bytes(&key)).home(n));
+                    new.set(slot, tag, &key, &old.value(i));
+                }
+            }
+        }
+        let replaced = part.slots.swap(Owned::new(new), Ordering::Release, guard);
+        if !replaced.is_null() {
+            // SAFETY: `replaced` is no longer reachable from the table (the swap above), so only
+            // readers pinned before it can hold it, and the epoch frees it after they unpin.
+            unsafe { guard.defer_destroy(replaced) };
+        }
+    }
+}
+
+impl Drop for Part {
+    fn drop(&mut self) {
+        let slots = std::mem::replace(&mut self.slots, Atomic::null());
+        // SAFETY: `&mut self`: no reader or writer can reach the partition any more, and the
+        // pointer (when set) came from `Owned::new` in `grow`, and was not freed (only replaced
+        // arrays are, and this one is current).
+        drop(unsafe { slots.try_into_owned() });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn id(n: u64) -> Vec<u8> {
+        let mut v = vec![0u8; ID_LEN];
+        v[..8].copy_from_slice(&n.to_le_bytes());
+        v[16..].copy_from_slice(&(n ^ 0x5a5a).to_be_bytes());
+        v
+    }
+
+    #[test]
+    fn holds_what_a_map_holds_through_growth_and_removal() {
+        let t = IdTable::default();
+        let mut model = std::collections::HashMap::new();
+        // Many entries in few partitions' worth each, then removals and reinsertions, so that
+        // arrays grow, removed slots are reused and growth leaves them behind.
+        for n in 0..200_000u64 {
+            assert!(t.insert(&id(n), &id(n + 1)));
+            model.insert(id(n), id(n + 1));
+        }
+        assert!(
+            !t.insert(&id(7), &id(9)),
+            "an ID present is not taken again"
+        );
+        for n in (0..200_000u64).step_by(3) {
+            assert!(!t.remove_if(&id(n), &id(n + 2)), "removal checks the value");
+            assert!(t.remove_if(&id(n), &id(n + 1)));
+            model.remove(&id(n));
+        }
+        for n in (0..200_000u64).step_by(6) {
+            assert!(t.insert(&id(n), &id(n + 3)));
+            model.insert(id(n), id(n + 3));
+        }
+        assert_eq!(t.len(), model.len());
+        for n in 0..200_010u64 {
+            assert_eq!(t.get(&id(n)), model.get(&id(n)).cloned(), "id {n}");
+        }
+    }
+
+    #[test]
+    fn ids_of_other_lengths_share_the_rules() {
+        let t = IdTable::default();
+        let long = vec![7u8; 40];
+        assert!(t.insert(&long, &id(1)));
+        assert!(!t.insert(&long, &id(2)));
+        // A 24-byte ID with a value of another length, then the same ID again.
+        assert!(t.insert(&id(5), b"short"));
+        assert!(!t.insert(&id(5), &id(6)), "present in the other map");
+        assert_eq!(t.get(&id(5)), Some(b"short".to_vec()));
+        assert!(t.insert(&id(6), &id(7)));
+        assert!(!t.insert(&id(6), b"short"), "present in the table");
+        assert_eq!(t.len(), 3);
+        assert!(t.remove_if(&id(5), b"short"));
+        assert!(t.remove_if(&long, &id(1)));
+        assert_eq!((t.get(&id(5)), t.get(&long), t.len()), (None, None, 1));
+    }
+
+    #[test]
+    fn readers_never_see_a_torn_or_missing_entry_while_writers_grow_and_reuse() {
+        // Writers insert, remove and reinsert their own IDs (values tie to the ID, so a torn
+        // read shows as a wrong value); readers look up IDs that stay present the whole time and
+        // must always find them, with the right value, across every growth.
+        let t = Arc::new(IdTable::default());
+        for n in 0..1_000u64 {
+            assert!(t.insert(&id(n), &id(n * 3)));
+        }
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writers: Vec<_> = (0..2u64)
+            .map(|w| {
+                let t = t.clone();
+                std::thread::spawn(move || {
+                    for round in 0..4u64 {
+                        let base = 1_000_000 * (w + 1) + round * 100_000;
+                        for n in base..base + 60_000 {
+                            assert!(t.insert(&id(n), &id(n * 3)));
+                        }
+                        for n in base..base + 60_000 {
+                            assert!(t.remove_if(&id(n), &id(n * 3)));
+                        }
+                    }
+                })
+            })
+            .collect();
+        let readers: Vec<_> = (0..2u64)
+            .map(|r| {
+                let (t, stop) = (t.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut reads = 0u64;
+                    while !stop.load(Ordering::Relaxed) || reads < 10_000 {
+                        let n = (reads * 7 + r) % 1_000;
+                        assert_eq!(t.get(&id(n)), Some(id(n * 3)), "id {n}");
+                        let absent = 5_000_000 + reads;
+                        assert_eq!(t.get(&id(absent)), None);
+                        // An ID a writer churns: absent or its own value, never another's
+                        // (its slot may be reused by another ID while this reads it).
+                        let churned = 1_000_000 * (1 + reads % 2) + (reads * 7_919) % 360_000;
+                        let got = t.get(&id(churned));
+                        assert!(
+                            got.is_none() || got == Some(id(churned * 3)),
+                            "id {churned}"
+                        );
+                        reads += 1;
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().expect("writer");
+        }
+        stop.store(true, Ordering::Relaxed);
+        for r in readers {
+            r.join().expect("reader");
+        }
+        assert_eq!(t.len(), 1_000);
+    }
+}
