@@ -45,8 +45,6 @@ const FIRST_SLOTS: usize = 16;
 pub struct IdTable {
     parts: Box<[Part]>,
     hasher: foldhash::quality::RandomState,
-    /// Entries in `parts`.
-    len: AtomicUsize,
     /// Entries whose ID or value is not [`ID_LEN`] bytes (a link ID a client chose, data
     /// imported from elsewhere): rare, so a general map. An ID of [`ID_LEN`] bytes is written
     /// here under its partition's writer lock, so an ID is never in both.
@@ -61,6 +59,8 @@ struct Part {
     seq: AtomicU64,
     slots: Atomic<Slots>,
     writer: Mutex<Counts>,
+    /// Entries in the partition (`Counts::full`, for [`IdTable::len`] without the lock).
+    len: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -121,15 +121,24 @@ impl Slots {
         None
     }
 
-    /// The first slot from `home` that takes a new entry (empty or removed). The caller has
-    /// made sure one exists.
-    fn free_from(&self, home: usize) -> usize {
+    /// For a writer (nothing changes the slots meanwhile): `Ok` with the slot of `key`, or `Err`
+    /// with the first slot from `home` that takes it (removed or empty). The caller has made
+    /// sure an empty slot exists.
+    fn find_or_free(&self, home: usize, tag: u8, key: &[u64; 3]) -> Result<usize, usize> {
         let n = self.len();
         let mut i = home;
-        while self.ctrl[i].load(Ordering::Relaxed) >= FULL {
+        let mut free = None;
+        loop {
+            match self.ctrl[i].load(Ordering::Relaxed) {
+                EMPTY => return Err(free.unwrap_or(i)),
+                REMOVED => {
+                    free.get_or_insert(i);
+                }
+                c if c == tag && self.key_is(i, key) => return Ok(i),
+                _ => {}
+            }
             i = if i + 1 == n { 0 } else { i + 1 };
         }
-        i
     }
 }
 
@@ -163,7 +172,6 @@ impl Default for IdTable {
         IdTable {
             parts: (0..PARTS).map(|_| Part::default()).collect(),
             hasher: foldhash::quality::RandomState::default(),
-            len: AtomicUsize::new(0),
             other: LongMap::default(),
         }
     }
@@ -180,7 +188,12 @@ impl IdTable {
     }
 
     pub fn len(&self) -> usize {
-        self.len.load(Ordering::Relaxed) + self.other.len()
+        let inline: usize = self
+            .parts
+            .iter()
+            .map(|p| p.len.load(Ordering::Relaxed))
+            .sum();
+        inline + self.other.len()
     }
 
     /// The value `id` maps to.
@@ -207,9 +220,10 @@ impl IdTable {
                 .is_ok();
         }
         self.write(id, |part, counts, slots, h, key| {
-            if slots.find(h.home(slots.len()), h.tag, key).is_some()
-                || (!self.other.is_empty() && self.other.pin().contains_key(id))
-            {
+            let Err(free) = slots.find_or_free(h.home(slots.len()), h.tag, key) else {
+                return false;
+            };
+            if !self.other.is_empty() && self.other.pin().contains_key(id) {
                 return false;
             }
             if value.len() != ID_LEN {
@@ -219,13 +233,12 @@ impl IdTable {
                     .try_insert(IdKey::new(id), IdKey::new(value))
                     .is_ok();
             }
-            let slot = slots.free_from(h.home(slots.len()));
-            if slots.ctrl[slot].load(Ordering::Relaxed) == REMOVED {
+            if slots.ctrl[free].load(Ordering::Relaxed) == REMOVED {
                 counts.removed -= 1;
             }
-            Self::changing(part, || slots.set(slot, h.tag, key, &words(value)));
+            Self::changing(part, || slots.set(free, h.tag, key, &words(value)));
             counts.full += 1;
-            self.len.fetch_add(1, Ordering::Relaxed);
+            part.len.store(counts.full, Ordering::Relaxed);
             true
         })
     }
@@ -249,7 +262,7 @@ impl IdTable {
             Self::changing(part, || slots.ctrl[slot].store(REMOVED, Ordering::Relaxed));
             counts.full -= 1;
             counts.removed += 1;
-            self.len.fetch_sub(1, Ordering::Relaxed);
+            part.len.store(counts.full, Ordering::Relaxed);
             true
         })
     }
@@ -279,12 +292,31 @@ impl IdTable {
         let per_part = n.div_ceil(PARTS);
         for part in self.parts.iter() {
             let mut counts = part.writer.lock().unwrap_or_else(|e| e.into_inner());
-            let guard = epoch::pin();
-            let have = Self::slots_of(part, &guard).map_or(0, Slots::len);
+            // SAFETY (both): `counts` is the writer lock, held for this iteration.
+            let have = unsafe { Self::current(part) }.map_or(0, Slots::len);
             if (counts.full + per_part) * 8 > have * 7 {
-                self.grow(part, counts.full + per_part, &guard);
+                // SAFETY: the writer lock is held (`counts`).
+                unsafe { self.grow(part, counts.full + per_part) };
                 counts.removed = 0;
             }
+        }
+    }
+
+    /// The partition's array, for its writer; no epoch pin (which would put a full barrier
+    /// into every insert).
+    ///
+    /// # Safety
+    /// The caller holds the partition's writer lock for as long as it uses the reference:
+    /// arrays are replaced only by `grow` and freed only after being replaced (or by `Part`'s
+    /// drop, which needs `&mut`), and `grow` runs only under that lock, so the array stays
+    /// current, and allocated, meanwhile.
+    unsafe fn current(part: &Part) -> Option<&Slots> {
+        // SAFETY: the caller's lock keeps the array alive (above); `unprotected` only skips the
+        // pin that would otherwise do so.
+        unsafe {
+            part.slots
+                .load(Ordering::Acquire, epoch::unprotected())
+                .as_ref()
         }
     }
 
@@ -305,13 +337,15 @@ impl IdTable {
         let key = words(id);
         let part = &self.parts[h.part];
         let mut counts = part.writer.lock().unwrap_or_else(|e| e.into_inner());
-        let guard = epoch::pin();
-        let n = Self::slots_of(part, &guard).map_or(0, Slots::len);
+        // SAFETY (both): `counts` is the writer lock, held until this function returns.
+        let n = unsafe { Self::current(part) }.map_or(0, Slots::len);
         if (counts.full + counts.removed + 1) * 8 > n * 7 {
-            self.grow(part, counts.full + 1, &guard);
+            // SAFETY: the writer lock is held (`counts`).
+            unsafe { self.grow(part, counts.full + 1) };
             counts.removed = 0;
         }
-        let slots = Self::slots_of(part, &guard).expect("grown above");
+        // SAFETY: as above.
+        let slots = unsafe { Self::current(part) }.expect("grown above");
         f(part, &mut counts, slots, &h, &key)
     }
 
@@ -327,8 +361,12 @@ impl IdTable {
     /// Moves the partition's entries into a new array sized for `want` entries at 4/5 full (and
     /// at least a quarter more than the old one), leaving removed slots behind. Readers on the
     /// old array read it whole: it does not change, and is freed once none can hold it.
-    fn grow(&self, part: &Part, want: usize, guard: &epoch::Guard) {
-        let old = Self::slots_of(part, guard);
+    ///
+    /// # Safety
+    /// The caller holds the partition's writer lock.
+    unsafe fn grow(&self, part: &Part, want: usize) {
+        // SAFETY: the caller holds the writer lock.
+        let old = unsafe { Self::current(part) };
         let old_len = old.map_or(0, Slots::len);
         let n = (want * 5 / 4 + 1)
             .max(old_len + old_len / 4)
@@ -340,12 +378,16 @@ impl IdTable {
                 if tag >= FULL {
                     let w = &old.words[i * WORDS..];
                     let key = [0, 1, 2].map(|j| w[j].load(Ordering::Relaxed));
-                    let slot = new.free_from(self.hashed(&bytes(&key)).home(n));
+                    let home = self.hashed(&bytes(&key)).home(n);
+                    let slot = new
+                        .find_or_free(home, tag, &key)
+                        .unwrap_or_else(|free| free);
                     new.set(slot, tag, &key, &old.value(i));
                 }
             }
         }
-        let replaced = part.slots.swap(Owned::new(new), Ordering::Release, guard);
+        let guard = epoch::pin();
+        let replaced = part.slots.swap(Owned::new(new), Ordering::Release, &guard);
         if !replaced.is_null() {
             // SAFETY: `replaced` is no longer reachable from the table (the swap above), so only
             // readers pinned before it can hold it, and the epoch frees it after they unpin.
