@@ -86,7 +86,7 @@ struct Data<F: Fs> {
     pub journals: BTreeMap<u32, Journal<F>>,
     pub groups: BTreeMap<u32, GroupIndex>,
     /// Notifier ID → the group of its queue, where its notifications are recorded.
-    pub notifiers: Map<EntityId, u32>,
+    pub notifiers: Map<crate::store::id::IdKey, u32>,
     /// Records of the queues used lately, decoded (`index.rs`); the rest are read from the
     /// journal when used.
     pub records: RefCell<super::cache::RecordCache>,

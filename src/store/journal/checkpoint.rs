@@ -359,9 +359,9 @@ impl<F: Fs> Data<F> {
                 loc,
             });
         }
-        let notifier = ids.notifier_id.map(|n| Box::new(n.to_vec()));
+        let notifier = ids.notifier_id.map(|n| Box::new(IdKey::new(n)));
         if let Some(nid) = &notifier {
-            self.notifiers.insert(EntityId::clone(nid), g);
+            self.notifiers.insert(IdKey::clone(nid), g);
         }
         self.total_messages += msgs.len();
         let grp = self.group_mut(g);

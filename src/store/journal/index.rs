@@ -57,7 +57,7 @@ pub(super) struct QueueEntry {
     pub msgs: Msgs,
     /// The record's notifier ID, if it has a notifier: its notifications go when it is replaced
     /// or the queue deleted.
-    pub notifier: Option<Box<EntityId>>,
+    pub notifier: Option<Box<IdKey>>,
 }
 
 impl QueueEntry {
@@ -490,11 +490,11 @@ impl<F: Fs> Data<F> {
             .queues
             .get(rid)
             .and_then(|q| q.notifier.as_deref().cloned());
-        let new_nid = notifier.map(<[u8]>::to_vec);
+        let new_nid = notifier.map(IdKey::new);
         if let Some(old) = old_nid.filter(|o| Some(o) != new_nid.as_ref()) {
             // A replaced or removed notifier's notifications go with it.
-            self.notifiers.remove(&old);
-            self.clear_ntfs(g, &old);
+            self.notifiers.remove(old.as_slice());
+            self.clear_ntfs(g, old.as_slice());
         }
         let notifier = new_nid.clone().map(Box::new);
         let grp = self.group_mut(g);
@@ -526,10 +526,11 @@ impl<F: Fs> Data<F> {
         }
         self.group_mut(g).live.add(loc.segment, len);
         if let Some(nid) = new_nid {
-            self.notifiers.insert(nid.clone(), g);
-            if let Some(parked) = self.parked_ntfs.remove(&nid) {
+            let nid_bytes = nid.to_vec();
+            self.notifiers.insert(nid, g);
+            if let Some(parked) = self.parked_ntfs.remove(&nid_bytes) {
                 for e in parked {
-                    self.push_ntf(g, &nid, e);
+                    self.push_ntf(g, &nid_bytes, e);
                 }
             }
         }
@@ -547,8 +548,8 @@ impl<F: Fs> Data<F> {
         }
         self.total_messages -= q.msgs.len();
         if let Some(nid) = &q.notifier {
-            self.notifiers.remove(&nid[..]);
-            self.clear_ntfs(g, nid);
+            self.notifiers.remove(nid.as_slice());
+            self.clear_ntfs(g, nid.as_slice());
         }
     }
 
