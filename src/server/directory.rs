@@ -73,7 +73,8 @@ impl Directory {
         self.live_services.pin().contains(&(shard, conn))
     }
 
-    /// Makes room for `n` more IDs of `space` at once, instead of growing step by step.
+    /// Makes room for `n` IDs of `space` in all at once, instead of growing step by step (each
+    /// shard's start asks for the total it expects; asking again costs nothing).
     pub fn reserve(&self, space: IdSpace, n: usize) {
         self.map(space).reserve(n);
     }

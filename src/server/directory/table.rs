@@ -12,7 +12,7 @@
 //! reader still on the old array reads it whole.
 
 use std::hash::BuildHasher;
-use std::sync::atomic::{fence, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crossbeam_epoch::{self as epoch, Atomic, Owned};
@@ -49,6 +49,9 @@ pub struct IdTable {
     /// imported from elsewhere): rare, so a general map. An ID of [`ID_LEN`] bytes is written
     /// here under its partition's writer lock, so an ID is never in both.
     other: LongMap,
+    /// Set once `other` holds an entry (never cleared): the map's own length sums counters
+    /// across threads, too dear to ask on every insert and every miss.
+    other_used: AtomicBool,
 }
 
 type LongMap = papaya::HashMap<IdKey, IdKey, foldhash::quality::RandomState>;
@@ -173,6 +176,7 @@ impl Default for IdTable {
             parts: (0..PARTS).map(|_| Part::default()).collect(),
             hasher: foldhash::quality::RandomState::default(),
             other: LongMap::default(),
+            other_used: AtomicBool::new(false),
         }
     }
 }
@@ -204,7 +208,7 @@ impl IdTable {
             None
         };
         found.or_else(|| {
-            (!self.other.is_empty())
+            (id.len() != ID_LEN || self.other_used.load(Ordering::Relaxed))
                 .then(|| self.other.pin().get(id).map(IdKey::to_vec))
                 .flatten()
         })
@@ -213,25 +217,17 @@ impl IdTable {
     /// Inserts `id → value` unless `id` is present; true if inserted.
     pub fn insert(&self, id: &[u8], value: &[u8]) -> bool {
         if id.len() != ID_LEN {
-            return self
-                .other
-                .pin()
-                .try_insert(IdKey::new(id), IdKey::new(value))
-                .is_ok();
+            return self.insert_other(id, value);
         }
         self.write(id, |part, counts, slots, h, key| {
             let Err(free) = slots.find_or_free(h.home(slots.len()), h.tag, key) else {
                 return false;
             };
-            if !self.other.is_empty() && self.other.pin().contains_key(id) {
+            if self.other_used.load(Ordering::Relaxed) && self.other.pin().contains_key(id) {
                 return false;
             }
             if value.len() != ID_LEN {
-                return self
-                    .other
-                    .pin()
-                    .try_insert(IdKey::new(id), IdKey::new(value))
-                    .is_ok();
+                return self.insert_other(id, value);
             }
             if slots.ctrl[free].load(Ordering::Relaxed) == REMOVED {
                 counts.removed -= 1;
@@ -241,6 +237,16 @@ impl IdTable {
             part.len.store(counts.full, Ordering::Relaxed);
             true
         })
+    }
+
+    fn insert_other(&self, id: &[u8], value: &[u8]) -> bool {
+        // Set first: a lookup that is told of the entry (its insert happened before it, through
+        // whatever channel) sees the flag too, by the coherence of the flag's own order.
+        self.other_used.store(true, Ordering::Relaxed);
+        self.other
+            .pin()
+            .try_insert(IdKey::new(id), IdKey::new(value))
+            .is_ok()
     }
 
     /// Removes `id` if it maps to `value`; true if removed.
@@ -254,7 +260,7 @@ impl IdTable {
         }
         self.write(id, |part, counts, slots, h, key| {
             let Some(slot) = slots.find(h.home(slots.len()), h.tag, key) else {
-                return !self.other.is_empty() && remove_other();
+                return self.other_used.load(Ordering::Relaxed) && remove_other();
             };
             if value.len() != ID_LEN || slots.value(slot) != words(value) {
                 return false;
@@ -287,16 +293,19 @@ impl IdTable {
         }
     }
 
-    /// Makes room in every partition for `n` entries over the whole table.
+    /// Makes room in every partition for its share of `n` entries in all (not `n` more: the
+    /// shards starting together each ask for the total they expect, while others insert, and a
+    /// second ask must not grow what the first made).
     pub fn reserve(&self, n: usize) {
         let per_part = n.div_ceil(PARTS);
         for part in self.parts.iter() {
             let mut counts = part.writer.lock().unwrap_or_else(|e| e.into_inner());
             // SAFETY (both): `counts` is the writer lock, held for this iteration.
             let have = unsafe { Self::current(part) }.map_or(0, Slots::len);
-            if (counts.full + per_part) * 8 > have * 7 {
+            let want = per_part.max(counts.full + 1);
+            if (want + counts.removed) * 8 > have * 7 {
                 // SAFETY: the writer lock is held (`counts`).
-                unsafe { self.grow(part, counts.full + per_part) };
+                unsafe { self.grow(part, want) };
                 counts.removed = 0;
             }
         }
@@ -446,6 +455,38 @@ mod tests {
         for n in 0..200_010u64 {
             assert_eq!(t.get(&id(n)), model.get(&id(n)).cloned(), "id {n}");
         }
+    }
+
+    /// Slots over every partition's array.
+    fn slots(t: &IdTable) -> usize {
+        let guard = epoch::pin();
+        t.parts
+            .iter()
+            .map(|p| IdTable::slots_of(p, &guard).map_or(0, Slots::len))
+            .sum()
+    }
+
+    #[test]
+    fn a_reserve_sizes_for_the_total_and_a_second_one_grows_nothing() {
+        let t = IdTable::default();
+        t.reserve(400_000);
+        let reserved = slots(&t);
+        assert!(reserved >= 400_000 * 8 / 7, "{reserved} slots");
+        assert!(
+            reserved <= 400_000 * 3 / 2 + PARTS * FIRST_SLOTS,
+            "{reserved} slots"
+        );
+        for n in 0..200_000u64 {
+            assert!(t.insert(&id(n), &id(n)));
+        }
+        // The other shard's start asks for the same total while this one has filled half.
+        t.reserve(400_000);
+        assert_eq!(slots(&t), reserved);
+        for n in 200_000..300_000u64 {
+            assert!(t.insert(&id(n), &id(n)));
+        }
+        // Filling to three quarters of the total grows (almost) nothing: the reserve was for it.
+        assert!(slots(&t) < reserved + reserved / 20, "{} slots", slots(&t));
     }
 
     #[test]
