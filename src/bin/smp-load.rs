@@ -189,6 +189,11 @@ struct RestartArgs {
     /// (posix_fadvise DONTNEED, those files only), so that the start reads them from the disk.
     #[arg(long)]
     cold: bool,
+    /// Before each timed start, start the relay and SIGKILL it once it is listening, so that
+    /// the timed start is a start after a crash (the directory is left cleanly stopped again by
+    /// the timed run).
+    #[arg(long)]
+    after_kill: bool,
     /// JSON records on stdout (the table goes to stderr).
     #[arg(long)]
     json: bool,
@@ -631,16 +636,21 @@ fn restart_time(a: RestartArgs) -> Result<(), String> {
     let spec = a.relay.spec();
     let bytes = proc::dir_bytes(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let config = format!(
-        "{} shards={}{}{}",
+        "{} shards={}{}{}{}",
         dir.display(),
         spec.shards,
         if a.cold { " cold" } else { "" },
+        if a.after_kill { " after-kill" } else { "" },
         spec.extra_args
             .iter()
             .fold(String::new(), |s, x| s + " " + x)
     );
     let mut records = Vec::new();
     for run in 0..a.runs {
+        if a.after_kill {
+            // A relay process is SIGKILLed when dropped.
+            drop(spec.start(&dir)?);
+        }
         if a.cold {
             proc::evict_from_page_cache(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         }

@@ -4,6 +4,8 @@
 
 mod table;
 
+pub use table::Batch;
+
 use std::sync::Arc;
 
 use crate::store::EntityId;
@@ -77,6 +79,12 @@ impl Directory {
     /// shard's start asks for the total it expects; asking again costs nothing).
     pub fn reserve(&self, space: IdSpace, n: usize) {
         self.map(space).reserve(n);
+    }
+
+    /// Inserts gathered a partition at a time (a start's fill; `table::Batch`): insert-if-absent
+    /// as [`Directory::insert`], done at the latest when the batch is dropped.
+    pub fn batch(&self, space: IdSpace) -> Batch<'_> {
+        self.map(space).batch()
     }
 
     pub fn len(&self, space: IdSpace) -> usize {

@@ -573,17 +573,22 @@ fn index_queues<S: ShardStore>(
 ) -> Result<owner::services::ServiceState, String> {
     directory.reserve(IdSpace::Sender, store.queue_count() * shards);
     let services = owner::services::ServiceState::default();
+    let mut senders = directory.batch(IdSpace::Sender);
+    let mut links = directory.batch(IdSpace::Link);
+    let mut notifiers = directory.batch(IdSpace::Notifier);
     store.for_each_queue_ids(&mut |q| {
         services.index_ids(q);
         let rid = q.recipient_id;
-        directory.insert(IdSpace::Sender, q.sender_id, rid);
+        senders.insert(q.sender_id, rid);
         if let Some(l) = q.link_id {
-            directory.insert(IdSpace::Link, l, rid);
+            links.insert(l, rid);
         }
         if let Some(n) = q.notifier_id {
-            directory.insert(IdSpace::Notifier, n, rid);
+            notifiers.insert(n, rid);
         }
     })?;
+    // The batches' last inserts are made as they drop, before the shard serves.
+    drop((senders, links, notifiers));
     Ok(services)
 }
 

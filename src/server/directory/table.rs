@@ -165,6 +165,14 @@ struct Hashed {
 }
 
 impl Hashed {
+    fn of(h: u64) -> Self {
+        Hashed {
+            part: (h >> (64 - PART_BITS)) as usize,
+            tag: FULL | (h as u8 & 0x7f),
+            low: (h >> 7) & ((1u64 << LOW_BITS) - 1),
+        }
+    }
+
     fn home(&self, n: usize) -> usize {
         ((u128::from(self.low) * n as u128) >> LOW_BITS) as usize
     }
@@ -183,11 +191,14 @@ impl Default for IdTable {
 
 impl IdTable {
     fn hashed(&self, id: &[u8]) -> Hashed {
-        let h = self.hasher.hash_one(id);
-        Hashed {
-            part: (h >> (64 - PART_BITS)) as usize,
-            tag: FULL | (h as u8 & 0x7f),
-            low: (h >> 7) & ((1u64 << LOW_BITS) - 1),
+        Hashed::of(self.hasher.hash_one(id))
+    }
+
+    /// A batch of inserts, for a start's fill (see [`Batch`]).
+    pub fn batch(&self) -> Batch<'_> {
+        Batch {
+            table: self,
+            items: Vec::new(),
         }
     }
 
@@ -405,6 +416,106 @@ impl IdTable {
     }
 }
 
+/// Entries a batch gathers before it inserts them.
+const BATCH: usize = 1 << 18;
+
+/// Inserts gathered and made a partition at a time: each partition's lock is taken, and its
+/// array grown, once for all of its entries in the batch, and their stores are not serialized
+/// by a lock's release after each one. A start fills the directory with every queue this way:
+/// one insert at a time spent most of its time waiting on the lock, the partition and the slot,
+/// each a cache miss behind the previous insert's barrier. Same rule as [`IdTable::insert`]:
+/// an ID already present keeps its entry.
+pub struct Batch<'t> {
+    table: &'t IdTable,
+    items: Vec<Item>,
+}
+
+struct Item {
+    hash: u64,
+    key: [u64; 3],
+    value: [u64; 3],
+}
+
+impl Batch<'_> {
+    pub fn insert(&mut self, id: &[u8], value: &[u8]) {
+        if id.len() != ID_LEN || value.len() != ID_LEN {
+            self.table.insert(id, value);
+            return;
+        }
+        if self.items.capacity() == 0 {
+            self.items.reserve_exact(BATCH);
+        }
+        self.items.push(Item {
+            hash: self.table.hasher.hash_one(id),
+            key: words(id),
+            value: words(value),
+        });
+        if self.items.len() == BATCH {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        let t = self.table;
+        // The items in partition order (a counting sort: partitions are few and known).
+        let mut starts = vec![0usize; PARTS + 1];
+        for it in &self.items {
+            starts[Hashed::of(it.hash).part + 1] += 1;
+        }
+        for p in 0..PARTS {
+            starts[p + 1] += starts[p];
+        }
+        let mut order = vec![0u32; self.items.len()];
+        let mut next = starts.clone();
+        for (i, it) in self.items.iter().enumerate() {
+            let p = Hashed::of(it.hash).part;
+            order[next[p]] = i as u32;
+            next[p] += 1;
+        }
+        for p in 0..PARTS {
+            let run = &order[starts[p]..starts[p + 1]];
+            if run.is_empty() {
+                continue;
+            }
+            let part = &t.parts[p];
+            let mut counts = part.writer.lock().unwrap_or_else(|e| e.into_inner());
+            // SAFETY (all three): `counts` is the writer lock, held for this partition's run.
+            let n = unsafe { IdTable::current(part) }.map_or(0, Slots::len);
+            if (counts.full + counts.removed + run.len()) * 8 > n * 7 {
+                unsafe { t.grow(part, counts.full + run.len()) };
+                counts.removed = 0;
+            }
+            let slots = unsafe { IdTable::current(part) }.expect("grown above");
+            let other_used = t.other_used.load(Ordering::Relaxed);
+            IdTable::changing(part, || {
+                for &i in run {
+                    let it = &self.items[i as usize];
+                    let h = Hashed::of(it.hash);
+                    let Err(free) = slots.find_or_free(h.home(slots.len()), h.tag, &it.key) else {
+                        continue;
+                    };
+                    if other_used && t.other.pin().contains_key(&bytes(&it.key)[..]) {
+                        continue;
+                    }
+                    if slots.ctrl[free].load(Ordering::Relaxed) == REMOVED {
+                        counts.removed -= 1;
+                    }
+                    slots.set(free, h.tag, &it.key, &it.value);
+                    counts.full += 1;
+                }
+            });
+            part.len.store(counts.full, Ordering::Relaxed);
+        }
+        self.items.clear();
+    }
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
 impl Drop for Part {
     fn drop(&mut self) {
         let slots = std::mem::replace(&mut self.slots, Atomic::null());
@@ -487,6 +598,37 @@ mod tests {
         }
         // Filling to three quarters of the total grows (almost) nothing: the reserve was for it.
         assert!(slots(&t) < reserved + reserved / 20, "{} slots", slots(&t));
+    }
+
+    #[test]
+    fn a_batch_inserts_as_single_inserts_would() {
+        let t = IdTable::default();
+        for n in 0..1_000u64 {
+            assert!(t.insert(&id(n), &id(n + 1)));
+        }
+        {
+            let mut b = t.batch();
+            // More than one batch's worth, so that it flushes on the way and on drop; IDs
+            // present before keep their entry, and within the batch the first one wins.
+            for n in 500..300_000u64 {
+                b.insert(&id(n), &id(n + 7));
+            }
+            b.insert(&id(100_000), &id(5));
+            b.insert(&[9u8; 40], &id(1));
+            b.insert(&id(400_000), b"short");
+        }
+        assert_eq!(t.len(), 300_000 + 2);
+        for n in 0..300_010u64 {
+            let want = match n {
+                0..1_000 => Some(id(n + 1)),
+                1_000..300_000 => Some(id(n + 7)),
+                _ => None,
+            };
+            assert_eq!(t.get(&id(n)), want, "id {n}");
+        }
+        assert_eq!(t.get(&[9u8; 40]), Some(id(1)));
+        assert_eq!(t.get(&id(400_000)), Some(b"short".to_vec()));
+        assert!(!t.insert(&id(299_999), &id(0)));
     }
 
     #[test]
