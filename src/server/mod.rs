@@ -571,7 +571,7 @@ fn index_queues<S: ShardStore>(
     store: &S,
     shards: usize,
 ) -> Result<owner::services::ServiceState, String> {
-    directory.reserve(IdSpace::Sender, store.queue_count() * shards);
+    directory.reserve(IdSpace::Sender, store.queue_count_estimate() * shards);
     let services = owner::services::ServiceState::default();
     let mut senders = directory.batch(IdSpace::Sender);
     let mut links = directory.batch(IdSpace::Link);

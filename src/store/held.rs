@@ -69,6 +69,10 @@ impl<S: QueueStore, H: Hold> QueueStore for Held<S, H> {
         self.inner.queue_count()
     }
 
+    fn queue_count_estimate(&self) -> usize {
+        self.inner.queue_count_estimate()
+    }
+
     fn holds_every_record(&self) -> bool {
         self.inner.holds_every_record()
     }

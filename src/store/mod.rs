@@ -272,6 +272,12 @@ pub trait QueueStore {
     }
     fn queue_count(&self) -> usize;
 
+    /// The queue count, or an estimate where counting would cost a pass over the store (a
+    /// start sizes the directory with it before `for_each_queue_ids` counts exactly).
+    fn queue_count_estimate(&self) -> usize {
+        self.queue_count()
+    }
+
     /// Whether `with_queue` reads every queue's record without `prepare` (every store but the
     /// PostgreSQL one): the owner then skips `prepare` and `release`.
     fn holds_every_record(&self) -> bool {

@@ -69,9 +69,11 @@ const _: () = assert!(PARTITION_GROUPS == 64);
 const GROUP_OF_SQL: &str = "get_byte(public.digest(recipient_id, 'sha256'), 7) % 64";
 
 // What a shard knows at start: an estimate of the table's rows (the catalogue's, to size the
-// directory before the ID stream counts the shard's queues exactly: a `count(*)` of its own
-// was one more pass over the table, a SHA-256 per row, per shard), and the message count of
-// each queue that holds messages.
+// directory before the ID stream counts the shard's queues exactly: a `count(*)` of its own is
+// one more pass over the table, a SHA-256 per row, per shard, left to the commands that open
+// the store without the stream), and the message count of each queue that holds messages.
+const COUNT_QUEUES: &str = "SELECT count(*) FROM msg_queues \
+     WHERE deleted_at IS NULL AND {GROUP} = ANY($1::int4[])";
 const ESTIMATE_ROWS: &str =
     "SELECT coalesce((SELECT reltuples::int8 FROM pg_class WHERE oid = to_regclass('msg_queues')), 0)";
 const LOAD_SIZES: &str = "SELECT recipient_id, msg_queue_size FROM msg_queues \
@@ -250,8 +252,10 @@ struct Data {
     /// is empty. `None`: a SEND's outcome could not be learnt, until a read tells: head reads
     /// then always ask the database.
     sizes: HashMap<IdKey, Option<usize>, foldhash::fast::RandomState>,
-    /// Queues of this shard in the database.
+    /// Queues of this shard in the database; an estimate until `queues_counted`.
     queues: usize,
+    /// `queues` was counted: by the ID stream at a start, or by `queue_count`'s own statement.
+    queues_counted: bool,
     total_messages: usize,
     counters: StoreCounters,
 }
@@ -262,6 +266,7 @@ impl Data {
             records: Records::new(cache),
             sizes: HashMap::default(),
             queues: 0,
+            queues_counted: false,
             total_messages: 0,
             counters: StoreCounters::default(),
         }
@@ -847,11 +852,32 @@ impl QueueStore for PostgresStore {
             Ok(n)
         })?;
         // No command is served before the IDs are read, so the stream's count is the shard's.
-        self.data.borrow_mut().queues = counted;
+        let mut d = self.data.borrow_mut();
+        (d.queues, d.queues_counted) = (counted, true);
         Ok(())
     }
 
     fn queue_count(&self) -> usize {
+        if !self.data.borrow().queues_counted {
+            // Not counted by a start's ID stream (store export and import open the store
+            // without one): counted here, once; later creations and deletions keep it.
+            let count = sql(COUNT_QUEUES);
+            let groups = self.groups.clone();
+            match self.shared.run_blocking("counting queues", |c| {
+                let n: i64 = c.client.query_one(count.as_str(), &[&groups])?.get(0);
+                Ok(usize::try_from(n).unwrap_or(0))
+            }) {
+                Ok(n) => {
+                    let mut d = self.data.borrow_mut();
+                    (d.queues, d.queues_counted) = (n, true);
+                }
+                Err(e) => tracing::warn!(error = %e, "counting the shard's queues"),
+            }
+        }
+        self.data.borrow().queues
+    }
+
+    fn queue_count_estimate(&self) -> usize {
         self.data.borrow().queues
     }
 
