@@ -85,6 +85,12 @@ fn more_queues_than_the_cache_are_served_and_subscribed_records_stay() {
     assert!(relay.stop().success(), "a clean stop");
     relay.restart();
     assert_eq!(records_read(&relay), 0, "no record read at start");
+    // The start counted every queue as it read their IDs (no count of its own).
+    assert_eq!(
+        relay.metrics().get("simplex_smp_queues_total1").copied(),
+        Some((QUEUES + 1 + served.len()) as u64),
+        "queues counted at start"
+    );
     let (mut rc, mut sc) = (relay.client(), relay.client());
     let mut sub = relay.client();
     for q in &qs[..SUBSCRIBED] {
