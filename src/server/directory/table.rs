@@ -153,8 +153,13 @@ fn words(id: &[u8]) -> [u64; 3] {
     w
 }
 
-fn bytes(w: &[u64; 3]) -> Vec<u8> {
-    w.iter().flat_map(|x| x.to_le_bytes()).collect()
+/// An ID's bytes from its words (on the stack: growth rehashes every entry from them).
+fn id_bytes(w: &[u64; 3]) -> [u8; ID_LEN] {
+    let mut b = [0u8; ID_LEN];
+    for (c, x) in b.chunks_exact_mut(8).zip(w) {
+        c.copy_from_slice(&x.to_le_bytes());
+    }
+    b
 }
 
 /// Where a hash points: its partition (top bits), its tag, and its home slot among `n`.
@@ -231,23 +236,41 @@ impl IdTable {
             return self.insert_other(id, value);
         }
         self.write(id, |part, counts, slots, h, key| {
-            let Err(free) = slots.find_or_free(h.home(slots.len()), h.tag, key) else {
-                return false;
-            };
-            if self.other_used.load(Ordering::Relaxed) && self.other.pin().contains_key(id) {
-                return false;
-            }
             if value.len() != ID_LEN {
-                return self.insert_other(id, value);
+                // Absent from the table too, checked under the same lock.
+                return slots.find(h.home(slots.len()), h.tag, key).is_none()
+                    && self.insert_other(id, value);
             }
-            if slots.ctrl[free].load(Ordering::Relaxed) == REMOVED {
-                counts.removed -= 1;
-            }
-            Self::changing(part, || slots.set(free, h.tag, key, &words(value)));
-            counts.full += 1;
+            let placed = Self::changing(part, || self.place(counts, slots, h, key, &words(value)));
             part.len.store(counts.full, Ordering::Relaxed);
-            true
+            placed
         })
+    }
+
+    /// Puts `key → value` in the slots of a partition whose writer lock the caller holds, with
+    /// room made, unless the key is there or in the other map; true if put.
+    fn place(
+        &self,
+        counts: &mut Counts,
+        slots: &Slots,
+        h: &Hashed,
+        key: &[u64; 3],
+        value: &[u64; 3],
+    ) -> bool {
+        let Err(free) = slots.find_or_free(h.home(slots.len()), h.tag, key) else {
+            return false;
+        };
+        if self.other_used.load(Ordering::Relaxed)
+            && self.other.pin().contains_key(&id_bytes(key)[..])
+        {
+            return false;
+        }
+        if slots.ctrl[free].load(Ordering::Relaxed) == REMOVED {
+            counts.removed -= 1;
+        }
+        slots.set(free, h.tag, key, value);
+        counts.full += 1;
+        true
     }
 
     fn insert_other(&self, id: &[u8], value: &[u8]) -> bool {
@@ -299,7 +322,7 @@ impl IdTable {
                 .and_then(|s| s.find(h.home(s.len()), h.tag, &key).map(|i| s.value(i)));
             fence(Ordering::Acquire);
             if part.seq.load(Ordering::Relaxed) == before {
-                return found.map(|v| bytes(&v));
+                return found.map(|v| id_bytes(&v).to_vec());
             }
         }
     }
@@ -311,14 +334,9 @@ impl IdTable {
         let per_part = n.div_ceil(PARTS);
         for part in self.parts.iter() {
             let mut counts = part.writer.lock().unwrap_or_else(|e| e.into_inner());
-            // SAFETY (both): `counts` is the writer lock, held for this iteration.
-            let have = unsafe { Self::current(part) }.map_or(0, Slots::len);
             let want = per_part.max(counts.full + 1);
-            if (want + counts.removed) * 8 > have * 7 {
-                // SAFETY: the writer lock is held (`counts`).
-                unsafe { self.grow(part, want) };
-                counts.removed = 0;
-            }
+            // SAFETY: `counts` is the writer lock, held for this iteration.
+            unsafe { self.room(part, &mut counts, want) };
         }
     }
 
@@ -357,25 +375,36 @@ impl IdTable {
         let key = words(id);
         let part = &self.parts[h.part];
         let mut counts = part.writer.lock().unwrap_or_else(|e| e.into_inner());
-        // SAFETY (both): `counts` is the writer lock, held until this function returns.
-        let n = unsafe { Self::current(part) }.map_or(0, Slots::len);
-        if (counts.full + counts.removed + 1) * 8 > n * 7 {
-            // SAFETY: the writer lock is held (`counts`).
-            unsafe { self.grow(part, counts.full + 1) };
-            counts.removed = 0;
-        }
-        // SAFETY: as above.
-        let slots = unsafe { Self::current(part) }.expect("grown above");
+        let want = counts.full + 1;
+        // SAFETY: `counts` is the writer lock, held until this function returns.
+        let slots = unsafe { self.room(part, &mut counts, want) };
         f(part, &mut counts, slots, &h, &key)
     }
 
+    /// Grows the partition's array if `want` entries (and the removed slots) would fill it past
+    /// 7/8, and returns it.
+    ///
+    /// # Safety
+    /// `counts` is the content of the partition's writer lock, which the caller holds for as
+    /// long as it uses the array.
+    unsafe fn room<'a>(&self, part: &'a Part, counts: &mut Counts, want: usize) -> &'a Slots {
+        // SAFETY (all three): the caller holds the writer lock.
+        let n = unsafe { Self::current(part) }.map_or(0, Slots::len);
+        if (want + counts.removed) * 8 > n * 7 {
+            unsafe { self.grow(part, want) };
+            counts.removed = 0;
+        }
+        unsafe { Self::current(part) }.expect("grown above")
+    }
+
     /// Runs a change of the slots between the two steps of the sequence number.
-    fn changing(part: &Part, change: impl FnOnce()) {
+    fn changing<R>(part: &Part, change: impl FnOnce() -> R) -> R {
         let s = part.seq.load(Ordering::Relaxed);
         part.seq.store(s + 1, Ordering::Relaxed);
         fence(Ordering::Release);
-        change();
+        let r = change();
         part.seq.store(s + 2, Ordering::Release);
+        r
     }
 
     /// Moves the partition's entries into a new array sized for `want` entries at 4/5 full (and
@@ -398,7 +427,7 @@ impl IdTable {
                 if tag >= FULL {
                     let w = &old.words[i * WORDS..];
                     let key = [0, 1, 2].map(|j| w[j].load(Ordering::Relaxed));
-                    let home = self.hashed(&bytes(&key)).home(n);
+                    let home = self.hashed(&id_bytes(&key)).home(n);
                     let slot = new
                         .find_or_free(home, tag, &key)
                         .unwrap_or_else(|free| free);
@@ -479,29 +508,13 @@ impl Batch<'_> {
             }
             let part = &t.parts[p];
             let mut counts = part.writer.lock().unwrap_or_else(|e| e.into_inner());
-            // SAFETY (all three): `counts` is the writer lock, held for this partition's run.
-            let n = unsafe { IdTable::current(part) }.map_or(0, Slots::len);
-            if (counts.full + counts.removed + run.len()) * 8 > n * 7 {
-                unsafe { t.grow(part, counts.full + run.len()) };
-                counts.removed = 0;
-            }
-            let slots = unsafe { IdTable::current(part) }.expect("grown above");
-            let other_used = t.other_used.load(Ordering::Relaxed);
+            let want = counts.full + run.len();
+            // SAFETY: `counts` is the writer lock, held for this partition's run.
+            let slots = unsafe { t.room(part, &mut counts, want) };
             IdTable::changing(part, || {
                 for &i in run {
                     let it = &self.items[i as usize];
-                    let h = Hashed::of(it.hash);
-                    let Err(free) = slots.find_or_free(h.home(slots.len()), h.tag, &it.key) else {
-                        continue;
-                    };
-                    if other_used && t.other.pin().contains_key(&bytes(&it.key)[..]) {
-                        continue;
-                    }
-                    if slots.ctrl[free].load(Ordering::Relaxed) == REMOVED {
-                        counts.removed -= 1;
-                    }
-                    slots.set(free, h.tag, &it.key, &it.value);
-                    counts.full += 1;
+                    t.place(&mut counts, slots, &Hashed::of(it.hash), &it.key, &it.value);
                 }
             });
             part.len.store(counts.full, Ordering::Relaxed);

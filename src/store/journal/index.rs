@@ -526,11 +526,10 @@ impl<F: Fs> Data<F> {
         }
         self.group_mut(g).live.add(loc.segment, len);
         if let Some(nid) = new_nid {
-            let nid_bytes = nid.to_vec();
-            self.notifiers.insert(nid, g);
-            if let Some(parked) = self.parked_ntfs.remove(&nid_bytes) {
+            self.notifiers.insert(nid.clone(), g);
+            if let Some(parked) = self.parked_ntfs.remove(nid.as_slice()) {
                 for e in parked {
-                    self.push_ntf(g, &nid_bytes, e);
+                    self.push_ntf(g, nid.as_slice(), e);
                 }
             }
         }
