@@ -1,6 +1,11 @@
 //! The ID directory (`docs/ARCHITECTURE.md` §1): sender, link and notifier IDs → recipient ID,
 //! shared by all shards. Reads are lock-free; only a queue's owner writes its IDs,
 //! insert-if-absent, so two queues can never share an ID however the shards interleave.
+//!
+//! On a store that keeps every queue's IDs itself behind unique indexes (PostgreSQL) the
+//! directory is a bounded cache in front of it ([`Directory::cache`]): an ID it does not hold is
+//! looked up in the store ([`IdSource`], one statement for many IDs), and the store's unique
+//! indexes decide whether an ID is taken.
 
 mod table;
 
@@ -9,6 +14,7 @@ pub use table::Batch;
 use std::sync::Arc;
 
 use crate::store::EntityId;
+pub use crate::store::{IdSource, IdSpace};
 
 /// Its tables hold an entry for every queue (and one more per link and notifier), so entries sit
 /// inline in the table (`directory/table.rs`), and IDs hash with foldhash's seeded quality
@@ -21,6 +27,8 @@ pub struct Directory {
     senders: Map,
     links: Map,
     notifiers: Map,
+    /// Set on a cache: where the IDs it does not hold are.
+    source: Option<Arc<dyn IdSource>>,
     /// Open service connections, by shard and number. A connection leaves it before its owners
     /// are told it closed, so an owner that finds a connection here when it makes it a service's
     /// subscriber will be told of its close afterwards: no closed connection stays a subscriber
@@ -28,17 +36,64 @@ pub struct Directory {
     live_services: papaya::HashSet<(usize, u64)>,
 }
 
-/// Which ID space an entity ID is looked up in (the party of the command).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IdSpace {
-    Sender,
-    Link,
-    Notifier,
-}
-
 impl Directory {
     pub fn new() -> Arc<Self> {
         Arc::new(Directory::default())
+    }
+
+    /// A cache of at most about `limit` IDs of each space in front of `source`.
+    pub fn cache(limit: usize, source: Arc<dyn IdSource>) -> Arc<Self> {
+        Arc::new(Directory {
+            senders: Map::bounded(limit),
+            links: Map::bounded(limit),
+            notifiers: Map::bounded(limit),
+            source: Some(source),
+            live_services: Default::default(),
+        })
+    }
+
+    /// Whether this is a cache: a miss does not mean that no queue has the ID.
+    pub fn is_cache(&self) -> bool {
+        self.source.is_some()
+    }
+
+    /// Looks up in the source the IDs of `space` among `ids` that the cache does not hold, and
+    /// caches what it finds. Without a source, nothing to do.
+    pub async fn fetch(&self, space: IdSpace, ids: Vec<EntityId>) -> Result<(), String> {
+        let Some(source) = &self.source else {
+            return Ok(());
+        };
+        let missing: Vec<EntityId> = ids
+            .into_iter()
+            .filter(|id| self.lookup(space, id).is_none())
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let found = source
+            .find(space, missing)
+            .recv_async()
+            .await
+            .map_err(|_| "the ID look-up was dropped".to_string())??;
+        for (id, rid) in found {
+            // Insert-if-absent: an owner's newer entry for the ID stays (`insert`).
+            self.insert(space, &id, &rid);
+        }
+        Ok(())
+    }
+
+    /// As `lookup`, asking the source on a miss (paths that may wait, not the connections').
+    pub async fn find(&self, space: IdSpace, id: &[u8]) -> Option<EntityId> {
+        if let Some(rid) = self.lookup(space, id) {
+            return Some(rid);
+        }
+        if self.is_cache() {
+            if let Err(e) = self.fetch(space, vec![id.to_vec()]).await {
+                tracing::warn!(error = %e, "looking up an ID");
+            }
+            return self.lookup(space, id);
+        }
+        None
     }
 
     fn map(&self, space: IdSpace) -> &Map {
@@ -53,7 +108,9 @@ impl Directory {
         self.map(space).get(id)
     }
 
-    /// Inserts `id → recipient_id` unless `id` is taken; true if inserted.
+    /// Inserts `id → recipient_id` unless `id` is taken; true if inserted. On a cache, taken in
+    /// the cache only: the store's unique indexes have the last word (an owner that finds its
+    /// insert refused by them removes its entry again).
     pub fn insert(&self, space: IdSpace, id: &[u8], recipient_id: &[u8]) -> bool {
         self.map(space).insert(id, recipient_id)
     }
@@ -87,6 +144,7 @@ impl Directory {
         self.map(space).batch()
     }
 
+    /// The IDs of `space` held: on a cache, those cached (not every queue's).
     pub fn len(&self, space: IdSpace) -> usize {
         self.map(space).len()
     }

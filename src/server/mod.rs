@@ -170,7 +170,15 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
         Some(addr) => Some(stats::bind_http(addr).map_err(StartError::Setup)?),
         None => None,
     };
-    let directory = Directory::new();
+    // On a store that keeps every ID behind unique indexes, the directory caches them, as many
+    // of each kind as its records (`[RELAY] pg_queue_cache`); the others fill it at start.
+    let directory = match S::id_source(&store_settings).map_err(StartError::Setup)? {
+        Some(source) => Directory::cache(config.postgres.queue_cache, source),
+        None => Directory::new(),
+    };
+    // The shards' queues at start, as their stores count them (exact, or an estimate on a
+    // cache's store, whose count comes while it serves).
+    let start_queues = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let services = Services::new(config.store, &store_settings);
 
     let (report_tx, reports) = mpsc::channel::<Report>();
@@ -187,6 +195,7 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
         let (go_tx, go_rx) = flume::bounded::<bool>(1);
         let mesh = mesh.clone();
         let directory = directory.clone();
+        let start_queues = start_queues.clone();
         let admission = admission.clone();
         let store_settings = store_settings.clone();
         let services = services.clone();
@@ -218,6 +227,10 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
                     .map_err(|e| reporter.fail(e))?;
                 let queue_services =
                     index_queues(&directory, &store, shards).map_err(|e| reporter.fail(e))?;
+                start_queues.fetch_add(
+                    store.queue_count_estimate(),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
                 let mut listeners = Vec::with_capacity(config.ports.len());
                 let ports = config.ports.iter().map(|&p| match shared_port == Some(p) {
                     true => (p, ws::PortKind::Shared),
@@ -296,7 +309,9 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
                     .await
                     .map_err(|e| e.to_string())?;
                 // What the stop saves, for its last line.
-                let held = (store.queue_count(), store.total_messages());
+                // (On a store that counts while it serves, the count so far: a stop does not
+                // wait for one.)
+                let held = (store.queue_count_estimate(), store.total_messages());
                 store.close(&store_settings, &groups).map(|()| Some(held))
             });
         match spawned {
@@ -349,7 +364,10 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
     let started = go && failures.is_empty() && serving == shards;
     if started {
         // Before `listening`: a supervisor (or test) that waits for it finds the backup set aside.
-        stats::restored(&config, saved_queues, directory.len(IdSpace::Sender) as u64);
+        let queues = start_queues.load(std::sync::atomic::Ordering::Relaxed);
+        // A cache's store has not counted yet: nothing exact to compare the backup's count with.
+        let store_queues = (!directory.is_cache()).then_some(queues as u64);
+        stats::restored(&config, saved_queues, store_queues);
         if let Some(l) = metrics_http {
             stats::serve_http(l, mesh.clone(), stats_shared.clone());
         }
@@ -358,7 +376,7 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
             websocket_ports = ?config.websocket_ports,
             web_clients_by_sni = ?shared_port,
             shards,
-            queues = directory.len(IdSpace::Sender),
+            queues,
             "listening on {}",
             config.ports.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(",")
         );
@@ -565,12 +583,18 @@ fn web_tls(config: &StartConfig) -> Result<Option<Arc<rustls::ServerConfig>>, St
 
 /// One pass over a shard's queues at start: their IDs into the shared directory (made room for
 /// first: the shards' stores are of about the same size) and their service associations into the
-/// owner's index, which it returns.
+/// owner's index, which it returns. A directory that caches the store's IDs needs none of them:
+/// only the queues associated with services are read.
 fn index_queues<S: ShardStore>(
     directory: &Directory,
     store: &S,
     shards: usize,
 ) -> Result<owner::services::ServiceState, String> {
+    if directory.is_cache() {
+        let services = owner::services::ServiceState::default();
+        store.for_each_service_queue_ids(&mut |q| services.index_ids(q))?;
+        return Ok(services);
+    }
     directory.reserve(IdSpace::Sender, store.queue_count_estimate() * shards);
     let services = owner::services::ServiceState::default();
     let mut senders = directory.batch(IdSpace::Sender);

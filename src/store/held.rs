@@ -73,6 +73,21 @@ impl<S: QueueStore, H: Hold> QueueStore for Held<S, H> {
         self.inner.queue_count_estimate()
     }
 
+    fn for_each_service_queue_ids(
+        &self,
+        f: &mut dyn FnMut(&crate::store::RecordIds<'_>),
+    ) -> Result<(), String> {
+        self.inner.for_each_service_queue_ids(f)
+    }
+
+    fn notifier_count(&self) -> Option<usize> {
+        self.inner.notifier_count()
+    }
+
+    fn serving(&self) {
+        self.inner.serving()
+    }
+
     fn holds_every_record(&self) -> bool {
         self.inner.holds_every_record()
     }
@@ -267,6 +282,12 @@ impl<S: ShardStore> ShardStore for Held<S, Delay> {
 
     fn all_opened(s: &StoreSettings) -> Result<(), String> {
         S::all_opened(s)
+    }
+
+    fn id_source(
+        s: &StoreSettings,
+    ) -> Result<Option<std::sync::Arc<dyn crate::store::IdSource>>, String> {
+        S::id_source(s)
     }
 
     fn close(self, s: &StoreSettings, groups: &[u32]) -> Result<(), String> {

@@ -135,6 +135,38 @@ impl QueueRec {
     }
 }
 
+/// Which ID space an entity ID is looked up in (the party of the command): the shared
+/// directory's (`server/directory.rs`) and the stores' that keep it behind unique indexes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdSpace {
+    Sender,
+    Link,
+    Notifier,
+}
+
+impl IdSpace {
+    /// The space a command's entity ID is looked up in, if any.
+    pub fn of(kind: crate::protocol::command::EntityKind) -> Option<IdSpace> {
+        use crate::protocol::command::EntityKind;
+        match kind {
+            EntityKind::Sender => Some(IdSpace::Sender),
+            EntityKind::Link => Some(IdSpace::Link),
+            EntityKind::Notifier => Some(IdSpace::Notifier),
+            _ => None,
+        }
+    }
+}
+
+/// Where the shared directory, when it is a bounded cache, finds the IDs it does not hold: the
+/// recipient IDs of the live queues that have some of `ids` in `space`, as (ID, recipient ID)
+/// pairs, answered through the channel (the store looks them up on threads of its own).
+pub trait IdSource: Send + Sync {
+    fn find(&self, space: IdSpace, ids: Vec<EntityId>) -> IdsFound;
+}
+
+/// What an [`IdSource`] answers.
+pub type IdsFound = flume::Receiver<Result<Vec<(EntityId, EntityId)>, String>>;
+
 /// The IDs of a queue that a start indexes outside the store, borrowed: the shared directory's
 /// sender, link and notifier IDs and the services' associations (`server/mod.rs`,
 /// `index_queues`). A store may produce them without decoding whole records.
@@ -271,6 +303,22 @@ pub trait QueueStore {
         Ok(())
     }
     fn queue_count(&self) -> usize;
+
+    /// As `for_each_queue_ids`, for a start whose directory is a cache in front of the store
+    /// (`ShardStore::id_source`): only the queues associated with a service are needed (the
+    /// services' index); a store may give more.
+    fn for_each_service_queue_ids(&self, f: &mut dyn FnMut(&RecordIds<'_>)) -> Result<(), String> {
+        self.for_each_queue_ids(f)
+    }
+
+    /// The shard begins to serve (a store that counts its queues while it serves starts now).
+    fn serving(&self) {}
+
+    /// The notifiers of this shard's queues, where the store counts them (a store whose
+    /// directory is a cache); `None`: the directory holds every notifier ID and counts them.
+    fn notifier_count(&self) -> Option<usize> {
+        None
+    }
 
     /// The queue count, or an estimate where counting would cost a pass over the store (a
     /// start sizes the directory with it before `for_each_queue_ids` counts exactly).
@@ -645,6 +693,12 @@ pub trait ShardStore: QueueStore + MessageStore + Sized + 'static {
     fn open(s: &StoreSettings, groups: &[u32], now: i64) -> Result<Self, String>;
     /// Every shard opened its store and the relay is about to serve.
     fn all_opened(s: &StoreSettings) -> Result<(), String>;
+    /// Where the shared directory finds IDs, when the store keeps every queue's IDs behind
+    /// unique indexes and the directory need only cache them (`server/directory.rs`); `None`:
+    /// the directory holds every ID, filled at start.
+    fn id_source(_s: &StoreSettings) -> Result<Option<std::sync::Arc<dyn IdSource>>, String> {
+        Ok(None)
+    }
     /// A clean stop: make everything of `groups` durable.
     fn close(self, s: &StoreSettings, groups: &[u32]) -> Result<(), String>;
     /// The control port's `save` on a running relay: write what `close` would write, keeping the

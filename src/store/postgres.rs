@@ -30,6 +30,7 @@
 
 pub mod cluster;
 mod conninfo;
+mod counts;
 mod errors;
 mod ntfs;
 pub mod pool;
@@ -52,9 +53,9 @@ use rows::{rec_columns, rec_of, MsgRow, RecRow, REC_COLUMNS};
 use super::id::IdKey;
 use super::memory::MemoryStore;
 use super::{
-    group_of, EntityId, Message, MessageStore, MsgId, MsgNtf, QueueData, QueueRec, QueueStatus,
-    QueueStore, RecordIds, ShardStore, StoreCounters, StoreError, StoreSettings, WriteOutcome,
-    PARTITION_GROUPS,
+    group_of, EntityId, IdSource, IdSpace, IdsFound, Message, MessageStore, MsgId, MsgNtf,
+    QueueData, QueueRec, QueueStatus, QueueStore, RecordIds, ShardStore, StoreCounters, StoreError,
+    StoreSettings, WriteOutcome, PARTITION_GROUPS,
 };
 
 /// Queues per statement of the expiration at start (the periodic one comes in jobs of this many):
@@ -87,6 +88,29 @@ const LOAD_IDS: &str = "SELECT recipient_id, sender_id, link_id, \
      FROM msg_queues WHERE deleted_at IS NULL AND {GROUP} = ANY($1::int4[])";
 const LOAD_ALL: &str = "SELECT {REC} FROM msg_queues \
      WHERE deleted_at IS NULL AND {GROUP} = ANY($1::int4[])";
+// The directory is a cache in front of the table's unique indexes (`IdSource`): the queues of
+// the IDs it does not hold, one statement for the IDs of a block. A notifier counts only with
+// its ID, key and secret, as `rows::rec_of` reads it.
+const FIND_SENDERS: &str = "SELECT sender_id, recipient_id FROM msg_queues \
+     WHERE sender_id = ANY($1) AND deleted_at IS NULL";
+const FIND_LINKS: &str = "SELECT link_id, recipient_id FROM msg_queues \
+     WHERE link_id = ANY($1) AND deleted_at IS NULL";
+const FIND_NOTIFIERS: &str = "SELECT notifier_id, recipient_id FROM msg_queues \
+     WHERE notifier_id = ANY($1) AND deleted_at IS NULL \
+     AND notifier_key IS NOT NULL AND rcv_ntf_dh_secret IS NOT NULL";
+// The relay's queues and notifiers by partition group, counted once for all shards after the
+// start, while they serve (`postgres/counts.rs`; the start itself reads no queue).
+const COUNT_BY_GROUP: &str = "SELECT {GROUP} AS g, count(*), count(*) FILTER (WHERE \
+     notifier_id IS NOT NULL AND notifier_key IS NOT NULL AND rcv_ntf_dh_secret IS NOT NULL) \
+     FROM msg_queues WHERE deleted_at IS NULL GROUP BY 1";
+// The queues associated with a service, for the services' index at start (through the
+// indexes on `rcv_service_id` and `ntf_service_id`).
+const LOAD_SERVICE_IDS: &str = "SELECT recipient_id, sender_id, link_id, \
+     CASE WHEN notifier_key IS NOT NULL AND rcv_ntf_dh_secret IS NOT NULL THEN notifier_id END, \
+     rcv_service_id, \
+     CASE WHEN notifier_key IS NOT NULL AND rcv_ntf_dh_secret IS NOT NULL THEN ntf_service_id END \
+     FROM msg_queues WHERE deleted_at IS NULL \
+     AND (rcv_service_id IS NOT NULL OR ntf_service_id IS NOT NULL) AND {GROUP} = ANY($1::int4[])";
 // The records a job needs and the shard does not hold (`QueueStore::prepare`).
 const LOAD_RECORDS: &str = concat!(
     "SELECT ",
@@ -208,6 +232,9 @@ pub fn remember_config(data_dir: &std::path::Path, config: &PgConfig) -> Result<
 
 /// The statements of the hot paths, prepared on every pooled connection as it opens.
 pub const HOT_STATEMENTS: &[&str] = &[
+    FIND_SENDERS,
+    FIND_LINKS,
+    FIND_NOTIFIERS,
     LOAD_RECORDS,
     INSERT_QUEUE,
     UPDATE_QUEUE,
@@ -256,8 +283,25 @@ struct Data {
     queues: usize,
     /// `queues` was counted: by the ID stream at a start, or by `queue_count`'s own statement.
     queues_counted: bool,
+    /// Notifiers of this shard's queues; like `queues`, an estimate (0) until counted.
+    notifiers: usize,
+    /// The count of queues and notifiers (`COUNT_QUEUES_AND_NOTIFIERS`) sent the first time a
+    /// count was asked, while it runs; with the changes made since it was sent, which it may
+    /// not see.
+    counting: Option<Counting>,
+    /// The count was sent (once: a failed one leaves the estimate, kept by the changes).
+    count_sent: bool,
     total_messages: usize,
     counters: StoreCounters,
+}
+
+/// A count running on the pool (`Data::counting`).
+#[derive(Debug)]
+struct Counting {
+    answer: flume::Receiver<counts::Answer>,
+    /// Queues and notifiers created less deleted since the count was sent.
+    queues_since: i64,
+    notifiers_since: i64,
 }
 
 impl Data {
@@ -267,9 +311,54 @@ impl Data {
             sizes: HashMap::default(),
             queues: 0,
             queues_counted: false,
+            notifiers: 0,
+            counting: None,
+            count_sent: false,
             total_messages: 0,
             counters: StoreCounters::default(),
         }
+    }
+
+    /// A queue (`queues`) or notifier (`notifiers`) more or less.
+    fn count_change(&mut self, queues: i64, notifiers: i64) {
+        self.queues = self.queues.saturating_add_signed(queues as isize);
+        self.notifiers = self.notifiers.saturating_add_signed(notifiers as isize);
+        if let Some(c) = &mut self.counting {
+            c.queues_since += queues;
+            c.notifiers_since += notifiers;
+        }
+    }
+
+    /// Takes the running count's answer for the shard's `groups` if it came (`wait`: waits for
+    /// it); true once counted.
+    fn take_count(&mut self, groups: &[i32], wait: bool) -> bool {
+        let Some(c) = &self.counting else {
+            return self.queues_counted;
+        };
+        let answer = if wait {
+            c.answer.recv().ok()
+        } else {
+            match c.answer.try_recv() {
+                Err(flume::TryRecvError::Empty) => return false,
+                r => r.ok(),
+            }
+        };
+        let c = self.counting.take().expect("checked above");
+        match answer {
+            Some(Ok(by_group)) => {
+                let (q, n) = groups
+                    .iter()
+                    .filter_map(|&g| by_group.get(usize::try_from(g).ok()?))
+                    .fold((0, 0), |(q, n), (gq, gn)| (q + gq, n + gn));
+                let count = |total: i64, since: i64| usize::try_from(total + since).unwrap_or(0);
+                self.queues = count(q, c.queues_since);
+                self.notifiers = count(n, c.notifiers_since);
+                self.queues_counted = true;
+            }
+            Some(Err(e)) => tracing::warn!(error = %e, "counting the shard's queues"),
+            None => tracing::warn!("counting the shard's queues: the job was dropped"),
+        }
+        self.queues_counted
     }
 
     /// Whether the database may hold messages of the queue.
@@ -453,6 +542,23 @@ fn msg_of(m: MsgRow) -> Result<Message, StoreError> {
 }
 
 impl PostgresStore {
+    /// The shard's count of its queues and notifiers: asked once (`send`: when the shard starts
+    /// serving, or when a command that opened the store without serving wants it), and its
+    /// answer taken once it came (`wait`: waited for). Until then the counts are the catalogue's
+    /// estimate and the changes since.
+    fn counted(&self, send: bool, wait: bool) {
+        let mut d = self.data.borrow_mut();
+        if send && !d.queues_counted && !d.count_sent {
+            d.count_sent = true;
+            d.counting = Some(Counting {
+                answer: ask_counts(&self.shared),
+                queues_since: 0,
+                notifiers_since: 0,
+            });
+        }
+        d.take_count(&self.groups, wait);
+    }
+
     /// One association statement for the known queues of `ids` that `eligible` keeps:
     /// `ASSOCIATE_MANY` (with `updated_at`) for recipients, `ASSOCIATE_NTF_MANY` for notifiers;
     /// `set` applies it to the cached record of each row the database changed.
@@ -857,7 +963,37 @@ impl QueueStore for PostgresStore {
         Ok(())
     }
 
+    fn for_each_service_queue_ids(&self, f: &mut dyn FnMut(&RecordIds<'_>)) -> Result<(), String> {
+        let load = sql(LOAD_SERVICE_IDS);
+        let groups = self.groups.clone();
+        self.shared
+            .run_blocking("reading the queues associated with services", |c| {
+                let mut rows = c.client.query_raw(load.as_str(), [&groups])?;
+                while let Some(row) = rows.next()? {
+                    f(&RecordIds {
+                        recipient_id: row.get(0),
+                        sender_id: row.get(1),
+                        link_id: row.get(2),
+                        notifier_id: row.get(3),
+                        rcv_service_id: row.get(4),
+                        ntf_service_id: row.get(5),
+                    });
+                }
+                Ok(())
+            })
+    }
+
+    fn serving(&self) {
+        self.counted(true, false);
+    }
+
+    fn notifier_count(&self) -> Option<usize> {
+        self.counted(false, false);
+        Some(self.data.borrow().notifiers)
+    }
+
     fn queue_count(&self) -> usize {
+        self.counted(true, true);
         if !self.data.borrow().queues_counted {
             // Not counted by a start's ID stream (store export and import open the store
             // without one): counted here, once; later creations and deletions keep it.
@@ -877,7 +1013,9 @@ impl QueueStore for PostgresStore {
         self.data.borrow().queues
     }
 
+    /// The count if it came, else the estimate; never waits, never sends the count.
     fn queue_count_estimate(&self) -> usize {
+        self.counted(false, false);
         self.data.borrow().queues
     }
 
@@ -970,7 +1108,7 @@ impl QueueStore for PostgresStore {
             return Err(StoreError::Duplicate);
         }
         let mut d = self.data.borrow_mut();
-        d.queues += 1;
+        d.count_change(1, i64::from(rec.notifier.is_some()));
         d.records.insert(rec);
         Ok(())
     }
@@ -992,7 +1130,16 @@ impl QueueStore for PostgresStore {
             None => Err(StoreError::Duplicate),
             Some(0) => Err(StoreError::NotFound),
             Some(_) => {
-                if let Some(q) = self.data.borrow_mut().records.get_mut(&rec.recipient_id) {
+                let mut d = self.data.borrow_mut();
+                let had = d
+                    .records
+                    .get(&rec.recipient_id)
+                    .map(|q| q.notifier.is_some());
+                if let Some(had) = had {
+                    let has = rec.notifier.is_some();
+                    d.count_change(0, i64::from(has) - i64::from(had));
+                }
+                if let Some(q) = d.records.get_mut(&rec.recipient_id) {
                     *q = rec;
                 }
                 Ok(())
@@ -1057,7 +1204,7 @@ impl QueueStore for PostgresStore {
             d.emptied(recipient_id);
             let rec = d.records.remove(recipient_id).ok_or(StoreError::NotFound)?;
             if n > 0 {
-                d.queues = d.queues.saturating_sub(1);
+                d.count_change(-1, -i64::from(rec.notifier.is_some()));
             }
             rec
         };
@@ -1359,6 +1506,138 @@ impl MessageStore for PostgresStore {
     }
 }
 
+/// Asks for the relay's count by group (`postgres/counts.rs`): sent by the first shard to ask,
+/// shared with those that ask while it runs, kept once made.
+fn ask_counts(shared: &Shared) -> flume::Receiver<counts::Answer> {
+    let (tx, rx) = flume::bounded(1);
+    let state = shared.counts.clone();
+    let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+    match &mut *st {
+        counts::State::Done(c) => {
+            let _ = tx.send(Ok(c.clone()));
+        }
+        counts::State::Running { waiting, .. } => waiting.push(tx),
+        counts::State::Idle => {
+            *st = counts::State::Running {
+                waiting: vec![tx],
+                pid: None,
+                cancelled: false,
+            };
+            let (running, done) = (state.clone(), state.clone());
+            let count = sql(COUNT_BY_GROUP);
+            let sent = shared.submit(
+                "counting queues",
+                move |c| {
+                    if let counts::State::Running { pid, cancelled, .. } =
+                        &mut *running.lock().unwrap_or_else(|e| e.into_inner())
+                    {
+                        if *cancelled {
+                            return Ok(None);
+                        }
+                        *pid = Some(c.pid);
+                    }
+                    let mut by_group = [(0i64, 0i64); PARTITION_GROUPS as usize];
+                    // One pass over the whole table: not bound by the statements' timeout (a
+                    // stop cancels it instead).
+                    let mut tx = c.client.transaction()?;
+                    tx.batch_execute("SET LOCAL statement_timeout = 0")?;
+                    let rows = tx.query(count.as_str(), &[])?;
+                    tx.commit()?;
+                    for r in rows {
+                        if let Some(slot) = usize::try_from(r.get::<_, i32>(0))
+                            .ok()
+                            .and_then(|g| by_group.get_mut(g))
+                        {
+                            *slot = (r.get(1), r.get(2));
+                        }
+                    }
+                    Ok(Some(by_group))
+                },
+                move |r| {
+                    let mut st = done.lock().unwrap_or_else(|e| e.into_inner());
+                    let answer = match r {
+                        Ok(Some(c)) => Ok(Arc::new(c)),
+                        Ok(None) => Err("cancelled by the stop".to_string()),
+                        Err(e) => Err(e.to_string()),
+                    };
+                    let waiting = match std::mem::take(&mut *st) {
+                        counts::State::Running { waiting, .. } => waiting,
+                        _ => Vec::new(),
+                    };
+                    if let Ok(c) = &answer {
+                        *st = counts::State::Done(c.clone());
+                    }
+                    for w in waiting {
+                        let _ = w.send(answer.clone());
+                    }
+                },
+            );
+            if let Err(e) = sent {
+                if let counts::State::Running { waiting, .. } = std::mem::take(&mut *st) {
+                    for w in waiting {
+                        let _ = w.send(Err(e.to_string()));
+                    }
+                }
+            }
+        }
+    }
+    rx
+}
+
+/// Stops the relay's count if it still runs (a stop: the server would otherwise run it to its
+/// end after the relay left): one not begun does not begin, and the session of one that has is
+/// ended (not only its statement cancelled, which would miss a statement about to be sent).
+fn cancel_count(shared: &Shared) {
+    let pid = match &mut *shared.counts.lock().unwrap_or_else(|e| e.into_inner()) {
+        counts::State::Running { pid, cancelled, .. } => {
+            *cancelled = true;
+            *pid
+        }
+        _ => None,
+    };
+    if let Some(pid) = pid {
+        let cancelled = shared.run_blocking("cancelling the count of queues", |c| {
+            c.client.execute("SELECT pg_terminate_backend($1)", &[&pid])
+        });
+        if let Err(e) = cancelled {
+            tracing::warn!(error = %e, "the count of queues was not cancelled");
+        }
+    }
+}
+
+/// The directory's source of the IDs it does not hold (`ShardStore::id_source`): the table's
+/// unique indexes, one statement for the IDs of one space.
+struct PgIds {
+    shared: Arc<Shared>,
+}
+
+impl IdSource for PgIds {
+    fn find(&self, space: IdSpace, ids: Vec<EntityId>) -> IdsFound {
+        let (tx, rx) = flume::bounded(1);
+        let stmt = match space {
+            IdSpace::Sender => FIND_SENDERS,
+            IdSpace::Link => FIND_LINKS,
+            IdSpace::Notifier => FIND_NOTIFIERS,
+        };
+        let answer = tx.clone();
+        let sent = self.shared.submit(
+            "looking up IDs",
+            move |c| {
+                let st = c.stmt(stmt)?;
+                let rows = c.client.query(&st, &[&ids])?;
+                Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+            },
+            move |r: Result<Vec<(EntityId, EntityId)>, StoreError>| {
+                let _ = answer.send(r.map_err(|e| e.to_string()));
+            },
+        );
+        if let Err(e) = sent {
+            let _ = tx.send(Err(e.to_string()));
+        }
+        rx
+    }
+}
+
 impl ShardStore for PostgresStore {
     fn open(s: &StoreSettings, groups: &[u32], now: i64) -> Result<Self, String> {
         let config = config_of(s)?;
@@ -1412,6 +1691,11 @@ impl ShardStore for PostgresStore {
         })
     }
 
+    fn id_source(s: &StoreSettings) -> Result<Option<Arc<dyn IdSource>>, String> {
+        let shared = Shared::get(config_of(s)?, HOT_STATEMENTS)?;
+        Ok(Some(Arc::new(PgIds { shared })))
+    }
+
     fn all_opened(s: &StoreSettings) -> Result<(), String> {
         let dir = ntfs::store_dir(&s.data_dir);
         let c = config_of(s)?;
@@ -1420,6 +1704,7 @@ impl ShardStore for PostgresStore {
     }
 
     fn close(self, s: &StoreSettings, groups: &[u32]) -> Result<(), String> {
+        cancel_count(&self.shared);
         self.save_running(s, groups)
     }
 
@@ -1534,7 +1819,7 @@ impl ShardStore for PostgresStore {
             self.ntf.return_ntfs(&nid, ntfs).await?;
         }
         let mut d = self.data.borrow_mut();
-        d.queues += 1;
+        d.count_change(1, i64::from(rec.notifier.is_some()));
         d.add(&rec.recipient_id, size);
         d.records.insert(rec);
         d.counters.store_records_evicted += d.records.evict(&|_| false) as u64;

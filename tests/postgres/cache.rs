@@ -9,7 +9,7 @@ use crate::support;
 use common::{Relay, RelayOptions};
 use smp_relay::client::queue::{self, new_link, KeyAlg, RecipientKeys};
 use smp_relay::client::service::ROLE_MESSAGING;
-use smp_relay::client::{new_corr_id, ClientCert, ClientOptions};
+use smp_relay::client::{new_corr_id, ClientCert, ClientOptions, ClientTransmission};
 use smp_relay::protocol::command::{Command, QueueReq};
 use smp_relay::protocol::response::BrokerMsg;
 use support::services::{bodies, ids_hash, new_as_service, service, soks, subs};
@@ -85,11 +85,26 @@ fn more_queues_than_the_cache_are_served_and_subscribed_records_stay() {
     assert!(relay.stop().success(), "a clean stop");
     relay.restart();
     assert_eq!(records_read(&relay), 0, "no record read at start");
-    // The start counted every queue as it read their IDs (no count of its own).
+    // The start reads no queue: each shard counts its queues while it serves, and the gauge
+    // shows the count once it came (polled: the count is an outcome, not a deadline).
+    let queues = Some((QUEUES + 1 + served.len()) as u64);
+    let mut counted = None;
+    for _ in 0..100 {
+        relay.publish_metrics();
+        counted = relay.metrics().get("simplex_smp_queues_total1").copied();
+        if counted == queues {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(counted, queues, "queues counted after the start");
     assert_eq!(
-        relay.metrics().get("simplex_smp_queues_total1").copied(),
-        Some((QUEUES + 1 + served.len()) as u64),
-        "queues counted at start"
+        relay
+            .metrics()
+            .get("simplex_smp_queues_notify_total2")
+            .copied(),
+        Some(notified.len() as u64),
+        "notifiers counted after the start"
     );
     let (mut rc, mut sc) = (relay.client(), relay.client());
     let mut sub = relay.client();
@@ -240,4 +255,59 @@ fn an_unreadable_record_is_a_store_error_not_a_missing_queue() {
         }
     }
     assert_eq!(sub_with_msg(&mut c, &q).msg.body(), Some(&b"later"[..]));
+}
+
+/// A block whose commands name IDs the directory's cache does not hold (nothing is cached after a
+/// start) waits for their look-up as a whole, so its commands reach their owners in block order:
+/// each queue's GET, after a SEND to it by sender ID in the same block, finds that message (a GET
+/// routed ahead of its SEND would find none). Then the IDs are cached: the same again needs no
+/// look-up and keeps the order too.
+#[test]
+fn a_block_with_uncached_ids_keeps_its_order() {
+    let conninfo = common::pg_database();
+    let mut relay = Relay::start_with(RelayOptions {
+        cores: 2,
+        extra_args: ["--store", "postgres", "--database", &conninfo]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+    });
+    let mut c = relay.client();
+    let qs = create_many(&mut c, 20, 20);
+    drop(c);
+    assert!(relay.stop().success(), "a clean stop");
+    relay.restart();
+    let mut c = relay.client();
+    for round in ["after the start", "cached"] {
+        let ts: Vec<ClientTransmission> = qs
+            .iter()
+            .flat_map(|q| {
+                [
+                    ClientTransmission::new(&new_corr_id(), q.sid(), send_cmd(round.as_bytes())),
+                    ClientTransmission::new(&new_corr_id(), q.rid(), Command::Get)
+                        .signed(q.key().clone()),
+                ]
+            })
+            .collect();
+        c.send_batch(&ts).expect("send the block");
+        let mut answers = std::collections::HashMap::new();
+        while answers.len() < ts.len() {
+            let t = next(&mut c);
+            answers.insert(t.corr_id.clone(), t);
+        }
+        for (q, pair) in qs.iter().zip(ts.chunks(2)) {
+            assert_eq!(
+                answers[&pair[0].corr_id].msg,
+                Ok(BrokerMsg::Ok),
+                "SEND {round}"
+            );
+            let got = msg_of(q, answers[&pair[1].corr_id].msg.clone().expect("parsed"));
+            assert_eq!(
+                got.msg.body(),
+                Some(round.as_bytes()),
+                "GET after SEND, {round}"
+            );
+            assert_eq!(ack(&mut c, q, &got.msg_id), BrokerMsg::Ok);
+        }
+    }
 }

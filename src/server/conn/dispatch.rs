@@ -38,6 +38,9 @@ pub struct Routed {
     pub rslv: u64,
     /// RRES answers sealed here (a forwarded command answered without its owner).
     pub fwd_answers: u64,
+    /// On a directory that caches the store's IDs: the owner requests from the first one whose
+    /// ID the cache did not hold to the block's end, in block order, for [`resolve_deferred`].
+    pub deferred: Vec<Request>,
 }
 
 /// The commands whose batches the reference counts (simplexmq `Server.hs`, `updateBatchStats`).
@@ -284,19 +287,82 @@ fn route_transmission(
             return parsed;
         }
     }
-    let recipient_id = resolve(ctx, facts.entity, t.entity_id);
+    to_owner(ctx, routed, request(&t, cmd, service, authorized));
+    parsed
+}
+
+/// Routes a request to the owner of its queue, or defers it: on a directory that caches the
+/// store's IDs, a request whose ID the cache does not hold waits for [`resolve_deferred`], and so
+/// does every owner request after it in the block, so that an owner gets them in block order.
+fn to_owner(ctx: &RouteCtx<'_>, routed: &mut Routed, mut req: Request) {
+    let kind = req.command.facts().entity;
+    if routed.deferred.is_empty() {
+        req.recipient_id = resolve(ctx, kind, &req.entity_id);
+        let missed =
+            req.recipient_id.is_none() && ctx.directory.is_cache() && IdSpace::of(kind).is_some();
+        if !missed {
+            route_resolved(ctx, routed, req);
+            return;
+        }
+    }
+    routed.deferred.push(req);
+}
+
+/// Puts a request whose recipient ID is resolved (or known to be absent) in its owner's part.
+fn route_resolved(ctx: &RouteCtx<'_>, routed: &mut Routed, req: Request) {
     // An unknown ID is dummy-verified on the shard its own hash names: one hop either way.
     let owner = ctx
         .mesh
-        .owner_of(recipient_id.as_deref().unwrap_or(t.entity_id));
-    routed.by_owner.entry(owner).or_default().push(request(
-        &t,
-        cmd,
-        recipient_id,
-        service,
-        authorized,
-    ));
-    parsed
+        .owner_of(req.recipient_id.as_deref().unwrap_or(&req.entity_id));
+    routed.by_owner.entry(owner).or_default().push(req);
+}
+
+/// The second step of a block whose IDs the directory's cache did not all hold: the store looks
+/// up the missing IDs, one statement per ID space, while the connection reads nothing more
+/// (its blocks stay in order); then the deferred requests go to their owners in block order. A
+/// look-up that fails answers its requests `ERR STORE`, as a failed store operation is answered.
+pub async fn resolve_deferred(ctx: &RouteCtx<'_>, routed: &mut Routed) {
+    let deferred = std::mem::take(&mut routed.deferred);
+    let mut failed: Vec<(IdSpace, String)> = Vec::new();
+    for space in [IdSpace::Sender, IdSpace::Link, IdSpace::Notifier] {
+        let mut ids: Vec<Vec<u8>> = deferred
+            .iter()
+            .filter(|r| IdSpace::of(r.command.facts().entity) == Some(space))
+            .map(|r| r.entity_id.clone())
+            .collect();
+        if ids.is_empty() {
+            continue;
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        if let Err(e) = ctx.directory.fetch(space, ids).await {
+            tracing::warn!(error = %e, "looking up the IDs of a block");
+            failed.push((space, e));
+        }
+    }
+    for mut req in deferred {
+        let kind = req.command.facts().entity;
+        req.recipient_id = resolve(ctx, kind, &req.entity_id);
+        let failure = IdSpace::of(kind)
+            .filter(|_| req.recipient_id.is_none())
+            .and_then(|space| failed.iter().find(|(s, _)| *s == space));
+        match failure {
+            Some((_, e)) => {
+                let msg = BrokerMsg::Err(ErrorType::Store(e.clone()));
+                let t = match &req.forward {
+                    Some(fwd) => {
+                        let (t, sealed) =
+                            forward::respond(ctx.session, fwd, &req.corr_id, &req.entity_id, &msg);
+                        routed.fwd_answers += u64::from(sealed);
+                        t
+                    }
+                    None => encode(ctx.session, &req.corr_id, &req.entity_id, &msg),
+                };
+                routed.local.push(t);
+            }
+            None => route_resolved(ctx, routed, req),
+        }
+    }
 }
 
 /// `SUBS`/`NSUBS` need a service session whose service key signed them (Ed25519), no service
@@ -397,30 +463,30 @@ fn route_forwarded(ctx: &RouteCtx<'_>, corr_id: &[u8], body: &[u8], routed: &mut
             routed.local.push(t)
         }
         Decoded::Route { fwd, request: r } => {
-            let recipient_id = resolve(ctx, r.command.facts().entity, &r.entity_id);
-            let owner = ctx
-                .mesh
-                .owner_of(recipient_id.as_deref().unwrap_or(&r.entity_id));
-            routed.by_owner.entry(owner).or_default().push(Request {
-                corr_id: r.corr_id,
-                entity_id: r.entity_id,
-                recipient_id,
-                command: r.command,
-                authorization: r.authorization,
-                // The forwarded session is never a service's (simplexmq `Server.hs`,
-                // `processForwardedCommand`), so any service signature is refused.
-                service: if r.service_sig {
-                    ServiceCheck::Refused
-                } else {
-                    ServiceCheck::Plain
+            to_owner(
+                ctx,
+                routed,
+                Request {
+                    corr_id: r.corr_id,
+                    entity_id: r.entity_id,
+                    recipient_id: None,
+                    command: r.command,
+                    authorization: r.authorization,
+                    // The forwarded session is never a service's (simplexmq `Server.hs`,
+                    // `processForwardedCommand`), so any service signature is refused.
+                    service: if r.service_sig {
+                        ServiceCheck::Refused
+                    } else {
+                        ServiceCheck::Plain
+                    },
+                    authorized: r.authorized,
+                    forward: Some(fwd),
+                    batch_verified: None,
+                    pre_verified: None,
+                    undelivered: None,
+                    associated: false,
                 },
-                authorized: r.authorized,
-                forward: Some(fwd),
-                batch_verified: None,
-                pre_verified: None,
-                undelivered: None,
-                associated: false,
-            });
+            );
         }
     }
 }
@@ -439,17 +505,17 @@ fn resolve(ctx: &RouteCtx<'_>, kind: EntityKind, entity_id: &[u8]) -> Option<Vec
     }
 }
 
+/// A request of the block, its recipient ID not yet resolved (`to_owner`).
 fn request(
     t: &RawTransmission<'_>,
     command: Command,
-    recipient_id: Option<Vec<u8>>,
     service: ServiceCheck,
     authorized: Vec<u8>,
 ) -> Request {
     Request {
         corr_id: t.corr_id.to_vec(),
         entity_id: t.entity_id.to_vec(),
-        recipient_id,
+        recipient_id: None,
         command,
         authorization: t.authorization.to_vec(),
         service,

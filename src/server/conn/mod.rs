@@ -353,11 +353,14 @@ async fn read_loop(
                 return Err(e);
             }
         };
-        let routed = {
+        let mut routed = {
             let mut codec = codec.borrow_mut();
             let content = codec.decode(block).map_err(|_| ());
             dispatch::route_block(&route_ctx, content)
         };
+        if !routed.deferred.is_empty() {
+            dispatch::resolve_deferred(&route_ctx, &mut routed).await;
+        }
         count_block(&ctx.conn_stats, &routed);
         seq += 1;
         let parts = routed.by_owner.len()

@@ -277,10 +277,11 @@ impl Port {
     /// the whole answer line.
     async fn on_queue(&self, id: &[u8], op: QueueOp) -> Result<QueueOutcome, String> {
         let d = &self.ctx.directory;
-        let Some(recipient_id) = d
-            .lookup(IdSpace::Sender, id)
-            .or_else(|| d.lookup(IdSpace::Link, id))
-        else {
+        let recipient_id = match d.find(IdSpace::Sender, id).await {
+            Some(rid) => Some(rid),
+            None => d.find(IdSpace::Link, id).await,
+        };
+        let Some(recipient_id) = recipient_id else {
             return Err(format!("error: {}", show_error(&ErrorType::Auth)));
         };
         let owner = self.ctx.mesh.owner_of(&recipient_id);
@@ -331,7 +332,7 @@ impl Port {
             let daily = self.ctx.daily.borrow();
             (daily.shown(&raw), daily.from_ms)
         };
-        let notifiers = self.ctx.directory.len(IdSpace::Notifier);
+        let notifiers = raw.notifier_count as usize;
         render_stats(&m, (from_ms / 1000) as i64, notifiers, admin)
     }
 

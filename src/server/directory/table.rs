@@ -52,6 +52,11 @@ pub struct IdTable {
     /// Set once `other` holds an entry (never cleared): the map's own length sums counters
     /// across threads, too dear to ask on every insert and every miss.
     other_used: AtomicBool,
+    /// Entries a partition keeps at most (a cache, [`IdTable::bounded`]); `usize::MAX`: no
+    /// bound. An insert into a full partition evicts one of its entries first.
+    part_limit: usize,
+    /// The other map's bound, when bounded (it is cleared when it reaches it).
+    other_limit: usize,
 }
 
 type LongMap = papaya::HashMap<IdKey, IdKey, foldhash::quality::RandomState>;
@@ -70,6 +75,8 @@ struct Part {
 struct Counts {
     full: usize,
     removed: usize,
+    /// Where a bounded partition looks for the next entry to evict (a clock hand).
+    hand: usize,
 }
 
 struct Slots {
@@ -190,11 +197,24 @@ impl Default for IdTable {
             hasher: foldhash::quality::RandomState::default(),
             other: LongMap::default(),
             other_used: AtomicBool::new(false),
+            part_limit: usize::MAX,
+            other_limit: usize::MAX,
         }
     }
 }
 
 impl IdTable {
+    /// A table of at most about `limit` entries (each partition holds its share, at least one):
+    /// a cache, whose inserts evict an entry of a full partition, the one after the last evicted
+    /// (so an entry stays until every other of its partition was inserted or evicted since).
+    pub fn bounded(limit: usize) -> Self {
+        IdTable {
+            part_limit: limit.div_ceil(PARTS).max(1),
+            other_limit: limit.max(1),
+            ..IdTable::default()
+        }
+    }
+
     fn hashed(&self, id: &[u8]) -> Hashed {
         Hashed::of(self.hasher.hash_one(id))
     }
@@ -241,10 +261,33 @@ impl IdTable {
                 return slots.find(h.home(slots.len()), h.tag, key).is_none()
                     && self.insert_other(id, value);
             }
-            let placed = Self::changing(part, || self.place(counts, slots, h, key, &words(value)));
+            let placed = Self::changing(part, || {
+                if counts.full >= self.part_limit
+                    && slots.find(h.home(slots.len()), h.tag, key).is_none()
+                {
+                    Self::evict(counts, slots);
+                }
+                self.place(counts, slots, h, key, &words(value))
+            });
             part.len.store(counts.full, Ordering::Relaxed);
             placed
         })
+    }
+
+    /// Empties the partition's next full slot from its clock hand (the writer lock held, inside
+    /// `changing`).
+    fn evict(counts: &mut Counts, slots: &Slots) {
+        let n = slots.len();
+        for k in 0..n {
+            let i = (counts.hand + k) % n;
+            if slots.ctrl[i].load(Ordering::Relaxed) >= FULL {
+                slots.ctrl[i].store(REMOVED, Ordering::Relaxed);
+                counts.full -= 1;
+                counts.removed += 1;
+                counts.hand = i + 1;
+                return;
+            }
+        }
     }
 
     /// Puts `key → value` in the slots of a partition whose writer lock the caller holds, with
@@ -277,10 +320,12 @@ impl IdTable {
         // Set first: a lookup that is told of the entry (its insert happened before it, through
         // whatever channel) sees the flag too, by the coherence of the flag's own order.
         self.other_used.store(true, Ordering::Relaxed);
-        self.other
-            .pin()
-            .try_insert(IdKey::new(id), IdKey::new(value))
-            .is_ok()
+        let m = self.other.pin();
+        if self.other_limit != usize::MAX && m.len() >= self.other_limit && !m.contains_key(id) {
+            // A bounded table's rare entries of other lengths: dropped all at once at the bound.
+            m.clear();
+        }
+        m.try_insert(IdKey::new(id), IdKey::new(value)).is_ok()
     }
 
     /// Removes `id` if it maps to `value`; true if removed.
@@ -417,8 +462,14 @@ impl IdTable {
         // SAFETY: the caller holds the writer lock.
         let old = unsafe { Self::current(part) };
         let old_len = old.map_or(0, Slots::len);
+        // Removed slots alone filled it (a cache's evictions, churn): rebuilt at its size.
+        let by_entries = want * 8 > old_len * 7;
         let n = (want * 5 / 4 + 1)
-            .max(old_len + old_len / 4)
+            .max(if by_entries {
+                old_len + old_len / 4
+            } else {
+                old_len
+            })
             .max(FIRST_SLOTS);
         let new = Slots::new(n);
         if let Some(old) = old {
@@ -588,6 +639,47 @@ mod tests {
             .iter()
             .map(|p| IdTable::slots_of(p, &guard).map_or(0, Slots::len))
             .sum()
+    }
+
+    #[test]
+    fn a_bounded_table_keeps_its_bound_and_never_a_wrong_entry() {
+        let limit = 20_000;
+        let t = IdTable::bounded(limit);
+        let most = limit.div_ceil(PARTS) * PARTS;
+        let mut model = std::collections::HashMap::new();
+        for round in 0..5u64 {
+            for n in 0..100_000u64 {
+                let v = id(n * 7 + round);
+                if t.insert(&id(n), &v) {
+                    // Absent (never put, removed or evicted): its entry is the new one.
+                    model.insert(id(n), v);
+                }
+                // The entry just put or found is there, whatever the insert evicted.
+                assert_eq!(t.get(&id(n)).as_ref(), model.get(&id(n)), "id {n}");
+                assert!(t.len() <= most, "{} entries", t.len());
+            }
+            // Removing keeps the rule: only the ID's own entry goes.
+            for n in (0..100_000u64).step_by(5) {
+                if let Some(v) = model.remove(&id(n)) {
+                    t.remove_if(&id(n), &v);
+                }
+            }
+        }
+        let mut found = 0;
+        for n in 0..100_000u64 {
+            // Evicted or held, never another value than the one inserted.
+            if let Some(v) = t.get(&id(n)) {
+                assert_eq!(Some(&v), model.get(&id(n)), "id {n}");
+                found += 1;
+            }
+        }
+        assert!(found > limit / 2, "{found} held");
+        // Evictions leave removed slots; rebuilding for them does not grow the arrays.
+        assert!(
+            slots(&t) <= most * 2 + PARTS * FIRST_SLOTS,
+            "{} slots",
+            slots(&t)
+        );
     }
 
     #[test]

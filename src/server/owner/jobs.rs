@@ -98,7 +98,10 @@ pub fn owner_job<S: QueueStore + MessageStore + 'static>(
             let part = (o.subscriptions_of(conn) as i64, [0; 16]);
             o.mesh.send(reply_to, ConnMsg::ServicePart { round, part });
         }
-        OwnerMsg::Tick => expire(o, pipeline, None),
+        OwnerMsg::Tick => {
+            o.sweep_ntf_queues();
+            expire(o, pipeline, None)
+        }
         OwnerMsg::ExpireNow { done } => expire(o, pipeline, Some(done)),
     }
 }

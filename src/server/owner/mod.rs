@@ -138,6 +138,9 @@ pub struct Owner<S> {
     verify_budget: RefCell<HashMap<ConnRef, VerifyBudget>>,
     /// Notifier ID → the connection subscribed to its notifications.
     pub ntf_subs: RefCell<HashMap<EntityId, Session>>,
+    /// On a directory that caches IDs (which may not hold a notifier's): notifier ID → recipient
+    /// ID of the subscribed notifiers (`ntf_subs`, swept on each tick).
+    ntf_queues: RefCell<HashMap<EntityId, EntityId>>,
     pub by_conn: RefCell<HashMap<ConnRef, ConnEntries>>,
     /// The owner's counters, as the metrics snapshot declares them (`metrics.rs`, `snapshot!`):
     /// a shard's numbers are these with its store's and connections' added (`shard/rounds.rs`).
@@ -282,6 +285,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             last_key: RefCell::default(),
             verify_budget: RefCell::default(),
             ntf_subs: RefCell::default(),
+            ntf_queues: RefCell::default(),
             by_conn: RefCell::default(),
             stats: RefCell::default(),
             activity: RefCell::default(),
@@ -602,10 +606,29 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         }
     }
 
-    /// The recipient ID of the queue with this notifier ID.
+    /// The recipient ID of the queue with this notifier ID (on a directory cache, where the
+    /// cache does not hold it, known while the notifier is subscribed).
     pub fn notifier_queue(&self, notifier_id: &[u8]) -> Option<EntityId> {
         self.directory
             .lookup(super::directory::IdSpace::Notifier, notifier_id)
+            .or_else(|| self.ntf_queues.borrow().get(notifier_id).cloned())
+    }
+
+    /// The notifier `nid` of queue `rid` gets a subscriber.
+    pub fn ntf_subscribed(&self, nid: &[u8], rid: &[u8]) {
+        if self.directory.is_cache() {
+            self.ntf_queues
+                .borrow_mut()
+                .insert(nid.to_vec(), rid.to_vec());
+        }
+    }
+
+    /// Forgets the queues of notifiers no longer subscribed (`ntf_queues`).
+    pub fn sweep_ntf_queues(&self) {
+        let subs = self.ntf_subs.borrow();
+        self.ntf_queues
+            .borrow_mut()
+            .retain(|nid, _| subs.contains_key(nid));
     }
 
     /// The GET-mode state of `conn` on `rid`.

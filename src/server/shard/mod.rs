@@ -114,6 +114,7 @@ pub async fn run<S: ShardStore>(
         }
         _ => None,
     };
+    owner.store.serving();
     ready();
     let store = inbox_loop(&ctx, owner, inbox).await;
     drop(control_port);

@@ -212,7 +212,7 @@ fn pending_times<S: ShardStore>(owner: &Owner<S>) -> metrics::TimeBuckets {
 /// This shard's numbers: its owner's, its connections' and its proxy's.
 pub(crate) fn shard_stats<S: ShardStore>(ctx: &ShardContext, owner: &Owner<S>) -> MetricsSnapshot {
     let mut m = MetricsSnapshot::from_shard(&owner.stats.borrow(), &owner.store.counters());
-    m.queue_count = owner.store.queue_count() as u64;
+    m.queue_count = owner.store.queue_count_estimate() as u64;
     m.msg_count = owner.store.total_messages() as u64;
     m.ntf_count = owner.store.ntf_count() as u64;
     {
@@ -257,10 +257,16 @@ pub(crate) fn shard_stats<S: ShardStore>(ctx: &ShardContext, owner: &Owner<S>) -
     m.rcv_services_queues = owner.services.associated_queues(ServiceRole::Messaging);
     m.ntf_services_queues = owner.services.associated_queues(ServiceRole::Notifier);
     // The registry is the relay's, not the shard's: counted once.
+    // Counted by each shard's store where the directory is a cache, else by the directory.
+    if let Some(n) = owner.store.notifier_count() {
+        m.notifier_count = n as u64;
+    }
     if ctx.shard_id == 0 {
-        m.notifier_count = ctx
-            .directory
-            .len(crate::server::directory::IdSpace::Notifier) as u64;
+        if !ctx.directory.is_cache() {
+            m.notifier_count =
+                ctx.directory
+                    .len(crate::server::directory::IdSpace::Notifier) as u64;
+        }
         m.rcv_services_count = ctx.services.count(ServiceRole::Messaging);
         m.ntf_services_count = ctx.services.count(ServiceRole::Notifier);
     }

@@ -192,7 +192,7 @@ pub fn prepare(config: &StartConfig, shards: usize) -> Result<(Shared, Option<u6
 
 /// Every shard serves: the restored backup is set aside (`.bak`, as the reference does), and a
 /// saved queue count other than the store's is warned about.
-pub fn restored(config: &StartConfig, saved_queues: Option<u64>, store_queues: u64) {
+pub fn restored(config: &StartConfig, saved_queues: Option<u64>, store_queues: Option<u64>) {
     let Some(saved) = saved_queues else {
         return;
     };
@@ -203,7 +203,7 @@ pub fn restored(config: &StartConfig, saved_queues: Option<u64>, store_queues: u
         tracing::warn!(error = %e, file = %path.display(), "cannot set the statistics backup aside");
     }
     tracing::info!("server stats restored");
-    if saved != store_queues {
+    if let Some(store_queues) = store_queues.filter(|&n| n != saved) {
         tracing::warn!("Queue count differs: stats: {saved}, store: {store_queues}");
     }
 }

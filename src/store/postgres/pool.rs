@@ -165,6 +165,8 @@ pub struct Shared {
     pool: r2d2::Pool<Manager>,
     /// Holds the advisory lock that makes this relay the database's only one ([`keep_lock`]).
     lock_keeper: Option<(crossbeam_channel::Sender<()>, JoinHandle<()>)>,
+    /// The relay's count of queues and notifiers (`postgres/counts.rs`).
+    pub counts: Arc<Mutex<super::counts::State>>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -253,6 +255,7 @@ impl Shared {
             workers,
             pool,
             lock_keeper: Some((stop, keeper)),
+            counts: Arc::default(),
         })
     }
 

@@ -553,7 +553,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 }
                 if flags.notification {
                     if let Some(n) = &q.notifier {
-                        self.notify((**n).clone(), &msg).await;
+                        self.notify(&rid, (**n).clone(), &msg).await;
                     }
                 }
                 BrokerMsg::Ok

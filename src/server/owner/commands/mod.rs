@@ -84,6 +84,9 @@ impl<S: QueueStore + MessageStore> Owner<S> {
 
     /// Runs a block part whose queues' records are held.
     async fn run_part(&self, session: &Session, mut requests: Vec<Request>) -> Turn {
+        if self.directory.is_cache() {
+            self.drop_stale_ids(&mut requests);
+        }
         self.batch_verify(session, &mut requests);
         self.pre_verify_subs(session, &mut requests);
         self.associate_part(session, &mut requests).await;
@@ -251,6 +254,31 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             _ => err(ErrorType::Internal),
         };
         (entity, msg)
+    }
+
+    /// Requests that a directory cache routed to a queue which no longer has their ID (an entry
+    /// made from a look-up that crossed the queue's deletion or the ID's change) are requests for
+    /// an unknown ID, and the entry goes.
+    fn drop_stale_ids(&self, requests: &mut [Request]) {
+        use crate::server::directory::IdSpace;
+        for r in requests.iter_mut() {
+            let Some(space) = IdSpace::of(r.command.facts().entity) else {
+                continue;
+            };
+            let Some(rid) = r.recipient_id.as_deref() else {
+                continue;
+            };
+            let id = &r.entity_id[..];
+            let holds = self.store.with_queue(rid, |q| match space {
+                IdSpace::Sender => q.sender_id == id,
+                IdSpace::Link => q.link.as_ref().is_some_and(|l| l.link_id == id),
+                IdSpace::Notifier => q.notifier.as_ref().is_some_and(|n| n.notifier_id == id),
+            });
+            if holds != Some(true) {
+                self.directory.remove(space, id, rid);
+                r.recipient_id = None;
+            }
+        }
     }
 
     /// Finds the queue a sender, link or notifier request resolved to, or dummy-verifies.

@@ -82,10 +82,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             let mut st = self.stats.borrow_mut();
             st.msg_ntfs = crate::server::count::less(st.msg_ntfs, ntfs.len() as u64, "msg_ntfs");
         }
-        // A notifier deleted meanwhile keeps nothing.
+        // A notifier deleted meanwhile keeps nothing (a directory cache asks the store).
         if self
             .directory
-            .lookup(crate::server::directory::IdSpace::Notifier, nid)
+            .find(crate::server::directory::IdSpace::Notifier, nid)
+            .await
             .is_none()
         {
             return;
@@ -191,6 +192,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             return err(ErrorType::Auth);
         }
         let nid = n.notifier_id.clone();
+        let rid = q.recipient_id.clone();
         let newly = match self.associate_notifier(session, q).await {
             Ok(changed) => {
                 if !changed && !req.associated {
@@ -202,6 +204,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             Err(e) => return err(e),
         };
         self.tell_home_subscribed(session, ServiceRole::Notifier, &nid, newly);
+        self.ntf_subscribed(&nid, &rid);
         let prev = self
             .ntf_subs
             .borrow_mut()
@@ -234,7 +237,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     }
 
     /// Stores an NMSG for `m` and delivers it at once when the notifier has a subscriber.
-    pub(super) async fn notify(&self, n: NotifierCreds, m: &Message) {
+    pub(super) async fn notify(&self, rid: &[u8], n: NotifierCreds, m: &Message) {
         let mut nonce = [0u8; 24];
         rand::rngs::OsRng.fill_bytes(&mut nonce);
         let mut meta = Vec::with_capacity(40);
@@ -255,7 +258,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         // A notifier of a subscribed notification service without a subscriber of its own is
         // delivered to the service's connection.
         let subscriber = self
-            .service_ntf_sub(&n.notifier_id, n.ntf_service_id.as_ref())
+            .service_ntf_sub(&n.notifier_id, rid, n.ntf_service_id.as_ref())
             .filter(|_| !self.ntf_backlog.borrow().contains(&n.notifier_id));
         match subscriber {
             // The subscriber's shard has no room for events (`limits::MAX_INBOX_EVENTS`): the

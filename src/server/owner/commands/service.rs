@@ -482,6 +482,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             {
                 continue;
             }
+            self.ntf_subscribed(&nid, &rid);
             self.ntf_subs
                 .borrow_mut()
                 .insert(nid.clone(), session.clone());
@@ -531,11 +532,17 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     }
 
     /// As `service_delivery_sub`, for a notifier of a subscribed notification service.
-    pub fn service_ntf_sub(&self, nid: &[u8], service: Option<&EntityId>) -> Option<Session> {
+    pub fn service_ntf_sub(
+        &self,
+        nid: &[u8],
+        rid: &[u8],
+        service: Option<&EntityId>,
+    ) -> Option<Session> {
         if let Some(s) = self.ntf_subs.borrow().get(nid) {
             return Some(s.clone());
         }
         let session = self.services.subscriber(service?, ServiceRole::Notifier)?;
+        self.ntf_subscribed(nid, rid);
         self.ntf_subs
             .borrow_mut()
             .insert(nid.to_vec(), session.clone());

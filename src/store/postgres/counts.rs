@@ -1,0 +1,30 @@
+//! The count of a relay's queues and notifiers by partition group, made once for all of its
+//! shards after the start (each shard's store sums its groups): one pass over the table, in
+//! which each row's group costs a SHA-256, instead of one such pass per shard.
+
+use std::sync::Arc;
+
+use crate::store::PARTITION_GROUPS;
+
+/// Queues and notifiers of each partition group.
+pub type Counts = Arc<[(i64, i64); PARTITION_GROUPS as usize]>;
+
+/// What a shard that asked gets.
+pub type Answer = Result<Counts, String>;
+
+/// The relay's count, shared by its shards' stores through the pool (`pool::Shared::counts`).
+#[derive(Default)]
+pub enum State {
+    /// Not asked yet (or the last count failed).
+    #[default]
+    Idle,
+    /// Sent: the shards waiting for it, and the server process running it once it runs (a stop
+    /// ends that session: the statement would otherwise run to its end after the relay left).
+    Running {
+        waiting: Vec<flume::Sender<Answer>>,
+        pid: Option<i32>,
+        /// A stop came: a count that has not begun does not.
+        cancelled: bool,
+    },
+    Done(Counts),
+}
