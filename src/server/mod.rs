@@ -596,6 +596,10 @@ fn index_queues<S: ShardStore>(
         return Ok(services);
     }
     directory.reserve(IdSpace::Sender, store.queue_count_estimate() * shards);
+    let notifiers = store.notifier_count_hint();
+    if notifiers > 0 {
+        directory.reserve(IdSpace::Notifier, notifiers * shards);
+    }
     let services = owner::services::ServiceState::default();
     let mut senders = directory.batch(IdSpace::Sender);
     let mut links = directory.batch(IdSpace::Link);

@@ -88,6 +88,10 @@ impl<S: QueueStore, H: Hold> QueueStore for Held<S, H> {
         self.inner.serving()
     }
 
+    fn notifier_count_hint(&self) -> usize {
+        self.inner.notifier_count_hint()
+    }
+
     fn holds_every_record(&self) -> bool {
         self.inner.holds_every_record()
     }

@@ -492,6 +492,11 @@ impl<F: Fs> QueueStore for JournalStore<F> {
         self.data.borrow().queue_count()
     }
 
+    /// The notifier → group map holds every notifier of the shard.
+    fn notifier_count_hint(&self) -> usize {
+        self.data.borrow().notifiers.len()
+    }
+
     async fn create(&self, rec: QueueRec) -> Result<(), StoreError> {
         let g = group_of(&rec.recipient_id);
         let end = {

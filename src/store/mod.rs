@@ -311,6 +311,12 @@ pub trait QueueStore {
         self.for_each_queue_ids(f)
     }
 
+    /// How many of its queues have a notifier, where the store knows it without a pass over its
+    /// records (a start makes room for their directory entries at once); 0: not known.
+    fn notifier_count_hint(&self) -> usize {
+        0
+    }
+
     /// The shard begins to serve (a store that counts its queues while it serves starts now).
     fn serving(&self) {}
 
