@@ -702,3 +702,42 @@ fn a_flood_of_unauthorized_commands_writes_a_bounded_number_of_lines() {
     admin.ask("sockets");
     assert!(relay.log_shows("ControlPort: \"sockets\""));
 }
+
+/// On PostgreSQL the directory caches IDs and a start holds none (`docs/ARCHITECTURE.md` §1): the
+/// control port finds a queue by a sender ID it does not hold in the database, and blocks it.
+#[test]
+fn on_postgres_a_queue_is_found_by_an_id_the_directory_does_not_hold() {
+    let conninfo = common::pg_database();
+    let opts = RelayOptions {
+        cores: 2,
+        extra_args: ["--store", "postgres", "--database", &conninfo]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+    };
+    let (mut relay, port) = relay_with_control_on(None, opts);
+    let mut rc = relay.client();
+    let sender = queue::auth_key(KeyAlg::Ed25519);
+    let q = create_secured(&mut rc, &sender);
+    drop(rc);
+    assert!(relay.stop().success(), "a clean stop");
+    relay.restart();
+    let sid = b64url(q.sid());
+    let mut user = Control::auth(port, USER);
+    let today = now_secs() / 86400 * 86400;
+    assert_eq!(
+        user.one(&format!("status {sid}")),
+        format!("status: EntityActive, updatedAt: Just (RoundedSystemTime {{roundedSeconds = {today}}}), queueMode: Just QMMessaging")
+    );
+    assert_eq!(user.one("status AAAAAAAA"), "error: AUTH", "no such queue");
+    assert_eq!(
+        user.one(&format!("block {sid} reason=spam")),
+        "ok, queue blocked: EntityBlocked (BlockingInfo {reason = BRSpam, notice = Nothing})"
+    );
+    let mut sc = relay.client();
+    let blocked = BrokerMsg::Err(ErrorType::Blocked(BlockingInfo {
+        reason: BlockingReason::Spam,
+        notice: None,
+    }));
+    assert_eq!(send(&mut sc, &q, Some(&sender), b"hi"), blocked);
+}
