@@ -551,7 +551,7 @@ impl PostgresStore {
         if send && !d.queues_counted && !d.count_sent {
             d.count_sent = true;
             d.counting = Some(Counting {
-                answer: ask_counts(&self.shared),
+                answer: ask_counts(&self.shared, None),
                 queues_since: 0,
                 notifiers_since: 0,
             });
@@ -1506,9 +1506,13 @@ impl MessageStore for PostgresStore {
     }
 }
 
-/// Asks for the relay's count by group (`postgres/counts.rs`): sent by the first shard to ask,
-/// shared with those that ask while it runs, kept once made.
-fn ask_counts(shared: &Shared) -> flume::Receiver<counts::Answer> {
+/// Asks for the relay's count by group (`postgres/counts.rs`): sent by the first to ask (a start,
+/// before its shards serve), shared with those that ask while it runs, kept once made. The count
+/// reads one snapshot, taken before it scans; `snapshot` is told once it is taken.
+fn ask_counts(
+    shared: &Shared,
+    snapshot: Option<flume::Sender<()>>,
+) -> flume::Receiver<counts::Answer> {
     let (tx, rx) = flume::bounded(1);
     let state = shared.counts.clone();
     let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
@@ -1538,9 +1542,15 @@ fn ask_counts(shared: &Shared) -> flume::Receiver<counts::Answer> {
                     }
                     let mut by_group = [(0i64, 0i64); PARTITION_GROUPS as usize];
                     // One pass over the whole table: not bound by the statements' timeout (a
-                    // stop cancels it instead).
+                    // stop ends it instead). Its snapshot is the transaction's first read.
                     let mut tx = c.client.transaction()?;
-                    tx.batch_execute("SET LOCAL statement_timeout = 0")?;
+                    tx.batch_execute(
+                        "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; \
+                         SET LOCAL statement_timeout = 0; SELECT 1",
+                    )?;
+                    if let Some(s) = &snapshot {
+                        let _ = s.try_send(());
+                    }
                     let rows = tx.query(count.as_str(), &[])?;
                     tx.commit()?;
                     for r in rows {
@@ -1583,6 +1593,9 @@ fn ask_counts(shared: &Shared) -> flume::Receiver<counts::Answer> {
     }
     rx
 }
+
+/// How long a start waits for the count's snapshot (a pooled connection and two round trips).
+const COUNT_SNAPSHOT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Stops the relay's count if it still runs (a stop: the server would otherwise run it to its
 /// end after the relay left): one not begun does not begin, and the session of one that has is
@@ -1696,10 +1709,29 @@ impl ShardStore for PostgresStore {
         Ok(Some(Arc::new(PgIds { shared })))
     }
 
+    /// Also sends the relay's count of queues and notifiers and waits until it has taken its
+    /// snapshot (a moment): every change the shards make once they serve comes after it, so the
+    /// count and the changes each shard keeps since make its exact count.
     fn all_opened(s: &StoreSettings) -> Result<(), String> {
         let dir = ntfs::store_dir(&s.data_dir);
         let c = config_of(s)?;
         ntfs::remember_connection(&dir, &c.conninfo, &c.schema)?;
+        let shared = Shared::get(c, HOT_STATEMENTS)?;
+        {
+            // A count made for an earlier start in this process is not this one's.
+            let mut st = shared.counts.lock().unwrap_or_else(|e| e.into_inner());
+            if matches!(*st, counts::State::Done(_)) {
+                *st = counts::State::Idle;
+            }
+        }
+        let (taken, snapshot) = flume::bounded(1);
+        // The answer goes to the shards, which ask as they begin to serve.
+        drop(ask_counts(&shared, Some(taken)));
+        if snapshot.recv_timeout(COUNT_SNAPSHOT_WAIT).is_err() {
+            tracing::warn!(
+                "the count of queues has not begun: the counts may miss the first changes"
+            );
+        }
         ntfs::set_aside(&dir)
     }
 

@@ -311,3 +311,56 @@ fn a_block_with_uncached_ids_keeps_its_order() {
         }
     }
 }
+
+/// The queue and notifier gauges after a start: the relay's count (made once for all shards, from
+/// a snapshot taken before they serve) plus each shard's changes since: queues made and deleted,
+/// notifiers added and removed right after the start are counted once each.
+#[test]
+fn the_counts_after_a_start_keep_the_changes_made_meanwhile() {
+    let conninfo = common::pg_database();
+    let mut relay = Relay::start_with(RelayOptions {
+        cores: 2,
+        extra_args: ["--store", "postgres", "--database", &conninfo]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+    });
+    let mut c = relay.client();
+    let before = create_many(&mut c, 20, 20);
+    for q in &before[..4] {
+        nkey(&mut c, q);
+    }
+    drop(c);
+    assert!(relay.stop().success(), "a clean stop");
+    relay.restart();
+    let mut c = relay.client();
+    // At once after the start: 6 queues more, 2 of the old ones deleted, a notifier more on a new
+    // queue and one fewer on an old one.
+    let made = create_many(&mut c, 6, 6);
+    for q in &before[18..] {
+        assert_eq!(
+            signed(&mut c, q.key(), q.rid(), Command::Del),
+            BrokerMsg::Ok
+        );
+    }
+    nkey(&mut c, &made[0]);
+    assert_eq!(
+        signed(&mut c, before[0].key(), before[0].rid(), Command::NDel),
+        BrokerMsg::Ok
+    );
+    let want = (Some(24), Some(4));
+    let mut got = (None, None);
+    for _ in 0..100 {
+        relay.publish_metrics();
+        let m = relay.metrics();
+        got = (
+            m.get("simplex_smp_queues_total1").copied(),
+            m.get("simplex_smp_queues_notify_total2").copied(),
+        );
+        if got == want {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(got, want, "(queues, notifiers) after the start's changes");
+}
