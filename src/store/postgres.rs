@@ -1520,16 +1520,30 @@ fn ask_counts(
         counts::State::Done(c) => {
             let _ = tx.send(Ok(c.clone()));
         }
-        counts::State::Running { waiting, .. } => waiting.push(tx),
+        counts::State::Running { waiting, scan, .. } => {
+            waiting.push(tx);
+            if let Some(go) = scan.take() {
+                let _ = go.send(());
+            }
+        }
         counts::State::Idle => {
+            // A start's count (told of its snapshot) scans once a shard serves; another at once.
+            let (scan, scan_when) = match snapshot.is_some() {
+                true => {
+                    let (go, when) = flume::bounded(1);
+                    (Some(go), Some(when))
+                }
+                false => (None, None),
+            };
             *st = counts::State::Running {
                 waiting: vec![tx],
                 pid: None,
                 cancelled: false,
+                scan,
             };
             let (running, done) = (state.clone(), state.clone());
             let count = sql(COUNT_BY_GROUP);
-            let sent = shared.submit(
+            let sent = shared.spawn_own(
                 "counting queues",
                 move |c| {
                     if let counts::State::Running { pid, cancelled, .. } =
@@ -1541,15 +1555,23 @@ fn ask_counts(
                         *pid = Some(c.pid);
                     }
                     let mut by_group = [(0i64, 0i64); PARTITION_GROUPS as usize];
-                    // One pass over the whole table: not bound by the statements' timeout (a
-                    // stop ends it instead). Its snapshot is the transaction's first read.
+                    // One pass over the whole table, in the background: not bound by the
+                    // statements' timeout (a stop ends it instead), and on one process of the
+                    // database's, not its parallel workers too (they would take every core from
+                    // the relay's start and from the commands meanwhile). Its snapshot is the
+                    // transaction's first read.
                     let mut tx = c.client.transaction()?;
                     tx.batch_execute(
                         "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; \
-                         SET LOCAL statement_timeout = 0; SELECT 1",
+                         SET LOCAL statement_timeout = 0; \
+                         SET LOCAL max_parallel_workers_per_gather = 0; SELECT 1",
                     )?;
                     if let Some(s) = &snapshot {
                         let _ = s.try_send(());
+                    }
+                    if let Some(when) = &scan_when {
+                        // Told, or its sender gone (a start that failed): either way, go on.
+                        let _ = when.recv_timeout(COUNT_SNAPSHOT_WAIT);
                     }
                     let rows = tx.query(count.as_str(), &[])?;
                     tx.commit()?;
@@ -1594,7 +1616,8 @@ fn ask_counts(
     rx
 }
 
-/// How long a start waits for the count's snapshot (a pooled connection and two round trips).
+/// How long a start waits for the count's snapshot (a pooled connection and two round trips),
+/// and the count, its snapshot taken, for a shard to serve.
 const COUNT_SNAPSHOT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Stops the relay's count if it still runs (a stop: the server would otherwise run it to its

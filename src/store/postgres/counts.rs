@@ -1,6 +1,8 @@
 //! The count of a relay's queues and notifiers by partition group, made once for all of its
 //! shards after the start (each shard's store sums its groups): one pass over the table, in
-//! which each row's group costs a SHA-256, instead of one such pass per shard.
+//! which each row's group costs a SHA-256, instead of one such pass per shard. It runs on a
+//! session and thread of its own (`pool::Shared::spawn_own`), not on one of the pool's, which the
+//! commands need meanwhile.
 
 use std::sync::Arc;
 
@@ -25,6 +27,9 @@ pub enum State {
         pid: Option<i32>,
         /// A stop came: a count that has not begun does not.
         cancelled: bool,
+        /// A start's count, its snapshot taken, waits for this before it scans, so that its scan
+        /// does not slow the rest of the start: the first shard that serves sends it.
+        scan: Option<flume::Sender<()>>,
     },
     Done(Counts),
 }

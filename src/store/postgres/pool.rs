@@ -167,6 +167,8 @@ pub struct Shared {
     lock_keeper: Option<(crossbeam_channel::Sender<()>, JoinHandle<()>)>,
     /// The relay's count of queues and notifiers (`postgres/counts.rs`).
     pub counts: Arc<Mutex<super::counts::State>>,
+    /// Where and how [`Shared::spawn_own`] connects: the pool's target and session set-up.
+    own: (Target, String),
 }
 
 impl std::fmt::Debug for Shared {
@@ -215,6 +217,7 @@ impl Shared {
             config.statement_timeout.as_millis().max(1)
         );
         let size = config.pool_size.clamp(1, MAX_POOL_SIZE);
+        let own = (target.clone(), setup.clone());
         let pool = r2d2::Pool::builder()
             .max_size(size as u32)
             .min_idle(Some(0))
@@ -256,7 +259,44 @@ impl Shared {
             pool,
             lock_keeper: Some((stop, keeper)),
             counts: Arc::default(),
+            own,
         })
+    }
+
+    /// Runs `f` on a session of its own, on a thread of its own, and hands `done` its result: a
+    /// long statement in the background (the count of queues after a start), which must not hold
+    /// one of the pool's connections or threads from the commands meanwhile.
+    pub fn spawn_own<T: Send + 'static>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&mut Conn) -> Result<T, postgres::Error> + Send + 'static,
+        done: impl FnOnce(Result<T, StoreError>) + Send + 'static,
+    ) -> Result<(), StoreError> {
+        let (target, setup) = self.own.clone();
+        std::thread::Builder::new()
+            .name("pg-own".into())
+            .spawn(move || {
+                let connected = target.connect().and_then(|mut client| {
+                    client
+                        .batch_execute(&setup)
+                        .map_err(|e| ConnectError(describe(&e)))?;
+                    let pid: i32 = client
+                        .query_one("SELECT pg_backend_pid()", &[])
+                        .map_err(|e| ConnectError(describe(&e)))?
+                        .get(0);
+                    Ok(Conn {
+                        client,
+                        pid,
+                        stmts: HashMap::new(),
+                    })
+                });
+                done(match connected {
+                    Err(e) => Err(RunError::NoConnection(e.to_string()).store_error(op)),
+                    Ok(mut c) => f(&mut c).map_err(|e| RunError::Db(e, c.pid).store_error(op)),
+                });
+            })
+            .map(|_| ())
+            .map_err(|e| StoreError::Failed(format!("{op}: cannot start a thread: {e}")))
     }
 
     /// Runs `f` on a pooled connection off the shard and awaits its result. A deadlock or a
