@@ -69,10 +69,10 @@ pub const EXPIRE_CHUNK: usize = crate::limits::EXPIRE_QUEUES_PER_JOB;
 const _: () = assert!(PARTITION_GROUPS == 64);
 const GROUP_OF_SQL: &str = "get_byte(public.digest(recipient_id, 'sha256'), 7) % 64";
 
-// What a shard knows at start: an estimate of the table's rows (the catalogue's, to size the
-// directory before the ID stream counts the shard's queues exactly: a `count(*)` of its own is
-// one more pass over the table, a SHA-256 per row, per shard, left to the commands that open
-// the store without the stream), and the message count of each queue that holds messages.
+// What a shard knows at start: an estimate of the table's rows (the catalogue's, its queue count
+// until the relay's count comes, `COUNT_BY_GROUP`; a `count(*)` of its own is one more pass over
+// the table, a SHA-256 per row, per shard, left to the commands that open the store without a
+// start), and the message count of each queue that holds messages.
 const COUNT_QUEUES: &str = "SELECT count(*) FROM msg_queues \
      WHERE deleted_at IS NULL AND {GROUP} = ANY($1::int4[])";
 const ESTIMATE_ROWS: &str =
@@ -81,11 +81,16 @@ const LOAD_SIZES: &str = "SELECT recipient_id, msg_queue_size FROM msg_queues \
      WHERE msg_queue_size > 0 AND deleted_at IS NULL AND {GROUP} = ANY($1::int4[])";
 // Every queue's IDs, streamed once at start (the directory, the services' index). A notifier
 // counts only with its ID, key and secret, as `rows::rec_of` reads it.
-const LOAD_IDS: &str = "SELECT recipient_id, sender_id, link_id, \
-     CASE WHEN notifier_key IS NOT NULL AND rcv_ntf_dh_secret IS NOT NULL THEN notifier_id END, \
-     rcv_service_id, \
-     CASE WHEN notifier_key IS NOT NULL AND rcv_ntf_dh_secret IS NOT NULL THEN ntf_service_id END \
-     FROM msg_queues WHERE deleted_at IS NULL AND {GROUP} = ANY($1::int4[])";
+macro_rules! load_ids {
+    () => {
+        "SELECT recipient_id, sender_id, link_id, \
+         CASE WHEN notifier_key IS NOT NULL AND rcv_ntf_dh_secret IS NOT NULL THEN notifier_id END, \
+         rcv_service_id, \
+         CASE WHEN notifier_key IS NOT NULL AND rcv_ntf_dh_secret IS NOT NULL THEN ntf_service_id END \
+         FROM msg_queues WHERE deleted_at IS NULL AND {GROUP} = ANY($1::int4[])"
+    };
+}
+const LOAD_IDS: &str = load_ids!();
 const LOAD_ALL: &str = "SELECT {REC} FROM msg_queues \
      WHERE deleted_at IS NULL AND {GROUP} = ANY($1::int4[])";
 // The directory is a cache in front of the table's unique indexes (`IdSource`): the queues of
@@ -103,14 +108,12 @@ const FIND_NOTIFIERS: &str = "SELECT notifier_id, recipient_id FROM msg_queues \
 const COUNT_BY_GROUP: &str = "SELECT {GROUP} AS g, count(*), count(*) FILTER (WHERE \
      notifier_id IS NOT NULL AND notifier_key IS NOT NULL AND rcv_ntf_dh_secret IS NOT NULL) \
      FROM msg_queues WHERE deleted_at IS NULL GROUP BY 1";
-// The queues associated with a service, for the services' index at start (through the
-// indexes on `rcv_service_id` and `ntf_service_id`).
-const LOAD_SERVICE_IDS: &str = "SELECT recipient_id, sender_id, link_id, \
-     CASE WHEN notifier_key IS NOT NULL AND rcv_ntf_dh_secret IS NOT NULL THEN notifier_id END, \
-     rcv_service_id, \
-     CASE WHEN notifier_key IS NOT NULL AND rcv_ntf_dh_secret IS NOT NULL THEN ntf_service_id END \
-     FROM msg_queues WHERE deleted_at IS NULL \
-     AND (rcv_service_id IS NOT NULL OR ntf_service_id IS NOT NULL) AND {GROUP} = ANY($1::int4[])";
+// The IDs of the queues associated with a service, for the services' index at start (through
+// the indexes on `rcv_service_id` and `ntf_service_id`).
+const LOAD_SERVICE_IDS: &str = concat!(
+    load_ids!(),
+    " AND (rcv_service_id IS NOT NULL OR ntf_service_id IS NOT NULL)"
+);
 // The records a job needs and the shard does not hold (`QueueStore::prepare`).
 const LOAD_RECORDS: &str = concat!(
     "SELECT ",
@@ -281,12 +284,14 @@ struct Data {
     sizes: HashMap<IdKey, Option<usize>, foldhash::fast::RandomState>,
     /// Queues of this shard in the database; an estimate until `queues_counted`.
     queues: usize,
-    /// `queues` was counted: by the ID stream at a start, or by `queue_count`'s own statement.
+    /// `queues` was counted: by the relay's count (`counting`), by an ID stream, or by
+    /// `queue_count`'s own statement.
     queues_counted: bool,
     /// Notifiers of this shard's queues; like `queues`, an estimate (0) until counted.
     notifiers: usize,
-    /// The count of queues and notifiers (`COUNT_QUEUES_AND_NOTIFIERS`) sent the first time a
-    /// count was asked, while it runs; with the changes made since it was sent, which it may
+    /// The relay's count of queues and notifiers (`COUNT_BY_GROUP`), asked for when the shard
+    /// began to serve (or a tool opening the store asked for the count), until its answer is
+    /// taken; with the changes made since, which it does
     /// not see.
     counting: Option<Counting>,
     /// The count was sent (once: a failed one leaves the estimate, kept by the changes).
@@ -295,11 +300,11 @@ struct Data {
     counters: StoreCounters,
 }
 
-/// A count running on the pool (`Data::counting`).
+/// The relay's count as a shard waits for it (`Data::counting`).
 #[derive(Debug)]
 struct Counting {
     answer: flume::Receiver<counts::Answer>,
-    /// Queues and notifiers created less deleted since the count was sent.
+    /// Queues and notifiers created less deleted since the shard asked.
     queues_since: i64,
     notifiers_since: i64,
 }
@@ -542,6 +547,34 @@ fn msg_of(m: MsgRow) -> Result<Message, StoreError> {
 }
 
 impl PostgresStore {
+    /// Streams the IDs of this shard's queues that `template` (a `load_ids!` statement) selects
+    /// to `f`; returns how many.
+    fn stream_ids(
+        &self,
+        op: &'static str,
+        template: &str,
+        f: &mut dyn FnMut(&RecordIds<'_>),
+    ) -> Result<usize, String> {
+        let load = sql(template);
+        let groups = self.groups.clone();
+        self.shared.run_blocking(op, |c| {
+            let mut rows = c.client.query_raw(load.as_str(), [&groups])?;
+            let mut n = 0usize;
+            while let Some(row) = rows.next()? {
+                n += 1;
+                f(&RecordIds {
+                    recipient_id: row.get(0),
+                    sender_id: row.get(1),
+                    link_id: row.get(2),
+                    notifier_id: row.get(3),
+                    rcv_service_id: row.get(4),
+                    ntf_service_id: row.get(5),
+                });
+            }
+            Ok(n)
+        })
+    }
+
     /// The shard's count of its queues and notifiers: asked once (`send`: when the shard starts
     /// serving, or when a command that opened the store without serving wants it), and its
     /// answer taken once it came (`wait`: waited for). Until then the counts are the catalogue's
@@ -937,26 +970,7 @@ impl QueueStore for PostgresStore {
 
     /// Every queue's IDs, streamed from the database without reading its record.
     fn for_each_queue_ids(&self, f: &mut dyn FnMut(&RecordIds<'_>)) -> Result<(), String> {
-        let load = sql(LOAD_IDS);
-        let groups = self.groups.clone();
-        let counted = self.shared.run_blocking("reading the queues' IDs", |c| {
-            let mut rows = c.client.query_raw(load.as_str(), [&groups])?;
-            let mut n = 0usize;
-            while let Some(row) = rows.next()? {
-                n += 1;
-                let (rid, sid): (&[u8], &[u8]) = (row.get(0), row.get(1));
-                let nid: Option<&[u8]> = row.get(3);
-                f(&RecordIds {
-                    recipient_id: rid,
-                    sender_id: sid,
-                    link_id: row.get(2),
-                    notifier_id: nid,
-                    rcv_service_id: row.get(4),
-                    ntf_service_id: row.get(5),
-                });
-            }
-            Ok(n)
-        })?;
+        let counted = self.stream_ids("reading the queues' IDs", LOAD_IDS, f)?;
         // No command is served before the IDs are read, so the stream's count is the shard's.
         let mut d = self.data.borrow_mut();
         (d.queues, d.queues_counted) = (counted, true);
@@ -964,23 +978,12 @@ impl QueueStore for PostgresStore {
     }
 
     fn for_each_service_queue_ids(&self, f: &mut dyn FnMut(&RecordIds<'_>)) -> Result<(), String> {
-        let load = sql(LOAD_SERVICE_IDS);
-        let groups = self.groups.clone();
-        self.shared
-            .run_blocking("reading the queues associated with services", |c| {
-                let mut rows = c.client.query_raw(load.as_str(), [&groups])?;
-                while let Some(row) = rows.next()? {
-                    f(&RecordIds {
-                        recipient_id: row.get(0),
-                        sender_id: row.get(1),
-                        link_id: row.get(2),
-                        notifier_id: row.get(3),
-                        rcv_service_id: row.get(4),
-                        ntf_service_id: row.get(5),
-                    });
-                }
-                Ok(())
-            })
+        self.stream_ids(
+            "reading the queues associated with services",
+            LOAD_SERVICE_IDS,
+            f,
+        )
+        .map(drop)
     }
 
     fn serving(&self) {
@@ -1586,30 +1589,16 @@ fn ask_counts(
                     Ok(Some(by_group))
                 },
                 move |r| {
-                    let mut st = done.lock().unwrap_or_else(|e| e.into_inner());
                     let answer = match r {
                         Ok(Some(c)) => Ok(Arc::new(c)),
                         Ok(None) => Err("cancelled by the stop".to_string()),
                         Err(e) => Err(e.to_string()),
                     };
-                    let waiting = match std::mem::take(&mut *st) {
-                        counts::State::Running { waiting, .. } => waiting,
-                        _ => Vec::new(),
-                    };
-                    if let Ok(c) = &answer {
-                        *st = counts::State::Done(c.clone());
-                    }
-                    for w in waiting {
-                        let _ = w.send(answer.clone());
-                    }
+                    counts::answer(&mut done.lock().unwrap_or_else(|e| e.into_inner()), answer);
                 },
             );
             if let Err(e) = sent {
-                if let counts::State::Running { waiting, .. } = std::mem::take(&mut *st) {
-                    for w in waiting {
-                        let _ = w.send(Err(e.to_string()));
-                    }
-                }
+                counts::answer(&mut st, Err(e.to_string()));
             }
         }
     }
@@ -1685,7 +1674,7 @@ impl ShardStore for PostgresStore {
             let n: i64 = c.client.query_one(ESTIMATE_ROWS, &[])?.get(0);
             Ok(usize::try_from(n).unwrap_or(0))
         })?;
-        // This shard's share of the partition groups; exact once the IDs are read.
+        // This shard's share of the partition groups; exact once the relay's count comes.
         data.queues = rows_estimate * groups.len() / crate::store::PARTITION_GROUPS as usize;
         let rows = shared.run_blocking("reading message counts", |c| {
             c.client.query(sizes.as_str(), &[&groups_i])

@@ -33,3 +33,17 @@ pub enum State {
     },
     Done(Counts),
 }
+
+/// Gives `answer` to every shard waiting for it; a count made is kept for those that ask later.
+pub fn answer(state: &mut State, answer: Answer) {
+    let waiting = match std::mem::take(state) {
+        State::Running { waiting, .. } => waiting,
+        _ => Vec::new(),
+    };
+    if let Ok(c) = &answer {
+        *state = State::Done(c.clone());
+    }
+    for w in waiting {
+        let _ = w.send(answer.clone());
+    }
+}
