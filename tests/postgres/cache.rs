@@ -40,25 +40,44 @@ fn records_read_and_evicted(relay: &Relay) -> (u64, u64) {
     )
 }
 
+/// A relay of two shards on a database of its own, with `extra` arguments.
+fn pg_relay(extra: &[&str]) -> Relay {
+    let conninfo = common::pg_database();
+    let args = ["--store", "postgres", "--database", &conninfo];
+    Relay::start_with(RelayOptions {
+        cores: 2,
+        extra_args: args.iter().chain(extra).map(|s| s.to_string()).collect(),
+    })
+}
+
+/// The queue and notifier gauges (`simplex_smp_queues_total1`, `…_notify_total2`) once they are
+/// `want`, or the last seen: after a start they come with the relay's count, which runs while it
+/// serves (polled: the count is an outcome, not a deadline).
+fn counts_when(relay: &Relay, want: (u64, u64)) -> (Option<u64>, Option<u64>) {
+    let mut got = (None, None);
+    for _ in 0..100 {
+        relay.publish_metrics();
+        let m = relay.metrics();
+        got = (
+            m.get("simplex_smp_queues_total1").copied(),
+            m.get("simplex_smp_queues_notify_total2").copied(),
+        );
+        if got == (Some(want.0), Some(want.1)) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    got
+}
+
 #[test]
 fn more_queues_than_the_cache_are_served_and_subscribed_records_stay() {
-    let conninfo = common::pg_database();
-    let mut relay = Relay::start_with(RelayOptions {
-        cores: 2,
-        extra_args: [
-            "--store",
-            "postgres",
-            "--database",
-            &conninfo,
-            "--pg-queue-cache",
-            &CACHE.to_string(),
-            "--metrics-interval",
-            "3600",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect(),
-    });
+    let mut relay = pg_relay(&[
+        "--pg-queue-cache",
+        &CACHE.to_string(),
+        "--metrics-interval",
+        "3600",
+    ]);
     let mut rc = relay.client();
     let qs = create_many(&mut rc, QUEUES, 100);
     // Notifiers on the last queues, a contact address with link data, a service's queues.
@@ -85,26 +104,12 @@ fn more_queues_than_the_cache_are_served_and_subscribed_records_stay() {
     assert!(relay.stop().success(), "a clean stop");
     relay.restart();
     assert_eq!(records_read(&relay), 0, "no record read at start");
-    // The start reads no queue: each shard counts its queues while it serves, and the gauge
-    // shows the count once it came (polled: the count is an outcome, not a deadline).
-    let queues = Some((QUEUES + 1 + served.len()) as u64);
-    let mut counted = None;
-    for _ in 0..100 {
-        relay.publish_metrics();
-        counted = relay.metrics().get("simplex_smp_queues_total1").copied();
-        if counted == queues {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    assert_eq!(counted, queues, "queues counted after the start");
+    // The start reads no queue: the relay's count, made while it serves, gives the gauges.
+    let want = ((QUEUES + 1 + served.len()) as u64, notified.len() as u64);
     assert_eq!(
-        relay
-            .metrics()
-            .get("simplex_smp_queues_notify_total2")
-            .copied(),
-        Some(notified.len() as u64),
-        "notifiers counted after the start"
+        counts_when(&relay, want),
+        (Some(want.0), Some(want.1)),
+        "(queues, notifiers) counted after the start"
     );
     let (mut rc, mut sc) = (relay.client(), relay.client());
     let mut sub = relay.client();
@@ -264,14 +269,7 @@ fn an_unreadable_record_is_a_store_error_not_a_missing_queue() {
 /// look-up and keeps the order too.
 #[test]
 fn a_block_with_uncached_ids_keeps_its_order() {
-    let conninfo = common::pg_database();
-    let mut relay = Relay::start_with(RelayOptions {
-        cores: 2,
-        extra_args: ["--store", "postgres", "--database", &conninfo]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-    });
+    let mut relay = pg_relay(&[]);
     let mut c = relay.client();
     let qs = create_many(&mut c, 20, 20);
     drop(c);
@@ -317,14 +315,7 @@ fn a_block_with_uncached_ids_keeps_its_order() {
 /// notifiers added and removed right after the start are counted once each.
 #[test]
 fn the_counts_after_a_start_keep_the_changes_made_meanwhile() {
-    let conninfo = common::pg_database();
-    let mut relay = Relay::start_with(RelayOptions {
-        cores: 2,
-        extra_args: ["--store", "postgres", "--database", &conninfo]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-    });
+    let mut relay = pg_relay(&[]);
     let mut c = relay.client();
     let before = create_many(&mut c, 20, 20);
     for q in &before[..4] {
@@ -348,19 +339,9 @@ fn the_counts_after_a_start_keep_the_changes_made_meanwhile() {
         signed(&mut c, before[0].key(), before[0].rid(), Command::NDel),
         BrokerMsg::Ok
     );
-    let want = (Some(24), Some(4));
-    let mut got = (None, None);
-    for _ in 0..100 {
-        relay.publish_metrics();
-        let m = relay.metrics();
-        got = (
-            m.get("simplex_smp_queues_total1").copied(),
-            m.get("simplex_smp_queues_notify_total2").copied(),
-        );
-        if got == want {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    assert_eq!(got, want, "(queues, notifiers) after the start's changes");
+    assert_eq!(
+        counts_when(&relay, (24, 4)),
+        (Some(24), Some(4)),
+        "(queues, notifiers) after the start's changes"
+    );
 }
