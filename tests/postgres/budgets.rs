@@ -392,11 +392,13 @@ fn the_postgres_store_stays_within_its_budgets() {
     send_each(&mut s, cold_sends, "cold", BLOCK);
     let executes = operation(b.relay_lines(mark, "execute"));
     measured.push(("statements_per_send_block_cold", executes.len() as f64));
-    // Warm again: the same block once more is the write alone.
+    // Warm again: the same block once more is the write alone (the start's count may end in this
+    // window on a busy machine: it is not the block's).
     let mark = b.log_mark();
     send_each(&mut s, cold_sends, "warm", BLOCK);
-    let executes = b.relay_lines(mark, "execute");
+    let executes = operation(b.relay_lines(mark, "execute"));
     measured.push(("statements_per_send_block", executes.len() as f64));
+    let last_window = executes;
 
     eprintln!("measured:");
     let mut over = Vec::new();
@@ -409,5 +411,8 @@ fn the_postgres_store_stays_within_its_budgets() {
             over.push(format!("{name} = {value:.2} > {ceiling}"));
         }
     }
-    assert!(over.is_empty(), "over budget: {over:?}\nparses: {parses:?}");
+    assert!(
+        over.is_empty(),
+        "over budget: {over:?}\nparses: {parses:?}\nlast window's statements: {last_window:#?}"
+    );
 }
