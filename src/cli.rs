@@ -761,10 +761,44 @@ fn ini_template(host: &str, port: u16, password: Option<&str>) -> String {
          ttl = {inactive_ttl}\n\
          check_interval = {inactive_check}\n\
          \n\
+         [INFORMATION]\n\
+         # What the web site's server information page publishes (see [WEB]). source_code comes\n\
+         # first: the page shows nothing else without it. The relay's licence (AGPLv3) asks you\n\
+         # to publish the source code you run, your changes included.\n\
+         # source_code = https://example.com/your/smp-relay\n\
+         # Usage conditions, and amendments to them (links).\n\
+         # usage_conditions = https://example.com/conditions\n\
+         # condition_amendments = https://example.com/amendments\n\
+         # Where the server is and who runs it (ISO 3166 two-letter country codes).\n\
+         # server_country = DE\n\
+         # operator = Example Ltd\n\
+         # operator_country = DE\n\
+         # website = https://example.com\n\
+         # Contacts of the administrator, and for complaints and feedback: a SimpleX address,\n\
+         # an email, a PGP key (its link and fingerprint, both or neither).\n\
+         # admin_simplex = https://smp.example.com/a#...\n\
+         # admin_email = admin@example.com\n\
+         # admin_pgp = https://example.com/admin.asc\n\
+         # admin_pgp_fingerprint = 0123 4567 89AB CDEF 0123  4567 89AB CDEF 0123 4567\n\
+         # complaints_simplex = https://smp.example.com/a#...\n\
+         # complaints_email = complaints@example.com\n\
+         # complaints_pgp = https://example.com/complaints.asc\n\
+         # complaints_pgp_fingerprint = 0123 4567 89AB CDEF 0123  4567 89AB CDEF 0123 4567\n\
+         # The hosting provider, its country, and virtual, dedicated, colocation or owned.\n\
+         # hosting = Example Hosting\n\
+         # hosting_country = DE\n\
+         # hosting_type = virtual\n\
+         \n\
          [WEB]\n\
+         # The web site: the server information page (from [INFORMATION] and the settings\n\
+         # above) and the pages the apps' links open (https://<host>/a#...), written here at\n\
+         # start and served on http, https and an SMP port named by https. No site when unset.\n\
+         # static_path = /var/opt/simplex/www\n\
+         # http = 8000\n\
          # One of the ports above may serve web clients too: a client that names a host (TLS SNI,\n\
-         # as browsers do) gets this web certificate and SMP over WebSocket, one that names none\n\
-         # native SMP. The address stays this relay's fingerprint.\n\
+         # as browsers do) gets this web certificate, the site and SMP over WebSocket, one that\n\
+         # names none native SMP. The address stays this relay's fingerprint. Another port\n\
+         # serves the site alone over HTTPS.\n\
          # https = 443\n\
          # cert = /etc/opt/simplex/web.crt\n\
          # key = /etc/opt/simplex/web.key\n\
@@ -877,6 +911,14 @@ fn start(dirs: &Dirs, args: &StartArgs) -> Result<(), String> {
     let mut c = StartConfig::new(&dirs.data);
     c.config_dir = dirs.config.clone();
     cli.or(file.options).apply_to(&mut c);
+    c.web.information = file.information.clone();
+    // The reference's `host` is a comma-separated list; the page announces its first `.onion`.
+    c.web.onion_host = file.host.as_deref().and_then(|h| {
+        h.split(',')
+            .map(str::trim)
+            .find(|h| h.ends_with(".onion"))
+            .map(String::from)
+    });
     #[cfg(feature = "test-kit")]
     args.test.apply(&mut c);
     args.apply_proxy(&mut c.settings.proxy);

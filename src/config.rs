@@ -55,12 +55,20 @@ pub struct ControlPort {
     pub daily_block_quota: i64,
 }
 
-/// `[WEB] https`, `cert` and `key`, each as set.
+/// `[WEB]` and what the web site shows (`[INFORMATION]`, the `.onion` host of `[TRANSPORT] host`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct WebTls {
+pub struct Web {
     pub https: Option<u16>,
     pub cert: Option<PathBuf>,
     pub key: Option<PathBuf>,
+    /// Where the site is written at start; `None`: no site (`server/web.rs`).
+    pub static_path: Option<PathBuf>,
+    /// The port serving the site over plain HTTP.
+    pub http: Option<u16>,
+    /// `[INFORMATION]`, shown on the server information page.
+    pub information: crate::web::info::Information,
+    /// The first `.onion` host of `[TRANSPORT] host`, announced by the page (`onion-location`).
+    pub onion_host: Option<String>,
 }
 
 /// What `start` runs with, after the command line and the data directory are read.
@@ -76,10 +84,11 @@ pub struct StartConfig {
     pub ports: Vec<u16>,
     /// Ports serving SMP over WebSocket (`[TRANSPORT] websockets`); none when off.
     pub websocket_ports: Vec<u16>,
-    /// The web certificate (`[WEB] https`, `cert`, `key`): on `https`, when it is an SMP port too,
-    /// a client that names a host (TLS SNI) gets this certificate and SMP over WebSocket; one that
-    /// names none stays native SMP (simplexmq `Server.hs`, `attachStaticAndWS`).
-    pub web: WebTls,
+    /// The web site and certificate (`[WEB]`): on `https`, when it is an SMP port too, a client
+    /// that names a host (TLS SNI) gets this certificate, the site and SMP over WebSocket; one that
+    /// names none stays native SMP (simplexmq `Server.hs`, `runServer`); on a port of its own,
+    /// the site over HTTPS; on `http`, the site over plain HTTP.
+    pub web: Web,
     /// `[INACTIVE_CLIENTS]`.
     pub inactive: InactiveClients,
     pub control: ControlPort,

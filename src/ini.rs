@@ -37,7 +37,10 @@
 //! | `[PROXY]` | `socks_proxy` | SOCKS5 proxy (e.g. Tor) for `.onion` destinations of PFWD; without it they are refused |
 //! | | `own_server_domains` | destinations on these domains are counted again as "own" in the proxy statistics |
 //! | | `client_concurrency` | forwarded commands (PRXY, PFWD) of one connection answered at once, 1 to 4096 (default 32) |
-//! | `[WEB]` | `https` | an SMP port that also serves web clients, split by TLS SNI (with `cert` and `key`) |
+//! | `[INFORMATION]` | `source_code`, `usage_conditions`, `condition_amendments`, `server_country`, `operator`, `operator_country`, `website`, `admin_simplex`, `admin_email`, `admin_pgp`, `admin_pgp_fingerprint`, `complaints_simplex`, `complaints_email`, `complaints_pgp`, `complaints_pgp_fingerprint`, `hosting`, `hosting_country`, `hosting_type` | what the server information page shows (all of it only with `source_code`; countries as ISO 3166 two-letter codes; `hosting_type` `virtual`, `dedicated`, `colocation` or `owned`) |
+//! | `[WEB]` | `static_path` | the folder the web site is written to at start; no site when unset |
+//! | | `http` | a port serving the site over plain HTTP |
+//! | | `https` | a port serving web clients over TLS (with `cert` and `key`): an SMP port, split by TLS SNI, or a port of its own serving the site |
 //! | | `cert`, `key` | the web certificate chain and key (PEM) that clients naming a host get on `https` |
 //! | `[RELAY]` | `quota` | messages a queue holds before ERR QUOTA (reference: fixed 128) |
 //! | | `cores` | shards, one pinned core each, 1 to 64 (default: every online core, at most 64) |
@@ -69,8 +72,11 @@ pub use crate::settings::StartOptions;
 /// A parsed configuration file.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct IniConfig {
-    /// `[TRANSPORT] host`: only printed.
+    /// `[TRANSPORT] host`: printed in the address, and its `.onion` host announced by the web
+    /// site.
     pub host: Option<String>,
+    /// `[INFORMATION]`, for the web site.
+    pub information: crate::web::info::Information,
     pub options: StartOptions,
     /// Keys of the reference's features this relay does not have, accepted and ignored: each
     /// as `[SECTION] key (line N): why`, for the one warning `start` gives.
@@ -228,11 +234,6 @@ const fn k(section: &'static str, key: &'static str, rule: Rule) -> KeySpec {
 }
 
 const NO_NAMES: Rule = Rule::Unsupported("this relay has no name resolver role");
-const NO_INFO: Rule = Rule::Unsupported(
-    "server information is shown on the reference's web page, which this relay does not generate",
-);
-const NO_WEB: Rule = Rule::Unsupported("this relay has no embedded web server");
-
 /// Every key of the reference's configuration and of this relay's `[RELAY]` section that is not a
 /// setting of `settings.rs` (those are `Applied` by `settings::apply_ini`).
 const KEYS: &[KeySpec] = &[
@@ -260,6 +261,25 @@ const KEYS: &[KeySpec] = &[
             "this relay always drops expired messages when it loads its store",
         ),
     ),
+    // Checked by `web::info::Information::set` (the same list as `web::info::KEYS`).
+    k("INFORMATION", "source_code", Rule::Applied),
+    k("INFORMATION", "usage_conditions", Rule::Applied),
+    k("INFORMATION", "condition_amendments", Rule::Applied),
+    k("INFORMATION", "server_country", Rule::Applied),
+    k("INFORMATION", "operator", Rule::Applied),
+    k("INFORMATION", "operator_country", Rule::Applied),
+    k("INFORMATION", "website", Rule::Applied),
+    k("INFORMATION", "admin_simplex", Rule::Applied),
+    k("INFORMATION", "admin_email", Rule::Applied),
+    k("INFORMATION", "admin_pgp", Rule::Applied),
+    k("INFORMATION", "admin_pgp_fingerprint", Rule::Applied),
+    k("INFORMATION", "complaints_simplex", Rule::Applied),
+    k("INFORMATION", "complaints_email", Rule::Applied),
+    k("INFORMATION", "complaints_pgp", Rule::Applied),
+    k("INFORMATION", "complaints_pgp_fingerprint", Rule::Applied),
+    k("INFORMATION", "hosting", Rule::Applied),
+    k("INFORMATION", "hosting_country", Rule::Applied),
+    k("INFORMATION", "hosting_type", Rule::Applied),
     k("TRANSPORT", "host", Rule::Applied),
     k(
         "TRANSPORT",
@@ -294,26 +314,6 @@ const KEYS: &[KeySpec] = &[
     k("NAMES", "resolver_timeout_ms", NO_NAMES),
     k("NAMES", "resolver_max_response_bytes", NO_NAMES),
     k("NAMES", "resolver_concurrency", NO_NAMES),
-    k("INFORMATION", "source_code", NO_INFO),
-    k("INFORMATION", "usage_conditions", NO_INFO),
-    k("INFORMATION", "condition_amendments", NO_INFO),
-    k("INFORMATION", "server_country", NO_INFO),
-    k("INFORMATION", "operator", NO_INFO),
-    k("INFORMATION", "operator_country", NO_INFO),
-    k("INFORMATION", "website", NO_INFO),
-    k("INFORMATION", "admin_simplex", NO_INFO),
-    k("INFORMATION", "admin_email", NO_INFO),
-    k("INFORMATION", "admin_pgp", NO_INFO),
-    k("INFORMATION", "admin_pgp_fingerprint", NO_INFO),
-    k("INFORMATION", "complaints_simplex", NO_INFO),
-    k("INFORMATION", "complaints_email", NO_INFO),
-    k("INFORMATION", "complaints_pgp", NO_INFO),
-    k("INFORMATION", "complaints_pgp_fingerprint", NO_INFO),
-    k("INFORMATION", "hosting", NO_INFO),
-    k("INFORMATION", "hosting_country", NO_INFO),
-    k("INFORMATION", "hosting_type", NO_INFO),
-    k("WEB", "static_path", NO_WEB),
-    k("WEB", "http", NO_WEB),
 ];
 
 /// Reads `path`; `Ok(None)` when the file does not exist (a data directory from before it did).
@@ -484,6 +484,7 @@ fn apply(config: &mut IniConfig, section: &str, key: &str, value: &str) -> Resul
         // The queue store follows `store_messages`: `database` with the PostgreSQL store, and
         // memory (records kept with the messages) with the others.
         ("STORE_LOG", "store_queues") => store_kind(value, &["memory", "database"]),
+        ("INFORMATION", key) => config.information.set(key, value),
         ("TRANSPORT", "host") => {
             config.host = Some(value.to_string());
             Ok(())
@@ -527,6 +528,9 @@ mod tests {
                 | "restore_messages"
                 | "log_stats" => "on",
                 "cert" | "key" => "/etc/opt/simplex/web.crt",
+                k if k.ends_with("country") => "DE",
+                "hosting_type" => "owned",
+                "admin_simplex" | "complaints_simplex" => "https://smp.example.com/a#key",
                 "create_password" => "secret",
                 "host" => "example.com",
                 "port" => "5223",
@@ -659,6 +663,8 @@ mod tests {
              ttl = 600\n\
              check_interval = 60\n\
              [WEB]\n\
+             static_path = /var/opt/simplex/www\n\
+             http = 8000\n\
              https = 443\n\
              cert = /etc/opt/simplex/web.crt\n\
              key = /etc/opt/simplex/web.key\n",
@@ -685,6 +691,8 @@ mod tests {
                 web_https: Some(443),
                 web_cert: Some("/etc/opt/simplex/web.crt".to_string()),
                 web_key: Some("/etc/opt/simplex/web.key".to_string()),
+                web_static_path: Some("/var/opt/simplex/www".to_string()),
+                web_http: Some(8000),
                 shards: Some(3),
                 max_connections: Some(100),
                 max_handshakes_per_address: Some(4),
@@ -781,13 +789,27 @@ mod tests {
         // Keys of features this relay does not have are accepted and named for start's warning.
         let c = parse(
             Path::new("/d/smp-server.ini"),
-            "[NAMES]\nresolver_endpoint = x\n[WEB]\nstatic_path = /var/www\n",
+            "[NAMES]\nresolver_endpoint = x\n[STORE_LOG]\ndb_deleted_ttl = 5\n",
         )
         .expect("accepted");
         assert_eq!(c.ignored.len(), 2, "{:?}", c.ignored);
         assert!(c.ignored[0].starts_with("[NAMES] resolver_endpoint (line 2): "));
         assert!(c.ignored[0].contains("no name resolver"));
-        assert!(c.ignored[1].starts_with("[WEB] static_path (line 4): "));
+        assert!(c.ignored[1].starts_with("[STORE_LOG] db_deleted_ttl (line 4): "));
+
+        // The web site's keys are applied: `[INFORMATION]` checked as the reference checks it.
+        let c = parse_ok(
+            "[INFORMATION]\nsource_code = https://example.com/src\nserver_country = nl\n\
+             [WEB]\nstatic_path = /var/www\nhttp = 8080\n",
+        );
+        assert!(c.ignored.is_empty(), "{:?}", c.ignored);
+        assert_eq!(c.information.get("server_country"), Some("NL"));
+        assert_eq!(c.options.web_http, Some(8080));
+        let e = parse_err("[INFORMATION]\nhosting_type = cloud\n");
+        assert!(
+            e.contains("line 2") && e.contains("virtual, dedicated, colocation or owned"),
+            "{e}"
+        );
 
         // Every problem of a file, in one message.
         let e = parse_err("[RELAY]\nquota = x\n[NOPE]\na = b\n[AUTH]\nnew_queues = yes\nzzz = 1\n");

@@ -19,3 +19,4 @@ pub mod settings;
 pub mod stats_file;
 pub mod store;
 pub mod transport;
+pub mod web;

@@ -191,6 +191,23 @@ pub const METRICS_HTTP_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// scrapers, however many, make the shards publish at most once in it.
 pub const METRICS_HTTP_FRESH: Duration = Duration::from_secs(1);
 
+/// The web site (`[WEB] http`, `https`, and an SMP port shared by SNI; `server/web.rs`): HTTP
+/// connections held at once over all shards on the site's own ports (more are closed at accept;
+/// the site's clients on a shared SMP port count among the SMP connections instead), so that idle
+/// browsers cannot take the descriptors SMP clients need.
+pub const WEB_MAX_CONNECTIONS: usize = 4096;
+/// The longest request head read (request line and headers); a longer one is answered `431`.
+pub const WEB_MAX_REQUEST_BYTES: usize = 8 * 1024;
+/// The most header lines a request may have; more is answered `431`.
+pub const WEB_MAX_HEADERS: usize = 64;
+/// How long a request head may take to arrive once its connection is open or its previous
+/// request answered (the keep-alive wait included): a slow or silent client is closed after it.
+pub const WEB_REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long writing one answer may take before the connection is closed.
+pub const WEB_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Requests one connection may send before it is closed (after that request's answer).
+pub const WEB_MAX_REQUESTS_PER_CONNECTION: usize = 1000;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -252,9 +252,10 @@ start_settings! {
         ini: "TRANSPORT" "websockets" => values::websockets,
         flag: (long, value_name = "off|on|PORTS", value_parser = values::websockets),
     }
-    /// Port also serving web clients, split by TLS SNI: a client naming a host gets the web
-    /// certificate and SMP over WebSocket, one naming none native SMP; one of the SMP ports, with
-    /// --web-cert and --web-key (ini `[WEB] https`).
+    /// Port serving web clients over TLS with --web-cert and --web-key: one of the SMP ports, split
+    /// by TLS SNI (a client naming a host gets the web certificate, the web site and SMP over
+    /// WebSocket, one naming none native SMP), or a port of its own serving the web site (ini
+    /// `[WEB] https`).
     web_https: u16 {
         set: |c, v| c.web.https = Some(v),
         default: None,
@@ -275,6 +276,22 @@ start_settings! {
         default: None,
         ini: "WEB" "key" => values::text,
         flag: (long = "web-key", value_name = "FILE"),
+    }
+    /// Folder the web site (server information and link pages) is written to at start; the site
+    /// is served on --web-http, --web-https and an SMP port shared by SNI only when it is set (ini
+    /// `[WEB] static_path`).
+    web_static_path: String {
+        set: |c, v| c.web.static_path = Some(v.into()),
+        default: None,
+        ini: "WEB" "static_path" => values::text,
+        flag: (long = "web-static-path", value_name = "DIR"),
+    }
+    /// Port serving the web site over plain HTTP, with --web-static-path (ini `[WEB] http`).
+    web_http: u16 {
+        set: |c, v| c.web.http = Some(v),
+        default: None,
+        ini: "WEB" "http" => values::port,
+        flag: (long = "web-http", value_name = "PORT", value_parser = values::port),
     }
     /// Number of shards, each pinned to its own core, 1 to 64 (ini `[RELAY] cores`).
     shards: usize {
@@ -641,7 +658,7 @@ impl StartConfig {
             // The settings' fields, blank until their defaults are written below.
             ports: Vec::new(),
             websocket_ports: Vec::new(),
-            web: config::WebTls::default(),
+            web: config::Web::default(),
             inactive: config::InactiveClients::default(),
             control: config::ControlPort::default(),
             shards: 0,

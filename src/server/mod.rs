@@ -22,6 +22,7 @@ pub mod owner;
 pub mod proxy;
 pub mod router;
 pub mod shard;
+pub mod web;
 /// RFWD, the destination role of private routing, lives with the other commands.
 pub use owner::commands::forward;
 
@@ -136,9 +137,17 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
         web: web_tls(&config)?,
         smp: tls_config,
     };
-    let shared_port = tls_configs.web.as_ref().and(config.web.https);
+    let shared_port = tls_configs
+        .web
+        .as_ref()
+        .and(config.web.https)
+        .filter(|p| config.ports.contains(p));
+    let web_shared = Arc::new(web::WebShared::new(web_site(&config)?));
+    // The site's own ports: plain HTTP, and HTTPS on a port that is not an SMP port.
+    let site_ports = web_ports(&config, &web_shared, tls_configs.web.is_some());
     check_ports_free(&config.ports)?;
     check_ports_free(&config.websocket_ports)?;
+    check_ports_free(&site_ports.iter().map(|(p, _)| *p).collect::<Vec<_>>())?;
     let store_settings = store_settings(&config);
     // Signals are taken before any shard runs, so a stop during start-up is not lost.
     let mut signals = signal_hook::iterator::Signals::new([
@@ -200,6 +209,8 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
         let store_settings = store_settings.clone();
         let services = services.clone();
         let stats_shared = stats_shared.clone();
+        let web_shared = web_shared.clone();
+        let site_ports = site_ports.clone();
         let spawned = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("shard-{shard_id}"))
             .io_memory(IO_MEMORY_BYTES)
@@ -238,6 +249,7 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
                 });
                 let ws_ports = config.websocket_ports.iter();
                 let ports = ports.chain(ws_ports.map(|p| (*p, ws::PortKind::WebSocket)));
+                let ports = ports.chain(site_ports.iter().copied());
                 for (port, kind) in ports {
                     let bound = if fault == Some(StartFault::Bind) {
                         Err(std::io::Error::new(
@@ -289,6 +301,7 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
                     *ctx.daily.get_mut() = daily.unwrap_or_default();
                 }
                 ctx.stats = stats_shared;
+                ctx.web = web_shared;
                 let ctx = Rc::new(ctx);
                 let owner = owner::Owner::with_services(
                     shard_id,
@@ -375,6 +388,7 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
             ports = ?config.ports,
             websocket_ports = ?config.websocket_ports,
             web_clients_by_sni = ?shared_port,
+            web_site = ?site_ports.iter().map(|(p, _)| *p).collect::<Vec<_>>(),
             shards,
             queues,
             "listening on {}",
@@ -546,25 +560,18 @@ fn drop_shared_websocket_ports(config: &mut StartConfig) {
     });
 }
 
-/// The web clients' TLS config when `[WEB] https` names an SMP port and `cert` and `key` are
-/// set (simplexmq `Server/Main.hs`: web credentials need all three); otherwise none, with a
-/// warning saying why when part of it is set. A certificate or key that cannot be used stops the
-/// start with the file's name.
+/// The web clients' TLS config when `[WEB] https`, `cert` and `key` are all set (simplexmq
+/// `Server/Main.hs`: web credentials need all three); otherwise none, with a warning saying why
+/// when part of it is set. A certificate or key that cannot be used stops the start with the
+/// file's name. On an SMP port it serves the clients that name a host (SNI); on a port of its own,
+/// the web site (`web_ports`).
 fn web_tls(config: &StartConfig) -> Result<Option<Arc<rustls::ServerConfig>>, StartError> {
     let web = &config.web;
     match (web.https, &web.cert, &web.key) {
         (None, None, None) => Ok(None),
         (None, _, _) => {
             tracing::warn!(
-                "`[WEB] cert`/`key` are set without `https`: no port serves web clients by SNI"
-            );
-            Ok(None)
-        }
-        (Some(p), _, _) if !config.ports.contains(&p) => {
-            tracing::warn!(
-                "`[WEB] https = {p}` is not an SMP port: the reference serves its static web site \
-                 there, and this relay serves none, so port {p} is not opened (web clients can \
-                 use `[TRANSPORT] websockets = {p}`, or `https` set to an SMP port)"
+                "`[WEB] cert`/`key` are set without `https`: no port serves web clients over TLS"
             );
             Ok(None)
         }
@@ -574,11 +581,74 @@ fn web_tls(config: &StartConfig) -> Result<Option<Arc<rustls::ServerConfig>>, St
         (Some(p), _, _) => {
             tracing::warn!(
                 "`[WEB] https = {p}` needs `cert` and `key` (start --web-cert, --web-key): port \
-                 {p} serves native SMP only"
+                 {p} serves no web client"
             );
             Ok(None)
         }
     }
+}
+
+/// The web site (`[WEB] static_path`), generated and written there; `None` when it is not set,
+/// with a warning when a web port is set without it. A folder that cannot be written stops the
+/// start, naming it.
+fn web_site(config: &StartConfig) -> Result<Option<crate::web::site::Site>, StartError> {
+    let web = &config.web;
+    let Some(dir) = &web.static_path else {
+        if web.http.is_some() || web.https.is_some_and(|p| !config.ports.contains(&p)) {
+            tracing::warn!(
+                "`[WEB] http`/`https` are set without `static_path`: no web site is generated, \
+                 so no port serves one (set `[WEB] static_path`, start --web-static-path)"
+            );
+        }
+        return Ok(None);
+    };
+    let public = crate::web::info::PublicConfig {
+        keeps_queues: config.store != crate::store::StoreKind::Memory || config.keep.queues,
+        keeps_messages: config.store != crate::store::StoreKind::Memory || config.keep.messages,
+        message_ttl: config.settings.message_ttl,
+        stats: config.log_stats,
+        new_queues: config.settings.new_queues,
+        basic_auth: config.settings.create_password.is_some(),
+    };
+    if !web.information.is_empty() && web.information.get("source_code").is_none() {
+        tracing::warn!(
+            "`[INFORMATION]` has no `source_code`: the server information page shows none of it \
+             (set source_code to where the relay's source is published)"
+        );
+    }
+    let fields = crate::web::info::fields(&web.information, &public, web.onion_host.as_deref());
+    let now = crate::web::http::epoch_secs(std::time::SystemTime::now());
+    let site = crate::web::site::Site::generate(&fields, now).map_err(StartError::Setup)?;
+    site.write_to(dir).map_err(|e| {
+        StartError::Setup(format!(
+            "cannot write the web site to {} ([WEB] static_path): {e}; set it to a folder this \
+             user may write",
+            dir.display()
+        ))
+    })?;
+    tracing::info!("web site generated in {}", dir.display());
+    Ok(Some(site))
+}
+
+/// The ports serving the web site alone: `[WEB] http`, and `[WEB] https` when it is not an SMP port
+/// (and its certificate is set); none without a site.
+fn web_ports(
+    config: &StartConfig,
+    web: &web::WebShared,
+    web_tls: bool,
+) -> Vec<(u16, ws::PortKind)> {
+    if web.site.is_none() {
+        return Vec::new();
+    }
+    let mut ports = Vec::new();
+    if let Some(p) = config.web.http {
+        ports.push((p, ws::PortKind::Http));
+    }
+    match config.web.https {
+        Some(p) if web_tls && !config.ports.contains(&p) => ports.push((p, ws::PortKind::Https)),
+        _ => {}
+    }
+    ports
 }
 
 /// One pass over a shard's queues at start: their IDs into the shared directory (made room for

@@ -33,7 +33,7 @@ use x25519_dalek::{PublicKey as X25519Public, StaticSecret};
 use super::router::{ConnRef, Group, GroupKind, ServiceSession, SessionInfo};
 use crate::crypto::keys::PublicAuthKey;
 use crate::crypto::{signed_key, sxbox};
-use crate::limits::{MAX_BLOCKS_IN_FLIGHT, SLOW_READER_MIN_PROGRESS_BYTES};
+use crate::limits::{MAX_BLOCKS_IN_FLIGHT, SLOW_READER_MIN_PROGRESS_BYTES, WS_UPGRADE_MAX_BYTES};
 use crate::protocol::batch;
 use crate::protocol::command::{Command, ServiceRole};
 use crate::protocol::error::{HandshakeError, TransportError};
@@ -79,6 +79,14 @@ impl From<WsError> for ConnError {
             e => ConnError::WebSocket(e),
         }
     }
+}
+
+/// How a web client's first request on a shared port was answered.
+enum Upgrade {
+    /// As a WebSocket upgrade: the request's identity challenge, if any.
+    Done(Option<[u8; CHALLENGE_BYTES]>),
+    /// Not at all yet: it asks for a page of the site (its head, read).
+    Page(Option<Vec<u8>>),
 }
 
 /// What the SMP handshake settled for the rest of the session.
@@ -134,9 +142,10 @@ async fn run(
         .map_err(|e| io::Error::other(e.to_string()))?;
     let setup_deadline = Instant::now() + ctx.config.tls_timeout;
     let (tls_config, web) = match kind {
-        PortKind::Smp => (&ctx.tls.smp, None),
         PortKind::WebSocket => (&ctx.tls.websocket, None),
         PortKind::Shared => (&ctx.tls.smp, ctx.tls.web.as_ref()),
+        // The site's own ports are served by `server/web.rs`, not here.
+        PortKind::Smp | PortKind::Http | PortKind::Https => (&ctx.tls.smp, None),
     };
     let (conn, session_id) = timed(
         ctx.config.tls_timeout,
@@ -145,17 +154,18 @@ async fn run(
     )
     .await?;
     // On a shared port a client that named a host was given the web certificate: it is a web
-    // client, and speaks WebSocket from here (`AcceptState::with_web`).
+    // client, a browser loading the site or speaking WebSocket from here (`AcceptState::with_web`).
+    let web_client = kind == PortKind::Shared && conn.server_name().is_some();
     let kind = match kind {
-        PortKind::Shared if conn.server_name().is_some() => PortKind::WebSocket,
+        PortKind::Shared if web_client => PortKind::WebSocket,
         PortKind::Shared => PortKind::Smp,
         other => other,
     };
     // A WebSocket session offers every version: its ALPN is `http/1.1` (or none), which says
     // nothing of the SMP client's age; the raw-TLS rule (`alpn_versions`) is for native clients.
     let versions = match kind {
-        PortKind::Smp | PortKind::Shared => alpn_versions(conn.alpn_protocol()),
         PortKind::WebSocket => SERVER_VERSIONS,
+        _ => alpn_versions(conn.alpn_protocol()),
     };
     let tls: SharedTls = Rc::new(RefCell::new(TlsStream::new(
         sock,
@@ -169,9 +179,32 @@ async fn run(
         // (simplexmq `src/Simplex/Messaging/Transport/Server.hs`, `runTransportServerSocketState_`).
         let left = setup_deadline.saturating_duration_since(Instant::now());
         let upgraded = timed(left, "WebSocket upgrade", async {
-            Ok(ws::upgrade(&tls).await?)
+            // A shared port's web client with a site to serve asks either for the site or for a
+            // WebSocket: its first request says which.
+            if !(web_client && ctx.web.site.is_some()) {
+                return Ok(Upgrade::Done(ws::upgrade(&tls).await?));
+            }
+            let head = ws::read_head(&tls, WS_UPGRADE_MAX_BYTES).await?;
+            let page = head
+                .as_deref()
+                .is_some_and(|h| crate::web::http::parse(h).is_ok_and(|r| !r.websocket));
+            match page {
+                true => Ok(Upgrade::Page(head)),
+                false => Ok(Upgrade::Done(ws::answer_upgrade(&tls, head).await?)),
+            }
         })
         .await;
+        let upgraded = match upgraded {
+            Ok(Upgrade::Done(c)) => Ok(c),
+            Ok(Upgrade::Page(head)) => {
+                // A page of the site: no SMP handshake follows, so the address may start others.
+                drop(handshaking);
+                let result = super::web::serve_tls(&tls, ctx, Some(head)).await;
+                tls_stream::close(&tls).await;
+                return result.map_err(ConnError::Io);
+            }
+            Err(e) => Err(e),
+        };
         match upgraded {
             Ok(c) => challenge = c,
             Err(e) => {
@@ -585,7 +618,7 @@ async fn timed<T>(
     .await
 }
 
-async fn tls_accept(
+pub(crate) async fn tls_accept(
     sock: &mut TcpStream,
     ctx: &ShardContext,
     tls_config: &Arc<rustls::ServerConfig>,

@@ -40,6 +40,10 @@ pub enum PortKind {
     /// An SMP port that also serves web clients (`[WEB] https`): a TLS client naming a host gets
     /// the web certificate and WebSocket, one naming none raw SMP.
     Shared,
+    /// The web site over plain HTTP (`[WEB] http`; `server/web.rs`, never `conn::serve`).
+    Http,
+    /// The web site over HTTPS on a port of its own (`[WEB] https`; `server/web.rs`).
+    Https,
 }
 
 /// Why a WebSocket connection ended.
@@ -77,7 +81,7 @@ pub struct WsState {
 impl Framing {
     pub fn for_port(kind: PortKind) -> Framing {
         match kind {
-            PortKind::Smp | PortKind::Shared => Framing::Raw,
+            PortKind::Smp | PortKind::Shared | PortKind::Http | PortKind::Https => Framing::Raw,
             PortKind::WebSocket => Framing::WebSocket(WsState::default()),
         }
     }
@@ -87,22 +91,42 @@ impl Framing {
 /// the WebSocket from here on, with the request's identity challenge if it had one; or an HTTP
 /// error and `Err` (the caller closes the connection).
 pub async fn upgrade(tls: &SharedTls) -> Result<Option<[u8; CHALLENGE_BYTES]>, WsError> {
+    let head = read_head(tls, WS_UPGRADE_MAX_BYTES).await?;
+    answer_upgrade(tls, head).await
+}
+
+/// Reads one request head, its empty line included; `None` when it is longer than `max`.
+///
+/// One byte at a time, so that nothing after the request's empty line is taken from the stream
+/// (a client sends nothing more before the answer, RFC 6455 §4.1, but the SMP layer must start at
+/// the first byte after it whatever the client does; a web page's next request must stay in the
+/// stream too). A request is small and read once per connection or page.
+pub async fn read_head(tls: &SharedTls, max: usize) -> io::Result<Option<Vec<u8>>> {
     let mut head: Vec<u8> = Vec::new();
     let mut byte = Vec::new();
-    // One byte at a time, so that nothing after the request's empty line is taken from the
-    // stream (a client sends nothing more before the answer, RFC 6455 §4.1, but the SMP layer
-    // must start at the first byte after it whatever the client does). The request is small and
-    // read once per connection.
-    let parsed = loop {
-        if head.len() >= WS_UPGRADE_MAX_BYTES {
-            break Err(UpgradeError::TooLarge);
+    loop {
+        if head.len() >= max {
+            return Ok(None);
         }
         tls_stream::read_block(tls, &mut byte, 1).await?;
         head.push(byte[0]);
         if head.ends_with(b"\r\n\r\n") {
-            head.truncate(head.len() - 4);
-            break wsp::parse_upgrade(&head);
+            return Ok(Some(head));
         }
+    }
+}
+
+/// Answers an upgrade request read by `read_head` (`None`: it was too long), as `upgrade` does.
+pub async fn answer_upgrade(
+    tls: &SharedTls,
+    head: Option<Vec<u8>>,
+) -> Result<Option<[u8; CHALLENGE_BYTES]>, WsError> {
+    let parsed = match head {
+        Some(mut head) => {
+            head.truncate(head.len().saturating_sub(4));
+            wsp::parse_upgrade(&head)
+        }
+        None => Err(UpgradeError::TooLarge),
     };
     let answer = match &parsed {
         Ok(up) => wsp::switching_protocols(&up.key),

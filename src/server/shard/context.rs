@@ -38,6 +38,8 @@ pub struct ShardContext {
     pub config: StartConfig,
     pub credentials: Arc<ServerCredentials>,
     pub tls: TlsConfigs,
+    /// The web site and its connection count (`server/web.rs`), shared by the shards.
+    pub web: Arc<crate::server::web::WebShared>,
     /// Connections this shard holds now (its part of the metrics' count).
     pub connections: Cell<usize>,
     /// The relay's connection limits, shared by every shard.
@@ -164,6 +166,7 @@ impl ShardContext {
             config,
             credentials,
             tls,
+            web: Arc::default(),
             connections: Cell::new(0),
             admission,
             read_scratch: crate::server::conn::tls_stream::new_scratch(),

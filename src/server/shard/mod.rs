@@ -24,6 +24,7 @@ use super::messages::{OwnerMsg, ShardMsg, StatsMsg};
 use super::owner::pipeline::Pipeline;
 use super::owner::{owner_job, Owner};
 use super::router::ConnRef;
+use super::web;
 use crate::log_limit::{self, RateLimited};
 use crate::server::conn::ws::PortKind;
 use crate::store::ShardStore;
@@ -45,7 +46,14 @@ pub async fn run<S: ShardStore>(
         (unsafe { TcpListener::from_raw_fd(l.into_raw_fd()) }, kind)
     });
     for (l, kind) in listeners {
-        glommio::spawn_local(accept_loop(l, kind, ctx.clone())).detach();
+        let task = match kind {
+            PortKind::Http => glommio::spawn_local(web::accept_loop(l, None, ctx.clone())),
+            PortKind::Https => {
+                glommio::spawn_local(web::accept_loop(l, ctx.tls.web.clone(), ctx.clone()))
+            }
+            _ => glommio::spawn_local(accept_loop(l, kind, ctx.clone())),
+        };
+        task.detach();
     }
     let ticker = {
         let mesh = ctx.mesh.clone();
