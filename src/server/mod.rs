@@ -132,9 +132,10 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
     let tls_config = tls::server_config(&credentials, &tls::TlsOptions::default())
         .map_err(|e| StartError::Setup(e.to_string()))?;
     drop_shared_websocket_ports(&mut config);
+    let web_shared = Arc::new(web::WebShared::new(web_site(&config)?));
     let tls_configs = context::TlsConfigs {
         websocket: tls::websocket_config(&tls_config),
-        web: web_tls(&config)?,
+        web: web_tls(&config, web_shared.site.is_some())?,
         smp: tls_config,
     };
     let shared_port = tls_configs
@@ -142,12 +143,10 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
         .as_ref()
         .and(config.web.https)
         .filter(|p| config.ports.contains(p));
-    let web_shared = Arc::new(web::WebShared::new(web_site(&config)?));
-    // The site's own ports: plain HTTP, and HTTPS on a port that is not an SMP port.
-    let site_ports = web_ports(&config, &web_shared, tls_configs.web.is_some());
     check_ports_free(&config.ports)?;
     check_ports_free(&config.websocket_ports)?;
-    check_ports_free(&site_ports.iter().map(|(p, _)| *p).collect::<Vec<_>>())?;
+    // The site's own ports: plain HTTP, and HTTPS on a port that is not an SMP port.
+    let site_ports = web_ports(&config, &web_shared, tls_configs.web.is_some());
     let store_settings = store_settings(&config);
     // Signals are taken before any shard runs, so a stop during start-up is not lost.
     let mut signals = signal_hook::iterator::Signals::new([
@@ -562,10 +561,14 @@ fn drop_shared_websocket_ports(config: &mut StartConfig) {
 
 /// The web clients' TLS config when `[WEB] https`, `cert` and `key` are all set (simplexmq
 /// `Server/Main.hs`: web credentials need all three); otherwise none, with a warning saying why
-/// when part of it is set. A certificate or key that cannot be used stops the start with the
-/// file's name. On an SMP port it serves the clients that name a host (SNI); on a port of its own,
-/// the web site (`web_ports`).
-fn web_tls(config: &StartConfig) -> Result<Option<Arc<rustls::ServerConfig>>, StartError> {
+/// when part of it is set. On an SMP port it serves the clients that name a host (SNI), and a
+/// certificate or key that cannot be used stops the start with the file's name; on a port of its
+/// own it serves the web site (`web_ports`), and as the reference's HTTPS server (which fails
+/// alone, in its own thread), one that cannot be used is logged and that port not opened.
+fn web_tls(
+    config: &StartConfig,
+    site: bool,
+) -> Result<Option<Arc<rustls::ServerConfig>>, StartError> {
     let web = &config.web;
     match (web.https, &web.cert, &web.key) {
         (None, None, None) => Ok(None),
@@ -575,9 +578,18 @@ fn web_tls(config: &StartConfig) -> Result<Option<Arc<rustls::ServerConfig>>, St
             );
             Ok(None)
         }
-        (Some(_), Some(cert), Some(key)) => tls::web_config(cert, key)
+        (Some(p), Some(cert), Some(key)) if config.ports.contains(&p) => tls::web_config(cert, key)
             .map(Some)
             .map_err(StartError::Setup),
+        // Without a site, a port of its own has nothing to serve (`web_site` warns).
+        (Some(_), Some(_), Some(_)) if !site => Ok(None),
+        (Some(p), Some(cert), Some(key)) => match tls::web_config(cert, key) {
+            Ok(c) => Ok(Some(c)),
+            Err(e) => {
+                tracing::error!("the web site is not served over HTTPS on port {p}: {e}");
+                Ok(None)
+            }
+        },
         (Some(p), _, _) => {
             tracing::warn!(
                 "`[WEB] https = {p}` needs `cert` and `key` (start --web-cert, --web-key): port \
@@ -648,6 +660,18 @@ fn web_ports(
         Some(p) if web_tls && !config.ports.contains(&p) => ports.push((p, ws::PortKind::Https)),
         _ => {}
     }
+    // As the reference's web servers, which fail alone: a port that cannot be listened on is
+    // logged, and the relay serves SMP without it.
+    ports.retain(|(p, _)| match listen::check_port_free(*p) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::error!(
+                "the web site is not served on port {p}: {}",
+                port_refused(*p, &e)
+            );
+            false
+        }
+    });
     ports
 }
 

@@ -116,10 +116,7 @@ async fn within<T>(limit: Duration, f: impl Future<Output = io::Result<T>>) -> i
 
 /// The answer to one request (or to one refused): its head and its body (none for `HEAD`, `304`
 /// and refusals of a connection that closes), and whether the connection stays open.
-fn answer(
-    site: Option<&Site>,
-    request: Result<Request, Refusal>,
-) -> (Vec<u8>, &[u8], bool) {
+fn answer(site: Option<&Site>, request: Result<Request, Refusal>) -> (Vec<u8>, &[u8], bool) {
     const NOT_FOUND: &[u8] = b"Not found\n";
     let now = SystemTime::now();
     let (req, site) = match (request, site) {

@@ -323,10 +323,9 @@ fn reference_ini(
           check_interval = 3600\n\n\
           [WEB]\n\
           # Set path to generate static mini-site for server information and qr codes/links\n";
-    let static_path = o
-        .web_static_path
-        .map(PathBuf::from)
-        .unwrap_or_else(|| log.join("www"));
+    // The reference writes its site there at start, and so does the relay: under the test's
+    // directory, never the machine's /var/opt.
+    let static_path = log.join(o.web_static_path.unwrap_or("www"));
     s += &format!("static_path = {}\n\n", static_path.display());
     s += "# Run an embedded server on this port\n\
           # Onion sites can use any port and register it in the hidden service config.\n\
@@ -417,7 +416,7 @@ fn init_variants() -> Vec<(&'static str, InitOptions, Option<Messages>)> {
                 website: Some("https://relay.example"),
                 hosting: Some(("Hosting Ltd", Some("NL"))),
                 hosting_type: Some("dedicated"),
-                web_static_path: Some("/var/opt/simplex/web"),
+                web_static_path: Some("web"),
                 ..InitOptions::default()
             },
             Some(Messages::Journal),
@@ -491,6 +490,22 @@ fn the_reference_configuration_and_data_of_every_init_variant_run_unchanged() {
         if let Some(f) = &fixture {
             reference_data::check_served(&relay, f, true);
         }
+        // The reference's `static_path` gets the site, with the `[INFORMATION]` it was given.
+        let site = relay
+            .dir
+            .path()
+            .join(o.web_static_path.unwrap_or("www"))
+            .join("index.html");
+        let page = std::fs::read_to_string(&site)
+            .unwrap_or_else(|e| panic!("{name}: {}: {e}", site.display()));
+        if let Some((operator, _)) = o.operator {
+            assert!(page.contains(operator), "{name}: the operator on the page");
+        }
+        assert_eq!(
+            page.contains("data-field=\"no_source_code\""),
+            o.source_code.is_none(),
+            "{name}: the source code, or the request for it"
+        );
         if let Some(port) = o.control_port {
             // The control port with the admin password the reference's `init` wrote.
             let ini = std::fs::read_to_string(etc.path().join("smp-server.ini")).unwrap();

@@ -146,9 +146,8 @@ fn a_bad_boolean_stops_start() {
     assert!(stderr.contains("expected on or off"), "{stderr}");
 }
 
-/// Keys of the reference's features this relay does not have (here the name resolver, the
-/// server information and the static site of the reference's template) are accepted with one
-/// warning at start naming each; a value this relay cannot honour stops it, and every problem of
+/// Keys of the reference's features this relay does not have (here the name resolver and the
+/// deleted queues' retention) are accepted with one warning at start naming each; a value this relay cannot honour stops it, and every problem of
 /// the file is in one message.
 #[test]
 fn reference_keys_this_relay_lacks_are_ignored_with_one_warning() {
@@ -156,8 +155,12 @@ fn reference_keys_this_relay_lacks_are_ignored_with_one_warning() {
         |d| {
             append_ini(
                 d,
-                "\n[NAMES]\nresolver_endpoint = https://names.example.com\n[INFORMATION]\nsource_code = \
-                 https://github.com/simplex-chat/simplexmq\n[WEB]\nstatic_path = /var/opt/www\n",
+                "\n[NAMES]\nresolver_endpoint = https://names.example.com\n",
+            );
+            edit_ini(
+                d,
+                "store_messages = journal",
+                "store_messages = journal\ndb_deleted_ttl = 30",
             )
         },
         &[],
@@ -168,11 +171,7 @@ fn reference_keys_this_relay_lacks_are_ignored_with_one_warning() {
         "{}",
         relay.log_text()
     );
-    for key in [
-        "[NAMES] resolver_endpoint",
-        "[INFORMATION] source_code",
-        "[WEB] static_path",
-    ] {
+    for key in ["[NAMES] resolver_endpoint", "[STORE_LOG] db_deleted_ttl"] {
         assert!(relay.log_shows(key), "{key}:\n{}", relay.log_text());
     }
 
