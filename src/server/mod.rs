@@ -132,7 +132,7 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
     let tls_config = tls::server_config(&credentials, &tls::TlsOptions::default())
         .map_err(|e| StartError::Setup(e.to_string()))?;
     drop_shared_websocket_ports(&mut config);
-    let web_shared = Arc::new(web::WebShared::new(web_site(&config)?));
+    let web_shared = Arc::new(crate::web::WebShared::new(web_site(&config)?));
     let tls_configs = context::TlsConfigs {
         websocket: tls::websocket_config(&tls_config),
         web: web_tls(&config, web_shared.site.is_some())?,
@@ -646,7 +646,7 @@ fn web_site(config: &StartConfig) -> Result<Option<crate::web::site::Site>, Star
 /// (and its certificate is set); none without a site.
 fn web_ports(
     config: &StartConfig,
-    web: &web::WebShared,
+    web: &crate::web::WebShared,
     web_tls: bool,
 ) -> Vec<(u16, ws::PortKind)> {
     if web.site.is_none() {

@@ -13,7 +13,6 @@ use std::cell::RefCell;
 use std::future::Future;
 use std::io;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -26,42 +25,11 @@ use crate::limits::{
 };
 use crate::log_limit::{self, RateLimited};
 use crate::server::conn::tls_stream::{self, SharedTls, TlsStream};
-use crate::server::conn::{self, ws};
+use crate::server::conn::{accept, ws};
 use crate::server::shard::context::ShardContext;
 use crate::web::http::{self, Answer, Refusal, Request, Status};
 use crate::web::site::Site;
-
-/// What the shards share of the web site.
-#[derive(Default)]
-pub struct WebShared {
-    /// The generated site; `None` when `[WEB] static_path` is not set.
-    pub site: Option<Arc<Site>>,
-    /// Connections open on the site's own ports, over all shards.
-    open: AtomicUsize,
-}
-
-impl WebShared {
-    pub fn new(site: Option<Site>) -> WebShared {
-        WebShared {
-            site: site.map(Arc::new),
-            open: AtomicUsize::new(0),
-        }
-    }
-
-    /// Connections open on the site's own ports now.
-    pub fn open(&self) -> usize {
-        self.open.load(Ordering::Relaxed)
-    }
-}
-
-/// A connection counted in `WebShared::open` until dropped.
-struct Counted(Arc<WebShared>);
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::AcqRel);
-    }
-}
+use crate::web::WebShared;
 
 static REFUSED_FULL: RateLimited = RateLimited::new("web connection limit reached");
 
@@ -78,8 +46,7 @@ pub async fn accept_loop(
             continue;
         };
         // At the bound the new connection is closed at once (dropped).
-        if shared.open.fetch_add(1, Ordering::AcqRel) >= WEB_MAX_CONNECTIONS {
-            shared.open.fetch_sub(1, Ordering::AcqRel);
+        let Some(counted) = WebShared::admit(&shared, WEB_MAX_CONNECTIONS) else {
             log_limit::warn(&REFUSED_FULL, |suppressed| {
                 tracing::warn!(
                     max = WEB_MAX_CONNECTIONS,
@@ -88,8 +55,7 @@ pub async fn accept_loop(
                 )
             });
             continue;
-        }
-        let counted = Counted(shared.clone());
+        };
         let (ctx, tls) = (ctx.clone(), tls.clone());
         glommio::spawn_local(async move {
             let result = match tls {
@@ -229,7 +195,7 @@ async fn serve_https(
 ) -> io::Result<()> {
     let _ = sock.set_nodelay(true);
     let accepted = within(ctx.config.tls_timeout, async {
-        conn::tls_accept(&mut sock, ctx, config, None)
+        accept::tls_accept(&mut sock, &ctx.read_scratch, config, None)
             .await
             .map_err(|e| io::Error::other(e.to_string()))
     })

@@ -8,7 +8,7 @@ use crate::common;
 use crate::reference_data;
 use crate::support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use common::{Relay, RelayOptions, TempDir};

@@ -6,6 +6,7 @@
 //! (`docs/ARCHITECTURE.md` §4). On a WebSocket port the same session runs after an HTTP upgrade;
 //! only how a block is read and written differs (`ws::Framing`, `server/conn/ws.rs`).
 
+pub mod accept;
 pub mod dispatch;
 pub mod output;
 mod services;
@@ -14,15 +15,12 @@ pub mod ws;
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
-use std::future::{poll_fn, Future};
+use std::future::Future;
 use std::io;
-use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use futures_lite::{AsyncRead, AsyncWriteExt};
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 use glommio::net::TcpStream;
 use glommio::sync::Semaphore;
@@ -48,7 +46,7 @@ use crate::server::shard::context::ShardContext;
 use crate::store::services::ServiceRec;
 use crate::transport::block::{BlockCodec, BLOCK_SIZE};
 use crate::transport::service_cert;
-use crate::transport::tls::{alpn_versions, AcceptState};
+use crate::transport::tls::alpn_versions;
 use crate::transport::websocket::CHALLENGE_BYTES;
 use dispatch::RouteCtx;
 use output::{ask_again, coalesce, ConnHandle, Output, OutputState, MAX_COALESCED_OUTPUTS};
@@ -70,6 +68,15 @@ pub enum ConnError {
     SlowReader,
     #[error("{0}")]
     WebSocket(WsError),
+}
+
+impl From<accept::AcceptError> for ConnError {
+    fn from(e: accept::AcceptError) -> Self {
+        match e {
+            accept::AcceptError::Io(e) => ConnError::Io(e),
+            accept::AcceptError::Tls(e) => ConnError::Tls(e),
+        }
+    }
 }
 
 impl From<WsError> for ConnError {
@@ -147,11 +154,11 @@ async fn run(
         // The site's own ports are served by `server/web.rs`, not here.
         PortKind::Smp | PortKind::Http | PortKind::Https => (&ctx.tls.smp, None),
     };
-    let (conn, session_id) = timed(
-        ctx.config.tls_timeout,
-        "TLS setup",
-        tls_accept(&mut sock, ctx, tls_config, web),
-    )
+    let (conn, session_id) = timed(ctx.config.tls_timeout, "TLS setup", async {
+        accept::tls_accept(&mut sock, &ctx.read_scratch, tls_config, web)
+            .await
+            .map_err(ConnError::from)
+    })
     .await?;
     // On a shared port a client that named a host was given the web certificate: it is a web
     // client, a browser loading the site or speaking WebSocket from here (`AcceptState::with_web`).
@@ -616,44 +623,6 @@ async fn timed<T>(
         Err(ConnError::Timeout(what))
     })
     .await
-}
-
-pub(crate) async fn tls_accept(
-    sock: &mut TcpStream,
-    ctx: &ShardContext,
-    tls_config: &Arc<rustls::ServerConfig>,
-    web: Option<&Arc<rustls::ServerConfig>>,
-) -> Result<(rustls::ServerConnection, Vec<u8>), ConnError> {
-    let mut state = AcceptState::new(tls_config)
-        .map_err(|e| ConnError::Tls(e.to_string()))?
-        .with_web(web);
-    let mut out = Vec::new();
-    loop {
-        // Read into the shard's scratch buffer and feed rustls at once, so that a connection
-        // waiting for its ClientHello holds no buffer of its own.
-        let fed = poll_fn(|cx| {
-            let mut buf = ctx.read_scratch.borrow_mut();
-            match Pin::new(&mut *sock).poll_read(cx, &mut buf[..]) {
-                Poll::Ready(Ok(0)) => {
-                    Poll::Ready(Err(ConnError::Io(io::ErrorKind::UnexpectedEof.into())))
-                }
-                Poll::Ready(Ok(n)) => Poll::Ready(Ok(state.feed(&buf[..n]))),
-                Poll::Ready(Err(e)) => Poll::Ready(Err(ConnError::Io(e))),
-                Poll::Pending => Poll::Pending,
-            }
-        })
-        .await?;
-        // Send what rustls produced even on failure: that is the alert telling the client why.
-        state.take_output(&mut out);
-        if !out.is_empty() {
-            sock.write_all(&out).await?;
-            out = Vec::new();
-        }
-        fed.map_err(|e| ConnError::Tls(e.to_string()))?;
-        if !state.is_handshaking() {
-            return state.finish().map_err(|e| ConnError::Tls(e.to_string()));
-        }
-    }
 }
 
 async fn smp_handshake(

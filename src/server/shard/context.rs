@@ -39,7 +39,7 @@ pub struct ShardContext {
     pub credentials: Arc<ServerCredentials>,
     pub tls: TlsConfigs,
     /// The web site and its connection count (`server/web.rs`), shared by the shards.
-    pub web: Arc<crate::server::web::WebShared>,
+    pub web: Arc<crate::web::WebShared>,
     /// Connections this shard holds now (its part of the metrics' count).
     pub connections: Cell<usize>,
     /// The relay's connection limits, shared by every shard.
