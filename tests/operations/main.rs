@@ -1,7 +1,8 @@
 //! What an operator does and sees, in one test binary: the command line (`cli.rs`), the control
 //! port (`control_port.rs`), statistics (`stats.rs`), the move from smp-server (`drop_in.rs`,
 //! `reference_import.rs`), store export and import (`store_transfer.rs`), the journal store on
-//! disk (`journal_*.rs`, `disk_full.rs`) and what the repository ships (`repository.rs`).
+//! disk (`journal_*.rs`, `disk_full.rs`), what the repository ships (`repository.rs`) and the
+//! operator's web site in a browser (`web_page.rs`).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -21,3 +22,4 @@ mod reference_import;
 mod repository;
 mod stats;
 mod store_transfer;
+mod web_page;

@@ -11,8 +11,8 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use common::wire;
 use crate::support;
+use common::wire;
 use common::{free_port, web, Relay, RelayOptions, TempDir};
 use smp_relay::client::{Client, ClientOptions};
 use smp_relay::limits::{WEB_MAX_HEADERS, WEB_MAX_REQUEST_BYTES};
@@ -94,7 +94,11 @@ fn plain(addr: SocketAddr) -> TcpStream {
 
 fn get(addr: SocketAddr, target: &str) -> Answer {
     let mut s = plain(addr);
-    write!(s, "GET {target} HTTP/1.1\r\nHost: relay.test\r\nConnection: close\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET {target} HTTP/1.1\r\nHost: relay.test\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     read_answer(&mut s, false)
 }
 
@@ -113,42 +117,75 @@ fn the_site_is_served_over_plain_http_with_its_pages_and_files() {
     let (relay, http) = relay_with_site(&[]);
     let index = get(http, "/");
     assert_eq!(index.status, 200, "{index:?}");
-    assert_eq!(index.header("content-type"), Some("text/html; charset=utf-8"));
+    assert_eq!(
+        index.header("content-type"),
+        Some("text/html; charset=utf-8")
+    );
     let html = String::from_utf8(index.body.clone()).unwrap();
     assert!(html.contains("data-field=\"persistence\""), "{html}");
     // The same page as written to `static_path` for the operator.
     let written = std::fs::read(relay.dir.path().join("www/index.html")).unwrap();
     assert_eq!(written, index.body);
-    for page in ["/a", "/a/", "/c/", "/g/", "/r/", "/i/", "/contact/", "/invitation"] {
+    for page in [
+        "/a",
+        "/a/",
+        "/c/",
+        "/g/",
+        "/r/",
+        "/i/",
+        "/contact/",
+        "/invitation",
+    ] {
         let a = get(http, page);
         assert_eq!(a.status, 200, "{page}");
-        assert!(String::from_utf8_lossy(&a.body).contains("id=\"link-qr\""), "{page}");
+        assert!(
+            String::from_utf8_lossy(&a.body).contains("id=\"link-qr\""),
+            "{page}"
+        );
     }
     let qr = get(http, "/media/qr.js");
-    assert_eq!(qr.header("content-type"), Some("text/javascript; charset=utf-8"));
+    assert_eq!(
+        qr.header("content-type"),
+        Some("text/javascript; charset=utf-8")
+    );
     assert!(qr.header("cache-control").unwrap().contains("max-age="));
     for file in ["assetlinks.json", "apple-app-site-association"] {
         let a = get(http, &format!("/.well-known/{file}"));
-        assert_eq!((a.status, a.header("content-type")), (200, Some("application/json")));
+        assert_eq!(
+            (a.status, a.header("content-type")),
+            (200, Some("application/json"))
+        );
         serde_json::from_slice::<serde_json::Value>(&a.body).expect("JSON");
     }
     // Nothing may load from elsewhere, nor run inline.
     let csp = index.header("content-security-policy").unwrap();
-    assert!(csp.contains("default-src 'none'") && csp.contains("script-src 'self'"), "{csp}");
+    assert!(
+        csp.contains("default-src 'none'") && csp.contains("script-src 'self'"),
+        "{csp}"
+    );
 
     // Keep-alive, pipelined: two requests in one write, answered in order; then HEAD, and a
     // request that asks whether the page changed since it was generated.
     let mut s = plain(http);
-    s.write_all(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /media/style.css HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
+    s.write_all(
+        b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /media/style.css HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    .unwrap();
     let (a, b) = (read_answer(&mut s, false), read_answer(&mut s, false));
     assert_eq!((a.status, b.status), (200, 200));
     assert!(b.header("content-type").unwrap().starts_with("text/css"));
     s.write_all(b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
     let h = read_answer(&mut s, true);
-    assert_eq!(h.header("content-length"), Some(index.body.len().to_string().as_str()));
+    assert_eq!(
+        h.header("content-length"),
+        Some(index.body.len().to_string().as_str())
+    );
     let since = index.header("last-modified").unwrap().to_string();
-    write!(s, "GET / HTTP/1.1\r\nIf-Modified-Since: {since}\r\nConnection: close\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET / HTTP/1.1\r\nIf-Modified-Since: {since}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let n = read_answer(&mut s, false);
     assert_eq!(n.status, 304);
     assert!(closed(&mut s), "Connection: close is honoured");
@@ -183,14 +220,20 @@ fn paths_outside_the_site_and_folders_without_an_index_are_not_found() {
     ] {
         let a = get(http, target);
         assert_eq!(a.status, 404, "{target}: {a:?}");
-        assert!(!String::from_utf8_lossy(&a.body).contains("BEGIN"), "{target}");
+        assert!(
+            !String::from_utf8_lossy(&a.body).contains("BEGIN"),
+            "{target}"
+        );
     }
     for (request, status) in [
         ("GET /%00 HTTP/1.1\r\n\r\n", 400),
         ("GET /a\\..\\b HTTP/1.1\r\n\r\n", 400),
         ("GET http://relay.test/ HTTP/1.1\r\n\r\n", 400),
         ("POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 405),
-        ("GET / HTTP/1.1\r\nContent-Length: 10\r\n\r\n0123456789", 400),
+        (
+            "GET / HTTP/1.1\r\nContent-Length: 10\r\n\r\n0123456789",
+            400,
+        ),
         ("GET / HTTP/3\r\n\r\n", 505),
         ("hello\r\n\r\n", 400),
     ] {
@@ -198,7 +241,10 @@ fn paths_outside_the_site_and_folders_without_an_index_are_not_found() {
         s.write_all(request.as_bytes()).unwrap();
         let a = read_answer(&mut s, false);
         assert_eq!(a.status, status, "{request:?}");
-        assert!(closed(&mut s), "{request:?}: a refused request closes its connection");
+        assert!(
+            closed(&mut s),
+            "{request:?}: a refused request closes its connection"
+        );
     }
 }
 
@@ -218,7 +264,9 @@ fn a_request_over_the_limits_is_refused_and_closed() {
     assert!(closed(&mut s));
     // More header lines than the limit, in a short head.
     let mut s = plain(http);
-    let lines: String = (0..=WEB_MAX_HEADERS).map(|i| format!("X-{i}: v\r\n")).collect();
+    let lines: String = (0..=WEB_MAX_HEADERS)
+        .map(|i| format!("X-{i}: v\r\n"))
+        .collect();
     write!(s, "GET / HTTP/1.1\r\n{lines}\r\n").unwrap();
     assert_eq!(read_answer(&mut s, false).status, 431);
     assert!(closed(&mut s));
@@ -291,7 +339,10 @@ fn https_is_served_by_sni_on_a_shared_smp_port_beside_native_and_websocket_clien
     let (page, der) = https_get(addr, "/a/");
     assert_eq!(page.status, 200, "{page:?}");
     assert!(String::from_utf8_lossy(&page.body).contains("id=\"open-in-app\""));
-    assert_eq!(der, cert.der, "a client naming a host gets the web certificate");
+    assert_eq!(
+        der, cert.der,
+        "a client naming a host gets the web certificate"
+    );
     // On the same port: a native SMP client (no SNI) and a web client of SMP over WebSocket.
     let mut native = Client::connect(addr, relay.key_hash, ClientOptions::default())
         .unwrap_or_else(|e| panic!("native SMP on the shared port: {e}"));
