@@ -434,9 +434,11 @@ fn web_and_native_clients_share_a_port() {
     assert_eq!(send(&mut bob, &q, Some(&bob_key), b"gone"), ERR_AUTH);
 }
 
-/// `[WEB]` settings that cannot serve web clients: a missing certificate file stops the start
-/// naming it; `https` on a port that is not an SMP port, and a WebSocket port that is an SMP port,
-/// are warned about, and the SMP ports serve as before (the reference's rules).
+/// `[WEB]` settings that cannot serve web clients: a missing certificate file for a shared SMP port
+/// stops the start naming it; `https` on a port that is not an SMP port without a site and
+/// certificate (it would serve the web site alone: `tests/transport/web_site.rs`), and a WebSocket
+/// port that is an SMP port, are warned about, and the SMP ports serve as before (the reference's
+/// rules).
 #[test]
 fn web_settings_that_cannot_serve() {
     let mut relay = Relay::start();
@@ -460,11 +462,9 @@ fn web_settings_that_cannot_serve() {
     let other = free_port().to_string();
     relay.restart_with(&["--web-https", &other, "--websockets", &port]);
     relay.client().ping().expect("SMP as before");
-    assert!(
-        relay.log_shows("is not an SMP port"),
-        "{}",
-        relay.log_text()
-    );
+    for warning in ["set without `static_path`", "needs `cert` and `key`"] {
+        assert!(relay.log_shows(warning), "{warning}: {}", relay.log_text());
+    }
     assert!(
         relay.log_shows("serves no WebSocket of its own"),
         "{}",
