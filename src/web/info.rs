@@ -187,42 +187,23 @@ pub fn fields(
 /// A contact group (`admin`, `complaints`): shown when it has an address or an email, or a PGP
 /// key with its fingerprint (a key without one, or a fingerprint alone, is not shown).
 fn contacts(info: &Information, group: &'static str, f: &mut Vec<(&'static str, String)>) {
-    let key = |what: &str| info.get(&format!("{group}_{what}")).map(str::to_string);
-    let (simplex, email) = (key("simplex"), key("email"));
-    let pgp = key("pgp").zip(key("pgp_fingerprint"));
+    // Each field is named as its key, `KEYS`' own 'static name.
+    let set = |what: &str| {
+        let key = format!("{group}_{what}");
+        let key = *KEYS.iter().find(|k| **k == key)?;
+        Some((key, info.get(key)?.to_string()))
+    };
+    let (simplex, email) = (set("simplex"), set("email"));
+    let pgp = set("pgp").zip(set("pgp_fingerprint"));
     if simplex.is_none() && email.is_none() && pgp.is_none() {
         return;
     }
-    let name = |what: &str| -> &'static str {
-        // The fields' names are fixed: leak-free static strings from a fixed table.
-        match (group, what) {
-            ("admin", "simplex") => "admin_simplex",
-            ("admin", "email") => "admin_email",
-            ("admin", "pgp") => "admin_pgp",
-            ("admin", "pgp_fingerprint") => "admin_pgp_fingerprint",
-            ("complaints", "simplex") => "complaints_simplex",
-            ("complaints", "email") => "complaints_email",
-            ("complaints", "pgp") => "complaints_pgp",
-            _ => "complaints_pgp_fingerprint",
-        }
-    };
-    f.push((
-        if group == "admin" {
-            "admin"
-        } else {
-            "complaints"
-        },
-        "yes".into(),
-    ));
-    if let Some(v) = simplex {
-        f.push((name("simplex"), v));
-    }
-    if let Some(v) = email {
-        f.push((name("email"), v));
-    }
+    f.push((group, "yes".into()));
+    f.extend(simplex);
+    f.extend(email);
     if let Some((uri, fingerprint)) = pgp {
-        f.push((name("pgp"), uri));
-        f.push((name("pgp_fingerprint"), fingerprint));
+        f.push(uri);
+        f.push(fingerprint);
     }
 }
 
