@@ -132,10 +132,11 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
     let tls_config = tls::server_config(&credentials, &tls::TlsOptions::default())
         .map_err(|e| StartError::Setup(e.to_string()))?;
     drop_shared_websocket_ports(&mut config);
-    let web_shared = Arc::new(crate::web::WebShared::new(web_site(&config)?));
+    let site = web_site(&config)?.map(Arc::new);
+    let web_admission = admission::Admission::new(crate::limits::WEB_MAX_CONNECTIONS, usize::MAX);
     let tls_configs = context::TlsConfigs {
         websocket: tls::websocket_config(&tls_config),
-        web: web_tls(&config, web_shared.site.is_some())?,
+        web: web_tls(&config, site.is_some())?,
         smp: tls_config,
     };
     let shared_port = tls_configs
@@ -146,7 +147,7 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
     check_ports_free(&config.ports)?;
     check_ports_free(&config.websocket_ports)?;
     // The site's own ports: plain HTTP, and HTTPS on a port that is not an SMP port.
-    let site_ports = web_ports(&config, &web_shared, tls_configs.web.is_some());
+    let site_ports = web_ports(&config, site.is_some(), tls_configs.web.is_some());
     let store_settings = store_settings(&config);
     // Signals are taken before any shard runs, so a stop during start-up is not lost.
     let mut signals = signal_hook::iterator::Signals::new([
@@ -208,7 +209,8 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
         let store_settings = store_settings.clone();
         let services = services.clone();
         let stats_shared = stats_shared.clone();
-        let web_shared = web_shared.clone();
+        let site = site.clone();
+        let web_admission = web_admission.clone();
         let site_ports = site_ports.clone();
         let spawned = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("shard-{shard_id}"))
@@ -300,7 +302,8 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
                     *ctx.daily.get_mut() = daily.unwrap_or_default();
                 }
                 ctx.stats = stats_shared;
-                ctx.web = web_shared;
+                ctx.site = site;
+                ctx.web_admission = web_admission;
                 let ctx = Rc::new(ctx);
                 let owner = owner::Owner::with_services(
                     shard_id,
@@ -644,12 +647,8 @@ fn web_site(config: &StartConfig) -> Result<Option<crate::web::site::Site>, Star
 
 /// The ports serving the web site alone: `[WEB] http`, and `[WEB] https` when it is not an SMP port
 /// (and its certificate is set); none without a site.
-fn web_ports(
-    config: &StartConfig,
-    web: &crate::web::WebShared,
-    web_tls: bool,
-) -> Vec<(u16, ws::PortKind)> {
-    if web.site.is_none() {
+fn web_ports(config: &StartConfig, site: bool, web_tls: bool) -> Vec<(u16, ws::PortKind)> {
+    if !site {
         return Vec::new();
     }
     let mut ports = Vec::new();

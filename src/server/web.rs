@@ -29,7 +29,6 @@ use crate::server::conn::{accept, ws};
 use crate::server::shard::context::ShardContext;
 use crate::web::http::{self, Answer, Refusal, Request, Status};
 use crate::web::site::Site;
-use crate::web::WebShared;
 
 static REFUSED_FULL: RateLimited = RateLimited::new("web connection limit reached");
 
@@ -39,14 +38,18 @@ pub async fn accept_loop(
     tls: Option<Arc<rustls::ServerConfig>>,
     ctx: Rc<ShardContext>,
 ) {
-    let shared = ctx.web.clone();
     loop {
         let Ok(sock) = listener.accept().await else {
             glommio::timer::Timer::new(Duration::from_millis(50)).await;
             continue;
         };
-        // At the bound the new connection is closed at once (dropped).
-        let Some(counted) = WebShared::admit(&shared, WEB_MAX_CONNECTIONS) else {
+        // A peer that reset before this accept has no address, and is gone anyway.
+        let Ok(peer) = sock.peer_addr() else {
+            continue;
+        };
+        // At the bound the new connection is closed at once (dropped). The admission's place in
+        // a handshake is dropped at once: the site's connections have no bound per address.
+        let Ok((slot, _)) = ctx.web_admission.admit(peer.ip()) else {
             log_limit::warn(&REFUSED_FULL, |suppressed| {
                 tracing::warn!(
                     max = WEB_MAX_CONNECTIONS,
@@ -65,7 +68,7 @@ pub async fn accept_loop(
             if let Err(e) = result {
                 tracing::debug!(error = %e, "web connection ended");
             }
-            drop(counted);
+            drop(slot);
         })
         .detach();
     }
@@ -145,7 +148,7 @@ fn body_of<'a>(req: &Request, body: &'a [u8]) -> &'a [u8] {
 /// Plain HTTP: requests read into one buffer (a pipelined request's bytes stay in it for the
 /// next turn), each answered in turn.
 async fn serve_plain(mut sock: TcpStream, ctx: &ShardContext) -> io::Result<()> {
-    let site = ctx.web.site.as_deref();
+    let site = ctx.site.as_deref();
     let mut buf: Vec<u8> = Vec::new();
     let mut chunk = [0u8; 2048];
     for _ in 0..WEB_MAX_REQUESTS_PER_CONNECTION {
@@ -217,7 +220,7 @@ pub async fn serve_tls(
     ctx: &ShardContext,
     mut first: Option<Option<Vec<u8>>>,
 ) -> io::Result<()> {
-    let site = ctx.web.site.as_deref();
+    let site = ctx.site.as_deref();
     for _ in 0..WEB_MAX_REQUESTS_PER_CONNECTION {
         let head = match first.take() {
             Some(head) => head,

@@ -188,7 +188,7 @@ async fn run(
         let upgraded = timed(left, "WebSocket upgrade", async {
             // A shared port's web client with a site to serve asks either for the site or for a
             // WebSocket: its first request says which.
-            if !(web_client && ctx.web.site.is_some()) {
+            if !(web_client && ctx.site.is_some()) {
                 return Ok(Upgrade::Done(ws::upgrade(&tls).await?));
             }
             let head = ws::read_head(&tls, WS_UPGRADE_MAX_BYTES).await?;

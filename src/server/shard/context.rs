@@ -38,8 +38,11 @@ pub struct ShardContext {
     pub config: StartConfig,
     pub credentials: Arc<ServerCredentials>,
     pub tls: TlsConfigs,
-    /// The web site and its connection count (`server/web.rs`), shared by the shards.
-    pub web: Arc<crate::web::WebShared>,
+    /// The web site (`server/web.rs`); `None` without `[WEB] static_path`.
+    pub site: Option<Arc<crate::web::site::Site>>,
+    /// The connections of the site's own ports, over all shards (`limits::WEB_MAX_CONNECTIONS`;
+    /// no bound per address: a page's connection leaves its handshake at once).
+    pub web_admission: Arc<Admission>,
     /// Connections this shard holds now (its part of the metrics' count).
     pub connections: Cell<usize>,
     /// The relay's connection limits, shared by every shard.
@@ -166,7 +169,8 @@ impl ShardContext {
             config,
             credentials,
             tls,
-            web: Arc::default(),
+            site: None,
+            web_admission: Admission::new(crate::limits::WEB_MAX_CONNECTIONS, usize::MAX),
             connections: Cell::new(0),
             admission,
             read_scratch: crate::server::conn::tls_stream::new_scratch(),
