@@ -43,7 +43,7 @@ use mesh::Mesh;
 use messages::ShardMsg;
 use owner::commands;
 use router::groups_of_shard;
-use shard::{admission, context, listen, stats};
+use shard::{admission, context, listen, stats, Serves};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -245,11 +245,12 @@ fn run_on<S: ShardStore>(mut config: StartConfig) -> Result<(), StartError> {
                 );
                 let mut listeners = Vec::with_capacity(config.ports.len());
                 let ports = config.ports.iter().map(|&p| match shared_port == Some(p) {
-                    true => (p, ws::PortKind::Shared),
-                    false => (p, ws::PortKind::Smp),
+                    true => (p, Serves::Smp(ws::PortKind::Shared)),
+                    false => (p, Serves::Smp(ws::PortKind::Smp)),
                 });
                 let ws_ports = config.websocket_ports.iter();
-                let ports = ports.chain(ws_ports.map(|p| (*p, ws::PortKind::WebSocket)));
+                let ports =
+                    ports.chain(ws_ports.map(|p| (*p, Serves::Smp(ws::PortKind::WebSocket))));
                 let ports = ports.chain(site_ports.iter().copied());
                 for (port, kind) in ports {
                     let bound = if fault == Some(StartFault::Bind) {
@@ -647,16 +648,18 @@ fn web_site(config: &StartConfig) -> Result<Option<crate::web::site::Site>, Star
 
 /// The ports serving the web site alone: `[WEB] http`, and `[WEB] https` when it is not an SMP port
 /// (and its certificate is set); none without a site.
-fn web_ports(config: &StartConfig, site: bool, web_tls: bool) -> Vec<(u16, ws::PortKind)> {
+fn web_ports(config: &StartConfig, site: bool, web_tls: bool) -> Vec<(u16, Serves)> {
     if !site {
         return Vec::new();
     }
     let mut ports = Vec::new();
     if let Some(p) = config.web.http {
-        ports.push((p, ws::PortKind::Http));
+        ports.push((p, Serves::Site { tls: false }));
     }
     match config.web.https {
-        Some(p) if web_tls && !config.ports.contains(&p) => ports.push((p, ws::PortKind::Https)),
+        Some(p) if web_tls && !config.ports.contains(&p) => {
+            ports.push((p, Serves::Site { tls: true }))
+        }
         _ => {}
     }
     // As the reference's web servers, which fail alone: a port that cannot be listened on is

@@ -149,10 +149,9 @@ async fn run(
         .map_err(|e| io::Error::other(e.to_string()))?;
     let setup_deadline = Instant::now() + ctx.config.tls_timeout;
     let (tls_config, web) = match kind {
+        PortKind::Smp => (&ctx.tls.smp, None),
         PortKind::WebSocket => (&ctx.tls.websocket, None),
         PortKind::Shared => (&ctx.tls.smp, ctx.tls.web.as_ref()),
-        // The site's own ports are served by `server/web.rs`, not here.
-        PortKind::Smp | PortKind::Http | PortKind::Https => (&ctx.tls.smp, None),
     };
     let (conn, session_id) = timed(ctx.config.tls_timeout, "TLS setup", async {
         accept::tls_accept(&mut sock, &ctx.read_scratch, tls_config, web)
@@ -171,8 +170,8 @@ async fn run(
     // A WebSocket session offers every version: its ALPN is `http/1.1` (or none), which says
     // nothing of the SMP client's age; the raw-TLS rule (`alpn_versions`) is for native clients.
     let versions = match kind {
+        PortKind::Smp | PortKind::Shared => alpn_versions(conn.alpn_protocol()),
         PortKind::WebSocket => SERVER_VERSIONS,
-        _ => alpn_versions(conn.alpn_protocol()),
     };
     let tls: SharedTls = Rc::new(RefCell::new(TlsStream::new(
         sock,

@@ -40,10 +40,6 @@ pub enum PortKind {
     /// An SMP port that also serves web clients (`[WEB] https`): a TLS client naming a host gets
     /// the web certificate and WebSocket, one naming none raw SMP.
     Shared,
-    /// The web site over plain HTTP (`[WEB] http`; `server/web.rs`, never `conn::serve`).
-    Http,
-    /// The web site over HTTPS on a port of its own (`[WEB] https`; `server/web.rs`).
-    Https,
 }
 
 /// Why a WebSocket connection ended.
@@ -81,7 +77,7 @@ pub struct WsState {
 impl Framing {
     pub fn for_port(kind: PortKind) -> Framing {
         match kind {
-            PortKind::Smp | PortKind::Shared | PortKind::Http | PortKind::Https => Framing::Raw,
+            PortKind::Smp | PortKind::Shared => Framing::Raw,
             PortKind::WebSocket => Framing::WebSocket(WsState::default()),
         }
     }

@@ -31,13 +31,23 @@ use crate::store::ShardStore;
 use admission::Refused;
 use context::ShardContext;
 
+/// What a shard's listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Serves {
+    /// SMP: native, WebSocket, or both split by SNI (`conn::serve`).
+    Smp(PortKind),
+    /// The web site alone (`server/web.rs`): over HTTPS with the web certificate when `tls`
+    /// (`[WEB] https` on a port of its own), else plain HTTP (`[WEB] http`).
+    Site { tls: bool },
+}
+
 /// Accepts on `listeners` (bound by `listen::shard_listener`) and runs the shard until it
 /// is told to stop; returns the owner's store so that the caller can save it.
 pub async fn run<S: ShardStore>(
     ctx: Rc<ShardContext>,
     owner: Owner<S>,
     inbox: flume::Receiver<ShardMsg>,
-    listeners: Vec<(std::net::TcpListener, PortKind)>,
+    listeners: Vec<(std::net::TcpListener, Serves)>,
     ready: impl FnOnce(),
 ) -> std::io::Result<S> {
     let listeners = listeners.into_iter().map(|(l, kind)| {
@@ -47,11 +57,13 @@ pub async fn run<S: ShardStore>(
     });
     for (l, kind) in listeners {
         let task = match kind {
-            PortKind::Http => glommio::spawn_local(web::accept_loop(l, None, ctx.clone())),
-            PortKind::Https => {
+            Serves::Smp(kind) => glommio::spawn_local(accept_loop(l, kind, ctx.clone())),
+            Serves::Site { tls: false } => {
+                glommio::spawn_local(web::accept_loop(l, None, ctx.clone()))
+            }
+            Serves::Site { tls: true } => {
                 glommio::spawn_local(web::accept_loop(l, ctx.tls.web.clone(), ctx.clone()))
             }
-            _ => glommio::spawn_local(accept_loop(l, kind, ctx.clone())),
         };
         task.detach();
     }
