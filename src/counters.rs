@@ -47,8 +47,11 @@ relay_counters! {
     store_peek_first_calls => "smprelay_store_peek_first_calls_total";
     /// Store reads of the first messages of a batch of queues (one per SUB batch).
     store_peek_first_many_calls => "smprelay_store_peek_first_many_calls_total";
-    /// Block parts whose Ed25519 signatures were verified in one batch.
+    /// Batch verifications of Ed25519 signatures (a block part, or parts of several connections
+    /// that reached an owner together).
     verify_batches => "smprelay_verify_batches_total";
+    /// Signatures verified in those batches (÷ batches: their mean size).
+    verify_batch_signatures => "smprelay_verify_batch_signatures_total";
     /// Batches that failed; their signatures were then verified one by one.
     verify_batch_fallbacks => "smprelay_verify_batch_fallbacks_total";
     /// Connections closed for causing too many failed signature verifications.

@@ -8,11 +8,29 @@ use super::pipeline::{Keys, Pipeline};
 use super::services::{FoldDone, FoldJob, SERVICE_FOLD_CHUNK};
 use super::Owner;
 use crate::server::control::request::ControlMsg;
-use crate::server::messages::{ConnMsg, OwnerMsg};
+use crate::server::messages::{ConnMsg, OwnerMsg, ShardMsg};
 use crate::server::router::{CountHash, ServiceKey, Session};
 use crate::server::shard::context::ShardContext;
 use crate::server::shard::rounds::shard_stats;
 use crate::store::{EntityId, MessageStore, QueueStore, ShardStore};
+
+/// Verifies in one batch the signatures of the block parts among `msgs`, messages the shard's inbox
+/// held together, before any of them becomes a job (`Owner::batch_verify_across`).
+pub fn verify_across<S: QueueStore + MessageStore>(owner: &Owner<S>, msgs: &mut [ShardMsg]) {
+    let mut parts: Vec<(
+        crate::server::router::ConnRef,
+        &mut [crate::server::router::Request],
+    )> = msgs
+        .iter_mut()
+        .filter_map(|m| match m {
+            ShardMsg::Owner(OwnerMsg::Work {
+                session, requests, ..
+            }) => Some((session.conn, requests.as_mut_slice())),
+            _ => None,
+        })
+        .collect();
+    owner.batch_verify_across(&mut parts);
+}
 
 /// The owner's messages of the inbox, as jobs of the pipeline (or at once, for what touches no
 /// queue's order). The owner simulation (`sim.rs`) goes through here too.

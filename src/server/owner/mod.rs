@@ -14,7 +14,7 @@ pub mod services;
 #[cfg(test)]
 pub(crate) mod sim;
 
-pub use jobs::{control_job, owner_job};
+pub use jobs::{control_job, owner_job, verify_across};
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
@@ -93,6 +93,13 @@ pub const BATCH_OFF_BLOCKS: u32 = 64;
 /// traffic only gets there when more than 1 batch in 9 fails.
 pub const BATCH_FAIL_WEIGHT: u32 = 8;
 pub const BATCH_FAIL_LIMIT: u32 = 64;
+
+/// A block part with fewer batchable signatures than this joins the batch across the parts that
+/// reached the owner together (`Owner::batch_verify_across`); a larger one batches alone.
+pub const CROSS_BATCH_PART_MAX: usize = 16;
+/// At most this many signatures in one batch across parts: a failed batch wastes no more than
+/// ~128 × 15 µs, and the parts wait for it no longer.
+pub const CROSS_BATCH_MAX: usize = 128;
 
 /// How late a relay started with `--test-late-registration` registers a SUB (the reference's
 /// subscriber thread lags likewise).
@@ -431,7 +438,8 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// decided here as its command will decide it; a request whose queue is missing, or whose key is
     /// not Ed25519, joins the batch with the dummy key, so its batch fails exactly as one with a
     /// wrong key does (equal-time AUTH, per block). A failed batch marks nothing: every request is
-    /// then verified on its own as without batching, which decides.
+    /// then verified on its own as without batching, which decides. Requests a batch across parts
+    /// (`batch_verify_across`) already verified are left out.
     pub(super) fn batch_verify(&self, session: &Session, requests: &mut [Request]) {
         {
             let mut off = self.batch_off.borrow_mut();
@@ -447,10 +455,79 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             self.batch_off_all.set(self.batch_off_all.get() - 1);
             return;
         }
-        // (request index, key, signature): each request the batch will speak for.
-        let mut chosen: Vec<(usize, [u8; 32], [u8; 64])> = Vec::new();
+        let chosen = self.batch_candidates(requests);
+        if chosen.len() < BATCH_VERIFY_MIN {
+            return;
+        }
+        if !self.run_batch(requests, &chosen) {
+            self.batch_off
+                .borrow_mut()
+                .insert(session.conn, BATCH_OFF_BLOCKS);
+        }
+    }
+
+    /// One batch over the signatures of several block parts that reached this owner together from
+    /// different connections (`docs/ARCHITECTURE.md` §2): a sender's block usually carries one
+    /// SEND, too few for a batch of its own, and a batch of n signatures costs each far less than a
+    /// single verification. Only parts with fewer than `CROSS_BATCH_PART_MAX` candidates join (a
+    /// larger part batches alone), at most `CROSS_BATCH_MAX` signatures in all, none of a
+    /// connection whose batching is off; nothing while the owner's guard is on, nor on a store whose
+    /// records are read when used (the records are held only when the part runs). A missing queue
+    /// joins with the dummy key, as in a part's batch. A failed batch marks nothing and counts
+    /// against the owner's guard (`BATCH_FAIL_WEIGHT`); each part then batches or verifies on its
+    /// own as without this step. Verification only marks: whether a mark counts is decided when the
+    /// request runs, against the key its queue has then (`verify_with`), so the parts may run in
+    /// any order after this.
+    pub fn batch_verify_across(&self, parts: &mut [(ConnRef, &mut [Request])]) {
+        if parts.len() < 2 || self.batch_off_all.get() > 0 || !self.store.holds_every_record() {
+            return;
+        }
+        // (part, request index, key, signature)
+        let mut chosen: Vec<(usize, usize, [u8; 32], [u8; 64])> = Vec::new();
+        {
+            let off = self.batch_off.borrow();
+            for (p, (conn, requests)) in parts.iter().enumerate() {
+                if off.contains_key(conn) {
+                    continue;
+                }
+                let part = self.batch_candidates(requests);
+                if part.is_empty()
+                    || part.len() >= CROSS_BATCH_PART_MAX
+                    || chosen.len() + part.len() > CROSS_BATCH_MAX
+                {
+                    continue;
+                }
+                chosen.extend(part.into_iter().map(|(i, k, sig)| (p, i, k, sig)));
+            }
+        }
+        if chosen.len() < BATCH_VERIFY_MIN || chosen.iter().all(|c| c.0 == chosen[0].0) {
+            // One part alone batches itself as it runs.
+            return;
+        }
+        let items: Vec<crate::crypto::ed25519::Item> = chosen
+            .iter()
+            .map(|(p, i, key, sig)| crate::crypto::ed25519::Item {
+                key,
+                msg: &parts[*p].1[*i].authorized,
+                sig,
+            })
+            .collect();
+        let passed = self.batch_passes(&items);
+        drop(items);
+        if passed {
+            for (p, i, key, _) in chosen {
+                parts[p].1[i].batch_verified = Some(key);
+            }
+        }
+    }
+
+    /// The requests of a part a batch can speak for, with the key each will be checked with and its
+    /// signature: (request index, key, signature). Requests already verified by a batch are left out.
+    fn batch_candidates(&self, requests: &[Request]) -> Vec<(usize, [u8; 32], [u8; 64])> {
+        let mut chosen = Vec::new();
         for (i, r) in requests.iter().enumerate() {
-            if r.forward.is_some()
+            if r.batch_verified.is_some()
+                || r.forward.is_some()
                 || !matches!(r.service, ServiceCheck::Plain | ServiceCheck::Signed)
             {
                 continue;
@@ -462,9 +539,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 chosen.push((i, key, sig));
             }
         }
-        if chosen.len() < BATCH_VERIFY_MIN {
-            return;
-        }
+        chosen
+    }
+
+    /// Runs the batch of `chosen` (from `batch_candidates`), marking its requests when it passes.
+    fn run_batch(&self, requests: &mut [Request], chosen: &[(usize, [u8; 32], [u8; 64])]) -> bool {
         let items: Vec<crate::crypto::ed25519::Item> = chosen
             .iter()
             .map(|(i, key, sig)| crate::crypto::ed25519::Item {
@@ -473,25 +552,36 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 sig,
             })
             .collect();
-        self.stats.borrow_mut().relay.verify_batches += 1;
-        let score = self.batch_fail_score.get();
-        if auth::ed25519_verify_batch(&items) {
+        let passed = self.batch_passes(&items);
+        drop(items);
+        if passed {
             for (i, key, _) in chosen {
-                requests[i].batch_verified = Some(key);
-            }
-            self.batch_fail_score.set(score.saturating_sub(1));
-        } else {
-            self.stats.borrow_mut().relay.verify_batch_fallbacks += 1;
-            self.batch_off
-                .borrow_mut()
-                .insert(session.conn, BATCH_OFF_BLOCKS);
-            if score + BATCH_FAIL_WEIGHT > BATCH_FAIL_LIMIT {
-                self.batch_fail_score.set(0);
-                self.batch_off_all.set(BATCH_OFF_BLOCKS);
-            } else {
-                self.batch_fail_score.set(score + BATCH_FAIL_WEIGHT);
+                requests[*i].batch_verified = Some(*key);
             }
         }
+        passed
+    }
+
+    /// One batch verification, counted, with the owner's guard against failing batches updated.
+    fn batch_passes(&self, items: &[crate::crypto::ed25519::Item]) -> bool {
+        {
+            let mut stats = self.stats.borrow_mut();
+            stats.relay.verify_batches += 1;
+            stats.relay.verify_batch_signatures += items.len() as u64;
+        }
+        let score = self.batch_fail_score.get();
+        if auth::ed25519_verify_batch(items) {
+            self.batch_fail_score.set(score.saturating_sub(1));
+            return true;
+        }
+        self.stats.borrow_mut().relay.verify_batch_fallbacks += 1;
+        if score + BATCH_FAIL_WEIGHT > BATCH_FAIL_LIMIT {
+            self.batch_fail_score.set(0);
+            self.batch_off_all.set(BATCH_OFF_BLOCKS);
+        } else {
+            self.batch_fail_score.set(score + BATCH_FAIL_WEIGHT);
+        }
+        false
     }
 
     /// The Ed25519 key `r`'s command will verify its signature with (the dummy key when its queue is
@@ -940,6 +1030,89 @@ mod tests {
             (4, 2)
         );
         assert_eq!(auths(&inboxes[0]), [false, false, false]);
+    }
+
+    /// Parts of one signature each, from different connections, that reached the owner together
+    /// are verified in one batch and run with no further verification; a wrong key and a missing
+    /// queue each fail that batch alike (same counts), and every part is then verified alone.
+    #[test]
+    fn parts_of_several_connections_share_one_batch_and_fall_back_alike() {
+        let (o, inboxes) = owner();
+        let keys: Vec<SigningKey> = (0..4u8)
+            .map(|i| SigningKey::from_bytes(&[110 + i; 32]))
+            .collect();
+        let rids: Vec<Vec<u8>> = (0..4u8).map(|i| vec![120 + i; 24]).collect();
+        for (k, rid) in keys.iter().zip(&rids) {
+            let pk = PublicAuthKey::Ed25519(k.verifying_key().to_bytes());
+            futures_lite::future::block_on(o.store.create(queue(rid, pk))).unwrap();
+        }
+        // One SUB per part, each part from its own connection; `last` replaces the fourth.
+        let parts = |first_conn: u64, last: Option<(&[u8], &SigningKey)>| {
+            (0..4)
+                .map(|i| {
+                    let s = session_on(first_conn + i as u64);
+                    let (rid, key) = match last {
+                        Some(l) if i == 3 => l,
+                        _ => (&rids[i][..], &keys[i]),
+                    };
+                    let req = signed_sub(&s, rid, key);
+                    (s, vec![req])
+                })
+                .collect::<Vec<_>>()
+        };
+        let run = |mut ps: Vec<(Session, Vec<Request>)>| -> (u64, Vec<bool>) {
+            let before = verify_count_by_alg();
+            {
+                let mut refs: Vec<(ConnRef, &mut [Request])> = ps
+                    .iter_mut()
+                    .map(|(s, r)| (s.conn, r.as_mut_slice()))
+                    .collect();
+                o.batch_verify_across(&mut refs);
+            }
+            let mut answers = Vec::new();
+            for (s, reqs) in ps {
+                futures_lite::future::block_on(o.process(s, 1, reqs));
+                answers.extend(auths(&inboxes[0]));
+            }
+            (delta(before).ed25519, answers)
+        };
+
+        let (verified, answers) = run(parts(200, None));
+        assert_eq!(verified, 4, "one batch of four, nothing verified again");
+        assert_eq!(answers, [false; 4]);
+        assert_eq!(
+            (
+                o.stats.borrow().relay.verify_batches,
+                o.stats.borrow().relay.verify_batch_fallbacks
+            ),
+            (1, 0)
+        );
+
+        let wrong_key = SigningKey::from_bytes(&[98; 32]);
+        let missing = [78u8; 24];
+        for (n, last) in [(&rids[3][..], &wrong_key), (&missing[..], &keys[3])]
+            .into_iter()
+            .enumerate()
+        {
+            let (verified, answers) = run(parts(300 + 10 * n as u64, Some(last)));
+            assert_eq!(verified, 8, "case {n}: the batch of four, then each alone");
+            assert_eq!(answers, [false, false, false, true], "case {n}");
+            assert_eq!(o.stats.borrow().relay.verify_batch_fallbacks, 1 + n as u64);
+        }
+
+        // A part that batches alone (16 signatures or more) does not join; nor does one part alone.
+        let s = session_on(400);
+        let mut big: Vec<Request> = (0..CROSS_BATCH_PART_MAX)
+            .map(|i| signed_sub(&s, &rids[i % 4], &keys[i % 4]))
+            .collect();
+        let mut small = vec![signed_sub(&session_on(401), &rids[0], &keys[0])];
+        let batches = o.stats.borrow().relay.verify_batches;
+        o.batch_verify_across(&mut [
+            (s.conn, &mut big[..]),
+            (session_on(401).conn, &mut small[..]),
+        ]);
+        assert_eq!(o.stats.borrow().relay.verify_batches, batches);
+        assert!(big.iter().chain(&small).all(|r| r.batch_verified.is_none()));
     }
 
     /// Bad batches from ever new connections turn batching off for the whole owner for a while,

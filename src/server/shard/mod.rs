@@ -22,7 +22,7 @@ use glommio::net::TcpListener;
 use super::conn;
 use super::messages::{OwnerMsg, ShardMsg, StatsMsg};
 use super::owner::pipeline::Pipeline;
-use super::owner::{owner_job, Owner};
+use super::owner::{owner_job, verify_across, Owner};
 use super::router::ConnRef;
 use super::web;
 use crate::log_limit::{self, RateLimited};
@@ -180,6 +180,11 @@ async fn close_inactive(ctx: Rc<ShardContext>) {
     }
 }
 
+/// At most this many messages are taken from the inbox at once (`inbox_loop`): the block parts
+/// among them share a batch verification, and the first waits for the others' verification
+/// (bounded by `owner::CROSS_BATCH_MAX` signatures) before it runs.
+const INBOX_TAKE_MAX: usize = 64;
+
 /// The shard's single consumer: owner work, answers and events for this shard's connections.
 /// Owner work becomes jobs of the pipeline (`owner/pipeline.rs`): a job that waits for its store does
 /// not hold up this loop, nor other queues' jobs.
@@ -194,19 +199,32 @@ async fn inbox_loop<S: ShardStore>(
         let p = pipeline.clone();
         glommio::spawn_local(async move { p.drive().await })
     };
-    while let Ok(msg) = inbox.recv_async().await {
-        ctx.mesh.mesh().received(ctx.shard_id, &msg);
-        match msg {
-            ShardMsg::Owner(m) => owner_job(&owner, &pipeline, m),
-            ShardMsg::Conn(m) => ctx.conn_msg(m),
-            ShardMsg::Stats(m) => rounds::handle(ctx, &owner, m),
-            ShardMsg::Control(m) => super::owner::control_job(ctx, &owner, &pipeline, m),
-            ShardMsg::Room { shard } => ctx.mesh.room(shard),
-            ShardMsg::Hold { started, release } => {
-                let _ = started.send(());
-                let _ = release.recv_timeout(crate::server::shard::clock_control::MAX_HOLD);
+    // What the inbox held at once, taken together so that the block parts among it are verified
+    // in one batch (`Owner::batch_verify_across`), then handled in arrival order.
+    let mut taken: Vec<ShardMsg> = Vec::with_capacity(INBOX_TAKE_MAX);
+    'inbox: while let Ok(first) = inbox.recv_async().await {
+        taken.push(first);
+        while taken.len() < INBOX_TAKE_MAX {
+            match inbox.try_recv() {
+                Ok(m) => taken.push(m),
+                Err(_) => break,
             }
-            ShardMsg::Stop => break,
+        }
+        verify_across(&owner, &mut taken);
+        for msg in taken.drain(..) {
+            ctx.mesh.mesh().received(ctx.shard_id, &msg);
+            match msg {
+                ShardMsg::Owner(m) => owner_job(&owner, &pipeline, m),
+                ShardMsg::Conn(m) => ctx.conn_msg(m),
+                ShardMsg::Stats(m) => rounds::handle(ctx, &owner, m),
+                ShardMsg::Control(m) => super::owner::control_job(ctx, &owner, &pipeline, m),
+                ShardMsg::Room { shard } => ctx.mesh.room(shard),
+                ShardMsg::Hold { started, release } => {
+                    let _ = started.send(());
+                    let _ = release.recv_timeout(crate::server::shard::clock_control::MAX_HOLD);
+                }
+                ShardMsg::Stop => break 'inbox,
+            }
         }
     }
     // A clean stop: jobs in flight finish before the store is handed back to be closed.
