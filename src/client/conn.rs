@@ -40,6 +40,7 @@ impl TlsConn {
         timeout: Duration,
         cert: Option<&ClientCert>,
         sni: Option<&str>,
+        suites: tls::ClientSuites,
     ) -> Result<Self, ClientError> {
         let mut sock = TcpStream::connect_timeout(&addr, timeout)?;
         sock.set_read_timeout(Some(timeout))?;
@@ -47,11 +48,11 @@ impl TlsConn {
         sock.set_nodelay(true)?;
         let alpn = alpn.map(|a| a.to_vec()).unwrap_or_default();
         let (config, sent) = match cert {
-            _ if sni.is_some() => (tls::web_client_config(alpn)?, None),
-            None => (tls::client_config(alpn)?, None),
+            _ if sni.is_some() => (tls::web_client_config(alpn, suites)?, None),
+            None => (tls::client_config_offering(alpn, suites)?, None),
             Some(c) => {
                 let (config, sent) =
-                    tls::client_config_with_cert_sent(alpn, c.chain.clone(), &c.key)?;
+                    tls::client_config_with_cert_sent(alpn, c.chain.clone(), &c.key, suites)?;
                 (config, Some(sent))
             }
         };
@@ -182,6 +183,11 @@ impl TlsConn {
     /// Whether the client certificate chain was sent (the server asked for one).
     pub fn cert_sent(&self) -> bool {
         self.cert_sent
+    }
+
+    /// The TLS suite the server chose.
+    pub fn cipher_suite(&self) -> Option<rustls::CipherSuite> {
+        self.tls.negotiated_cipher_suite().map(|s| s.suite())
     }
 
     pub fn peer_certificates(&self) -> Vec<Vec<u8>> {

@@ -78,6 +78,9 @@ pub struct ClientOptions {
     /// with `websocket` the client then sends a challenge in the path and checks the relay's
     /// identity as the reference's web client does (`handshake::HandshakeParams::web_challenge`).
     pub sni: Option<String>,
+    /// The TLS suites offered: the apps' (ChaCha20-Poly1305 alone) unless a test or the load
+    /// generator plays a web client (`ClientSuites::Web`, as `websocket()` does).
+    pub tls_suites: crate::transport::tls::ClientSuites,
 }
 
 impl Default for ClientOptions {
@@ -94,6 +97,7 @@ impl Default for ClientOptions {
             timeout: DEFAULT_TIMEOUT,
             websocket: None,
             sni: None,
+            tls_suites: crate::transport::tls::ClientSuites::Apps,
         }
     }
 }
@@ -104,6 +108,7 @@ impl ClientOptions {
         ClientOptions {
             alpn: Some(vec![b"http/1.1".to_vec()]),
             websocket: Some("/".to_string()),
+            tls_suites: crate::transport::tls::ClientSuites::Web,
             ..ClientOptions::default()
         }
     }
@@ -245,6 +250,7 @@ impl Client {
             opts.timeout,
             opts.tls_cert.as_ref(),
             opts.sni.as_deref(),
+            opts.tls_suites,
         )?;
         let web_challenge =
             (opts.sni.is_some() && opts.websocket.is_some()).then(rand::random::<[u8; 32]>);
@@ -391,6 +397,11 @@ impl Client {
     /// Whether the TLS client certificate chain was sent (the server asked for one).
     pub fn cert_sent(&self) -> bool {
         self.conn.cert_sent()
+    }
+
+    /// The TLS suite the relay chose for this connection.
+    pub fn cipher_suite(&self) -> Option<rustls::CipherSuite> {
+        self.conn.cipher_suite()
     }
 
     /// A transmission for the service itself (SUBS, NSUBS): the service ID as entity ID, signed

@@ -88,6 +88,34 @@ fn provider() -> CryptoProvider {
     p
 }
 
+/// The TLS 1.3 suites a client offers, in its order of preference. The relay takes the client's
+/// order (rustls' default), so each kind of client gets the suite it prefers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ClientSuites {
+    /// ChaCha20-Poly1305 alone, as the SimpleX apps and the reference's SMP proxy offer (simplexmq
+    /// `Transport.hs`, `defaultSupportedParams`).
+    #[default]
+    Apps,
+    /// AES-128-GCM, AES-256-GCM, then ChaCha20-Poly1305, as a browser on a machine with AES
+    /// instructions offers them (the web clients, over WebSocket).
+    Web,
+}
+
+/// The ring provider with only `suites` offered, X25519 first among key-exchange groups.
+fn client_provider(suites: ClientSuites) -> CryptoProvider {
+    use ring_provider::cipher_suite as cs;
+    let mut p = provider();
+    p.cipher_suites = match suites {
+        ClientSuites::Apps => vec![cs::TLS13_CHACHA20_POLY1305_SHA256],
+        ClientSuites::Web => vec![
+            cs::TLS13_AES_128_GCM_SHA256,
+            cs::TLS13_AES_256_GCM_SHA384,
+            cs::TLS13_CHACHA20_POLY1305_SHA256,
+        ],
+    };
+    p
+}
+
 /// Server config shared by all connections; `AcceptState` clones it per connection to add a key log.
 pub fn server_config(
     creds: &ServerCredentials,
@@ -685,16 +713,28 @@ impl ServerCertVerifier for AcceptAnyServerChain {
 
 /// A web client's config: as `client_config`, but naming the host (SNI), as browsers do, and taking
 /// any server certificate scheme (`AcceptAnyServerChain::web`).
-pub fn web_client_config(alpn: Vec<Vec<u8>>) -> Result<Arc<ClientConfig>, TlsError> {
-    let mut config = client_config_inner(alpn, None, true)?;
+pub fn web_client_config(
+    alpn: Vec<Vec<u8>>,
+    suites: ClientSuites,
+) -> Result<Arc<ClientConfig>, TlsError> {
+    let mut config = client_config_inner(alpn, None, true, suites)?;
     config.enable_sni = true;
     Ok(Arc::new(config))
 }
 
 /// Client config: TLS 1.3, no SNI (SMP clients never send it: simplexmq `Transport/Client.hs`), no
-/// resumption, `alpn` offered as given (empty = no ALPN extension, a legacy client).
+/// resumption, `alpn` offered as given (empty = no ALPN extension, a legacy client), the apps'
+/// suite.
 pub fn client_config(alpn: Vec<Vec<u8>>) -> Result<Arc<ClientConfig>, TlsError> {
-    client_config_inner(alpn, None, false).map(Arc::new)
+    client_config_offering(alpn, ClientSuites::Apps)
+}
+
+/// As `client_config`, offering `suites`.
+pub fn client_config_offering(
+    alpn: Vec<Vec<u8>>,
+    suites: ClientSuites,
+) -> Result<Arc<ClientConfig>, TlsError> {
+    client_config_inner(alpn, None, false, suites).map(Arc::new)
 }
 
 /// As `client_config`, presenting `chain` (DER, leaf first) with an Ed25519 key when asked.
@@ -705,7 +745,7 @@ pub fn client_config_with_cert(
     chain: Vec<Vec<u8>>,
     key: &ed25519_dalek::SigningKey,
 ) -> Result<Arc<ClientConfig>, TlsError> {
-    Ok(client_config_with_cert_sent(alpn, chain, key)?.0)
+    Ok(client_config_with_cert_sent(alpn, chain, key, ClientSuites::Apps)?.0)
 }
 
 /// Set once a client actually sent its certificate chain: the server asked for one
@@ -727,6 +767,7 @@ pub fn client_config_with_cert_sent(
     alpn: Vec<Vec<u8>>,
     chain: Vec<Vec<u8>>,
     key: &ed25519_dalek::SigningKey,
+    suites: ClientSuites,
 ) -> Result<(Arc<ClientConfig>, CertSent), TlsError> {
     let sent = CertSent::default();
     let provider = Arc::new(provider());
@@ -742,7 +783,7 @@ pub fn client_config_with_cert_sent(
         sent: sent.clone(),
     });
     Ok((
-        Arc::new(client_config_inner(alpn, Some(resolver), false)?),
+        Arc::new(client_config_inner(alpn, Some(resolver), false, suites)?),
         sent,
     ))
 }
@@ -777,8 +818,9 @@ fn client_config_inner(
     alpn: Vec<Vec<u8>>,
     identity: Option<Arc<ClientCertResolver>>,
     web: bool,
+    suites: ClientSuites,
 ) -> Result<ClientConfig, TlsError> {
-    let provider = Arc::new(provider());
+    let provider = Arc::new(client_provider(suites));
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .dangerous()

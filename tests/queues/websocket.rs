@@ -260,6 +260,16 @@ fn queue_commands_over_websocket_next_to_a_native_client() {
     assert_eq!(alice.server_versions(), SERVER_VERSIONS, "the full range");
     assert!(alice.is_encrypted(), "block encryption as over raw TLS");
     let mut bob = relay.client();
+    // Each gets the suite it prefers: a web client AES-GCM, the apps ChaCha20-Poly1305, the only
+    // suite they offer. The rest of this test runs the queue commands over both.
+    assert_eq!(
+        alice.cipher_suite(),
+        Some(rustls::CipherSuite::TLS13_AES_128_GCM_SHA256)
+    );
+    assert_eq!(
+        bob.cipher_suite(),
+        Some(rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256)
+    );
 
     let q = create(&mut alice);
     send_ok(&mut bob, &q, None, b"hello over the SMP port");
