@@ -16,7 +16,7 @@ pub mod service;
 mod tests;
 
 use std::collections::VecDeque;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 pub use error::ClientError;
@@ -78,6 +78,11 @@ pub struct ClientOptions {
     /// with `websocket` the client then sends a challenge in the path and checks the relay's
     /// identity as the reference's web client does (`handshake::HandshakeParams::web_challenge`).
     pub sni: Option<String>,
+    /// Bind the socket to this local address (the kernel picks the port) before connecting. The
+    /// relay lets each address have only `limits::MAX_HANDSHAKES_PER_ADDRESS` connections in
+    /// their handshake, so a load generator that opens thousands at once spreads them over many
+    /// loopback addresses (127.0.0.0/8). `None` lets the kernel choose, as any client does.
+    pub local_addr: Option<IpAddr>,
 }
 
 impl Default for ClientOptions {
@@ -94,6 +99,7 @@ impl Default for ClientOptions {
             timeout: DEFAULT_TIMEOUT,
             websocket: None,
             sni: None,
+            local_addr: None,
         }
     }
 }
@@ -245,6 +251,7 @@ impl Client {
             opts.timeout,
             opts.tls_cert.as_ref(),
             opts.sni.as_deref(),
+            opts.local_addr,
         )?;
         let web_challenge =
             (opts.sni.is_some() && opts.websocket.is_some()).then(rand::random::<[u8; 32]>);
