@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, BatchSize, Criterion};
 
-use smp_relay::load::floor::{Fixture, Floor};
+use smp_relay::load::floor::{Fixture, Floor, HandshakeFixture};
 use smp_relay::transport::block::BLOCK_SIZE;
 
 fn bench(c: &mut Criterion) {
@@ -47,6 +47,29 @@ fn bench(c: &mut Criterion) {
             BatchSize::SmallInput,
         )
     });
+    // The relay's side only: each iteration's client side runs untimed (`HandshakeFixture`).
+    // A handshake that fails is counted as no time and said below.
+    let failed = std::cell::Cell::new(None);
+    match HandshakeFixture::new() {
+        Ok(hs) => {
+            g.bench_function("handshake_relay_side", |b| {
+                b.iter_custom(|iters| {
+                    (0..iters)
+                        .map(|_| {
+                            hs.handshake().unwrap_or_else(|e| {
+                                failed.set(Some(e));
+                                Duration::ZERO
+                            })
+                        })
+                        .sum()
+                })
+            });
+        }
+        Err(e) => failed.set(Some(e)),
+    }
+    if let Some(e) = failed.take() {
+        eprintln!("handshake_relay_side: {e}");
+    }
     g.finish();
 }
 
@@ -82,6 +105,7 @@ fn summary() {
         block_dec_us: get("block_decode_16k"),
         tls_seal_us: get("tls_seal_16k_chacha20"),
         tls_open_us: get("tls_open_16k_chacha20"),
+        handshake_us: get("handshake_relay_side"),
     };
     println!("\ncrypto floor from criterion medians (µs):");
     println!(
@@ -111,6 +135,10 @@ fn summary() {
     println!(
         "  per message  {:8.1}  = per delivery + per SEND",
         f.per_message_us()
+    );
+    println!(
+        "  per handshake {:7.1}  = the relay's side of TLS 1.3 + the SMP hellos",
+        f.per_handshake_us()
     );
     println!(
         "  (one Ed25519 verification alone {:.1}; per signature in a batch of 135 {:.1}, {:.1} with keys first seen)",

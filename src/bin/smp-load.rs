@@ -1,6 +1,7 @@
 //! `smp-load`: creates queues once (`setup`, optionally with messages in them), then runs the
 //! subscription scenarios (storm, individual, displace, idle) against a relay it starts as a child
-//! process (or one already running), or times the relay's start on a store (`restart-time`), and
+//! process (or one already running), times the relay's start on a store (`restart-time`), or
+//! measures every client reconnecting at once after a restart (`reconnect`), and
 //! prints a table, and with `--json` one JSON record per run plus the median, min and max per
 //! configuration. See `benches/README.md`.
 
@@ -46,6 +47,11 @@ enum Cmd {
     Displace(MsgArgs),
     /// C connections that handshake and stay idle: relay RssAnon per connection, idle CPU.
     Idle(IdleArgs),
+    /// C connections, each subscribed to K queues (one in --waiting-every holding a message),
+    /// lose the relay to a restart (SIGTERM or SIGKILL) and all reconnect and resubscribe at once
+    /// from its `listening` line: times to every SUB answered and every message delivered, relay
+    /// CPU against the floor, peak RssAnon, refused and retried connects. Journal store only.
+    Reconnect(ReconnectArgs),
     /// Makes a data directory with the queues of a `setup` file and --queues idle ones after
     /// them, through `smp-relay store export` and `store import` (so millions take minutes); then
     /// `restart-time --data-dir` and `storm --file --data-dir` measure the relay on it.
@@ -319,6 +325,53 @@ struct ScaleArgs {
     pg: Option<PathBuf>,
 }
 
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum RestartArg {
+    Clean,
+    Kill,
+    Both,
+}
+
+#[derive(Args)]
+struct ReconnectArgs {
+    /// The queue file made by `setup` (its data directory, <file>.relay, on the journal store).
+    #[arg(long)]
+    file: PathBuf,
+    /// Connections that reconnect at once.
+    #[arg(long, default_value_t = 10_000)]
+    conns: usize,
+    /// Queues each connection subscribes (the first conns × this of the file).
+    #[arg(long, default_value_t = 30)]
+    queues_per_conn: usize,
+    /// How the relay goes down: clean (SIGTERM, its exit waited for), kill (SIGKILL), or both
+    /// alternated run by run.
+    #[arg(long, value_enum, default_value = "both")]
+    restart: RestartArg,
+    /// One queue in this many holds a waiting message at the restart (0: none).
+    #[arg(long, default_value_t = 10)]
+    waiting_every: usize,
+    /// Body bytes of each waiting message (16048, the largest a v11+ relay accepts, as the
+    /// message scenarios send).
+    #[arg(long, default_value_t = 16048)]
+    msg_bytes: usize,
+    /// SUB blocks a connection keeps in flight.
+    #[arg(long, default_value_t = 4)]
+    window: usize,
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// JSON records on stdout (the table goes to stderr).
+    #[arg(long)]
+    json: bool,
+    /// Bound on each phase of a run (subscribing before the restart; the reconnect), in seconds.
+    #[arg(long, default_value_t = 600)]
+    timeout_secs: u64,
+    /// No progress lines.
+    #[arg(long)]
+    quiet: bool,
+    #[command(flatten)]
+    relay: RelayArgs,
+}
+
 #[derive(Args)]
 struct IdleArgs {
     #[arg(long, default_value_t = 10_000)]
@@ -369,6 +422,7 @@ fn run(cli: Cli) -> Result<(), String> {
         Cmd::Individual(a) => messages("individual", Shape::Storm, a, 10_000, &[1]),
         Cmd::Displace(a) => messages("displace", Shape::Displace, a, 50_000, &[8, 32]),
         Cmd::Idle(a) => idle(a),
+        Cmd::Reconnect(a) => reconnect(a),
         Cmd::Scale(a) => scale(a),
         Cmd::ServiceSubs(a) => service_subs(a),
         Cmd::Floor => {
@@ -831,7 +885,7 @@ fn print_floor(f: &Floor, out: &mut dyn std::io::Write) {
          ({:.1} µs with keys first seen), \
          MSG sxbox {:.1} µs, \
          block enc/dec {:.1}/{:.1} µs, TLS seal/open {:.1}/{:.1} µs\n  per SUB {:.1} µs; per \
-         delivery {:.1} µs + per SEND {:.1} µs = per message {:.1} µs",
+         delivery {:.1} µs + per SEND {:.1} µs = per message {:.1} µs; per handshake {:.1} µs",
         f.verify_us,
         f.verify_batched_us,
         f.verify_batched_cold_us,
@@ -843,7 +897,8 @@ fn print_floor(f: &Floor, out: &mut dyn std::io::Write) {
         f.per_sub_us(),
         f.per_delivery_us(),
         f.per_send_us(),
-        f.per_message_us()
+        f.per_message_us(),
+        f.per_handshake_us()
     );
 }
 
@@ -1051,5 +1106,112 @@ fn idle(a: IdleArgs) -> Result<(), String> {
         });
     }
     emit("idle", &records, a.json, None);
+    Ok(())
+}
+
+fn reconnect(a: ReconnectArgs) -> Result<(), String> {
+    use smp_relay::load::reconnect::{self, Restart};
+    use smp_relay::store::StoreKind;
+    if a.relay.relay_addr.is_some() {
+        return Err("reconnect restarts its own relay: --relay-addr does not apply".into());
+    }
+    if a.relay.pg.is_some() {
+        return Err("reconnect runs on the journal store: --pg does not apply".into());
+    }
+    if a.msg_bytes > smp_relay::protocol::version::max_message_length(u16::MAX) {
+        return Err(format!("--msg-bytes {} is over 16048", a.msg_bytes));
+    }
+    if a.window == 0 {
+        return Err("--window must be at least 1".into());
+    }
+    if a.runs == 0 {
+        return Err("--runs must be at least 1".into());
+    }
+    if !a.relay.gen_cores.is_empty() {
+        proc::pin_self(&a.relay.gen_cores)?;
+    }
+    let open_files = proc::raise_nofile();
+    let base = a
+        .relay
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| default_data_dir(&a.file));
+    match StoreKind::found_in(&base) {
+        Some(StoreKind::Journal) => {}
+        Some(other) => {
+            return Err(format!(
+                "{} holds a {} store; reconnect runs on the journal store (make it with `setup` \
+                 without --store)",
+                base.display(),
+                other.name()
+            ))
+        }
+        None => {
+            return Err(format!(
+                "{} holds no store: run `smp-load setup --file {}` first",
+                base.display(),
+                a.file.display()
+            ))
+        }
+    }
+    let params = reconnect::Params {
+        conns: a.conns,
+        queues_per_conn: a.queues_per_conn,
+        waiting_every: a.waiting_every,
+        msg_bytes: a.msg_bytes,
+        window_blocks: a.window,
+        timeout: Duration::from_secs(a.timeout_secs),
+        progress: !a.quiet,
+    };
+    let all = creds::load(&a.file).map_err(|e| e.0)?;
+    params.check(all.len(), open_files)?;
+    let creds: Arc<Vec<QueueCreds>> = Arc::new(all.into_iter().take(params.queues()).collect());
+    let floor = Floor::measure();
+    if !a.quiet {
+        print_floor(&floor, &mut std::io::stderr());
+    }
+    let modes: &[Restart] = match a.restart {
+        RestartArg::Clean => &[Restart::Clean],
+        RestartArg::Kill => &[Restart::Kill],
+        RestartArg::Both => &[Restart::Clean, Restart::Kill],
+    };
+    let spec = a.relay.spec();
+    let mut records = Vec::new();
+    for run in 0..a.runs {
+        for &restart in modes {
+            let config = format!(
+                "conns={} queues_per_conn={} restart={} waiting=1/{} msg_bytes={}",
+                a.conns,
+                a.queues_per_conn,
+                restart.name(),
+                a.waiting_every,
+                a.msg_bytes
+            );
+            if !a.quiet {
+                eprintln!("reconnect run {}/{}: {config}", run + 1, a.runs);
+            }
+            let figures = reconnect::run(&spec, &base, &creds, restart, &params, &floor)
+                .map_err(|e| format!("reconnect {config}: {e}"))?;
+            let rec = RunRecord {
+                scenario: "reconnect".into(),
+                config,
+                run,
+                figures,
+            };
+            if !a.quiet {
+                eprintln!(
+                    "  resubscribed {:.2} s, delivered {:.2} s, relay {:.0} µs CPU per connection, \
+                     {:.2}× the floor, peak RssAnon {:.0} MB",
+                    rec.get("resubscribed_s").unwrap_or(f64::NAN),
+                    rec.get("delivered_s").unwrap_or(f64::NAN),
+                    rec.get("relay_cpu_us_per_handshake").unwrap_or(f64::NAN),
+                    rec.get("cpu_over_run_floor").unwrap_or(f64::NAN),
+                    rec.get("relay_rss_anon_peak_mb").unwrap_or(f64::NAN)
+                );
+            }
+            records.push(rec);
+        }
+    }
+    emit("reconnect", &records, a.json, Some(&floor));
     Ok(())
 }

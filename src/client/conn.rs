@@ -7,7 +7,7 @@
 //! from RFC 6455, not the relay's (`server/conn/ws.rs`), so that a bug in one is not hidden by the other.
 
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::Duration;
 
 use rustls::ClientConnection;
@@ -32,8 +32,8 @@ const MAX_UPGRADE_ANSWER: usize = 8192;
 const MAX_WS_MESSAGE: usize = 65536;
 
 impl TlsConn {
-    /// TCP connect, TLS handshake offering `alpn` (no extension when `None`) and presenting `cert`
-    /// if the server asks, then the client's tls-unique.
+    /// TCP connect (from `local` when given), TLS handshake offering `alpn` (no extension when
+    /// `None`) and presenting `cert` if the server asks, then the client's tls-unique.
     pub fn connect(
         addr: SocketAddr,
         alpn: Option<&[Vec<u8>]>,
@@ -41,8 +41,12 @@ impl TlsConn {
         cert: Option<&ClientCert>,
         sni: Option<&str>,
         suites: tls::ClientSuites,
+        local: Option<IpAddr>,
     ) -> Result<Self, ClientError> {
-        let mut sock = TcpStream::connect_timeout(&addr, timeout)?;
+        let mut sock = match local {
+            None => TcpStream::connect_timeout(&addr, timeout)?,
+            Some(ip) => connect_from(ip, addr, timeout)?,
+        };
         sock.set_read_timeout(Some(timeout))?;
         sock.set_write_timeout(Some(timeout))?;
         sock.set_nodelay(true)?;
@@ -305,4 +309,14 @@ fn client_frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
     f.extend_from_slice(&mask);
     f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
     f
+}
+
+/// A TCP connection to `addr` from the local address `local` (port chosen by the kernel): bind,
+/// then connect, within `timeout`.
+fn connect_from(local: IpAddr, addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    sock.bind(&SocketAddr::new(local, 0).into())?;
+    sock.connect_timeout(&addr.into(), timeout)?;
+    Ok(sock.into())
 }

@@ -16,7 +16,7 @@ pub mod service;
 mod tests;
 
 use std::collections::VecDeque;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 pub use error::ClientError;
@@ -81,6 +81,11 @@ pub struct ClientOptions {
     /// The TLS suites offered: the apps' (ChaCha20-Poly1305 alone) unless a test or the load
     /// generator plays a web client (`ClientSuites::Web`, as `websocket()` does).
     pub tls_suites: crate::transport::tls::ClientSuites,
+    /// Bind the socket to this local address (the kernel picks the port) before connecting. The
+    /// relay lets each address have only `limits::MAX_HANDSHAKES_PER_ADDRESS` connections in
+    /// their handshake, so a load generator that opens thousands at once spreads them over many
+    /// loopback addresses (127.0.0.0/8). `None` lets the kernel choose, as any client does.
+    pub local_addr: Option<IpAddr>,
 }
 
 impl Default for ClientOptions {
@@ -98,6 +103,7 @@ impl Default for ClientOptions {
             websocket: None,
             sni: None,
             tls_suites: crate::transport::tls::ClientSuites::Apps,
+            local_addr: None,
         }
     }
 }
@@ -251,6 +257,7 @@ impl Client {
             opts.tls_cert.as_ref(),
             opts.sni.as_deref(),
             opts.tls_suites,
+            opts.local_addr,
         )?;
         let web_challenge =
             (opts.sni.is_some() && opts.websocket.is_some()).then(rand::random::<[u8; 32]>);

@@ -380,6 +380,24 @@ fn a_service_role_offers_the_chain_and_a_signed_session_key() {
     assert_eq!(h.join().expect("server").expect("hello").service, None);
 }
 
+/// `local_addr` binds the socket before connecting: the server sees that address as the peer.
+#[test]
+fn a_local_address_is_the_source_of_the_connection() {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let h = std::thread::spawn(move || listener.accept().map(|(_, peer)| peer.ip()));
+    let local = std::net::IpAddr::from([127, 0, 0, 2]);
+    let opts = ClientOptions {
+        local_addr: Some(local),
+        timeout: Duration::from_secs(10),
+        ..ClientOptions::default()
+    };
+    // Nothing answers TLS, so the connect fails once the server drops the socket; the accepted
+    // peer is what counts.
+    assert!(Client::connect(addr, [0; 32], opts).is_err());
+    assert_eq!(h.join().expect("accept thread").expect("accepted"), local);
+}
+
 mod signing {
     use super::*;
     use crate::client::queue::{new_queue, KeyAlg, RecipientKeys};

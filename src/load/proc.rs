@@ -115,6 +115,26 @@ pub fn sample(pid: &str) -> ProcSample {
     s
 }
 
+/// A counter of the kernel's TCP statistics (`TcpExt` in `/proc/net/netstat`, e.g.
+/// `ListenOverflows`): counted over the whole network namespace, so other processes' connections
+/// count too.
+pub fn tcp_ext(name: &str) -> Option<u64> {
+    tcp_ext_in(&std::fs::read_to_string("/proc/net/netstat").ok()?, name)
+}
+
+/// `tcp_ext` of the text of a `/proc/net/netstat`.
+fn tcp_ext_in(text: &str, name: &str) -> Option<u64> {
+    let mut lines = text.lines();
+    // Pairs of lines: `TcpExt: Name Name ...`, then `TcpExt: value value ...`.
+    while let (Some(names), Some(values)) = (lines.next(), lines.next()) {
+        if names.starts_with("TcpExt:") && values.starts_with("TcpExt:") {
+            let i = names.split_whitespace().position(|n| n == name)?;
+            return values.split_whitespace().nth(i)?.parse().ok();
+        }
+    }
+    None
+}
+
 /// The 1-minute load average: how busy the machine was (other processes share the 2 cores).
 pub fn load1() -> f64 {
     std::fs::read_to_string("/proc/loadavg")
@@ -331,6 +351,19 @@ impl RelaySpec {
         Err(format!("relay did not start: {last}"))
     }
 
+    /// Starts the relay on `dir` and `port` (one try: the port is the one its clients know, as
+    /// after a restart); waits for `listening`.
+    pub fn start_on(&self, dir: &Path, port: u16) -> Result<RelayProc, String> {
+        let key_hash = read_fingerprint(dir)?;
+        let (child, log) = self.spawn(dir, port)?;
+        Ok(RelayProc {
+            child: Some(child),
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            key_hash,
+            log,
+        })
+    }
+
     fn spawn(&self, dir: &Path, port: u16) -> Result<(Child, SharedLog), String> {
         let mut cmd = match &self.cpus {
             Some(list) => {
@@ -447,11 +480,43 @@ impl RelayProc {
     }
 }
 
+impl RelayProc {
+    /// SIGKILL, then waits for the exit: a crash, after which the store is as the kill left it.
+    pub fn kill(mut self) -> Result<(), String> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        child.kill().map_err(|e| format!("kill the relay: {e}"))?;
+        child
+            .wait()
+            .map(|_| ())
+            .map_err(|e| format!("wait for the relay: {e}"))
+    }
+}
+
 impl Drop for RelayProc {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tcp_counters_are_read_by_name_from_their_pair_of_lines() {
+        let text = "TcpExt: SyncookiesSent ListenOverflows ListenDrops\n\
+                    TcpExt: 3 17 19\n\
+                    IpExt: InNoRoutes ListenOverflows\n\
+                    IpExt: 5 6\n";
+        assert_eq!(tcp_ext_in(text, "ListenOverflows"), Some(17));
+        assert_eq!(tcp_ext_in(text, "SyncookiesSent"), Some(3));
+        assert_eq!(tcp_ext_in(text, "ListenDrops"), Some(19));
+        assert_eq!(tcp_ext_in(text, "InNoRoutes"), None);
+        assert_eq!(tcp_ext_in("", "ListenDrops"), None);
     }
 }

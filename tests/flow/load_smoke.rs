@@ -1,6 +1,7 @@
 //! `smp-load` end to end at tiny sizes: setup creates queues through a relay it starts, then a
-//! storm and a displace run deliver every message (prefilled and sent) with no errors, and the
-//! JSON records carry the figures the README's table is made of.
+//! storm and a displace run deliver every message (prefilled and sent) with no errors, a
+//! reconnect run after each kind of restart resubscribes every queue and delivers every waiting
+//! message, and the JSON records carry the figures the README's table is made of.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -31,6 +32,11 @@ fn figure(json: &str, name: &str) -> f64 {
         .lines()
         .find(|l| l.contains("\"type\":\"run\""))
         .expect("a run record");
+    figure_of(run, name)
+}
+
+/// A figure of one run record.
+fn figure_of(run: &str, name: &str) -> f64 {
     let key = format!("\"{name}\":");
     let at = run.find(&key).unwrap_or_else(|| panic!("{name} in {run}")) + key.len();
     run[at..]
@@ -158,4 +164,57 @@ fn setup_fills_queues_and_restart_time_times_a_start() {
     assert!(figure(&json, "start_to_listening_s") > 0.0);
     assert!(figure(&json, "data_dir_mb") > 0.0);
     assert_eq!(journal_totals(&data_dir), (2 * QUEUES, 2 * QUEUES * 300));
+}
+
+/// `reconnect` at 40 connections × 5 queues, one queue in 10 holding a message: after a clean
+/// stop and after a kill, every connection comes back from its own loopback address, every SUB
+/// is answered SOK and every waiting message is delivered once and ACKed.
+#[test]
+fn reconnect_after_each_restart_resubscribes_and_delivers_everything() {
+    let dir = TempDir::new("load-reconnect").expect("a temp dir");
+    let file = dir.path().join("queues");
+    let file_s = file.to_str().expect("utf-8 path");
+    let q = QUEUES.to_string();
+    load(&["setup", "--queues", &q, "--file", file_s]);
+    let out = load(&[
+        "reconnect",
+        "--file",
+        file_s,
+        "--conns",
+        "40",
+        "--queues-per-conn",
+        "5",
+        "--restart",
+        "both",
+        "--msg-bytes",
+        "1000",
+        "--runs",
+        "1",
+        "--timeout-secs",
+        "60",
+        "--json",
+        "--quiet",
+    ]);
+    let json = String::from_utf8(out.stdout).expect("utf-8 JSON");
+    let runs: Vec<&str> = json
+        .lines()
+        .filter(|l| l.contains("\"type\":\"run\""))
+        .collect();
+    assert_eq!(runs.len(), 2, "{json}");
+    assert!(runs[0].contains("restart=clean"), "{}", runs[0]);
+    assert!(runs[1].contains("restart=kill"), "{}", runs[1]);
+    for run in runs {
+        assert_eq!(figure_of(run, "conns"), 40.0);
+        assert_eq!(figure_of(run, "subs_answered"), QUEUES as f64, "{run}");
+        assert_eq!(figure_of(run, "waiting"), (QUEUES / 10) as f64, "{run}");
+        assert_eq!(figure_of(run, "delivered"), (QUEUES / 10) as f64, "{run}");
+        assert_eq!(figure_of(run, "acked"), (QUEUES / 10) as f64, "{run}");
+        for e in ["conns_gave_up", "sub_errors", "ack_errors", "unexpected"] {
+            assert_eq!(figure_of(run, e), 0.0, "{e} in {run}");
+        }
+        assert!(figure_of(run, "connect_attempts") >= 40.0, "{run}");
+        assert!(figure_of(run, "resubscribed_s") > 0.0, "{run}");
+        assert!(figure_of(run, "relay_rss_anon_peak_mb") > 0.0, "{run}");
+        assert!(figure_of(run, "floor_us_per_handshake") > 0.0, "{run}");
+    }
 }
