@@ -23,6 +23,12 @@ fn bench(c: &mut Criterion) {
     g.bench_function("ed25519_verify_batch_135_cold_keys", |b| {
         b.iter(|| black_box(fx.verify_batch_cold()))
     });
+    g.bench_function("ed25519_verify_send_16k_alone", |b| {
+        b.iter(|| black_box(fx.verify_send()))
+    });
+    g.bench_function("ed25519_verify_send_16k_batch_8", |b| {
+        b.iter(|| black_box(fx.verify_send_batch()))
+    });
     g.bench_function("sxbox_msg_body_16k", |b| b.iter(|| black_box(fx.sxbox())));
     let mut out = Box::new([0u8; BLOCK_SIZE]);
     g.bench_function("block_encode_16k", |b| b.iter(|| fx.block_encode(&mut out)));
@@ -131,6 +137,12 @@ fn summary() {
         f.tls_open_us,
         f.block_dec_us,
         f.verify_us
+    );
+    println!(
+        "  a SEND's own verification over its 16 KB body: alone {:.1}, in a batch of {} {:.1} each (the floor counts a SUB-sized one)",
+        get("ed25519_verify_send_16k_alone"),
+        smp_relay::load::floor::SENDS_PER_BATCH,
+        get("ed25519_verify_send_16k_batch_8") / smp_relay::load::floor::SENDS_PER_BATCH as f64
     );
     println!(
         "  per message  {:8.1}  = per delivery + per SEND",

@@ -39,6 +39,10 @@ use crate::transport::block::{BlockCodec, BLOCK_SIZE, MAX_ENCRYPTED_CONTENT};
 use crate::transport::certs::{self, ServerCredentials};
 use crate::transport::tls::{self, AcceptState, ClientCapture, TlsOptions};
 
+/// SENDs verified together in `Fixture::verify_send_batch`: a few connections' SENDs reaching an
+/// owner in one turn.
+pub const SENDS_PER_BATCH: usize = 8;
+
 /// The padded plaintext length of a MSG body, as the relay seals it.
 pub const MSG_BODY_PADDED_LEN: usize = 16106;
 /// A TLS record carrying one block.
@@ -54,6 +58,8 @@ pub struct Fixture {
     sig: [u8; 64],
     /// A block's worth of SUBs, each signed by its own key: (key, signed bytes, signature).
     batch: Vec<([u8; 32], Vec<u8>, [u8; 64])>,
+    /// `SENDS_PER_BATCH` SENDs of a full 16,048-byte body, each signed by its own sender key.
+    sends: Vec<([u8; 32], Vec<u8>, [u8; 64])>,
     dh_secret: [u8; 32],
     msg_id: [u8; 24],
     msg_plain: Vec<u8>,
@@ -98,6 +104,19 @@ impl Fixture {
             signed,
             sig,
             batch,
+            sends: (0..SENDS_PER_BATCH as u32)
+                .map(|i| {
+                    let mut seed = [11u8; 32];
+                    seed[..4].copy_from_slice(&i.to_le_bytes());
+                    let sk = ed25519_dalek::SigningKey::from_bytes(&seed);
+                    let mut body = b"SEND  ".to_vec();
+                    body.resize(6 + 16_048, 0x64);
+                    let signed =
+                        client_signed_bytes(18, &session_id, &[1u8; 24], &[2u8; 24], &body);
+                    let sig = auth::sign_ed25519(&sk, &signed);
+                    (sk.verifying_key().to_bytes(), signed, sig)
+                })
+                .collect(),
             dh_secret: [4u8; 32],
             msg_id: [6u8; 24],
             // Timestamp, flags and a full body, as a stored 16 KB message gives.
@@ -120,6 +139,24 @@ impl Fixture {
     pub fn verify_batch_cold(&self) -> bool {
         crate::crypto::ed25519::clear_key_cache();
         self.verify_batch()
+    }
+
+    /// One SEND's signature over its 16,048-byte body, verified alone (its SHA-512 over the body
+    /// included), as an owner does when one SEND reaches it alone.
+    pub fn verify_send(&self) -> bool {
+        let (key, msg, sig) = &self.sends[0];
+        auth::ed25519_verify(key, black_box(msg), sig)
+    }
+
+    /// `SENDS_PER_BATCH` SENDs of different connections verified in one batch, as an owner does
+    /// with the block parts its inbox held together (`Owner::batch_verify_across`).
+    pub fn verify_send_batch(&self) -> bool {
+        let items: Vec<Item> = self
+            .sends
+            .iter()
+            .map(|(key, msg, sig)| Item { key, msg, sig })
+            .collect();
+        auth::ed25519_verify_batch(black_box(&items))
     }
 
     /// A block of 135 SUB signatures verified in one batch, as the owner does it.
@@ -526,6 +563,7 @@ mod tests {
         assert!(fx.verify());
         assert!(fx.verify_batch());
         assert!(fx.verify_batch_cold());
+        assert!(fx.verify_send() && fx.verify_send_batch());
         assert_eq!(fx.sxbox().len(), MSG_BODY_PADDED_LEN + sxbox::TAG_LEN);
         let (mut rx, mut b) = fx.block_for_decode();
         assert_eq!(

@@ -101,6 +101,17 @@ pub const CROSS_BATCH_PART_MAX: usize = 16;
 /// ~128 × 15 µs, and the parts wait for it no longer.
 pub const CROSS_BATCH_MAX: usize = 128;
 
+/// Whether a batch could speak for `r`, from the request alone (its queue's key is looked up
+/// after): not verified yet, not forwarded, not refused for its service signature, a 64-byte
+/// signature, a command that verifies one.
+fn batch_eligible(r: &Request) -> bool {
+    r.batch_verified.is_none()
+        && r.forward.is_none()
+        && matches!(r.service, ServiceCheck::Plain | ServiceCheck::Signed)
+        && r.authorization.len() == crate::crypto::ed25519::SIG_LEN
+        && r.command.facts().batch_key != crate::protocol::command::BatchKey::None
+}
+
 /// How late a relay started with `--test-late-registration` registers a SUB (the reference's
 /// subscriber thread lags likewise).
 #[cfg(feature = "test-kit")]
@@ -469,8 +480,9 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     /// One batch over the signatures of several block parts that reached this owner together from
     /// different connections (`docs/ARCHITECTURE.md` §2): a sender's block usually carries one
     /// SEND, too few for a batch of its own, and a batch of n signatures costs each far less than a
-    /// single verification. Only parts with fewer than `CROSS_BATCH_PART_MAX` candidates join (a
-    /// larger part batches alone), at most `CROSS_BATCH_MAX` signatures in all, none of a
+    /// single verification. Only parts of SENDs with fewer than `CROSS_BATCH_PART_MAX` candidates
+    /// join (a larger part batches alone; a subscriber's SUBs and ACKs come in blocks that batch
+    /// alone), at most `CROSS_BATCH_MAX` signatures in all, none of a
     /// connection whose batching is off; nothing while the owner's guard is on, nor on a store whose
     /// records are read when used (the records are held only when the part runs). A missing queue
     /// joins with the dummy key, as in a part's batch. A failed batch marks nothing and counts
@@ -490,13 +502,24 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 if off.contains_key(conn) {
                     continue;
                 }
-                let part = self.batch_candidates(requests);
-                if part.is_empty()
-                    || part.len() >= CROSS_BATCH_PART_MAX
-                    || chosen.len() + part.len() > CROSS_BATCH_MAX
+                // Counted first without looking keys up: a large part batches alone, and only
+                // parts of SENDs join (a subscriber's SUBs and ACKs come in blocks of their own).
+                let eligible = requests.iter().filter(|r| batch_eligible(r)).count();
+                let sends = requests
+                    .iter()
+                    .filter(|r| {
+                        batch_eligible(r)
+                            && matches!(r.command, crate::protocol::command::Command::Send { .. })
+                    })
+                    .count();
+                if eligible == 0
+                    || sends < eligible
+                    || eligible >= CROSS_BATCH_PART_MAX
+                    || chosen.len() + eligible > CROSS_BATCH_MAX
                 {
                     continue;
                 }
+                let part = self.batch_candidates(requests);
                 chosen.extend(part.into_iter().map(|(i, k, sig)| (p, i, k, sig)));
             }
         }
@@ -526,10 +549,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
     fn batch_candidates(&self, requests: &[Request]) -> Vec<(usize, [u8; 32], [u8; 64])> {
         let mut chosen = Vec::new();
         for (i, r) in requests.iter().enumerate() {
-            if r.batch_verified.is_some()
-                || r.forward.is_some()
-                || !matches!(r.service, ServiceCheck::Plain | ServiceCheck::Signed)
-            {
+            if !batch_eligible(r) {
                 continue;
             }
             let Ok(sig) = <[u8; 64]>::try_from(r.authorization.as_slice()) else {
@@ -1032,30 +1052,61 @@ mod tests {
         assert_eq!(auths(&inboxes[0]), [false, false, false]);
     }
 
-    /// Parts of one signature each, from different connections, that reached the owner together
-    /// are verified in one batch and run with no further verification; a wrong key and a missing
-    /// queue each fail that batch alike (same counts), and every part is then verified alone.
+    /// A SEND for the queue `rid` (sender ID `sid`) signed by `signer`.
+    fn signed_send(s: &Session, rid: Option<&[u8]>, sid: &[u8], signer: &SigningKey) -> Request {
+        let corr = [6u8; 24];
+        let signed = client_signed_bytes(s.version, &s.session_id, &corr, sid, b"SEND  hello");
+        let sig = auth::sign_ed25519(signer, &signed);
+        Request {
+            corr_id: corr.to_vec(),
+            entity_id: sid.to_vec(),
+            recipient_id: rid.map(<[u8]>::to_vec),
+            command: Command::Send {
+                flags: crate::protocol::command::MsgFlags {
+                    notification: false,
+                    reserved: Vec::new(),
+                },
+                body: b"hello".to_vec(),
+            },
+            authorization: sig.to_vec(),
+            service: ServiceCheck::Plain,
+            authorized: signed,
+            forward: None,
+            batch_verified: None,
+            pre_verified: None,
+            undelivered: None,
+            associated: false,
+        }
+    }
+
+    /// SENDs of different connections, one a block, that reached the owner together are verified
+    /// in one batch and run with no further verification; a wrong key and a missing queue each fail
+    /// that batch alike (same counts), and every SEND is then verified alone. Parts of SUBs, and
+    /// parts large enough to batch alone, do not join.
     #[test]
-    fn parts_of_several_connections_share_one_batch_and_fall_back_alike() {
+    fn sends_of_several_connections_share_one_batch_and_fall_back_alike() {
         let (o, inboxes) = owner();
         let keys: Vec<SigningKey> = (0..4u8)
             .map(|i| SigningKey::from_bytes(&[110 + i; 32]))
             .collect();
         let rids: Vec<Vec<u8>> = (0..4u8).map(|i| vec![120 + i; 24]).collect();
-        for (k, rid) in keys.iter().zip(&rids) {
-            let pk = PublicAuthKey::Ed25519(k.verifying_key().to_bytes());
-            futures_lite::future::block_on(o.store.create(queue(rid, pk))).unwrap();
+        let sids: Vec<Vec<u8>> = (0..4u8).map(|i| vec![130 + i; 24]).collect();
+        for ((k, rid), sid) in keys.iter().zip(&rids).zip(&sids) {
+            let mut q = queue(rid, PublicAuthKey::Ed25519([1; 32]));
+            q.sender_id = sid.clone();
+            q.sender_key = Some(PublicAuthKey::Ed25519(k.verifying_key().to_bytes()));
+            futures_lite::future::block_on(o.store.create(q)).unwrap();
         }
-        // One SUB per part, each part from its own connection; `last` replaces the fourth.
-        let parts = |first_conn: u64, last: Option<(&[u8], &SigningKey)>| {
+        // One SEND per part, each part from its own connection; `last` replaces the fourth.
+        let parts = |first_conn: u64, last: Option<(Option<&[u8]>, &[u8], &SigningKey)>| {
             (0..4)
                 .map(|i| {
                     let s = session_on(first_conn + i as u64);
-                    let (rid, key) = match last {
+                    let (rid, sid, key) = match last {
                         Some(l) if i == 3 => l,
-                        _ => (&rids[i][..], &keys[i]),
+                        _ => (Some(&rids[i][..]), &sids[i][..], &keys[i]),
                     };
-                    let req = signed_sub(&s, rid, key);
+                    let req = signed_send(&s, rid, sid, key);
                     (s, vec![req])
                 })
                 .collect::<Vec<_>>()
@@ -1083,36 +1134,43 @@ mod tests {
         assert_eq!(
             (
                 o.stats.borrow().relay.verify_batches,
-                o.stats.borrow().relay.verify_batch_fallbacks
+                o.stats.borrow().relay.verify_batch_fallbacks,
+                o.stats.borrow().relay.verify_batch_signatures
             ),
-            (1, 0)
+            (1, 0, 4)
         );
 
         let wrong_key = SigningKey::from_bytes(&[98; 32]);
         let missing = [78u8; 24];
-        for (n, last) in [(&rids[3][..], &wrong_key), (&missing[..], &keys[3])]
-            .into_iter()
-            .enumerate()
-        {
+        let cases: [(Option<&[u8]>, &[u8], &SigningKey); 2] = [
+            (Some(&rids[3][..]), &sids[3][..], &wrong_key),
+            (None, &missing[..], &keys[3]),
+        ];
+        for (n, last) in cases.into_iter().enumerate() {
             let (verified, answers) = run(parts(300 + 10 * n as u64, Some(last)));
             assert_eq!(verified, 8, "case {n}: the batch of four, then each alone");
             assert_eq!(answers, [false, false, false, true], "case {n}");
             assert_eq!(o.stats.borrow().relay.verify_batch_fallbacks, 1 + n as u64);
         }
 
-        // A part that batches alone (16 signatures or more) does not join; nor does one part alone.
-        let s = session_on(400);
-        let mut big: Vec<Request> = (0..CROSS_BATCH_PART_MAX)
-            .map(|i| signed_sub(&s, &rids[i % 4], &keys[i % 4]))
-            .collect();
-        let mut small = vec![signed_sub(&session_on(401), &rids[0], &keys[0])];
+        // Parts of SUBs do not join; nor does a part of SENDs large enough to batch alone.
         let batches = o.stats.borrow().relay.verify_batches;
-        o.batch_verify_across(&mut [
-            (s.conn, &mut big[..]),
-            (session_on(401).conn, &mut small[..]),
-        ]);
+        let (a, b) = (session_on(400), session_on(401));
+        let mut subs_a = vec![signed_sub(&a, &rids[0], &keys[0])];
+        let mut subs_b = vec![signed_sub(&b, &rids[1], &keys[1])];
+        o.batch_verify_across(&mut [(a.conn, &mut subs_a[..]), (b.conn, &mut subs_b[..])]);
+        let mut big: Vec<Request> = (0..CROSS_BATCH_PART_MAX)
+            .map(|i| signed_send(&a, Some(&rids[i % 4]), &sids[i % 4], &keys[i % 4]))
+            .collect();
+        let mut small = vec![signed_send(&b, Some(&rids[0]), &sids[0], &keys[0])];
+        o.batch_verify_across(&mut [(a.conn, &mut big[..]), (b.conn, &mut small[..])]);
         assert_eq!(o.stats.borrow().relay.verify_batches, batches);
-        assert!(big.iter().chain(&small).all(|r| r.batch_verified.is_none()));
+        assert!(subs_a
+            .iter()
+            .chain(&subs_b)
+            .chain(&big)
+            .chain(&small)
+            .all(|r| r.batch_verified.is_none()));
     }
 
     /// Bad batches from ever new connections turn batching off for the whole owner for a while,
