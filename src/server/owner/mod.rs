@@ -1079,6 +1079,9 @@ mod tests {
         }
     }
 
+    /// A SEND's queue (if any), sender ID and signer.
+    type SendOf<'a> = (Option<&'a [u8]>, &'a [u8], &'a SigningKey);
+
     /// SENDs of different connections, one a block, that reached the owner together are verified
     /// in one batch and run with no further verification; a wrong key and a missing queue each fail
     /// that batch alike (same counts), and every SEND is then verified alone. Parts of SUBs, and
@@ -1098,7 +1101,7 @@ mod tests {
             futures_lite::future::block_on(o.store.create(q)).unwrap();
         }
         // One SEND per part, each part from its own connection; `last` replaces the fourth.
-        let parts = |first_conn: u64, last: Option<(Option<&[u8]>, &[u8], &SigningKey)>| {
+        let parts = |first_conn: u64, last: Option<SendOf>| {
             (0..4)
                 .map(|i| {
                     let s = session_on(first_conn + i as u64);
@@ -1142,7 +1145,7 @@ mod tests {
 
         let wrong_key = SigningKey::from_bytes(&[98; 32]);
         let missing = [78u8; 24];
-        let cases: [(Option<&[u8]>, &[u8], &SigningKey); 2] = [
+        let cases: [SendOf; 2] = [
             (Some(&rids[3][..]), &sids[3][..], &wrong_key),
             (None, &missing[..], &keys[3]),
         ];
@@ -1156,13 +1159,13 @@ mod tests {
         // Parts of SUBs do not join; nor does a part of SENDs large enough to batch alone.
         let batches = o.stats.borrow().relay.verify_batches;
         let (a, b) = (session_on(400), session_on(401));
-        let mut subs_a = vec![signed_sub(&a, &rids[0], &keys[0])];
-        let mut subs_b = vec![signed_sub(&b, &rids[1], &keys[1])];
+        let mut subs_a = [signed_sub(&a, &rids[0], &keys[0])];
+        let mut subs_b = [signed_sub(&b, &rids[1], &keys[1])];
         o.batch_verify_across(&mut [(a.conn, &mut subs_a[..]), (b.conn, &mut subs_b[..])]);
         let mut big: Vec<Request> = (0..CROSS_BATCH_PART_MAX)
             .map(|i| signed_send(&a, Some(&rids[i % 4]), &sids[i % 4], &keys[i % 4]))
             .collect();
-        let mut small = vec![signed_send(&b, Some(&rids[0]), &sids[0], &keys[0])];
+        let mut small = [signed_send(&b, Some(&rids[0]), &sids[0], &keys[0])];
         o.batch_verify_across(&mut [(a.conn, &mut big[..]), (b.conn, &mut small[..])]);
         assert_eq!(o.stats.borrow().relay.verify_batches, batches);
         assert!(subs_a
