@@ -86,7 +86,7 @@ mod tests {
     fn each_counter_is_one_family_with_its_help() {
         let c = RelayCounters::numbered(0);
         let f = c.families();
-        assert_eq!(f.len(), 14);
+        assert_eq!(f.len(), 15);
         let mut names: Vec<&str> = f.iter().map(|(n, _, _)| *n).collect();
         names.sort_unstable();
         names.dedup();
