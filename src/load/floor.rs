@@ -14,7 +14,8 @@
 //! - `sxbox`: SXbox sealing (libsodium's XSalsa20-Poly1305) of a MSG body padded to 16106 bytes (`crypto::sxbox::seal_padded`);
 //! - `block_enc` / `block_dec`: a full 16 KB block through `transport::block::BlockCodec`;
 //! - `tls_seal` / `tls_open`: one 16 KB TLS 1.3 record with ChaCha20-Poly1305 (the suite the relay
-//!   prefers, and the only one reference clients offer), by ring's AEAD as rustls uses it;
+//!   prefers, and the only one reference clients offer), by the relay's record protection
+//!   (`transport::tls_chacha`, OpenSSL);
 //! - `handshake`: the relay's side of one connection's setup (`HandshakeFixture`): the TLS 1.3
 //!   handshake on `transport::tls::server_config` with a certificate `init` would make, and the
 //!   SMP handshake as `server/conn` does it (server hello with a signed session key, the client
@@ -26,8 +27,6 @@ use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305};
-
 use crate::client::handshake::{self as client_handshake, HandshakeParams};
 use crate::crypto::auth;
 use crate::crypto::ed25519::Item;
@@ -38,6 +37,7 @@ use crate::protocol::version::{self, SERVER_VERSIONS};
 use crate::transport::block::{BlockCodec, BLOCK_SIZE, MAX_ENCRYPTED_CONTENT};
 use crate::transport::certs::{self, ServerCredentials};
 use crate::transport::tls::{self, AcceptState, ClientCapture, TlsOptions};
+use crate::transport::tls_chacha::{RecordKey, NONCE_LEN, TAG_LEN};
 
 /// SENDs verified together in `Fixture::verify_send_batch`: a few connections' SENDs reaching an
 /// owner in one turn.
@@ -67,7 +67,10 @@ pub struct Fixture {
     session_id: [u8; 32],
     chain_secret: [u8; 32],
     send_codec: BlockCodec,
-    tls_key: LessSafeKey,
+    /// The relay's record protection of its ChaCha20-Poly1305 suite (`transport::tls_chacha`),
+    /// one key per direction.
+    tls_sealer: RecordKey,
+    tls_opener: RecordKey,
     tls_seq: u64,
 }
 
@@ -84,9 +87,8 @@ impl Fixture {
         let signed = client_signed_bytes(18, &session_id, &[1u8; 24], &[2u8; 24], b"SUB");
         let sig = auth::sign_ed25519(&sk, &signed);
         let chain_secret = [5u8; 32];
-        let tls_key = LessSafeKey::new(
-            UnboundKey::new(&CHACHA20_POLY1305, &[9u8; 32]).expect("32-byte ChaCha20 key"),
-        );
+        let tls_sealer = RecordKey::new(&[9u8; 32], true).expect("OpenSSL keys ChaCha20-Poly1305");
+        let tls_opener = RecordKey::new(&[9u8; 32], false).expect("OpenSSL keys ChaCha20-Poly1305");
         let batch = (0..SUBS_PER_BLOCK as u32)
             .map(|i| {
                 let mut seed = [8u8; 32];
@@ -125,7 +127,8 @@ impl Fixture {
             session_id,
             chain_secret,
             send_codec: BlockCodec::client(&session_id, &chain_secret),
-            tls_key,
+            tls_sealer,
+            tls_opener,
             tls_seq: 0,
         }
     }
@@ -206,11 +209,11 @@ impl Fixture {
             .expect("block decrypts")
     }
 
-    fn tls_nonce(&mut self) -> Nonce {
+    fn tls_nonce(&mut self) -> [u8; NONCE_LEN] {
         self.tls_seq += 1;
-        let mut n = [0u8; 12];
+        let mut n = [0u8; NONCE_LEN];
         n[4..].copy_from_slice(&self.tls_seq.to_be_bytes());
-        Nonce::assume_unique_for_key(n)
+        n
     }
 
     /// One 16 KB TLS record sealed in place (ChaCha20-Poly1305; record header as AAD).
@@ -218,9 +221,11 @@ impl Fixture {
         record.clear();
         record.resize(TLS_RECORD_BYTES + 1, 0x63);
         let nonce = self.tls_nonce();
-        self.tls_key
-            .seal_in_place_append_tag(nonce, Aad::from([23u8, 3, 3, 0x40, 0x11]), record)
-            .expect("record fits");
+        let tag = self
+            .tls_sealer
+            .seal(&nonce, &TLS_RECORD_AAD, record)
+            .expect("record seals");
+        record.extend_from_slice(&tag);
     }
 
     /// A sealed record and its sequence number, for `tls_open`; not part of the floor.
@@ -230,20 +235,23 @@ impl Fixture {
         (self.tls_seq, rec)
     }
 
-    /// Opens one 16 KB TLS record in place.
-    pub fn tls_open(&self, seq: u64, record: &mut [u8]) -> usize {
-        let mut n = [0u8; 12];
+    /// Opens one 16 KB TLS record in place; returns its plaintext length.
+    pub fn tls_open(&mut self, seq: u64, record: &mut [u8]) -> usize {
+        let mut n = [0u8; NONCE_LEN];
         n[4..].copy_from_slice(&seq.to_be_bytes());
-        self.tls_key
-            .open_in_place(
-                Nonce::assume_unique_for_key(n),
-                Aad::from([23u8, 3, 3, 0x40, 0x11]),
-                record,
-            )
-            .map(|p| p.len())
-            .expect("record opens")
+        let plain = record.len() - TAG_LEN;
+        let (body, tag) = record.split_at_mut(plain);
+        let tag: [u8; TAG_LEN] = (&*tag).try_into().expect("a 16-byte tag");
+        assert!(
+            self.tls_opener.open(&n, &TLS_RECORD_AAD, body, &tag),
+            "record opens"
+        );
+        plain
     }
 }
+
+/// The record header of a 16 KB record, its AAD.
+const TLS_RECORD_AAD: [u8; 5] = [23, 3, 3, 0x40, 0x11];
 
 /// Per-operation costs in µs, and the per-SUB and per-message floors built from them.
 #[derive(Debug, Clone, Copy, PartialEq)]

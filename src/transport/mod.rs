@@ -6,5 +6,6 @@ pub mod identity;
 pub mod reissue;
 pub mod service_cert;
 pub mod tls;
+pub mod tls_chacha;
 pub mod tls_unique;
 pub mod websocket;

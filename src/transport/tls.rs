@@ -75,12 +75,13 @@ pub fn alpn_versions(alpn: Option<&[u8]>) -> VersionRange {
 }
 
 /// The ring provider narrowed to what SMP uses: TLS 1.3 suites with ChaCha20 first (the only one the
-/// reference client offers), and X25519 first among key-exchange groups.
+/// reference client offers; its records sealed by OpenSSL, `transport::tls_chacha`), and X25519
+/// first among key-exchange groups.
 fn provider() -> CryptoProvider {
     use ring_provider::cipher_suite as cs;
     let mut p = ring_provider::default_provider();
     p.cipher_suites = vec![
-        cs::TLS13_CHACHA20_POLY1305_SHA256,
+        super::tls_chacha::suite(),
         cs::TLS13_AES_256_GCM_SHA384,
         cs::TLS13_AES_128_GCM_SHA256,
     ];
@@ -106,11 +107,11 @@ fn client_provider(suites: ClientSuites) -> CryptoProvider {
     use ring_provider::cipher_suite as cs;
     let mut p = provider();
     p.cipher_suites = match suites {
-        ClientSuites::Apps => vec![cs::TLS13_CHACHA20_POLY1305_SHA256],
+        ClientSuites::Apps => vec![super::tls_chacha::suite()],
         ClientSuites::Web => vec![
             cs::TLS13_AES_128_GCM_SHA256,
             cs::TLS13_AES_256_GCM_SHA384,
-            cs::TLS13_CHACHA20_POLY1305_SHA256,
+            super::tls_chacha::suite(),
         ],
     };
     p
