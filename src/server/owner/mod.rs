@@ -878,16 +878,23 @@ mod tests {
         }
     }
 
-    /// A SUB for `rid` signed by `signer`.
-    fn signed_sub(s: &Session, rid: &[u8], signer: &SigningKey) -> Request {
+    /// `command` for `entity_id` (queue `recipient_id`), signed by `signer` over `cmd_bytes`.
+    fn signed_request(
+        s: &Session,
+        entity_id: &[u8],
+        recipient_id: Option<&[u8]>,
+        command: Command,
+        cmd_bytes: &[u8],
+        signer: &SigningKey,
+    ) -> Request {
         let corr = [5u8; 24];
-        let signed = client_signed_bytes(s.version, &s.session_id, &corr, rid, b"SUB");
+        let signed = client_signed_bytes(s.version, &s.session_id, &corr, entity_id, cmd_bytes);
         let sig = auth::sign_ed25519(signer, &signed);
         Request {
             corr_id: corr.to_vec(),
-            entity_id: rid.to_vec(),
-            recipient_id: Some(rid.to_vec()),
-            command: Command::Sub,
+            entity_id: entity_id.to_vec(),
+            recipient_id: recipient_id.map(<[u8]>::to_vec),
+            command,
             authorization: sig.to_vec(),
             service: ServiceCheck::Plain,
             authorized: signed,
@@ -897,6 +904,11 @@ mod tests {
             undelivered: None,
             associated: false,
         }
+    }
+
+    /// A SUB for `rid` signed by `signer`.
+    fn signed_sub(s: &Session, rid: &[u8], signer: &SigningKey) -> Request {
+        signed_request(s, rid, Some(rid), Command::Sub, b"SUB", signer)
     }
 
     fn delta(before: VerifyCounts) -> VerifyCounts {
@@ -1054,29 +1066,14 @@ mod tests {
 
     /// A SEND for the queue `rid` (sender ID `sid`) signed by `signer`.
     fn signed_send(s: &Session, rid: Option<&[u8]>, sid: &[u8], signer: &SigningKey) -> Request {
-        let corr = [6u8; 24];
-        let signed = client_signed_bytes(s.version, &s.session_id, &corr, sid, b"SEND  hello");
-        let sig = auth::sign_ed25519(signer, &signed);
-        Request {
-            corr_id: corr.to_vec(),
-            entity_id: sid.to_vec(),
-            recipient_id: rid.map(<[u8]>::to_vec),
-            command: Command::Send {
-                flags: crate::protocol::command::MsgFlags {
-                    notification: false,
-                    reserved: Vec::new(),
-                },
-                body: b"hello".to_vec(),
+        let send = Command::Send {
+            flags: crate::protocol::command::MsgFlags {
+                notification: false,
+                reserved: Vec::new(),
             },
-            authorization: sig.to_vec(),
-            service: ServiceCheck::Plain,
-            authorized: signed,
-            forward: None,
-            batch_verified: None,
-            pre_verified: None,
-            undelivered: None,
-            associated: false,
-        }
+            body: b"hello".to_vec(),
+        };
+        signed_request(s, sid, rid, send, b"SEND  hello", signer)
     }
 
     /// A SEND's queue (if any), sender ID and signer.
