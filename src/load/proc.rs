@@ -288,8 +288,28 @@ pub fn decode_key_hash(s: &str) -> Result<[u8; 32], String> {
         .ok_or_else(|| format!("key hash {s:?} is not base64url of 32 bytes"))
 }
 
-/// A port that was free a moment ago (another process may take it before the relay binds it).
+/// `free_port` hands out ports from this range, below the kernel's ephemeral range (32768–60999
+/// by default), from which every outbound connection takes its source port: a port found free
+/// there could become a client's source port before the relay binds it.
+const FREE_PORT_FIRST: u32 = 20_000;
+const FREE_PORT_SPAN: u32 = 12_000;
+/// The next candidate of this process (each call takes its own, so two threads never get the same
+/// port until the range wraps).
+static NEXT_FREE_PORT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// A port that was free a moment ago: outside the ephemeral range, and never handed out twice by
+/// this process (until 12,000 later). Another process may still take it before the relay binds it.
 pub fn free_port() -> std::io::Result<u16> {
+    use std::sync::atomic::Ordering;
+    // Processes start at different places, so that two test binaries rarely try the same ports.
+    let offset = std::process::id().wrapping_mul(2_654_435_761) % FREE_PORT_SPAN;
+    for _ in 0..FREE_PORT_SPAN {
+        let n = NEXT_FREE_PORT.fetch_add(1, Ordering::Relaxed);
+        let port = (FREE_PORT_FIRST + (offset + n) % FREE_PORT_SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
