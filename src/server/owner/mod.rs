@@ -101,6 +101,10 @@ pub const CROSS_BATCH_PART_MAX: usize = 16;
 /// ~128 × 15 µs, and the parts wait for it no longer.
 pub const CROSS_BATCH_MAX: usize = 128;
 
+/// A request a batch speaks for: (its part among the batch's parts, its index in that part, the
+/// key it will be checked with, its signature).
+type Candidate = (usize, usize, [u8; 32], [u8; 64]);
+
 /// Whether a batch could speak for `r`, from the request alone (its queue's key is looked up
 /// after): not verified yet, not forwarded, not refused for its service signature, a 64-byte
 /// signature, a command that verifies one.
@@ -466,11 +470,11 @@ impl<S: QueueStore + MessageStore> Owner<S> {
             self.batch_off_all.set(self.batch_off_all.get() - 1);
             return;
         }
-        let chosen = self.batch_candidates(requests);
+        let chosen = self.batch_candidates(0, requests);
         if chosen.len() < BATCH_VERIFY_MIN {
             return;
         }
-        if !self.run_batch(requests, &chosen) {
+        if !self.run_batch(&mut [(session.conn, requests)], &chosen) {
             self.batch_off
                 .borrow_mut()
                 .insert(session.conn, BATCH_OFF_BLOCKS);
@@ -494,8 +498,7 @@ impl<S: QueueStore + MessageStore> Owner<S> {
         if parts.len() < 2 || self.batch_off_all.get() > 0 || !self.store.holds_every_record() {
             return;
         }
-        // (part, request index, key, signature)
-        let mut chosen: Vec<(usize, usize, [u8; 32], [u8; 64])> = Vec::new();
+        let mut chosen: Vec<Candidate> = Vec::new();
         {
             let off = self.batch_off.borrow();
             for (p, (conn, requests)) in parts.iter().enumerate() {
@@ -504,14 +507,15 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 }
                 // Counted first without looking keys up: a large part batches alone, and only
                 // parts of SENDs join (a subscriber's SUBs and ACKs come in blocks of their own).
-                let eligible = requests.iter().filter(|r| batch_eligible(r)).count();
-                let sends = requests
-                    .iter()
-                    .filter(|r| {
-                        batch_eligible(r)
-                            && matches!(r.command, crate::protocol::command::Command::Send { .. })
-                    })
-                    .count();
+                let (eligible, sends) =
+                    requests
+                        .iter()
+                        .filter(|r| batch_eligible(r))
+                        .fold((0, 0), |(n, sends), r| {
+                            let send =
+                                matches!(r.command, crate::protocol::command::Command::Send { .. });
+                            (n + 1, sends + usize::from(send))
+                        });
                 if eligible == 0
                     || sends < eligible
                     || eligible >= CROSS_BATCH_PART_MAX
@@ -519,34 +523,19 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 {
                     continue;
                 }
-                let part = self.batch_candidates(requests);
-                chosen.extend(part.into_iter().map(|(i, k, sig)| (p, i, k, sig)));
+                chosen.extend(self.batch_candidates(p, requests));
             }
         }
         if chosen.len() < BATCH_VERIFY_MIN || chosen.iter().all(|c| c.0 == chosen[0].0) {
             // One part alone batches itself as it runs.
             return;
         }
-        let items: Vec<crate::crypto::ed25519::Item> = chosen
-            .iter()
-            .map(|(p, i, key, sig)| crate::crypto::ed25519::Item {
-                key,
-                msg: &parts[*p].1[*i].authorized,
-                sig,
-            })
-            .collect();
-        let passed = self.batch_passes(&items);
-        drop(items);
-        if passed {
-            for (p, i, key, _) in chosen {
-                parts[p].1[i].batch_verified = Some(key);
-            }
-        }
+        self.run_batch(parts, &chosen);
     }
 
-    /// The requests of a part a batch can speak for, with the key each will be checked with and its
-    /// signature: (request index, key, signature). Requests already verified by a batch are left out.
-    fn batch_candidates(&self, requests: &[Request]) -> Vec<(usize, [u8; 32], [u8; 64])> {
+    /// The requests of part `part` a batch can speak for, with the key each will be checked with
+    /// and its signature. Requests already verified by a batch are left out.
+    fn batch_candidates(&self, part: usize, requests: &[Request]) -> Vec<Candidate> {
         let mut chosen = Vec::new();
         for (i, r) in requests.iter().enumerate() {
             if !batch_eligible(r) {
@@ -556,42 +545,36 @@ impl<S: QueueStore + MessageStore> Owner<S> {
                 continue;
             };
             if let Some(key) = self.batch_key(r) {
-                chosen.push((i, key, sig));
+                chosen.push((part, i, key, sig));
             }
         }
         chosen
     }
 
-    /// Runs the batch of `chosen` (from `batch_candidates`), marking its requests when it passes.
-    fn run_batch(&self, requests: &mut [Request], chosen: &[(usize, [u8; 32], [u8; 64])]) -> bool {
+    /// Runs the batch of `chosen` (from `batch_candidates` over `parts`), counted, with the owner's
+    /// guard against failing batches updated; marks its requests when it passes.
+    fn run_batch(&self, parts: &mut [(ConnRef, &mut [Request])], chosen: &[Candidate]) -> bool {
         let items: Vec<crate::crypto::ed25519::Item> = chosen
             .iter()
-            .map(|(i, key, sig)| crate::crypto::ed25519::Item {
+            .map(|(p, i, key, sig)| crate::crypto::ed25519::Item {
                 key,
-                msg: &requests[*i].authorized,
+                msg: &parts[*p].1[*i].authorized,
                 sig,
             })
             .collect();
-        let passed = self.batch_passes(&items);
-        drop(items);
-        if passed {
-            for (i, key, _) in chosen {
-                requests[*i].batch_verified = Some(*key);
-            }
-        }
-        passed
-    }
-
-    /// One batch verification, counted, with the owner's guard against failing batches updated.
-    fn batch_passes(&self, items: &[crate::crypto::ed25519::Item]) -> bool {
         {
             let mut stats = self.stats.borrow_mut();
             stats.relay.verify_batches += 1;
             stats.relay.verify_batch_signatures += items.len() as u64;
         }
         let score = self.batch_fail_score.get();
-        if auth::ed25519_verify_batch(items) {
+        let passed = auth::ed25519_verify_batch(&items);
+        drop(items);
+        if passed {
             self.batch_fail_score.set(score.saturating_sub(1));
+            for (p, i, key, _) in chosen {
+                parts[*p].1[*i].batch_verified = Some(*key);
+            }
             return true;
         }
         self.stats.borrow_mut().relay.verify_batch_fallbacks += 1;
