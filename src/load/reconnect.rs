@@ -32,7 +32,7 @@ use super::creds::{self, QueueCreds};
 use super::floor::Floor;
 use super::proc::{self, RelayProc, RelaySpec, TempDir};
 use super::report::percentile;
-use super::scenario::Target;
+use super::scenario::{wait_for, Target};
 use crate::client::{Client, ClientError, ClientOptions, ClientTransmission};
 use crate::protocol::batch::BatchWriter;
 use crate::protocol::command::Command;
@@ -60,8 +60,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often the relay's RssAnon is read during the measured interval.
 pub const RSS_SAMPLE_EVERY: Duration = Duration::from_millis(50);
-/// How often the main thread looks at the counters.
-const MONITOR_TICK: Duration = Duration::from_millis(2);
 /// Connections that put the waiting messages in before the run.
 const FILL_THREADS: usize = 2;
 /// The kernel's counters of connections the listen queues could not take, reported as their
@@ -636,29 +634,6 @@ impl Drop for RssSampler {
     }
 }
 
-/// Waits until `done` or the deadline, printing `progress` every second when given.
-fn wait_for(
-    deadline: Instant,
-    what: &str,
-    progress: Option<&dyn Fn() -> String>,
-    done: impl Fn() -> bool,
-) -> Result<(), String> {
-    let mut last = Instant::now();
-    while !done() {
-        if Instant::now() > deadline {
-            return Err(format!("timed out waiting for {what}"));
-        }
-        if let Some(p) = progress {
-            if last.elapsed() >= Duration::from_secs(1) {
-                eprint!("\r{}   ", p());
-                last = Instant::now();
-            }
-        }
-        std::thread::sleep(MONITOR_TICK);
-    }
-    Ok(())
-}
-
 fn secs_since(t0: Instant, t: Option<Instant>) -> f64 {
     t.map(|t| t.saturating_duration_since(t0).as_secs_f64())
         .unwrap_or(f64::NAN)
@@ -747,7 +722,7 @@ pub fn run(
         Instant::now() + p.timeout,
         "the subscriptions before the restart",
         prog,
-        || c.subscribed_n.load(Ordering::Relaxed) >= conns,
+        || Ok(c.subscribed_n.load(Ordering::Relaxed) >= conns),
     )
     .map_err(|e| with_log(e, &relay))?;
     ctx.subscribed.wait();
@@ -798,7 +773,7 @@ pub fn run(
     };
     let prog: Option<&dyn Fn() -> String> = if p.progress { Some(&after) } else { None };
     wait_for(t0 + p.timeout, "the reconnect", prog, || {
-        c.finished_n.load(Ordering::Relaxed) >= conns
+        Ok(c.finished_n.load(Ordering::Relaxed) >= conns)
     })
     .map_err(|e| with_log(e, &relay))?;
     let run_s = t0.elapsed().as_secs_f64();

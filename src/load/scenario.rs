@@ -678,18 +678,16 @@ fn spawn_set(
     Ok((set, hs))
 }
 
-fn wait_until(
-    shared: &Shared,
+/// Waits until `done` says so, or the deadline, printing `progress` every second when given; an
+/// error from `done` ends the wait with it.
+pub(super) fn wait_for(
     deadline: Instant,
     what: &str,
     progress: Option<&dyn Fn() -> String>,
-    mut done: impl FnMut() -> bool,
+    mut done: impl FnMut() -> Result<bool, String>,
 ) -> Result<(), String> {
     let mut last_print = Instant::now();
-    while !done() {
-        if let Some(e) = shared.failure() {
-            return Err(e);
-        }
+    while !done()? {
         if Instant::now() > deadline {
             return Err(format!("timed out waiting for {what}"));
         }
@@ -702,6 +700,22 @@ fn wait_until(
         std::thread::sleep(MONITOR_TICK);
     }
     Ok(())
+}
+
+/// `wait_for`, ended early by the first failure a connection thread reported.
+fn wait_until(
+    shared: &Shared,
+    deadline: Instant,
+    what: &str,
+    progress: Option<&dyn Fn() -> String>,
+    mut done: impl FnMut() -> bool,
+) -> Result<(), String> {
+    wait_for(deadline, what, progress, || {
+        if done() {
+            return Ok(true);
+        }
+        shared.failure().map_or(Ok(false), Err)
+    })
 }
 
 fn ms(us: f64) -> f64 {
