@@ -9,6 +9,7 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use smp_relay::client::{Client, ClientError, ClientOptions};
+use smp_relay::transport::tls::ClientSuites;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_smp-relay");
 pub const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -337,8 +338,10 @@ impl Relay {
             .expect("RssAnon line")
     }
 
+    /// A client with `opts`; one that offers the apps' TLS suite offers the suites of
+    /// `test_client_suites` instead.
     pub fn connect(&self, opts: ClientOptions) -> Result<Client, ClientError> {
-        Client::connect(self.addr, self.key_hash, opts)
+        Client::connect(self.addr, self.key_hash, with_test_suites(opts))
     }
 
     /// A default client (v18, encrypted blocks); panics with the relay log if it fails.
@@ -540,6 +543,33 @@ pub fn pg_database() -> String {
     let c = pg_cluster();
     let db = c.create_database().expect("create a test database");
     c.conninfo(&db)
+}
+
+/// The TLS suites the tests' clients offer where a test does not choose: the apps' (ChaCha20-Poly1305
+/// alone), or with `SMP_RELAY_TEST_TLS=web` the web clients' (AES-GCM first), so that CI runs the
+/// queue suites once with each.
+pub fn test_client_suites() -> ClientSuites {
+    match std::env::var("SMP_RELAY_TEST_TLS").as_deref() {
+        Ok("web") => ClientSuites::Web,
+        Ok("apps") | Err(_) => ClientSuites::Apps,
+        Ok(other) => panic!("SMP_RELAY_TEST_TLS={other}: use apps or web"),
+    }
+}
+
+/// `opts` offering `test_client_suites` when it offers the apps' suite (the default).
+pub fn with_test_suites(mut opts: ClientOptions) -> ClientOptions {
+    if opts.tls_suites == ClientSuites::Apps {
+        opts.tls_suites = test_client_suites();
+    }
+    opts
+}
+
+/// The suite a relay picks for a client offering `suites` (it takes the client's order).
+pub fn negotiated_suite(suites: ClientSuites) -> rustls::CipherSuite {
+    match suites {
+        ClientSuites::Apps => rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256,
+        ClientSuites::Web => rustls::CipherSuite::TLS13_AES_128_GCM_SHA256,
+    }
 }
 
 /// `SMP_RELAY_TEST_STORE` (journal, memory, postgres) picks the store of relays whose test does

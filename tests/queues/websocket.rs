@@ -261,14 +261,16 @@ fn queue_commands_over_websocket_next_to_a_native_client() {
     assert!(alice.is_encrypted(), "block encryption as over raw TLS");
     let mut bob = relay.client();
     // Each gets the suite it prefers: a web client AES-GCM, the apps ChaCha20-Poly1305, the only
-    // suite they offer. The rest of this test runs the queue commands over both.
+    // suite they offer (unless the suite runs with SMP_RELAY_TEST_TLS=web, which makes the native
+    // client offer the web clients' suites). The rest of this test runs the queue commands over
+    // both.
     assert_eq!(
         alice.cipher_suite(),
         Some(rustls::CipherSuite::TLS13_AES_128_GCM_SHA256)
     );
     assert_eq!(
         bob.cipher_suite(),
-        Some(rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256)
+        Some(common::negotiated_suite(common::test_client_suites()))
     );
 
     let q = create(&mut alice);
@@ -417,8 +419,12 @@ fn web_and_native_clients_share_a_port() {
     let mut alice = web_client(&relay, shared);
     assert_eq!(alice.alpn(), Some(&b"http/1.1"[..]));
     assert_eq!(alice.server_versions(), SERVER_VERSIONS);
-    let mut bob = Client::connect(shared, relay.key_hash, ClientOptions::default())
-        .expect("native client on the shared port");
+    let mut bob = Client::connect(
+        shared,
+        relay.key_hash,
+        common::with_test_suites(ClientOptions::default()),
+    )
+    .expect("native client on the shared port");
     assert_eq!(bob.alpn(), Some(&b"smp/1"[..]));
 
     let q = create(&mut alice);
