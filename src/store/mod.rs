@@ -226,6 +226,25 @@ impl Message {
             Message::Message { ts, .. } | Message::Quota { ts, .. } => *ts,
         }
     }
+
+    /// The same message with its body left empty: what a deletion may report
+    /// (`MessageStore::try_del`).
+    pub fn without_body(&self) -> Message {
+        match self {
+            Message::Message {
+                msg_id,
+                ts,
+                notification,
+                ..
+            } => Message::Message {
+                msg_id: *msg_id,
+                ts: *ts,
+                notification: *notification,
+                body: Rc::from(&[][..]),
+            },
+            Message::Quota { .. } => self.clone(),
+        }
+    }
 }
 
 /// What a SEND did to the queue (simplexmq `Server/MsgStore/STM.hs`, `writeMsg`).
@@ -437,7 +456,8 @@ pub trait MessageStore {
         &self,
         recipient_ids: &[&[u8]],
     ) -> Result<Vec<Option<Message>>, StoreError>;
-    /// Deletes the head if its ID is `msg_id`; returns it.
+    /// Deletes the head if its ID is `msg_id`; returns it, its body possibly left empty (as
+    /// `try_del_peek`: the journal store does not read it back).
     async fn try_del(
         &self,
         recipient_id: &[u8],
@@ -445,7 +465,7 @@ pub trait MessageStore {
     ) -> Result<Option<Message>, StoreError>;
     /// Deletes the head if its ID is `msg_id`, then returns (what was deleted, the new head). What
     /// was deleted tells which message went and its kind; its body may be left empty (the
-    /// PostgreSQL store does not fetch it).
+    /// PostgreSQL and journal stores do not fetch it).
     async fn try_del_peek(
         &self,
         recipient_id: &[u8],

@@ -46,6 +46,24 @@ impl MsgEntry {
     pub fn is_quota(&self) -> bool {
         self.flags & FLAG_QUOTA != 0
     }
+
+    /// The message as the index knows it, its body left empty: what a deletion reports
+    /// (`MessageStore::try_del`), without reading its record.
+    pub fn without_body(&self) -> Message {
+        if self.is_quota() {
+            Message::Quota {
+                msg_id: self.msg_id,
+                ts: self.ts,
+            }
+        } else {
+            Message::Message {
+                msg_id: self.msg_id,
+                ts: self.ts,
+                notification: self.flags & FLAG_NOTIFICATION != 0,
+                body: Rc::from(&[][..]),
+            }
+        }
+    }
 }
 
 /// A queue as the index keeps it: where its record is, not the record (read from the mapping when
@@ -656,10 +674,7 @@ impl<F: Fs> Data<F> {
     /// Message `m` of a queue of group `g`.
     pub fn message(&self, g: u32, m: &MsgEntry) -> Result<Message, StoreError> {
         if m.is_quota() {
-            return Ok(Message::Quota {
-                msg_id: m.msg_id,
-                ts: m.ts,
-            });
+            return Ok(m.without_body());
         }
         match self.journal(g)?.read(m.loc).map_err(failed)? {
             (_, Record::MsgAppend { body, .. }) => Ok(Message::Message {

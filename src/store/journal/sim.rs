@@ -1061,8 +1061,9 @@ impl Sim {
         } else {
             block_on(self.store().try_del(&rid, &id)).map(|d| (d, None))
         };
+        // What went, its body left out (the store reports it from its index).
         let want_del = if hit {
-            head.as_ref().map(to_message)
+            head.as_ref().map(|h| to_message(h).without_body())
         } else {
             None
         };
