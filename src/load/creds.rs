@@ -306,12 +306,31 @@ pub fn fill(
     Ok(())
 }
 
-/// A body of `size` bytes that names its round and corrId, then filler (the relay stores
-/// bodies as they come; their content does not change what they cost).
+/// A body of `size` bytes that names its round and corrId, then [`incompressible`] filler.
 fn message_body(size: usize, round: usize, corr: &[u8; 24]) -> Vec<u8> {
     let mut b = format!("smp-load {round} {} ", URL_SAFE_NO_PAD.encode(&corr[..8])).into_bytes();
-    b.resize(size, b'.');
+    let seed = u64::from_le_bytes(corr[..8].try_into().unwrap_or_default());
+    b.extend(incompressible(size.saturating_sub(b.len()), seed));
+    b.truncate(size);
     b
+}
+
+/// `size` bytes that no compressor shrinks, as the bodies SimpleX clients send are (encrypted end
+/// to end): a store may compress what it keeps (PostgreSQL compresses a `bytea` over ~2 KB
+/// before it moves it out of line), so a body of repeated text would make it cheaper than it is
+/// for real messages. SplitMix64 from `seed`: the same seed gives the same bytes.
+pub fn incompressible(size: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed;
+    let mut out = Vec::with_capacity(size + 8);
+    while out.len() < size {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        out.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
+    }
+    out.truncate(size);
+    out
 }
 
 /// `fill` over `threads` connections at once (each a share of the queues), with a progress line
@@ -357,4 +376,38 @@ pub fn fill_parallel(
         h.join().map_err(|_| err("setup thread panicked"))??;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn filler_has_nothing_to_compress() {
+        let b = incompressible(16_048, 7);
+        assert_eq!(b.len(), 16_048);
+        assert_eq!(
+            b,
+            incompressible(16_048, 7),
+            "the same seed, the same bytes"
+        );
+        assert_ne!(b, incompressible(16_048, 8));
+        // No 8-byte word repeats and every byte value is about as frequent as the others: what
+        // pglz or LZ4 look for (repeated sequences, skewed bytes) is absent.
+        let words: HashSet<&[u8]> = b.chunks_exact(8).collect();
+        assert_eq!(words.len(), 16_048 / 8);
+        let mut counts = [0usize; 256];
+        for x in &b {
+            counts[usize::from(*x)] += 1;
+        }
+        let (lo, hi) = (counts.iter().min(), counts.iter().max());
+        assert!(
+            lo >= Some(&20) && hi <= Some(&110),
+            "{lo:?}..{hi:?} of an expected 63"
+        );
+        let body = message_body(100, 3, &[1; 24]);
+        assert_eq!(body.len(), 100);
+        assert!(body.starts_with(b"smp-load 3 "));
+    }
 }

@@ -777,7 +777,7 @@ pub fn run_messages(
 
     let queues = Arc::new(qs.clone());
     let prefill_ok = Arc::new(AtomicU64::new(0));
-    let body: Vec<u8> = (0..p.msg_bytes).map(|i| b'a' + (i % 26) as u8).collect();
+    let body = crate::load::creds::incompressible(p.msg_bytes, 0x5eed);
     let mut send_hs = Vec::new();
     for i in 0..sender_conns {
         let c = target.connect()?;
