@@ -78,11 +78,11 @@ fn user_ids(name: &str) -> Option<(u32, u32)> {
     })
 }
 
+/// The cluster's port: taken, as the relays' in tests, below the kernel's ephemeral range
+/// (`load::proc::free_port`), so that no client connection elsewhere in the process takes it
+/// as its source port before the postmaster listens.
 fn free_port() -> Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| format!("no free port: {e}"))
+    crate::load::proc::free_port().map_err(|e| format!("no free port: {e}"))
 }
 
 /// Who the cluster's programs run as: the `postgres` user (or `nobody`) when this process is root,
