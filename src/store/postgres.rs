@@ -820,7 +820,7 @@ impl PostgresStore {
         }
         rx.recv_async()
             .await
-            .unwrap_or_else(|_| Err(dropped("try_del_peek_msg")))
+            .unwrap_or_else(|_| Err(dropped("ack")))
     }
 
     /// One job for `writes`: the single SEND's statement, or `WRITE_MANY` for several.
@@ -929,7 +929,7 @@ impl PostgresStore {
         let n = rids.len();
         let to = replies.clone();
         let submitted = self.shared.submit(
-            "try_del_peek_msg",
+            "ack",
             move |c| {
                 let mut out: Vec<Vec<MsgRow>> = (0..n).map(|_| Vec::new()).collect();
                 let distinct = rids.iter().collect::<std::collections::HashSet<_>>().len() == n;
